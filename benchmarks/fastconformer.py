@@ -1,0 +1,702 @@
+"""Generate FastConformer / TDT ONNX models with random weights.
+
+The models mirror the architecture of NVIDIA Parakeet TDT 0.6B v3 (a NeMo
+FastConformer encoder and a TDT decoder + joint) in plain torch, so that test
+fixtures and benchmark models can be produced without NeMo or downloaded
+weights. The encoder's convolution module contains the pattern this project
+rewrites: ``Transpose -> Conv(kernel 1) -> ... -> Conv(kernel 1) -> Transpose``.
+
+Usage::
+
+    python benchmarks/fastconformer.py encoder --size small --exporter dynamo --out enc.onnx
+    python benchmarks/fastconformer.py decoder --size small --exporter dynamo --out dec.onnx
+    python benchmarks/fastconformer.py cache [--dir DIR]
+
+Every export is checked against onnxruntime and summarised (parameter count,
+file sizes, Conv nodes by kernel shape, Transpose nodes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+SEED = 0
+INF_VAL = 10000.0  # NeMo's large value used to mask attention scores.
+# Models whose weights exceed this many bytes are exported with external data;
+# it stays well below the 2 GiB protobuf limit.
+EXTERNAL_DATA_THRESHOLD = 1 << 30
+DEFAULT_CACHE_DIR = Path.home() / ".cache" / "onnx-conv2matmul-bench"
+COMPLETE_MARKER = ".complete"
+
+
+# --------------------------------------------------------------------------- #
+# Configurations
+# --------------------------------------------------------------------------- #
+
+
+@dataclass(frozen=True)
+class EncoderConfig:
+    """Hyper-parameters of a FastConformer encoder."""
+
+    feat_in: int
+    sub_channels: int
+    d_model: int
+    ff_dim: int
+    n_heads: int
+    n_layers: int
+    conv_kernel: int
+    xscaling: bool = True
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    """Hyper-parameters of a TDT prediction network + joint.
+
+    ``vocab_size`` excludes the blank token; blank is the last index.
+    """
+
+    vocab_size: int
+    pred_hidden: int
+    pred_layers: int
+    joint_hidden: int
+    encoder_dim: int
+    num_durations: int = 5
+
+
+ENCODER_CONFIGS: dict[str, EncoderConfig] = {
+    "parakeet": EncoderConfig(
+        feat_in=128,
+        sub_channels=256,
+        d_model=1024,
+        ff_dim=4096,
+        n_heads=8,
+        n_layers=24,
+        conv_kernel=9,
+    ),
+    "small": EncoderConfig(
+        feat_in=32,
+        sub_channels=16,
+        d_model=64,
+        ff_dim=128,
+        n_heads=4,
+        n_layers=2,
+        conv_kernel=9,
+    ),
+}
+
+DECODER_CONFIGS: dict[str, DecoderConfig] = {
+    "parakeet": DecoderConfig(
+        vocab_size=8192, pred_hidden=640, pred_layers=2, joint_hidden=640, encoder_dim=1024
+    ),
+    "small": DecoderConfig(
+        vocab_size=32, pred_hidden=32, pred_layers=2, joint_hidden=32, encoder_dim=64
+    ),
+}
+
+# Random input used to compare torch and onnxruntime: (batch, audio frames).
+ENCODER_CHECK_SHAPE = {"small": (2, 160), "parakeet": (2, 1000)}
+# (batch, encoder frames, target tokens) for the decoder check.
+DECODER_CHECK_SHAPE = {"small": (2, 20, 8), "parakeet": (2, 125, 16)}
+
+
+# --------------------------------------------------------------------------- #
+# FastConformer encoder
+# --------------------------------------------------------------------------- #
+
+
+class DwStridingSubsampling(nn.Module):
+    """NeMo ``dw_striding`` subsampling: 8x in time and frequency, then Linear."""
+
+    kernel_size = 3
+    stride = 2
+    padding = 1
+    num_stages = 3
+
+    def __init__(self, feat_in: int, channels: int, feat_out: int) -> None:
+        super().__init__()
+        if feat_in % 8:
+            raise ValueError(f"feat_in must be divisible by 8, got {feat_in}")
+        k, s, p = self.kernel_size, self.stride, self.padding
+        layers: list[nn.Module] = [nn.Conv2d(1, channels, k, s, p), nn.ReLU()]
+        for _ in range(self.num_stages - 1):
+            layers += [
+                nn.Conv2d(channels, channels, k, s, p, groups=channels),
+                nn.Conv2d(channels, channels, 1),
+                nn.ReLU(),
+            ]
+        self.conv = nn.Sequential(*layers)
+        self.out = nn.Linear(channels * (feat_in // 8), feat_out)
+
+    def output_lengths(self, lengths: torch.Tensor) -> torch.Tensor:
+        """Frame count after subsampling, computed in float like NeMo's ``calc_length``."""
+        out = lengths.to(torch.float32)
+        for _ in range(self.num_stages):
+            out = torch.floor((out + 2 * self.padding - self.kernel_size) / self.stride + 1.0)
+        return out.to(torch.int64)
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Map features ``[B, T, F]`` to ``[B, T/8, d_model]`` and subsampled lengths."""
+        x = self.conv(x.unsqueeze(1))  # [B, C, T/8, F/8]
+        b, _, t, _ = x.shape
+        x = self.out(x.transpose(1, 2).reshape(b, t, -1))
+        return x, self.output_lengths(lengths)
+
+
+def relative_positional_encoding(length: int, d_model: int, device: torch.device) -> torch.Tensor:
+    """Sinusoidal encodings of relative positions ``length-1 .. -(length-1)``.
+
+    Same values as NeMo's ``RelPositionalEncoding`` (Transformer-XL style), but
+    computed for the actual length instead of sliced from a precomputed table,
+    which keeps small exported models small.  Returns ``[1, 2*length-1, d_model]``.
+    """
+    positions = torch.arange(length - 1, -length, -1, dtype=torch.float32, device=device)
+    inv_freq = torch.exp(
+        torch.arange(0, d_model, 2, dtype=torch.float32, device=device)
+        * -(math.log(10000.0) / d_model)
+    )
+    angles = positions.unsqueeze(1) * inv_freq  # [2L-1, d_model/2]
+    # Interleave so that even channels hold sin and odd channels hold cos.
+    pe = torch.stack([torch.sin(angles), torch.cos(angles)], dim=-1).reshape(-1, d_model)
+    return pe.unsqueeze(0)
+
+
+class RelPositionMultiHeadAttention(nn.Module):
+    """Multi-head attention with Transformer-XL relative positions (NeMo flavour)."""
+
+    def __init__(self, d_model: int, n_heads: int) -> None:
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(f"d_model {d_model} is not divisible by n_heads {n_heads}")
+        self.n_heads = n_heads
+        self.d_k = d_model // n_heads
+        self.linear_q = nn.Linear(d_model, d_model)
+        self.linear_k = nn.Linear(d_model, d_model)
+        self.linear_v = nn.Linear(d_model, d_model)
+        self.linear_out = nn.Linear(d_model, d_model)
+        self.linear_pos = nn.Linear(d_model, d_model, bias=False)
+        self.pos_bias_u = nn.Parameter(torch.empty(n_heads, self.d_k))
+        self.pos_bias_v = nn.Parameter(torch.empty(n_heads, self.d_k))
+        nn.init.normal_(self.pos_bias_u, std=0.02)
+        nn.init.normal_(self.pos_bias_v, std=0.02)
+
+    @staticmethod
+    def rel_shift(x: torch.Tensor) -> torch.Tensor:
+        """Align ``[B, H, T, 2T-1]`` position scores so column j means offset i-j."""
+        b, h, qlen, pos_len = x.shape
+        x = F.pad(x, (1, 0))
+        x = x.reshape(b, h, -1, qlen)
+        return x[:, :, 1:].reshape(b, h, qlen, pos_len)
+
+    def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """``[B, T, d_model]`` -> ``[B, T, H, d_k]``."""
+        return x.reshape(x.shape[0], -1, self.n_heads, self.d_k)
+
+    def forward(
+        self, x: torch.Tensor, pos_emb: torch.Tensor, att_mask: torch.Tensor
+    ) -> torch.Tensor:
+        """Self-attention over ``x [B, T, d]``; ``att_mask [B, T, T]`` is True where masked."""
+        b = x.shape[0]
+        q = self._split_heads(self.linear_q(x))
+        k = self._split_heads(self.linear_k(x)).transpose(1, 2)
+        v = self._split_heads(self.linear_v(x)).transpose(1, 2)
+        p = self._split_heads(self.linear_pos(pos_emb)).transpose(1, 2)  # [1, H, 2T-1, d_k]
+
+        q_with_bias_u = (q + self.pos_bias_u).transpose(1, 2)
+        q_with_bias_v = (q + self.pos_bias_v).transpose(1, 2)
+        matrix_ac = torch.matmul(q_with_bias_u, k.transpose(-2, -1))
+        matrix_bd = self.rel_shift(torch.matmul(q_with_bias_v, p.transpose(-2, -1)))
+        matrix_bd = matrix_bd[:, :, :, : matrix_ac.shape[-1]]
+        scores = (matrix_ac + matrix_bd) / math.sqrt(self.d_k)
+
+        mask = att_mask.unsqueeze(1)
+        scores = scores.masked_fill(mask, -INF_VAL)
+        attn = torch.softmax(scores, dim=-1).masked_fill(mask, 0.0)
+        out = torch.matmul(attn, v).transpose(1, 2).reshape(b, -1, self.n_heads * self.d_k)
+        return self.linear_out(out)
+
+
+class FeedForward(nn.Module):
+    """Linear -> SiLU -> Linear."""
+
+    def __init__(self, d_model: int, ff_dim: int) -> None:
+        super().__init__()
+        self.linear1 = nn.Linear(d_model, ff_dim)
+        self.linear2 = nn.Linear(ff_dim, d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Apply the position-wise feed-forward network."""
+        return self.linear2(F.silu(self.linear1(x)))
+
+
+class ConformerConvolution(nn.Module):
+    """Conformer convolution module with pointwise Conv1d layers (kernel size 1)."""
+
+    def __init__(self, d_model: int, kernel_size: int) -> None:
+        super().__init__()
+        self.pointwise_conv1 = nn.Conv1d(d_model, 2 * d_model, kernel_size=1)
+        self.depthwise_conv = nn.Conv1d(
+            d_model, d_model, kernel_size, padding=(kernel_size - 1) // 2, groups=d_model
+        )
+        self.batch_norm = nn.BatchNorm1d(d_model)
+        self.pointwise_conv2 = nn.Conv1d(d_model, d_model, kernel_size=1)
+
+    def forward(self, x: torch.Tensor, pad_mask: torch.Tensor) -> torch.Tensor:
+        """``x [B, T, d]`` -> ``[B, T, d]``; ``pad_mask [B, T]`` is True on padding."""
+        x = x.transpose(1, 2)  # [B, d, T]
+        x = self.pointwise_conv1(x)
+        x = F.glu(x, dim=1)
+        x = x.masked_fill(pad_mask.unsqueeze(1), 0.0)
+        x = self.depthwise_conv(x)
+        x = self.batch_norm(x)
+        x = F.silu(x)
+        x = self.pointwise_conv2(x)
+        return x.transpose(1, 2)
+
+
+class ConformerLayer(nn.Module):
+    """Macaron conformer block: FF/2, self-attention, convolution, FF/2, LayerNorm."""
+
+    def __init__(self, cfg: EncoderConfig) -> None:
+        super().__init__()
+        d = cfg.d_model
+        self.norm_feed_forward1 = nn.LayerNorm(d)
+        self.feed_forward1 = FeedForward(d, cfg.ff_dim)
+        self.norm_self_att = nn.LayerNorm(d)
+        self.self_attn = RelPositionMultiHeadAttention(d, cfg.n_heads)
+        self.norm_conv = nn.LayerNorm(d)
+        self.conv = ConformerConvolution(d, cfg.conv_kernel)
+        self.norm_feed_forward2 = nn.LayerNorm(d)
+        self.feed_forward2 = FeedForward(d, cfg.ff_dim)
+        self.norm_out = nn.LayerNorm(d)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        pos_emb: torch.Tensor,
+        att_mask: torch.Tensor,
+        pad_mask: torch.Tensor,
+    ) -> torch.Tensor:
+        """Apply one conformer layer to ``x [B, T, d]``."""
+        x = x + 0.5 * self.feed_forward1(self.norm_feed_forward1(x))
+        x = x + self.self_attn(self.norm_self_att(x), pos_emb, att_mask)
+        x = x + self.conv(self.norm_conv(x), pad_mask)
+        x = x + 0.5 * self.feed_forward2(self.norm_feed_forward2(x))
+        return self.norm_out(x)
+
+
+class FastConformerEncoder(nn.Module):
+    """FastConformer encoder: ``(audio_signal [B, F, T], length [B])`` -> ``([B, d, T/8], [B])``."""
+
+    def __init__(self, cfg: EncoderConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.pre_encode = DwStridingSubsampling(cfg.feat_in, cfg.sub_channels, cfg.d_model)
+        self.layers = nn.ModuleList(ConformerLayer(cfg) for _ in range(cfg.n_layers))
+        self.xscale = math.sqrt(cfg.d_model) if cfg.xscaling else 1.0
+
+    def forward(
+        self, audio_signal: torch.Tensor, length: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Encode features; returns ``outputs [B, d_model, T']`` and ``encoded_lengths [B]``."""
+        x, encoded_lengths = self.pre_encode(audio_signal.transpose(1, 2), length)
+        x = x * self.xscale
+        t = x.shape[1]
+        pos_emb = relative_positional_encoding(t, self.cfg.d_model, x.device)
+
+        pad_mask = torch.arange(t, device=x.device).unsqueeze(0) >= encoded_lengths.unsqueeze(1)
+        att_mask = pad_mask.unsqueeze(1) | pad_mask.unsqueeze(2)  # [B, T', T']
+        for layer in self.layers:
+            x = layer(x, pos_emb, att_mask, pad_mask)
+        return x.transpose(1, 2), encoded_lengths
+
+
+# --------------------------------------------------------------------------- #
+# TDT decoder + joint
+# --------------------------------------------------------------------------- #
+
+
+class TdtDecoderJoint(nn.Module):
+    """LSTM prediction network and TDT joint, with the interface of NeMo's decoder_joint export."""
+
+    def __init__(self, cfg: DecoderConfig) -> None:
+        super().__init__()
+        blank = cfg.vocab_size
+        self.embedding = nn.Embedding(cfg.vocab_size + 1, cfg.pred_hidden, padding_idx=blank)
+        self.lstm = nn.LSTM(cfg.pred_hidden, cfg.pred_hidden, num_layers=cfg.pred_layers)
+        self.joint_enc = nn.Linear(cfg.encoder_dim, cfg.joint_hidden)
+        self.joint_pred = nn.Linear(cfg.pred_hidden, cfg.joint_hidden)
+        self.joint_out = nn.Linear(cfg.joint_hidden, cfg.vocab_size + 1 + cfg.num_durations)
+
+    def forward(
+        self,
+        encoder_outputs: torch.Tensor,
+        targets: torch.Tensor,
+        target_length: torch.Tensor,
+        input_states_1: torch.Tensor,
+        input_states_2: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Return joint logits ``[B, T, U, V+1+D]``, lengths and the new LSTM (h, c)."""
+        embedded = self.embedding(targets).transpose(0, 1)  # [U, B, H], time-major LSTM
+        pred, (h, c) = self.lstm(embedded, (input_states_1, input_states_2))
+        f = self.joint_enc(encoder_outputs.transpose(1, 2))  # [B, T, J]
+        g = self.joint_pred(pred.transpose(0, 1))  # [B, U, J]
+        joint = torch.relu(f.unsqueeze(2) + g.unsqueeze(1))
+        return self.joint_out(joint), target_length, h, c
+
+
+# --------------------------------------------------------------------------- #
+# Model construction and example inputs
+# --------------------------------------------------------------------------- #
+
+
+def randomize_batch_norm(model: nn.Module, generator: torch.Generator) -> None:
+    """Give BatchNorm layers non-trivial affine parameters and running statistics."""
+    for module in model.modules():
+        if isinstance(module, nn.BatchNorm1d):
+            n = module.num_features
+            with torch.no_grad():
+                module.weight.copy_(1.0 + 0.1 * torch.randn(n, generator=generator))
+                module.bias.copy_(0.1 * torch.randn(n, generator=generator))
+                module.running_mean.copy_(0.1 * torch.randn(n, generator=generator))
+                module.running_var.copy_(0.5 + torch.rand(n, generator=generator))
+
+
+def build_encoder(size: str) -> FastConformerEncoder:
+    """Build the encoder of the given size with seeded random weights, in eval mode."""
+    torch.manual_seed(SEED)
+    model = FastConformerEncoder(ENCODER_CONFIGS[size])
+    randomize_batch_norm(model, torch.Generator().manual_seed(SEED))
+    return model.eval()
+
+
+def build_decoder(size: str) -> TdtDecoderJoint:
+    """Build the decoder + joint of the given size with seeded random weights, in eval mode."""
+    torch.manual_seed(SEED)
+    return TdtDecoderJoint(DECODER_CONFIGS[size]).eval()
+
+
+def encoder_inputs(size: str) -> dict[str, torch.Tensor]:
+    """Random features and lengths ``[T, T-37]`` for the encoder check."""
+    batch, frames = ENCODER_CHECK_SHAPE[size]
+    generator = torch.Generator().manual_seed(SEED + 1)
+    feat_in = ENCODER_CONFIGS[size].feat_in
+    lengths = [frames - 37 * i for i in range(batch)]
+    return {
+        "audio_signal": torch.randn(batch, feat_in, frames, generator=generator),
+        "length": torch.tensor(lengths, dtype=torch.int64),
+    }
+
+
+def decoder_inputs(size: str) -> dict[str, torch.Tensor]:
+    """Random encoder frames, targets, lengths and LSTM states for the decoder check."""
+    batch, frames, tokens = DECODER_CHECK_SHAPE[size]
+    cfg = DECODER_CONFIGS[size]
+    generator = torch.Generator().manual_seed(SEED + 1)
+    state_shape = (cfg.pred_layers, batch, cfg.pred_hidden)
+    return {
+        "encoder_outputs": torch.randn(batch, cfg.encoder_dim, frames, generator=generator),
+        "targets": torch.randint(0, cfg.vocab_size, (batch, tokens), generator=generator),
+        "target_length": torch.tensor([tokens - 3 * i for i in range(batch)], dtype=torch.int64),
+        "input_states_1": torch.randn(state_shape, generator=generator),
+        "input_states_2": torch.randn(state_shape, generator=generator),
+    }
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What to export: the model, an example input and the ONNX interface."""
+
+    model: nn.Module
+    inputs: dict[str, torch.Tensor]
+    output_names: list[str]
+    dynamic_axes: dict[str, dict[int, str]]
+
+
+def encoder_spec(size: str) -> ModelSpec:
+    """Export specification of the FastConformer encoder."""
+    return ModelSpec(
+        model=build_encoder(size),
+        inputs=encoder_inputs(size),
+        output_names=["outputs", "encoded_lengths"],
+        dynamic_axes={
+            "audio_signal": {0: "batch", 2: "time"},
+            "length": {0: "batch"},
+            "outputs": {0: "batch", 2: "encoded_time"},
+            "encoded_lengths": {0: "batch"},
+        },
+    )
+
+
+def decoder_spec(size: str) -> ModelSpec:
+    """Export specification of the TDT decoder + joint."""
+    return ModelSpec(
+        model=build_decoder(size),
+        inputs=decoder_inputs(size),
+        output_names=["outputs", "prednet_lengths", "output_states_1", "output_states_2"],
+        dynamic_axes={
+            "encoder_outputs": {0: "batch", 2: "time"},
+            "targets": {0: "batch", 1: "tokens"},
+            "target_length": {0: "batch"},
+            "input_states_1": {1: "batch"},
+            "input_states_2": {1: "batch"},
+            "outputs": {0: "batch", 1: "time", 2: "tokens"},
+            "prednet_lengths": {0: "batch"},
+            "output_states_1": {1: "batch"},
+            "output_states_2": {1: "batch"},
+        },
+    )
+
+
+# --------------------------------------------------------------------------- #
+# Export, verification and statistics
+# --------------------------------------------------------------------------- #
+
+
+def export(spec: ModelSpec, out: Path, exporter: str, opset: int) -> None:
+    """Export ``spec.model`` to ``out`` with the dynamo or the legacy (TorchScript) exporter.
+
+    The dynamo exporter writes ``out`` plus one ``out.data`` file when the weights
+    are large.  The legacy exporter switches to external data by itself above
+    2 GB, writing one file per tensor next to ``out``.
+    """
+    input_names = list(spec.inputs)
+    args = tuple(spec.inputs.values())
+    if exporter == "dynamo":
+        weight_bytes = sum(p.numel() * p.element_size() for p in spec.model.parameters())
+        torch.onnx.export(
+            spec.model,
+            args,
+            out,
+            dynamo=True,
+            input_names=input_names,
+            output_names=spec.output_names,
+            opset_version=opset,
+            dynamic_shapes={name: spec.dynamic_axes[name] for name in input_names},
+            external_data=weight_bytes > EXTERNAL_DATA_THRESHOLD,
+        )
+    else:
+        torch.onnx.export(
+            spec.model,
+            args,
+            out,
+            dynamo=False,
+            input_names=input_names,
+            output_names=spec.output_names,
+            opset_version=opset,
+            dynamic_axes=spec.dynamic_axes,
+        )
+
+
+def compare_with_onnxruntime(spec: ModelSpec, path: Path) -> None:
+    """Run the model in torch and onnxruntime on the example input; print max abs diffs."""
+    with torch.no_grad():
+        expected = spec.model(*spec.inputs.values())
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    actual = session.run(spec.output_names, {k: v.numpy() for k, v in spec.inputs.items()})
+    shapes = {name: list(v.shape) for name, v in spec.inputs.items()}
+    print(f"torch vs onnxruntime on {shapes}:")
+    for name, ref, got in zip(spec.output_names, expected, actual, strict=True):
+        ref_np = ref.numpy()
+        if ref_np.shape != got.shape:
+            raise RuntimeError(f"{name}: shape {got.shape} from onnxruntime, {ref_np.shape} from torch")
+        diff = np.max(np.abs(ref_np.astype(np.float64) - got.astype(np.float64)))
+        print(f"  {name:16s} shape {list(got.shape)}  max abs diff {diff:.3g}")
+
+
+def iter_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    """Yield every node of ``graph``, including nodes of subgraphs (If/Loop/Scan bodies)."""
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from iter_nodes(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for subgraph in attr.graphs:
+                    yield from iter_nodes(subgraph)
+
+
+def constant_shapes(graph: onnx.GraphProto) -> dict[str, list[int]]:
+    """Shapes of initializers and Constant node outputs (no external data is read)."""
+    shapes = {init.name: list(init.dims) for init in graph.initializer}
+    for node in iter_nodes(graph):
+        if node.op_type == "Constant":
+            for attr in node.attribute:
+                if attr.name == "value":
+                    shapes[node.output[0]] = list(attr.t.dims)
+    return shapes
+
+
+def conv_kernel_shape(node: onnx.NodeProto, shapes: Mapping[str, Sequence[int]]) -> tuple[int, ...]:
+    """Kernel shape of a Conv node: its attribute, else the spatial dims of its weight."""
+    for attr in node.attribute:
+        if attr.name == "kernel_shape":
+            return tuple(attr.ints)
+    weight = shapes.get(node.input[1])
+    if weight is None:
+        raise ValueError(f"cannot determine the kernel shape of Conv node {node.name!r}")
+    return tuple(weight[2:])
+
+
+def external_data_files(model: onnx.ModelProto, directory: Path) -> set[Path]:
+    """Files referenced by the model's external-data initializers."""
+    files = set()
+    for init in model.graph.initializer:
+        if init.data_location == onnx.TensorProto.EXTERNAL:
+            location = next(e.value for e in init.external_data if e.key == "location")
+            files.add(directory / location)
+    return files
+
+
+def describe_onnx(path: Path) -> None:
+    """Print opset, file sizes, Conv nodes by kernel shape and Transpose placement."""
+    model = onnx.load(str(path), load_external_data=False)
+    graph = model.graph
+    opsets = {o.domain or "ai.onnx": o.version for o in model.opset_import}
+    data_files = external_data_files(model, path.parent)
+    data_bytes = sum(f.stat().st_size for f in data_files)
+    print(f"opset: {opsets}, producer: {model.producer_name} {model.producer_version}")
+    print(f"model file: {path.stat().st_size / 1e6:.2f} MB; "
+          f"external data: {len(data_files)} file(s), {data_bytes / 1e6:.2f} MB")
+
+    shapes = constant_shapes(graph)
+    nodes = list(iter_nodes(graph))
+    producers = {out: node for node in nodes for out in node.output}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in nodes:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+
+    kernels: Counter[tuple[int, ...]] = Counter()
+    pointwise = fed_by_transpose = feeding_transpose = 0
+    for node in nodes:
+        if node.op_type != "Conv":
+            continue
+        kernel = conv_kernel_shape(node, shapes)
+        kernels[kernel] += 1
+        if all(k == 1 for k in kernel):
+            pointwise += 1
+            producer = producers.get(node.input[0])
+            fed_by_transpose += producer is not None and producer.op_type == "Transpose"
+            feeding_transpose += any(
+                c.op_type == "Transpose" for c in consumers.get(node.output[0], [])
+            )
+    ops = Counter(node.op_type for node in nodes)
+    print(f"nodes: {len(nodes)}, initializers: {len(graph.initializer)}, "
+          f"Constant nodes: {ops['Constant']}, BatchNormalization: {ops['BatchNormalization']}")
+    print(f"Conv nodes: {sum(kernels.values())} (pointwise {pointwise}, "
+          f"other {sum(kernels.values()) - pointwise}); by kernel shape: "
+          + ", ".join(f"{list(k)}: {n}" for k, n in sorted(kernels.items())))
+    print(f"Transpose nodes: {ops['Transpose']}; pointwise Conv fed by Transpose: "
+          f"{fed_by_transpose}, feeding a Transpose: {feeding_transpose}")
+
+
+def run_export(spec: ModelSpec, out: Path, exporter: str, opset: int) -> None:
+    """Export, summarise and verify one model."""
+    n_params = sum(p.numel() for p in spec.model.parameters())
+    print(f"{type(spec.model).__name__}: {n_params:,} parameters ({n_params / 1e6:.1f}M)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    export(spec, out, exporter, opset)
+    print(f"{exporter} export to {out} took {time.perf_counter() - start:.1f} s")
+    describe_onnx(out)
+    compare_with_onnxruntime(spec, out)
+
+
+# --------------------------------------------------------------------------- #
+# Benchmark cache
+# --------------------------------------------------------------------------- #
+
+CACHE_JOBS: list[tuple[str, list[str], str]] = [
+    ("encoder-dynamo", ["encoder", "--exporter", "dynamo"], "encoder-model.onnx"),
+    ("encoder-legacy", ["encoder", "--exporter", "legacy"], "encoder-model.onnx"),
+    ("decoder", ["decoder", "--exporter", "dynamo"], "decoder_joint-model.onnx"),
+]
+
+
+def build_cache(cache_dir: Path) -> None:
+    """Export the parakeet-size models into ``cache_dir``, skipping completed ones.
+
+    Each export runs in its own process (so memory is returned between exports)
+    and a marker file is written only after it succeeded, so an interrupted
+    export is redone from scratch.
+    """
+    paths = []
+    for name, command, filename in CACHE_JOBS:
+        target_dir = cache_dir / name
+        path = target_dir / filename
+        paths.append(path)
+        marker = target_dir / COMPLETE_MARKER
+        if marker.exists():
+            print(f"[cache] {name}: present ({marker.read_text().strip()})")
+            continue
+        if target_dir.exists():
+            for stale in target_dir.iterdir():
+                stale.unlink()
+        target_dir.mkdir(parents=True, exist_ok=True)
+        argv = [sys.executable, __file__, *command, "--size", "parakeet", "--out", str(path)]
+        print(f"[cache] {name}: {' '.join(argv)}", flush=True)
+        start = time.perf_counter()
+        process = subprocess.Popen(argv)
+        _, status, usage = os.wait4(process.pid, 0)
+        elapsed = time.perf_counter() - start
+        if os.waitstatus_to_exitcode(status) != 0:
+            raise SystemExit(f"[cache] {name}: export failed")
+        summary = f"built in {elapsed:.0f} s, peak RSS {usage.ru_maxrss / 1024**2:.2f} GiB"
+        marker.write_text(summary + "\n")
+        print(f"[cache] {name}: {summary}")
+    print("[cache] models:")
+    for path in paths:
+        print(f"  {path}")
+
+
+# --------------------------------------------------------------------------- #
+# Command line
+# --------------------------------------------------------------------------- #
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse the command line."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name, help_text in [
+        ("encoder", "export a FastConformer encoder"),
+        ("decoder", "export a TDT decoder + joint"),
+    ]:
+        sub = commands.add_parser(name, help=help_text)
+        sub.add_argument("--size", choices=["small", "parakeet"], default="small")
+        sub.add_argument("--exporter", choices=["dynamo", "legacy"], default="dynamo")
+        sub.add_argument("--out", type=Path, required=True, help="output .onnx path")
+        sub.add_argument("--opset", type=int, default=17, help="ONNX opset (default 17)")
+    cache = commands.add_parser("cache", help="build the parakeet-size benchmark models")
+    cache.add_argument("--dir", type=Path, default=DEFAULT_CACHE_DIR, help="cache directory")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point."""
+    args = parse_args(argv)
+    if args.command == "cache":
+        build_cache(args.dir.expanduser())
+        return
+    spec = encoder_spec(args.size) if args.command == "encoder" else decoder_spec(args.size)
+    run_export(spec, args.out, args.exporter, args.opset)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,3 @@
+from onnx_conv2matmul.cli import main
+
+main()

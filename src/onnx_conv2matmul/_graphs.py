@@ -1,0 +1,81 @@
+"""Walking an onnx-ir model: every graph with its scope path, names in use."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import onnx_ir as ir
+
+
+def walk_graphs(graph: ir.Graph, scope: str = "") -> Iterator[tuple[ir.Graph, str]]:
+    """Yield ``graph`` and every subgraph below it (any depth) with its scope path.
+
+    The main graph's scope is ``""``; a subgraph's is the path of the nodes and
+    attributes that own it, e.g. ``"If_0/then_branch"`` or ``"Loop_3/body/If_1/else_branch"``.
+    """
+    yield graph, scope
+    for node in graph:
+        for attr in node.attributes.values():
+            if attr.is_ref():
+                continue
+            owner = node.name or node.op_type
+            prefix = f"{scope}/{owner}" if scope else owner
+            if attr.type == ir.AttributeType.GRAPH:
+                yield from walk_graphs(attr.as_graph(), f"{prefix}/{attr.name}")
+            elif attr.type == ir.AttributeType.GRAPHS:
+                for i, sub in enumerate(attr.as_graphs()):
+                    yield from walk_graphs(sub, f"{prefix}/{attr.name}[{i}]")
+
+
+def used_names(model: ir.Model) -> set[str]:
+    """Every node and value name in every scope of the model (functions included)."""
+    names: set[str] = set()
+    graphs: list[ir.Graph | ir.Function] = [g for g, _ in walk_graphs(model.graph)]
+    graphs.extend(model.functions.values())
+    for graph in graphs:
+        for value in graph.inputs:
+            if value.name:
+                names.add(value.name)
+        if isinstance(graph, ir.Graph):
+            names.update(graph.initializers.keys())
+        for node in graph:
+            if node.name:
+                names.add(node.name)
+            for value in node.outputs:
+                if value.name:
+                    names.add(value.name)
+    return names
+
+
+class NameAllocator:
+    """Hands out names that are unique across every scope of a model."""
+
+    def __init__(self, taken: set[str]) -> None:
+        self._taken = set(taken)
+
+    def new(self, wanted: str) -> str:
+        name = wanted
+        i = 1
+        while name in self._taken:
+            name = f"{wanted}_{i}"
+            i += 1
+        self._taken.add(name)
+        return name
+
+
+def default_opset(model: ir.Model) -> int | None:
+    """The version of the default ONNX domain the model imports."""
+    for domain in ("", "ai.onnx"):
+        if domain in model.opset_imports:
+            return model.opset_imports[domain]
+    return None
+
+
+def count_op(model: ir.Model, op_type: str) -> int:
+    return sum(
+        1 for graph, _ in walk_graphs(model.graph) for node in graph if node.op_type == op_type
+    )
+
+
+def count_nodes(model: ir.Model) -> int:
+    return sum(len(graph) for graph, _ in walk_graphs(model.graph))

@@ -1,0 +1,228 @@
+"""Reading and writing model files: the only module that touches disk.
+
+Loading parses only the ``.onnx`` protobuf; external data stays on disk and is
+memory-mapped by onnx-ir when a tensor is read. Saving writes into a temporary
+directory beside the destination and renames into place at the end, so a
+failure or a kill never leaves a half-written output or damages the input.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+
+import onnx
+import onnx_ir as ir
+from google.protobuf.message import DecodeError
+
+from onnx_conv2matmul._graphs import walk_graphs
+from onnx_conv2matmul.errors import CheckerError, InputError
+
+# Tensors at or below this size stay inside the .onnx file: onnxruntime cannot read
+# shape-like inputs (Reshape shapes, axes) from external data.
+INLINE_THRESHOLD_BYTES = 1024
+# Above this size a single-file model cannot be serialized (protobuf limit is 2 GiB).
+SINGLE_FILE_LIMIT_BYTES = 1_900_000_000
+
+ProgressCallback = Callable[[int, int], None]
+
+
+@dataclasses.dataclass
+class LoadedModel:
+    model: ir.Model
+    path: str
+    external_files: list[str]
+    total_bytes: int
+
+    @property
+    def has_external_data(self) -> bool:
+        return bool(self.external_files)
+
+
+def check_input_path(path: str) -> None:
+    if not os.path.exists(path):
+        raise InputError(f"input not found: {path}")
+    if os.path.isdir(path):
+        raise InputError(f"input is a directory, not an ONNX file: {path}")
+    if not os.access(path, os.R_OK):
+        raise InputError(f"input is not readable: {path}")
+    if os.path.getsize(path) == 0:
+        raise InputError(f"input is empty: {path}")
+
+
+def check_output_path(path: str, *, what: str = "output") -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise InputError(f"{what} directory does not exist: {directory}")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise InputError(f"{what} directory is not writable: {directory}")
+    if os.path.isdir(path):
+        raise InputError(f"{what} is a directory: {path}")
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        raise InputError(f"{what} exists and is not writable: {path}")
+
+
+def _iter_tensors(model: ir.Model) -> Iterator[ir.TensorProtocol]:
+    for graph, _ in walk_graphs(model.graph):
+        for value in graph.initializers.values():
+            if value.const_value is not None:
+                yield value.const_value
+        for node in graph:
+            for attr in node.attributes.values():
+                if attr.is_ref():
+                    continue
+                if attr.type == ir.AttributeType.TENSOR:
+                    yield attr.as_tensor()
+                elif attr.type == ir.AttributeType.TENSORS:
+                    yield from attr.as_tensors()
+
+
+def load_model(path: str) -> LoadedModel:
+    """Parse ``path`` and check its external data without reading it.
+
+    Raises:
+        InputError: missing, empty, truncated or non-ONNX file; missing,
+            unreadable or short external data.
+    """
+    check_input_path(path)
+    try:
+        proto = onnx.load(path, load_external_data=False)
+    except (DecodeError, RuntimeError, ValueError, OSError) as err:
+        raise InputError(f"not a valid ONNX file (cannot be parsed): {path}") from err
+    except Exception as err:  # protobuf raises assorted errors on garbage
+        raise InputError(f"not a valid ONNX file (cannot be parsed): {path}") from err
+    if not proto.HasField("graph") or proto.ir_version <= 0 or not proto.opset_import:
+        raise InputError(f"not a valid ONNX file (no graph, IR version or opset; truncated?): {path}")
+    try:
+        model = ir.serde.deserialize_model(proto)
+    except Exception as err:
+        raise InputError(f"not a valid ONNX model ({err.__class__.__name__}: {err}): {path}") from err
+    del proto
+    base_dir = os.path.dirname(os.path.abspath(path))
+    ir.external_data.set_base_dir(model.graph, base_dir)
+    external: dict[str, int] = {}
+    for tensor in _iter_tensors(model):
+        if not isinstance(tensor, ir.ExternalTensor):
+            continue
+        location = os.path.normpath(os.path.join(base_dir, str(tensor.location)))
+        if location not in external:
+            if not os.path.isfile(location):
+                raise InputError(f"external data file not found: {location} (needed by {path})")
+            if not os.access(location, os.R_OK):
+                raise InputError(f"external data file is not readable: {location}")
+            external[location] = os.path.getsize(location)
+        end = (tensor.offset or 0) + (tensor.length if tensor.length is not None else tensor.nbytes)
+        if end > external[location]:
+            raise InputError(
+                f"external data file is truncated: {location} has {external[location]} bytes,"
+                f" tensor {tensor.name!r} needs {end}"
+            )
+    total = os.path.getsize(path) + sum(external.values())
+    return LoadedModel(model=model, path=path, external_files=sorted(external), total_bytes=total)
+
+
+def tensor_bytes(model: ir.Model) -> int:
+    return sum(int(t.nbytes) for t in _iter_tensors(model))
+
+
+@dataclasses.dataclass
+class StagedOutput:
+    """A model written to a temporary directory beside its destination."""
+
+    destination: str
+    directory: str
+    onnx_path: str
+    data_path: str | None
+
+    @property
+    def size(self) -> int:
+        size = os.path.getsize(self.onnx_path)
+        if self.data_path is not None:
+            size += os.path.getsize(self.data_path)
+        return size
+
+    def publish(self, destination: str | None = None) -> list[str]:
+        """Rename the staged files into place (data first, then the .onnx)."""
+        dest = destination or self.destination
+        written = []
+        if self.data_path is not None:
+            # The .onnx refers to its data by the staged name: keep the names aligned.
+            data_dest = dest + ".data"
+            if os.path.basename(data_dest) != os.path.basename(self.data_path):
+                raise ValueError("staged data file name does not match the destination")
+            os.replace(self.data_path, data_dest)
+            written.append(data_dest)
+        os.replace(self.onnx_path, dest)
+        written.append(dest)
+        self.discard()
+        return written
+
+    def discard(self) -> None:
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def __enter__(self) -> StagedOutput:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.discard()
+
+
+def stage_model(
+    model: ir.Model,
+    destination: str,
+    *,
+    external: bool,
+    progress: ProgressCallback | None = None,
+) -> StagedOutput:
+    """Write ``model`` next to ``destination`` without touching ``destination``.
+
+    With ``external``, tensors above :data:`INLINE_THRESHOLD_BYTES` go into one
+    ``<name>.data`` file; otherwise the model is one file.
+    """
+    destination = os.path.abspath(destination)
+    directory = tempfile.mkdtemp(
+        prefix=f".{os.path.basename(destination)}.", suffix=".tmp", dir=os.path.dirname(destination)
+    )
+    basename = os.path.basename(destination)
+    onnx_path = os.path.join(directory, basename)
+    try:
+        if external:
+            data_name = basename + ".data"
+            callback = None
+            if progress is not None:
+                done = 0
+
+                def callback(_tensor: ir.TensorProtocol, info: ir.external_data.CallbackInfo) -> None:
+                    nonlocal done
+                    done += 1
+                    progress(done, info.total)
+
+            ir.save(
+                model,
+                onnx_path,
+                external_data=data_name,
+                size_threshold_bytes=INLINE_THRESHOLD_BYTES,
+                callback=callback,
+            )
+            data_path: str | None = os.path.join(directory, data_name)
+            if not os.path.exists(data_path):  # every tensor was small enough to stay inline
+                data_path = None
+        else:
+            ir.save(model, onnx_path)
+            data_path = None
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+    return StagedOutput(destination, directory, onnx_path, data_path)
+
+
+def run_checker(path: str) -> None:
+    """Run the ONNX checker on a saved file; external data is not read."""
+    try:
+        onnx.checker.check_model(path)
+    except onnx.checker.ValidationError as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else "invalid model"
+        raise CheckerError(f"ONNX checker rejected the output: {first}") from err

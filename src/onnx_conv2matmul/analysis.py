@@ -1,0 +1,249 @@
+"""Decide, for every Conv-like node, whether it can be rewritten exactly.
+
+This module only reads the model. It returns a :class:`Plan` for every Conv that
+can be rewritten and a skipped :class:`ConvEntry` (with its reason) for every other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import onnx_ir as ir
+
+from onnx_conv2matmul._graphs import default_opset, walk_graphs
+from onnx_conv2matmul.options import ConvertOptions
+from onnx_conv2matmul.reasons import SkipReason
+from onnx_conv2matmul.report import ConvEntry, Status
+
+# Op types reported as convolutions even though they are never rewritten.
+_OTHER_CONV_OPS = frozenset(
+    {"ConvInteger", "QLinearConv", "FusedConv", "NhwcConv", "NhwcFusedConv", "QLinearConvTranspose"}
+)
+_FLOAT_TYPES = frozenset(
+    {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE, ir.DataType.BFLOAT16}
+)
+_AUTO_PADS = frozenset({"NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER"})
+
+# Opsets the emitted ops need.
+MIN_OPSET_PAD = 2  # Pad-2: pads as an attribute; Pad-11: pads as an input
+MIN_OPSET_SLICE_STEPS = 10
+MIN_OPSET_BFLOAT16_MATMUL = 13
+
+
+@dataclasses.dataclass
+class Plan:
+    """How one Conv is rewritten. Built by :func:`analyze`, applied by ``rewrite.py``."""
+
+    node: ir.Node
+    graph: ir.Graph
+    entry: ConvEntry
+    weight: ir.Value
+    weight_tensor: ir.TensorProtocol
+    weight_owner: ir.Graph
+    weight_constant_node: ir.Node | None
+    bias: ir.Value | None
+    spatial_rank: int
+    pads_begin: list[int]
+    pads_end: list[int]
+    strides: list[int]
+    opset: int
+
+
+class _Skip(Exception):
+    def __init__(self, reason: SkipReason, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+def is_conv_like(node: ir.Node) -> bool:
+    if node.op_type == "Conv":
+        return True
+    return node.op_type in _OTHER_CONV_OPS
+
+
+def analyze(model: ir.Model, options: ConvertOptions) -> tuple[list[Plan], list[ConvEntry]]:
+    """Return the plans and the report entry of every Conv-like node, in graph order."""
+    opset = default_opset(model)
+    plans: list[Plan] = []
+    entries: list[ConvEntry] = []
+    for graph, scope in walk_graphs(model.graph):
+        for node in graph:
+            if not is_conv_like(node):
+                continue
+            entry = ConvEntry(
+                name=node.name or "",
+                scope=scope,
+                op_type=node.op_type,
+                domain=node.domain,
+                status=Status.SKIPPED,
+            )
+            entries.append(entry)
+            try:
+                plans.append(_plan(node, graph, entry, opset, options))
+            except _Skip as skip:
+                entry.reason = skip.reason
+                entry.detail = skip.detail
+            else:
+                entry.status = Status.CONVERTED
+    return plans, entries
+
+
+def constant_tensor(value: ir.Value) -> tuple[ir.TensorProtocol, ir.Node | None] | None:
+    """The constant behind ``value`` (initializer or Constant node), if it has one."""
+    if value.is_initializer() and value.const_value is not None:
+        return value.const_value, None
+    producer = value.producer()
+    if producer is not None and producer.op_type == "Constant" and producer.domain in ("", "ai.onnx"):
+        attr = producer.attributes.get("value")
+        if attr is not None and attr.type == ir.AttributeType.TENSOR:
+            return attr.as_tensor(), producer
+    return None
+
+
+def _ints(node: ir.Node, name: str, default: list[int]) -> list[int]:
+    attr = node.attributes.get(name)
+    if attr is None:
+        return default
+    return list(attr.as_ints())
+
+
+def _plan(
+    node: ir.Node,
+    graph: ir.Graph,
+    entry: ConvEntry,
+    opset: int | None,
+    options: ConvertOptions,
+) -> Plan:
+    if node.op_type != "Conv" or node.domain not in ("", "ai.onnx"):
+        domain = node.domain or "ai.onnx"
+        raise _Skip(SkipReason.UNSUPPORTED_OP, f"{domain}::{node.op_type} is not rewritten")
+    if opset is None:
+        raise _Skip(SkipReason.OPSET_UNSUPPORTED, "model imports no default-domain opset")
+    if len(node.inputs) < 2 or node.inputs[1] is None or node.inputs[0] is None:
+        raise _Skip(SkipReason.INVALID_ATTRIBUTES, "Conv without input or weight")
+    weight = node.inputs[1]
+    if weight.is_graph_input():
+        if weight.is_initializer():
+            raise _Skip(
+                SkipReason.WEIGHT_OVERRIDABLE,
+                f"weight {weight.name!r} is an initializer that is also a graph input",
+            )
+        raise _Skip(SkipReason.WEIGHT_NOT_CONSTANT, f"weight {weight.name!r} is a graph input")
+    found = constant_tensor(weight)
+    if found is None:
+        raise _Skip(SkipReason.WEIGHT_NOT_CONSTANT, f"weight {weight.name!r} is computed at run time")
+    tensor, constant_node = found
+    shape = [int(d) for d in tensor.shape.dims]
+    entry.weight_shape = shape
+    entry.weight_dtype = tensor.dtype.name
+    entry.params = math.prod(shape)
+    entry.weight_bytes = int(entry.params * tensor.dtype.itemsize)
+
+    if len(shape) not in (3, 4, 5):
+        raise _Skip(SkipReason.UNSUPPORTED_RANK, f"weight shape {shape}")
+    if tensor.dtype not in _FLOAT_TYPES:
+        raise _Skip(SkipReason.UNSUPPORTED_DTYPE, f"weight type {tensor.dtype.name}")
+    kernel = shape[2:]
+    if any(k != 1 for k in kernel):
+        raise _Skip(SkipReason.KERNEL_NOT_POINTWISE, f"kernel {kernel}")
+    group = node.attributes.get_int("group", 1)
+    if group != 1:
+        raise _Skip(SkipReason.GROUPED, f"group {group}")
+
+    spatial = len(kernel)
+    kernel_shape = _ints(node, "kernel_shape", kernel)
+    strides = _ints(node, "strides", [1] * spatial)
+    dilations = _ints(node, "dilations", [1] * spatial)
+    pads = _ints(node, "pads", [0] * 2 * spatial)
+    auto_pad = node.attributes.get_string("auto_pad", "NOTSET")
+    if kernel_shape != kernel:
+        raise _Skip(SkipReason.INVALID_ATTRIBUTES, f"kernel_shape {kernel_shape} != weight {kernel}")
+    if len(strides) != spatial or any(s < 1 for s in strides):
+        raise _Skip(SkipReason.INVALID_ATTRIBUTES, f"strides {strides}")
+    if len(dilations) != spatial or any(d < 1 for d in dilations):
+        raise _Skip(SkipReason.INVALID_ATTRIBUTES, f"dilations {dilations}")
+    if len(pads) != 2 * spatial or any(p < 0 for p in pads):
+        raise _Skip(SkipReason.INVALID_ATTRIBUTES, f"pads {pads}")
+    if auto_pad not in _AUTO_PADS:
+        raise _Skip(SkipReason.INVALID_ATTRIBUTES, f"auto_pad {auto_pad!r}")
+    if auto_pad != "NOTSET" and "pads" in node.attributes:
+        raise _Skip(SkipReason.INVALID_ATTRIBUTES, f"auto_pad {auto_pad} together with pads")
+    _check_shapes(node, shape)
+
+    if tensor.dtype == ir.DataType.BFLOAT16 and opset < MIN_OPSET_BFLOAT16_MATMUL:
+        raise _Skip(SkipReason.OPSET_UNSUPPORTED, f"bfloat16 MatMul needs opset 13, model has {opset}")
+
+    extended: list[str] = []
+    if any(s != 1 for s in strides):
+        extended.append(f"strides {strides}")
+    if any(p != 0 for p in pads):
+        extended.append(f"pads {pads}")
+    if auto_pad != "NOTSET":
+        extended.append(f"auto_pad {auto_pad}")
+    if extended and not options.extended:
+        raise _Skip(SkipReason.NEEDS_EXTENDED_MODE, ", ".join(extended))
+    max_dilation = max(dilations)
+    if max_dilation > 1:
+        if not options.allow_non_unit_dilation:
+            raise _Skip(SkipReason.DILATION_NEEDS_OPT_IN, f"dilations {dilations}")
+        if options.max_dilation is not None and max_dilation > options.max_dilation:
+            raise _Skip(
+                SkipReason.DILATION_ABOVE_MAX,
+                f"dilations {dilations} above max {options.max_dilation}",
+            )
+    # For a kernel of 1, every auto_pad mode pads nothing: SAME gives ceil(in/stride)
+    # outputs, which is exactly what striding over the unpadded input gives.
+    pads_begin = pads[:spatial] if auto_pad == "NOTSET" else [0] * spatial
+    pads_end = pads[spatial:] if auto_pad == "NOTSET" else [0] * spatial
+    if any(pads_begin + pads_end) and opset < MIN_OPSET_PAD:
+        raise _Skip(SkipReason.OPSET_UNSUPPORTED, f"Pad needs opset {MIN_OPSET_PAD}, model has {opset}")
+    if any(s != 1 for s in strides) and opset < MIN_OPSET_SLICE_STEPS:
+        raise _Skip(
+            SkipReason.OPSET_UNSUPPORTED,
+            f"Slice with steps needs opset {MIN_OPSET_SLICE_STEPS}, model has {opset}",
+        )
+    entry.detail = ", ".join(extended + ([f"dilations {dilations}"] if max_dilation > 1 else []))
+    owner = constant_node.graph if constant_node is not None else weight.graph
+    assert owner is not None
+    bias = node.inputs[2] if len(node.inputs) > 2 else None
+    return Plan(
+        node=node,
+        graph=graph,
+        entry=entry,
+        weight=weight,
+        weight_tensor=tensor,
+        weight_owner=owner,
+        weight_constant_node=constant_node,
+        bias=bias,
+        spatial_rank=spatial,
+        pads_begin=pads_begin,
+        pads_end=pads_end,
+        strides=strides,
+        opset=opset,
+    )
+
+
+def _check_shapes(node: ir.Node, weight_shape: list[int]) -> None:
+    """Reject nodes whose input or bias shapes contradict the weight."""
+    out_channels, in_channels = weight_shape[0], weight_shape[1]
+    x = node.inputs[0]
+    if x is not None and x.shape is not None and len(x.shape) >= 2:
+        if len(x.shape) != len(weight_shape):
+            raise _Skip(
+                SkipReason.INVALID_ATTRIBUTES,
+                f"input rank {len(x.shape)} != weight rank {len(weight_shape)}",
+            )
+        channels = x.shape[1]
+        if isinstance(channels, int) and channels != in_channels:
+            raise _Skip(SkipReason.INVALID_ATTRIBUTES, f"input channels {channels} != {in_channels}")
+    bias = node.inputs[2] if len(node.inputs) > 2 else None
+    if bias is None:
+        return
+    found = constant_tensor(bias)
+    bias_shape = list(found[0].shape.dims) if found is not None else None
+    if bias_shape is None and bias.shape is not None and bias.shape.is_static():
+        bias_shape = [int(d) for d in bias.shape.dims]
+    if bias_shape is not None and bias_shape != [out_channels]:
+        raise _Skip(SkipReason.INVALID_ATTRIBUTES, f"bias shape {bias_shape} != [{out_channels}]")

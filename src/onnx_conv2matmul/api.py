@@ -1,0 +1,126 @@
+"""The public entry points: :func:`convert` and :func:`convert_file`."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import overload
+
+import onnx
+import onnx_ir as ir
+
+from onnx_conv2matmul import _io
+from onnx_conv2matmul._graphs import NameAllocator, count_nodes, count_op, default_opset, used_names
+from onnx_conv2matmul.analysis import analyze
+from onnx_conv2matmul.cleanup import cancel_transposes, remove_dead_weights
+from onnx_conv2matmul.errors import InputError
+from onnx_conv2matmul.options import ConvertOptions
+from onnx_conv2matmul.report import ConvertReport
+from onnx_conv2matmul.rewrite import Rewriter
+
+
+def _convert_ir(model: ir.Model, options: ConvertOptions) -> ConvertReport:
+    report = ConvertReport(options=options.to_dict(), opset=default_opset(model))
+    report.transposes_before = count_op(model, "Transpose")
+    report.nodes_before = count_nodes(model)
+    plans, report.entries = analyze(model, options)
+    rewriter = Rewriter(NameAllocator(used_names(model)))
+    for plan in plans:
+        rewriter.apply(plan)
+    report.transposes_cancelled = cancel_transposes(model, rewriter.created)
+    report.tensors_removed = remove_dead_weights(rewriter.converted_weights)
+    report.transposes_after = count_op(model, "Transpose")
+    report.nodes_after = count_nodes(model)
+    return report
+
+
+@overload
+def convert(
+    model: ir.Model, options: ConvertOptions | None = None
+) -> tuple[ir.Model, ConvertReport]: ...
+@overload
+def convert(
+    model: onnx.ModelProto, options: ConvertOptions | None = None
+) -> tuple[onnx.ModelProto, ConvertReport]: ...
+def convert(
+    model: ir.Model | onnx.ModelProto, options: ConvertOptions | None = None
+) -> tuple[ir.Model | onnx.ModelProto, ConvertReport]:
+    """Rewrite every pointwise Conv that can be proven exact into MatMul.
+
+    An onnx-ir model is changed in place and returned; a ModelProto is not
+    changed: a new one is returned. Weights are transposed lazily, when the
+    model is serialized or saved.
+    """
+    options = options or ConvertOptions()
+    if isinstance(model, onnx.ModelProto):
+        ir_model = ir.serde.deserialize_model(model)
+        report = _convert_ir(ir_model, options)
+        return ir.serde.serialize_model(ir_model), report
+    return model, _convert_ir(model, options)
+
+
+def check_paths(input_path: str, output_path: str | None, *, inplace: bool) -> str:
+    """Validate the paths before any heavy work; return the output path."""
+    _io.check_input_path(input_path)
+    if inplace and output_path is not None:
+        raise InputError("--inplace and an output path cannot be used together")
+    if not inplace and output_path is None:
+        raise InputError("give an output path, or --inplace to replace the input")
+    output = input_path if inplace else output_path
+    assert output is not None
+    if not inplace and os.path.abspath(output) == os.path.abspath(input_path):
+        raise InputError("output is the input; use --inplace to replace the input")
+    _io.check_output_path(output)
+    return output
+
+
+def convert_file(
+    input_path: str | os.PathLike[str],
+    output_path: str | os.PathLike[str] | None,
+    options: ConvertOptions | None = None,
+    *,
+    inplace: bool = False,
+    run_checker: bool = True,
+    progress: _io.ProgressCallback | None = None,
+) -> ConvertReport:
+    """Rewrite the model at ``input_path`` and write it to ``output_path``.
+
+    The output gets one ``<output>.data`` file when the input had external data
+    or when it would not fit in one file. Nothing is written at the destination
+    unless every step succeeded.
+
+    Raises:
+        InputError: bad paths or input file (nothing is written).
+        CheckerError: the ONNX checker rejected the result (nothing is written).
+    """
+    options = options or ConvertOptions()
+    src = os.fspath(input_path)
+    dst = check_paths(src, os.fspath(output_path) if output_path is not None else None, inplace=inplace)
+    timings: dict[str, float] = {}
+    start = time.perf_counter()
+    loaded = _io.load_model(src)
+    timings["load"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    model, report = convert(loaded.model, options)
+    timings["rewrite"] = time.perf_counter() - start
+
+    external = loaded.has_external_data or _io.tensor_bytes(model) > _io.SINGLE_FILE_LIMIT_BYTES
+    start = time.perf_counter()
+    with _io.stage_model(model, dst, external=external, progress=progress) as staged:
+        timings["save"] = time.perf_counter() - start
+        if run_checker:
+            start = time.perf_counter()
+            _io.run_checker(staged.onnx_path)
+            timings["checker"] = time.perf_counter() - start
+            report.checker = "passed"
+        else:
+            report.checker = "skipped"
+        report.output_bytes = staged.size
+        staged.publish()
+    report.input_path = src
+    report.output_path = dst
+    report.input_bytes = loaded.total_bytes
+    report.external_data = bool(staged.data_path)
+    report.timings = timings
+    return report

@@ -1,0 +1,30 @@
+"""Options of the rewrite."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvertOptions:
+    """What the rewrite may do.
+
+    Attributes:
+        extended: Also rewrite convs with explicit pads, strides above 1 or an
+            ``auto_pad`` other than NOTSET (emits ``Pad``/``Slice`` as needed).
+        allow_non_unit_dilation: Rewrite convs whose dilations are above 1. For a
+            kernel of size 1 dilation has no effect on the result.
+        max_dilation: With ``allow_non_unit_dilation``, skip convs with a dilation
+            above this value. ``None`` means no limit.
+    """
+
+    extended: bool = False
+    allow_non_unit_dilation: bool = False
+    max_dilation: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_dilation is not None and self.max_dilation < 1:
+            raise ValueError(f"max_dilation must be >= 1, got {self.max_dilation}")
+
+    def to_dict(self) -> dict[str, object]:
+        return dataclasses.asdict(self)

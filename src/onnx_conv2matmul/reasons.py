@@ -1,0 +1,58 @@
+"""Stable codes for why a convolution was left untouched.
+
+The values are part of the JSON report and are documented in the README: never
+rename one, only add new members.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class SkipReason(str, enum.Enum):
+    """Why a Conv-like node was not rewritten."""
+
+    UNSUPPORTED_OP = "unsupported_op"
+    """Not a default-domain ``Conv`` (ConvInteger, QLinearConv, another domain)."""
+    WEIGHT_NOT_CONSTANT = "weight_not_constant"
+    """The weight is computed at run time or is a graph input."""
+    WEIGHT_OVERRIDABLE = "weight_overridable"
+    """The weight is an initializer that is also a graph input, so a caller may replace it."""
+    UNSUPPORTED_RANK = "unsupported_rank"
+    """The weight is not of rank 3, 4 or 5 (Conv1D, Conv2D, Conv3D)."""
+    KERNEL_NOT_POINTWISE = "kernel_not_pointwise"
+    """A kernel dimension is larger than 1."""
+    GROUPED = "grouped"
+    """``group`` is not 1 (grouped or depthwise convolution)."""
+    UNSUPPORTED_DTYPE = "unsupported_dtype"
+    """The weight is not a floating-point type MatMul accepts."""
+    INVALID_ATTRIBUTES = "invalid_attributes"
+    """Attributes or bias shape are inconsistent with the weight (the node is invalid as it is)."""
+    NEEDS_EXTENDED_MODE = "needs_extended_mode"
+    """Strides, pads or auto_pad need ``--extended-conv1x1``."""
+    DILATION_NEEDS_OPT_IN = "dilation_needs_opt_in"
+    """A dilation above 1 needs ``--allow-non-unit-dilation``."""
+    DILATION_ABOVE_MAX = "dilation_above_max"
+    """A dilation is above ``--max-dilation``."""
+    OPSET_UNSUPPORTED = "opset_unsupported"
+    """The model's opset cannot express the ops the rewrite needs (Slice with steps < 10, ...)."""
+
+    @property
+    def description(self) -> str:
+        return _DESCRIPTIONS[self]
+
+
+_DESCRIPTIONS: dict[SkipReason, str] = {
+    SkipReason.UNSUPPORTED_OP: "not a default-domain Conv",
+    SkipReason.WEIGHT_NOT_CONSTANT: "weight is not a constant",
+    SkipReason.WEIGHT_OVERRIDABLE: "weight initializer is also a graph input",
+    SkipReason.UNSUPPORTED_RANK: "weight rank is not 3, 4 or 5",
+    SkipReason.KERNEL_NOT_POINTWISE: "kernel is not pointwise",
+    SkipReason.GROUPED: "grouped or depthwise convolution",
+    SkipReason.UNSUPPORTED_DTYPE: "weight type not supported by MatMul",
+    SkipReason.INVALID_ATTRIBUTES: "attributes inconsistent with the weight",
+    SkipReason.NEEDS_EXTENDED_MODE: "strides/pads/auto_pad need --extended-conv1x1",
+    SkipReason.DILATION_NEEDS_OPT_IN: "dilation > 1 needs --allow-non-unit-dilation",
+    SkipReason.DILATION_ABOVE_MAX: "dilation above --max-dilation",
+    SkipReason.OPSET_UNSUPPORTED: "model opset cannot express the rewrite",
+}

@@ -1,0 +1,128 @@
+"""Apply rewrite plans: the only module that changes the graph.
+
+Each planned Conv becomes, in channels-last layout::
+
+    Transpose(perm=[0, 2, ..., 1]) -> [Pad] -> [Slice(steps=strides)]
+        -> MatMul(x, Wt) -> [Add(bias)] -> Transpose(perm=[0, r-1, 1, ...])
+
+``Wt`` is a 2-D constant initializer ``[C, M]`` (the weight ``[M, C, 1...]``
+reshaped and transposed), created lazily so that nothing is read until saving.
+A weight shared by several convs gets one ``Wt``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from onnx_conv2matmul._graphs import NameAllocator
+from onnx_conv2matmul.analysis import Plan
+
+_INT64_MAX = np.iinfo(np.int64).max
+
+
+def _transposed_weight(tensor: ir.TensorProtocol, name: str) -> ir.LazyTensor:
+    out_channels, in_channels = int(tensor.shape[0]), int(tensor.shape[1])
+
+    def materialize() -> ir.TensorProtocol:
+        array = tensor.numpy().reshape(out_channels, in_channels)
+        return ir.tensor(np.ascontiguousarray(array.T), name=name)
+
+    return ir.LazyTensor(
+        materialize, dtype=tensor.dtype, shape=ir.Shape([in_channels, out_channels]), name=name
+    )
+
+
+class Rewriter:
+    """Applies plans to one model, sharing transposed weights between convs."""
+
+    def __init__(self, names: NameAllocator) -> None:
+        self._names = names
+        self._weights: dict[int, ir.Value] = {}
+        self.converted_weights: list[tuple[ir.Value, ir.Node | None]] = []
+        self.created: set[int] = set()
+
+    def _weight_value(self, plan: Plan) -> ir.Value:
+        key = id(plan.weight)
+        if key in self._weights:
+            return self._weights[key]
+        base = plan.weight.name or f"{plan.entry.name or 'conv'}_weight"
+        name = self._names.new(f"{base}_matmul")
+        value = ir.Value(
+            name=name,
+            type=ir.TensorType(plan.weight_tensor.dtype),
+            shape=ir.Shape([int(plan.weight_tensor.shape[1]), int(plan.weight_tensor.shape[0])]),
+            const_value=_transposed_weight(plan.weight_tensor, name),
+        )
+        plan.weight_owner.register_initializer(value)
+        self._weights[key] = value
+        self.converted_weights.append((plan.weight, plan.weight_constant_node))
+        return value
+
+    def _const_node(self, base: str, what: str, values: list[int]) -> ir.Node:
+        name = self._names.new(f"{base}/{what}")
+        tensor = ir.tensor(np.array(values, dtype=np.int64), name=name)
+        out = ir.Value(name=name, type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([len(values)]))
+        return ir.node("Constant", [], {"value": tensor}, outputs=[out], name=self._names.new(f"{base}/{what}_const"))
+
+    def apply(self, plan: Plan) -> None:
+        node = plan.node
+        conv_out = node.outputs[0]
+        base = node.name or (conv_out.name or "Conv")
+        x = node.inputs[0]
+        assert x is not None
+        dtype = plan.weight_tensor.dtype
+        rank = plan.spatial_rank + 2
+        nodes: list[ir.Node] = []
+
+        def value(what: str) -> ir.Value:
+            return ir.Value(name=self._names.new(f"{base}/{what}"), type=ir.TensorType(dtype))
+
+        def add(op: str, inputs: list[ir.Value | None], attrs: dict[str, object], what: str) -> ir.Value:
+            out = value(what)
+            nodes.append(
+                ir.node(op, inputs, attrs, outputs=[out], name=self._names.new(f"{base}/{op}"))  # type: ignore[arg-type]
+            )
+            return out
+
+        perm_in = [0, *range(2, rank), 1]
+        perm_out = [0, rank - 1, *range(1, rank - 1)]
+        h = add("Transpose", [x], {"perm": perm_in}, "channels_last")
+        if any(plan.pads_begin) or any(plan.pads_end):
+            pads = [0, *plan.pads_begin, 0, 0, *plan.pads_end, 0]
+            if plan.opset >= 11:
+                pads_node = self._const_node(base, "pads", pads)
+                nodes.append(pads_node)
+                h = add("Pad", [h, pads_node.outputs[0]], {"mode": "constant"}, "padded")
+            else:
+                h = add("Pad", [h], {"mode": "constant", "pads": pads, "value": 0.0}, "padded")
+            plan.entry.extra_ops.append("Pad")
+        if any(s != 1 for s in plan.strides):
+            axes = [i + 1 for i, s in enumerate(plan.strides) if s != 1]
+            steps = [s for s in plan.strides if s != 1]
+            consts = [
+                self._const_node(base, "slice_starts", [0] * len(axes)),
+                self._const_node(base, "slice_ends", [int(_INT64_MAX)] * len(axes)),
+                self._const_node(base, "slice_axes", axes),
+                self._const_node(base, "slice_steps", steps),
+            ]
+            nodes.extend(consts)
+            h = add("Slice", [h, *(c.outputs[0] for c in consts)], {}, "strided")
+            plan.entry.extra_ops.append("Slice")
+        weight = self._weight_value(plan)
+        h = add("MatMul", [h, weight], {}, "matmul")
+        plan.entry.matmul = nodes[-1].name
+        if plan.bias is not None:
+            h = add("Add", [h, plan.bias], {}, "biased")
+        h = add("Transpose", [h], {"perm": perm_out}, "channels_first")
+
+        # The last value takes over the conv output's name, type, shape and uses.
+        name = conv_out.name
+        conv_out.name = self._names.new(f"{base}/replaced")
+        h.name = name
+        h.type = conv_out.type if conv_out.type is not None else h.type
+        h.shape = conv_out.shape
+        ir.convenience.replace_all_uses_with(conv_out, h, replace_graph_outputs=True)
+        self.created.update(id(n) for n in nodes)
+        plan.graph.insert_after(node, nodes)
+        plan.graph.remove(node, safe=True)
