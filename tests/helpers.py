@@ -1,0 +1,165 @@
+"""Builders for small test models and checks shared by the tests."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+NP_TYPES = {
+    TensorProto.FLOAT: np.float32,
+    TensorProto.FLOAT16: np.float16,
+    TensorProto.DOUBLE: np.float64,
+}
+
+
+def conv_model(
+    *,
+    spatial: int = 1,
+    in_channels: int = 6,
+    out_channels: int = 5,
+    kernel: Sequence[int] | None = None,
+    bias: bool = True,
+    attrs: dict[str, object] | None = None,
+    dtype: int = TensorProto.FLOAT,
+    weight_source: str = "initializer",
+    opset: int = 17,
+    seed: int = 0,
+    name: str = "pw",
+) -> onnx.ModelProto:
+    """One Conv on input ``x`` [N, C, d1..dn] with symbolic dims.
+
+    ``weight_source``: ``initializer``, ``constant`` (a Constant node),
+    ``input_initializer`` (an initializer also listed as graph input) or ``input``.
+    """
+    rng = np.random.default_rng(seed)
+    kernel = list(kernel) if kernel is not None else [1] * spatial
+    np_type = NP_TYPES[dtype]
+    w = rng.standard_normal((out_channels, in_channels, *kernel)).astype(np_type)
+    b = rng.standard_normal(out_channels).astype(np_type)
+    inputs = ["x", "W"] + (["B"] if bias else [])
+    nodes = []
+    inits = []
+    graph_inputs = [
+        helper.make_tensor_value_info("x", dtype, ["N", in_channels, *[f"d{i}" for i in range(spatial)]])
+    ]
+    if weight_source == "constant":
+        nodes.append(helper.make_node("Constant", [], ["W"], value=numpy_helper.from_array(w, "W")))
+    elif weight_source in ("initializer", "input_initializer"):
+        inits.append(numpy_helper.from_array(w, "W"))
+        if weight_source == "input_initializer":
+            graph_inputs.append(helper.make_tensor_value_info("W", dtype, list(w.shape)))
+    elif weight_source == "input":
+        graph_inputs.append(helper.make_tensor_value_info("W", dtype, list(w.shape)))
+    else:
+        raise ValueError(weight_source)
+    if bias:
+        inits.append(numpy_helper.from_array(b, "B"))
+    nodes.append(helper.make_node("Conv", inputs, ["y"], name=name, **(attrs or {})))
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        graph_inputs,
+        [helper.make_tensor_value_info("y", dtype, ["N", out_channels, *[f"o{i}" for i in range(spatial)]])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = min(model.ir_version, 8)
+    return model
+
+
+def session(model: onnx.ModelProto | str) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.intra_op_num_threads = 1
+    source = model if isinstance(model, str) else model.SerializeToString()
+    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+
+
+def run(model: onnx.ModelProto | str, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    return session(model).run(None, feeds)  # type: ignore[no-any-return]
+
+
+def assert_close(expected: list[np.ndarray], actual: list[np.ndarray], *, dtype: type = np.float32) -> None:
+    """Equal up to float rounding, scaled by the magnitude of the reference output."""
+    tol = {np.float32: 3e-5, np.float16: 4e-3, np.float64: 1e-12}.get(dtype, 3e-5)
+    assert len(expected) == len(actual)
+    for e, a in zip(expected, actual, strict=True):
+        assert e.shape == a.shape and e.dtype == a.dtype
+        if not np.issubdtype(e.dtype, np.floating):
+            np.testing.assert_array_equal(e, a)
+            continue
+        scale = max(1.0, float(np.abs(e.astype(np.float64)).max(initial=0.0)))
+        diff = np.abs(e.astype(np.float64) - a.astype(np.float64)).max(initial=0.0) / scale
+        assert diff <= tol, f"max scaled diff {diff} > {tol}"
+
+
+def assert_equivalent(
+    original: onnx.ModelProto | str,
+    rewritten: onnx.ModelProto | str,
+    feeds_list: list[dict[str, np.ndarray]],
+    *,
+    dtype: type = np.float32,
+) -> None:
+    ref, new = session(original), session(rewritten)
+    for feeds in feeds_list:
+        assert_close(ref.run(None, feeds), new.run(None, feeds), dtype=dtype)
+
+
+def conv_feeds(
+    channels: int,
+    spatial: int,
+    *,
+    dtype: type = np.float32,
+    batches: Sequence[int] = (1, 3),
+    lengths: Sequence[int] = (1, 7, 16, 33),
+    seed: int = 1,
+) -> list[dict[str, np.ndarray]]:
+    """Random inputs at several batch sizes and sequence lengths (every spatial dim)."""
+    rng = np.random.default_rng(seed)
+    feeds = []
+    for batch in batches:
+        for length in lengths:
+            dims = [length] + [max(1, length // 3 + i) for i in range(spatial - 1)]
+            feeds.append({"x": rng.standard_normal((batch, channels, *dims)).astype(dtype)})
+    return feeds
+
+
+def all_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    nodes = []
+    for node in graph.node:
+        nodes.append(node)
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                nodes.extend(all_nodes(attr.g))
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    nodes.extend(all_nodes(sub))
+    return nodes
+
+
+def all_initializers(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
+    found = {t.name: t for t in graph.initializer}
+    for node in graph.node:
+        for attr in node.attribute:
+            subs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+            for sub in subs:
+                found.update(all_initializers(sub))
+    return found
+
+
+def op_types(model: onnx.ModelProto) -> list[str]:
+    return [n.op_type for n in all_nodes(model.graph)]
+
+
+def assert_matmul_weights_2d(model: onnx.ModelProto, expected_matmuls: int) -> None:
+    """Every MatMul reads a 2-D initializer on input B (what MatMulNBits needs)."""
+    inits = all_initializers(model.graph)
+    matmuls = [n for n in all_nodes(model.graph) if n.op_type == "MatMul"]
+    assert len(matmuls) == expected_matmuls
+    for node in matmuls:
+        assert node.input[1] in inits, f"{node.name}: B {node.input[1]} is not an initializer"
+        assert len(inits[node.input[1]].dims) == 2

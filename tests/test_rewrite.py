@@ -1,0 +1,168 @@
+"""Each converted form: numerical equivalence in onnxruntime and the graph produced."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from helpers import (
+    all_initializers,
+    assert_equivalent,
+    assert_matmul_weights_2d,
+    conv_feeds,
+    conv_model,
+    op_types,
+    run,
+)
+from onnx import TensorProto
+
+from onnx_conv2matmul import ConvertOptions, SkipReason, Status, convert
+
+EXTENDED = ConvertOptions(extended=True)
+DILATED = ConvertOptions(extended=True, allow_non_unit_dilation=True)
+
+CASES = [
+    # (id, spatial, attrs, options, extra ops expected)
+    ("1d", 1, {}, ConvertOptions(), []),
+    ("2d", 2, {}, ConvertOptions(), []),
+    ("3d", 3, {}, ConvertOptions(), []),
+    ("1d-explicit-attrs", 1, {"strides": [1], "pads": [0, 0], "dilations": [1], "kernel_shape": [1]},
+     ConvertOptions(), []),
+    ("1d-pads", 1, {"pads": [2, 1]}, EXTENDED, ["Pad"]),
+    ("2d-pads", 2, {"pads": [1, 0, 2, 3]}, EXTENDED, ["Pad"]),
+    ("1d-stride", 1, {"strides": [2]}, EXTENDED, ["Slice"]),
+    ("2d-stride", 2, {"strides": [2, 3]}, EXTENDED, ["Slice"]),
+    ("3d-stride-one-axis", 3, {"strides": [1, 2, 1]}, EXTENDED, ["Slice"]),
+    ("2d-stride-pads", 2, {"strides": [2, 2], "pads": [1, 1, 1, 1]}, EXTENDED, ["Pad", "Slice"]),
+    ("1d-auto-pad-valid", 1, {"auto_pad": "VALID", "strides": [2]}, EXTENDED, ["Slice"]),
+    ("2d-auto-pad-same-upper", 2, {"auto_pad": "SAME_UPPER", "strides": [2, 2]}, EXTENDED, ["Slice"]),
+    ("1d-auto-pad-same-lower", 1, {"auto_pad": "SAME_LOWER", "strides": [3]}, EXTENDED, ["Slice"]),
+    ("2d-auto-pad-same-unit", 2, {"auto_pad": "SAME_UPPER"}, EXTENDED, []),
+    ("1d-dilation", 1, {"dilations": [2]}, DILATED, []),
+    ("2d-dilation-stride", 2, {"dilations": [3, 2], "strides": [2, 1]}, DILATED, ["Slice"]),
+]
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.parametrize(("case", "spatial", "attrs", "options", "extra"), CASES, ids=[c[0] for c in CASES])
+def test_converted_forms_are_exact(
+    case: str, spatial: int, attrs: dict[str, object], options: ConvertOptions, extra: list[str], bias: bool
+) -> None:
+    original = conv_model(spatial=spatial, attrs=attrs, bias=bias)
+    rewritten, report = convert(original, options)
+    onnx.checker.check_model(rewritten, full_check=True)
+
+    assert [e.status for e in report.entries] == [Status.CONVERTED]
+    assert report.entries[0].extra_ops == extra
+    ops = op_types(rewritten)
+    assert "Conv" not in ops
+    assert ops.count("MatMul") == 1
+    assert ops.count("Add") == (1 if bias else 0)
+    assert ops.count("Transpose") == 2
+    for op in ("Pad", "Slice"):
+        assert ops.count(op) == (1 if op in extra else 0)
+    assert_matmul_weights_2d(rewritten, 1)
+    assert "W" not in all_initializers(rewritten.graph), "the original weight must be removed"
+    assert_equivalent(original, rewritten, conv_feeds(6, spatial))
+
+
+@pytest.mark.parametrize("opset", [7, 9, 10, 11, 13, 18, 21])
+def test_every_opset_gets_ops_it_can_express(opset: int) -> None:
+    original = conv_model(spatial=2, attrs={"pads": [1, 0, 0, 1], "strides": [2, 1]}, opset=opset)
+    rewritten, report = convert(original, EXTENDED)
+    entry = report.entries[0]
+    if opset < 10:
+        assert entry.reason is SkipReason.OPSET_UNSUPPORTED
+        assert "Slice" in entry.detail
+        assert op_types(rewritten) == ["Conv"]
+        return
+    assert entry.status is Status.CONVERTED
+    onnx.checker.check_model(rewritten, full_check=True)
+    pad = next(n for n in rewritten.graph.node if n.op_type == "Pad")
+    assert (len(pad.input) == 1) == (opset < 11), "Pad takes pads as attribute before opset 11"
+    assert_equivalent(original, rewritten, conv_feeds(6, 2))
+
+
+def test_pads_only_work_at_old_opsets() -> None:
+    original = conv_model(spatial=1, attrs={"pads": [1, 1]}, opset=7)
+    rewritten, report = convert(original, EXTENDED)
+    assert report.entries[0].status is Status.CONVERTED
+    assert_equivalent(original, rewritten, conv_feeds(6, 1))
+
+
+@pytest.mark.parametrize("spatial", [1, 2])
+def test_fp16_keeps_its_type(spatial: int) -> None:
+    original = conv_model(spatial=spatial, dtype=TensorProto.FLOAT16)
+    rewritten, report = convert(original)
+    assert report.entries[0].weight_dtype == "FLOAT16"
+    inits = all_initializers(rewritten.graph)
+    matmul = next(n for n in rewritten.graph.node if n.op_type == "MatMul")
+    assert inits[matmul.input[1]].data_type == TensorProto.FLOAT16
+    assert_equivalent(original, rewritten, conv_feeds(6, spatial, dtype=np.float16), dtype=np.float16)
+
+
+def test_fp64_against_numpy() -> None:
+    """onnxruntime has no float64 Conv kernel: compare with the definition instead."""
+    original = conv_model(spatial=1, dtype=TensorProto.DOUBLE)
+    w = onnx.numpy_helper.to_array(original.graph.initializer[0])
+    b = onnx.numpy_helper.to_array(original.graph.initializer[1])
+    rewritten, report = convert(original)
+    assert report.entries[0].weight_dtype == "DOUBLE"
+    for feeds in conv_feeds(6, 1, dtype=np.float64):
+        x = feeds["x"]
+        expected = np.einsum("mc,nct->nmt", w[:, :, 0], x) + b[None, :, None]
+        (actual,) = run(rewritten, feeds)
+        assert actual.dtype == np.float64
+        np.testing.assert_allclose(actual, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_weight_from_constant_node() -> None:
+    original = conv_model(spatial=1, weight_source="constant")
+    rewritten, report = convert(original)
+    assert report.entries[0].status is Status.CONVERTED
+    assert "Constant" not in op_types(rewritten), "the dead Constant node is removed"
+    assert report.tensors_removed == 1
+    assert_matmul_weights_2d(rewritten, 1)
+    assert_equivalent(original, rewritten, conv_feeds(6, 1))
+
+
+def test_weight_is_transposed_reshape() -> None:
+    original = conv_model(spatial=2, in_channels=3, out_channels=4, bias=False)
+    w = onnx.numpy_helper.to_array(original.graph.initializer[0])
+    rewritten, _ = convert(original)
+    matmul = next(n for n in rewritten.graph.node if n.op_type == "MatMul")
+    wt = onnx.numpy_helper.to_array(all_initializers(rewritten.graph)[matmul.input[1]])
+    assert wt.shape == (3, 4)
+    np.testing.assert_array_equal(wt, w.reshape(4, 3).T)
+
+
+def test_names_are_readable_and_unique() -> None:
+    original = conv_model(spatial=1, name="encoder/layer0/pw1")
+    # Occupy the name the rewrite would pick first.
+    original.graph.initializer.append(
+        onnx.numpy_helper.from_array(np.zeros(1, np.float32), "W_matmul")
+    )
+    rewritten, report = convert(original)
+    names = [n.name for n in rewritten.graph.node]
+    assert len(names) == len(set(names))
+    assert report.entries[0].matmul == "encoder/layer0/pw1/MatMul"
+    matmul = next(n for n in rewritten.graph.node if n.op_type == "MatMul")
+    assert matmul.input[1] == "W_matmul_1"
+    assert rewritten.graph.output[0].name == "y", "graph output names never change"
+
+
+def test_proto_input_is_not_modified() -> None:
+    original = conv_model(spatial=1)
+    before = original.SerializeToString()
+    convert(original)
+    assert original.SerializeToString() == before
+
+
+def test_ir_model_is_converted_in_place() -> None:
+    import onnx_ir as ir
+
+    model = ir.serde.deserialize_model(conv_model(spatial=1))
+    same, report = convert(model)
+    assert same is model
+    assert [n.op_type for n in model.graph] == ["Transpose", "MatMul", "Add", "Transpose"]
+    assert report.converted_params == 30
