@@ -219,10 +219,10 @@ def stage_model(
     return StagedOutput(destination, directory, onnx_path, data_path)
 
 
-def run_checker(path: str) -> None:
+def run_checker(path: str, label: str | None = None) -> None:
     """Run the ONNX checker on a saved file; external data is not read."""
     try:
         onnx.checker.check_model(path)
     except onnx.checker.ValidationError as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else "invalid model"
-        raise CheckerError(f"ONNX checker rejected the output: {first}") from err
+        raise CheckerError(f"ONNX checker rejected {label or path}: {first}") from err

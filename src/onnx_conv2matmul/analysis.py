@@ -229,6 +229,14 @@ def _check_shapes(node: ir.Node, weight_shape: list[int]) -> None:
     """Reject nodes whose input or bias shapes contradict the weight."""
     out_channels, in_channels = weight_shape[0], weight_shape[1]
     x = node.inputs[0]
+    weight = node.inputs[1]
+    if x is not None and weight is not None and x.dtype is not None:
+        found_w = constant_tensor(weight)
+        if found_w is not None and found_w[0].dtype != x.dtype:
+            raise _Skip(
+                SkipReason.INVALID_ATTRIBUTES,
+                f"input type {x.dtype.name} != weight type {found_w[0].dtype.name}",
+            )
     if x is not None and x.shape is not None and len(x.shape) >= 2:
         if len(x.shape) != len(weight_shape):
             raise _Skip(

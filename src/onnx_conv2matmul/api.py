@@ -13,7 +13,7 @@ from onnx_conv2matmul import _io
 from onnx_conv2matmul._graphs import NameAllocator, count_nodes, count_op, default_opset, used_names
 from onnx_conv2matmul.analysis import analyze
 from onnx_conv2matmul.cleanup import cancel_transposes, remove_dead_weights
-from onnx_conv2matmul.errors import InputError
+from onnx_conv2matmul.errors import CheckerError, InputError
 from onnx_conv2matmul.options import ConvertOptions
 from onnx_conv2matmul.report import ConvertReport
 from onnx_conv2matmul.rewrite import Rewriter
@@ -100,6 +100,16 @@ def convert_file(
     start = time.perf_counter()
     loaded = _io.load_model(src)
     timings["load"] = time.perf_counter() - start
+    if run_checker:
+        start = time.perf_counter()
+        try:
+            _io.run_checker(src)
+        except CheckerError as err:
+            raise InputError(
+                f"the input fails the ONNX checker ({err.__cause__ or err}); "
+                "--skip-checker rewrites it anyway"
+            ) from err
+        timings["checker_input"] = time.perf_counter() - start
 
     start = time.perf_counter()
     model, report = convert(loaded.model, options)
@@ -111,7 +121,7 @@ def convert_file(
         timings["save"] = time.perf_counter() - start
         if run_checker:
             start = time.perf_counter()
-            _io.run_checker(staged.onnx_path)
+            _io.run_checker(staged.onnx_path, "the rewritten model")
             timings["checker"] = time.perf_counter() - start
             report.checker = "passed"
         else:

@@ -1,0 +1,226 @@
+"""convert_file: external data layouts, output size, atomic writes, bad input."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from helpers import assert_equivalent, conv_model
+from onnx import TensorProto, helper, numpy_helper
+
+from onnx_conv2matmul import ConvertOptions, InputError, convert_file
+from onnx_conv2matmul import _io as io_mod
+
+RNG = np.random.default_rng(11)
+
+
+def _stack_model(layers: int = 4, channels: int = 32) -> onnx.ModelProto:
+    """Pointwise convs between Transposes, plus a Reshape whose shape is a small initializer."""
+    nodes = [helper.make_node("Transpose", ["x"], ["h0"], perm=[0, 2, 1])]
+    inits = []
+    for i in range(layers):
+        w = (RNG.standard_normal((channels, channels, 1)) / np.sqrt(channels)).astype(np.float32)
+        inits.append(numpy_helper.from_array(w, f"w{i}"))
+        inits.append(numpy_helper.from_array(RNG.standard_normal(channels).astype(np.float32), f"b{i}"))
+        nodes.append(helper.make_node("Conv", [f"h{i}", f"w{i}", f"b{i}"], [f"c{i}"], name=f"pw{i}"))
+        nodes.append(helper.make_node("Relu", [f"c{i}"], [f"h{i + 1}"]))
+    inits.append(numpy_helper.from_array(np.array([0, -1], np.int64), "shape"))
+    nodes.append(helper.make_node("Transpose", [f"h{layers}"], ["t"], perm=[0, 2, 1]))
+    nodes.append(helper.make_node("Reshape", ["t", "shape"], ["y"]))
+    graph = helper.make_graph(
+        nodes, "stack",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "T", channels])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "Z"])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _feeds(channels: int = 32) -> list[dict[str, np.ndarray]]:
+    return [{"x": RNG.standard_normal((b, t, channels)).astype(np.float32)} for b, t in ((1, 3), (2, 50))]
+
+
+def _files(directory: Path) -> set[str]:
+    return {p.name for p in directory.iterdir()}
+
+
+def _size(path: Path) -> int:
+    data = Path(str(path) + ".data")
+    return path.stat().st_size + (data.stat().st_size if data.exists() else 0)
+
+
+def test_single_file_in_single_file_out(tmp_path: Path) -> None:
+    model = _stack_model()
+    src, dst = tmp_path / "in.onnx", tmp_path / "out.onnx"
+    onnx.save(model, src)
+    report = convert_file(src, dst)
+    assert report.external_data is False
+    assert _files(tmp_path) == {"in.onnx", "out.onnx"}
+    assert report.output_bytes == dst.stat().st_size
+    assert dst.stat().st_size <= src.stat().st_size * 1.01 + 2048
+    # The outer pair cancels; the Relu between convs keeps each conv's own pair.
+    assert (report.transposes_before, report.transposes_after) == (2, 8)
+    assert_equivalent(str(src), str(dst), _feeds())
+
+
+@pytest.mark.parametrize("one_file", [True, False], ids=["one-data-file", "per-tensor-files"])
+def test_external_data_in_one_data_file_out(tmp_path: Path, one_file: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _stack_model()
+    reference = tmp_path / "ref.onnx"
+    onnx.save(model, reference)
+    src_dir = tmp_path / "src"
+    src_dir.mkdir()
+    src = src_dir / "model.onnx"
+    onnx.save(model, src, save_as_external_data=True, all_tensors_to_one_file=one_file,
+              location="model.onnx.data" if one_file else None, size_threshold=0)
+    assert len(_files(src_dir)) == (2 if one_file else 10)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    # Run from another working directory: paths resolve against the model file.
+    monkeypatch.chdir(tmp_path)
+    report = convert_file("src/model.onnx", "out/rewritten.onnx")
+    assert report.external_data is True
+    assert report.checker == "passed"
+    assert _files(out_dir) == {"rewritten.onnx", "rewritten.onnx.data"}
+    dst = out_dir / "rewritten.onnx"
+    # Small tensors (the Reshape shape) stay inline; weights go to the data file.
+    proto = onnx.load(dst, load_external_data=False)
+    inline = {t.name for t in proto.graph.initializer if t.data_location != TensorProto.EXTERNAL}
+    assert "shape" in inline
+    assert all(t.name in inline or t.external_data[0].value == "rewritten.onnx.data"
+               for t in proto.graph.initializer)
+    # Weights are not duplicated: only the new nodes add a little graph structure.
+    assert _size(dst) <= report.input_bytes * 1.01 + 4096  # type: ignore[operator]
+    # onnxruntime refuses the input (its Reshape shape is external); the output loads.
+    assert_equivalent(str(reference), str(dst), _feeds())
+
+
+def test_rerun_replaces_data_file(tmp_path: Path) -> None:
+    src, dst = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    onnx.save(_stack_model(), src, save_as_external_data=True, location="m.onnx.data", size_threshold=0)
+    convert_file(src, dst)
+    first = _size(dst)
+    convert_file(src, dst)
+    assert _size(dst) == first, "the .data file is replaced, never appended to"
+    assert _files(tmp_path) == {"m.onnx", "m.onnx.data", "o.onnx", "o.onnx.data"}
+
+
+def test_inplace_with_external_data(tmp_path: Path) -> None:
+    src = tmp_path / "m.onnx"
+    model = _stack_model()
+    reference = tmp_path / "ref.onnx"
+    onnx.save(model, reference)
+    onnx.save(model, src, save_as_external_data=True, location="m.onnx.data", size_threshold=1024)
+    report = convert_file(src, None, inplace=True)
+    assert len(report.converted) == 4
+    assert _files(tmp_path) == {"m.onnx", "m.onnx.data", "ref.onnx"}
+    assert_equivalent(str(reference), str(src), _feeds())
+
+
+def test_large_output_switches_to_external_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(io_mod, "SINGLE_FILE_LIMIT_BYTES", 10_000)
+    src, dst = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    onnx.save(_stack_model(), src)
+    report = convert_file(src, dst)
+    assert report.external_data is True
+    assert (tmp_path / "o.onnx.data").exists()
+    assert_equivalent(str(src), str(dst), _feeds())
+
+
+def test_failure_during_save_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    src, dst = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    onnx.save(_stack_model(), src, save_as_external_data=True, location="m.onnx.data", size_threshold=0)
+    before = {p: p.read_bytes() for p in tmp_path.iterdir()}
+
+    def boom(*args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(io_mod.ir, "save", boom)
+    with pytest.raises(OSError):
+        convert_file(src, dst)
+    with pytest.raises(OSError):
+        convert_file(src, None, inplace=True)
+    assert {p: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_checker_failure_publishes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from onnx_conv2matmul import CheckerError
+
+    src, dst = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    onnx.save(_stack_model(), src)
+    dst.write_bytes(b"previous output")
+    calls = []
+
+    def reject(path: str, label: str | None = None) -> None:
+        calls.append(path)
+        if len(calls) == 2:  # the input passes, the output is rejected
+            raise CheckerError("ONNX checker rejected it: test")
+
+    monkeypatch.setattr(io_mod, "run_checker", reject)
+    with pytest.raises(CheckerError):
+        convert_file(src, dst)
+    assert dst.read_bytes() == b"previous output"
+    assert _files(tmp_path) == {"m.onnx", "o.onnx"}
+
+
+# ---- bad input: one clear error, nothing written -------------------------------------------
+
+
+def _bad_inputs(tmp_path: Path) -> dict[str, tuple[Path, str]]:
+    good = tmp_path / "good.onnx"
+    onnx.save(_stack_model(), good)
+    data = good.read_bytes()
+    cases = {}
+    empty = tmp_path / "empty.onnx"
+    empty.write_bytes(b"")
+    cases["empty"] = (empty, "empty")
+    text = tmp_path / "text.onnx"
+    text.write_text("this is not a model\n")
+    cases["not-onnx"] = (text, "not a valid ONNX")
+    truncated = tmp_path / "truncated.onnx"
+    truncated.write_bytes(data[: len(data) // 2])
+    cases["truncated"] = (truncated, "not a valid ONNX")
+    cases["missing"] = (tmp_path / "missing.onnx", "not found")
+    ext = tmp_path / "ext.onnx"
+    onnx.save(_stack_model(), ext, save_as_external_data=True, location="ext.onnx.data", size_threshold=0)
+    short = tmp_path / "short.onnx"
+    short.write_bytes(ext.read_bytes().replace(b"ext.onnx.data", b"sho.onnx.data"))
+    blob = (tmp_path / "ext.onnx.data").read_bytes()
+    (tmp_path / "sho.onnx.data").write_bytes(blob[: len(blob) // 2])
+    cases["truncated-data"] = (short, "truncated")
+    nodata = tmp_path / "nodata.onnx"
+    nodata.write_bytes(ext.read_bytes().replace(b"ext.onnx.data", b"gone.onnx.dat"))
+    cases["missing-data"] = (nodata, "external data file not found")
+    return cases
+
+
+@pytest.mark.parametrize(
+    "case", ["empty", "not-onnx", "truncated", "missing", "truncated-data", "missing-data"]
+)
+def test_bad_input_is_one_clear_error(tmp_path: Path, case: str) -> None:
+    path, message = _bad_inputs(tmp_path)[case]
+    before = _files(tmp_path)
+    with pytest.raises(InputError, match=message):
+        convert_file(path, tmp_path / "out.onnx")
+    assert _files(tmp_path) == before
+
+
+def test_bad_output_paths(tmp_path: Path) -> None:
+    src = tmp_path / "m.onnx"
+    onnx.save(conv_model(), src)
+    with pytest.raises(InputError, match="directory does not exist"):
+        convert_file(src, tmp_path / "nope" / "o.onnx")
+    with pytest.raises(InputError, match="use --inplace"):
+        convert_file(src, src)
+    with pytest.raises(InputError, match="cannot be used together"):
+        convert_file(src, tmp_path / "o.onnx", inplace=True)
+    if os.geteuid() != 0:  # root can write anywhere
+        ro = tmp_path / "ro"
+        ro.mkdir(mode=0o500)
+        with pytest.raises(InputError, match="not writable"):
+            convert_file(src, ro / "o.onnx")
+    with pytest.raises(ValueError, match="max_dilation"):
+        ConvertOptions(max_dilation=0)
