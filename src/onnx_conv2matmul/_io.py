@@ -160,7 +160,21 @@ class StagedOutput:
         self.discard()
         return written
 
+    def keep(self, directory: str) -> str:
+        """Move the staged files into ``directory`` (replaced if it exists); return the model path."""
+        if os.path.isdir(directory):
+            shutil.rmtree(directory)
+        os.replace(self.directory, directory)
+        self.directory = directory
+        kept = os.path.join(directory, os.path.basename(self.onnx_path))
+        self.onnx_path = kept
+        self.data_path = None
+        self.directory = ""
+        return kept
+
     def discard(self) -> None:
+        if not self.directory:
+            return
         shutil.rmtree(self.directory, ignore_errors=True)
 
     def __enter__(self) -> StagedOutput:

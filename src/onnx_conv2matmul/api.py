@@ -17,6 +17,9 @@ from onnx_conv2matmul.errors import CheckerError, InputError
 from onnx_conv2matmul.options import ConvertOptions
 from onnx_conv2matmul.report import ConvertReport
 from onnx_conv2matmul.rewrite import Rewriter
+from onnx_conv2matmul.verify import VerifyOptions, verify_models
+
+FAILED_SUFFIX = ".verify-failed"
 
 
 def _convert_ir(model: ir.Model, options: ConvertOptions) -> ConvertReport:
@@ -81,6 +84,8 @@ def convert_file(
     *,
     inplace: bool = False,
     run_checker: bool = True,
+    verify: VerifyOptions | None = None,
+    keep_on_failure: bool = False,
     progress: _io.ProgressCallback | None = None,
 ) -> ConvertReport:
     """Rewrite the model at ``input_path`` and write it to ``output_path``.
@@ -89,9 +94,15 @@ def convert_file(
     or when it would not fit in one file. Nothing is written at the destination
     unless every step succeeded.
 
+    With ``verify``, the written model is compared with the input in
+    onnxruntime before it is published; when they differ the report says so
+    (``return_code`` 1) and nothing is published, except with ``keep_on_failure``,
+    which moves the files to ``<output>.verify-failed/``.
+
     Raises:
         InputError: bad paths or input file (nothing is written).
         CheckerError: the ONNX checker rejected the result (nothing is written).
+        ModelRunError: the input model cannot run on the synthesised inputs.
     """
     options = options or ConvertOptions()
     src = os.fspath(input_path)
@@ -127,6 +138,20 @@ def convert_file(
         else:
             report.checker = "skipped"
         report.output_bytes = staged.size
+        if verify is not None:
+            start = time.perf_counter()
+            result = verify_models(src, staged.onnx_path, verify)
+            timings["verify"] = time.perf_counter() - start
+            result.candidate = dst
+            report.verification = result.to_dict()
+            if not result.passed:
+                report.output_path = None
+                if keep_on_failure:
+                    report.output_path = staged.keep(dst + FAILED_SUFFIX)
+                report.input_path = src
+                report.input_bytes = loaded.total_bytes
+                report.timings = timings
+                return report
         staged.publish()
     report.input_path = src
     report.output_path = dst

@@ -11,11 +11,20 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
 from onnx_conv2matmul import _io, api, render
 from onnx_conv2matmul._version import __version__
 from onnx_conv2matmul.errors import CheckerError, Conv2MatMulError, InputError
 from onnx_conv2matmul.options import ConvertOptions
+from onnx_conv2matmul.verify import (
+    DEFAULT_LENGTHS,
+    DEFAULT_MAX_ABS,
+    DEFAULT_MEAN_ABS,
+    ModelRunError,
+    VerifyOptions,
+    verify_models,
+)
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -32,11 +41,14 @@ class _DefaultGroup(click.Group):
 
 
 def _stderr_console(quiet: bool) -> Console:
-    return Console(stderr=True, quiet=quiet)
+    # Off a terminal (CI logs, pipes) rich would wrap tables at 80 columns.
+    return Console(stderr=True, quiet=quiet, width=None if sys.stderr.isatty() else 160)
 
 
 def _fail(message: str, code: int) -> None:
-    Console(stderr=True).print(f"[bold red]error:[/bold red] {message}", highlight=False)
+    Console(stderr=True).print(
+        f"[bold red]error:[/bold red] {escape(message)}", highlight=False, soft_wrap=True
+    )
     sys.exit(code)
 
 
@@ -45,7 +57,7 @@ def _errors() -> Iterator[None]:
     """Map errors to one line on stderr and an exit code; never a traceback."""
     try:
         yield
-    except InputError as err:
+    except (InputError, ModelRunError) as err:
         _fail(str(err), EXIT_USAGE)
     except CheckerError as err:
         _fail(str(err), EXIT_FAILED)
@@ -113,6 +125,83 @@ def main() -> None:
     """
 
 
+def _parse_pairs(values: tuple[str, ...], option: str, kind: type) -> dict[str, Any]:
+    pairs: dict[str, Any] = {}
+    for item in values:
+        name, sep, raw = item.partition("=")
+        if not sep or not name:
+            raise click.BadParameter(f"expected NAME=VALUE, got {item!r}", param_hint=option)
+        try:
+            pairs[name] = kind(raw)
+        except ValueError:
+            raise click.BadParameter(f"{raw!r} is not a {kind.__name__}", param_hint=option) from None
+    return pairs
+
+
+def _parse_lengths(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[int, ...]:
+    try:
+        lengths = tuple(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers, got {value!r}") from None
+    if not lengths or any(n < 1 for n in lengths):
+        raise click.BadParameter("lengths must be positive integers")
+    return lengths
+
+
+_VERIFY_OPTIONS = [
+    click.option("--verify-deterministic-cpu", is_flag=True,
+                 help="One thread, sequential execution, deterministic compute."),
+    click.option("--verify-lengths", default=",".join(map(str, DEFAULT_LENGTHS)),
+                 callback=_parse_lengths, show_default=True,
+                 help="Values each symbolic non-batch dim takes in turn."),
+    click.option("--verify-batch", type=click.IntRange(min=1), default=1, show_default=True,
+                 help="Value of the batch dim (the first symbolic dim of each input)."),
+    click.option("--verify-signal-input-name", default=None, help="Main signal input (random)."),
+    click.option("--verify-length-input-name", default=None,
+                 help="Input that gets the sequence length per batch row."),
+    click.option("--verify-output-index", type=click.IntRange(min=0), default=None,
+                 help="Compare only this output (with --verify-length-output-index)."),
+    click.option("--verify-length-output-index", type=click.IntRange(min=0), default=None,
+                 help="Also compare this (length) output; integer outputs must match exactly."),
+    click.option("--verify-seed", type=int, default=0, show_default=True),
+    click.option("--verify-max-abs", type=click.FloatRange(min=0), default=DEFAULT_MAX_ABS,
+                 show_default=True, help="Max scaled absolute difference."),
+    click.option("--verify-mean-abs", type=click.FloatRange(min=0), default=DEFAULT_MEAN_ABS,
+                 show_default=True, help="Max mean scaled absolute difference."),
+    click.option("--verify-input", "verify_inputs", multiple=True, metavar="NAME=VALUE",
+                 help="Fill an input with a value (e.g. sr=16000). Repeatable."),
+    click.option("--verify-dim", "verify_dims", multiple=True, metavar="NAME=VALUE",
+                 help="Fix a symbolic dim (e.g. batch=2). Repeatable."),
+]
+
+
+def verify_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    for option in reversed(_VERIFY_OPTIONS):
+        func = option(func)
+    return func
+
+
+def _build_verify_options(kwargs: dict[str, Any], min_cosine: float | None = None) -> VerifyOptions:
+    indices: tuple[int, ...] | None = None
+    picked = [kwargs["verify_output_index"], kwargs["verify_length_output_index"]]
+    if any(i is not None for i in picked):
+        indices = tuple(i for i in picked if i is not None)
+    return VerifyOptions(
+        lengths=kwargs["verify_lengths"],
+        batch=kwargs["verify_batch"],
+        seed=kwargs["verify_seed"],
+        max_abs=kwargs["verify_max_abs"],
+        mean_abs=kwargs["verify_mean_abs"],
+        min_cosine=min_cosine,
+        signal_input=kwargs["verify_signal_input_name"],
+        length_input=kwargs["verify_length_input_name"],
+        output_indices=indices,
+        inputs=_parse_pairs(kwargs["verify_inputs"], "--verify-input", float),
+        dims=_parse_pairs(kwargs["verify_dims"], "--verify-dim", int),
+        deterministic=kwargs["verify_deterministic_cpu"],
+    )
+
+
 @main.command("convert")
 @click.argument("input_path", metavar="INPUT", type=click.Path(dir_okay=True))
 @click.argument("output_path", metavar="[OUTPUT]", required=False, type=click.Path())
@@ -127,6 +216,11 @@ def main() -> None:
               help="Write the JSON report to this file.")
 @click.option("--report-json-stdout", is_flag=True,
               help="Print the JSON report on stdout and nothing else.")
+@click.option("--verify", is_flag=True,
+              help="Prove the output equal to the input in onnxruntime before writing it.")
+@click.option("--keep-on-failure", is_flag=True,
+              help="When verification fails, keep the output in OUTPUT.verify-failed/.")
+@verify_options
 @click.option("-q", "--quiet", is_flag=True, help="No tables or progress on stderr.")
 def convert_command(
     input_path: str,
@@ -138,10 +232,14 @@ def convert_command(
     skip_checker: bool,
     report_json: str | None,
     report_json_stdout: bool,
+    verify: bool,
+    keep_on_failure: bool,
     quiet: bool,
+    **verify_kwargs: Any,
 ) -> None:
     """Rewrite INPUT into OUTPUT (or INPUT itself with --inplace)."""
     console = _stderr_console(quiet)
+    verify_opts = _build_verify_options(verify_kwargs) if verify else None
     with _errors():
         options = ConvertOptions(
             extended=extended,
@@ -159,6 +257,8 @@ def convert_command(
             options,
             inplace=inplace,
             run_checker=not skip_checker,
+            verify=verify_opts,
+            keep_on_failure=keep_on_failure,
             progress=progress("Saving"),
         )
         text = render.report_json(report)
@@ -168,6 +268,46 @@ def convert_command(
             click.echo(text)
         render.print_convert_report(console, report)
     sys.exit(report.return_code)
+
+
+@main.command("verify")
+@click.argument("original", type=click.Path())
+@click.argument("candidate", type=click.Path())
+@verify_options
+@click.option("--cosine", is_flag=True, help="Also print the cosine similarity per output.")
+@click.option("--min-cosine", type=click.FloatRange(-1, 1), default=None,
+              help="Pass when every float output's cosine similarity is at least X (quantized models).")
+@click.option("--report-json", "report_json", type=click.Path(dir_okay=False),
+              help="Write the verification report to this file.")
+@click.option("--report-json-stdout", is_flag=True, help="Print the JSON report on stdout only.")
+@click.option("-q", "--quiet", is_flag=True, help="No tables on stderr.")
+def verify_command(
+    original: str,
+    candidate: str,
+    cosine: bool,
+    min_cosine: float | None,
+    report_json: str | None,
+    report_json_stdout: bool,
+    quiet: bool,
+    **verify_kwargs: Any,
+) -> None:
+    """Compare two models with the same inputs and outputs in onnxruntime."""
+    console = _stderr_console(quiet)
+    with _errors():
+        options = _build_verify_options(verify_kwargs, min_cosine)
+        for path in (original, candidate):
+            _io.check_input_path(path)
+        if report_json is not None:
+            _io.check_output_path(report_json, what="report")
+        result = verify_models(original, candidate, options)
+        data = {"tool": "onnx-conv2matmul", "version": __version__, "verification": result.to_dict()}
+        text = render.dump(data)
+        if report_json is not None:
+            write_text_atomic(report_json, text + "\n")
+        if report_json_stdout:
+            click.echo(text)
+        render.print_verification(console, data["verification"], cosine=cosine)
+    sys.exit(result.return_code)
 
 
 def _has_big_neighbours(path: str) -> bool:

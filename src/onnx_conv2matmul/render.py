@@ -7,6 +7,7 @@ from collections import defaultdict
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from onnx_conv2matmul.reasons import SkipReason
@@ -88,7 +89,13 @@ def print_convert_report(console: Console, report: ConvertReport) -> None:
         f"Transpose nodes: {report.transposes_before} -> {report.transposes_after}"
         f" ({report.transposes_cancelled} cancelled), nodes: {report.nodes_before} -> {report.nodes_after}",
     ]
-    if report.output_path is not None:
+    failed = report.verification is not None and not report.verification["passed"]
+    if failed:
+        lines.append(
+            f"Verification failed: output kept for inspection at {report.output_path}"
+            if report.output_path else "Verification failed: nothing was written."
+        )
+    elif report.output_path is not None:
         lines.append(
             f"Wrote {report.output_path} ({human_bytes(report.output_bytes)};"
             f" input {human_bytes(report.input_bytes)};"
@@ -98,8 +105,62 @@ def print_convert_report(console: Console, report: ConvertReport) -> None:
     if report.timings:
         lines.append("Time: " + ", ".join(f"{k} {v:.2f}s" for k, v in report.timings.items()))
     for line in lines:
-        console.print(line, highlight=False)
+        console.print(line, highlight=False, soft_wrap=True)
+    if report.verification is not None:
+        print_verification(console, report.verification)
 
 
 def dump(data: Any) -> str:
     return json.dumps(data, indent=2)
+
+
+def _fmt(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value == float("inf"):
+        return "inf"
+    return f"{value:.3g}"
+
+
+def verification_table(verification: dict[str, Any], *, cosine: bool = False) -> Table:
+    criterion = verification["criterion"]
+    if "min_cosine" in criterion:
+        title = f"Verification: cosine >= {criterion['min_cosine']}"
+        cosine = True
+    else:
+        title = (f"Verification: scaled max_abs <= {criterion['max_abs']:g},"
+                 f" mean_abs <= {criterion['mean_abs']:g}")
+    table = Table(title=title, title_justify="left")
+    columns = ["length", "output", "shape", "max |ref|", "max_abs", "mean_abs", "rel_err"]
+    if cosine:
+        columns.append("cosine")
+    columns.append("result")
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("output", "shape", "result") else "right")
+    for r in verification["results"]:
+        row = [str(r["length"]), r["output"], "x".join(map(str, r["shape"])), _fmt(r["max_ref"]),
+               _fmt(r["max_abs"]), _fmt(r["mean_abs"]), _fmt(r["rel_err"])]
+        if cosine:
+            row.append("-" if r["cosine"] is None else f"{r['cosine']:.6f}")
+        row.append("[green]ok[/green]" if r["passed"] else f"[red]FAIL[/red] {escape(r['note'])}")
+        table.add_row(*row)
+    return table
+
+
+def print_verification(console: Console, verification: dict[str, Any], *, cosine: bool = False) -> None:
+    console.print(verification_table(verification, cosine=cosine))
+    inputs = ", ".join(f"{k}: {v}" for k, v in verification["inputs"].items())
+    if inputs:
+        console.print(f"Inputs: {inputs}", highlight=False, soft_wrap=True)
+    if verification["passed"]:
+        console.print("[bold green]Verification PASSED[/bold green]")
+    else:
+        worst = verification["failures"][0] if verification["failures"] else None
+        if worst is not None:
+            console.print(
+                f"First failure: output {worst['output']!r} at length {worst['length']}:"
+                f" max_abs {_fmt(worst['max_abs'])}, mean_abs {_fmt(worst['mean_abs'])},"
+                f" rel_err {_fmt(worst['rel_err'])} {escape(worst['note'])}",
+                highlight=False, soft_wrap=True,
+            )
+        console.print("[bold red]Verification FAILED[/bold red]")

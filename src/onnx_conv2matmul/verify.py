@@ -1,0 +1,381 @@
+"""Prove two models compute the same thing, by running both in onnxruntime.
+
+Inputs are synthesised from each graph input's type and shape (see
+:func:`synthesise_inputs`); both sessions run with onnxruntime's graph
+optimizations off, so none of its fusions can hide a wrong rewrite. Differences
+are scaled by the reference output's magnitude, ``max(1, max|ref|)``, so deep
+models with large outputs are judged fairly; integer and bool outputs must match
+exactly. Sessions are created from file paths and run one after the other, so
+external data is memory-mapped by onnxruntime and only one model is loaded at a time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from onnx_conv2matmul.errors import Conv2MatMulError, InputError
+
+DEFAULT_LENGTHS = (64, 80, 97, 128, 191)
+DEFAULT_MAX_ABS = 3e-5
+DEFAULT_MEAN_ABS = 2e-6
+
+_STATE_NAME = re.compile(r"(state|cache|hidden|memory|^h0?$|^c0?$|^h_|^c_)", re.IGNORECASE)
+_LENGTH_NAME = re.compile(r"(^|_)(len|length|lengths|seq_len|n_frames)s?($|_)", re.IGNORECASE)
+_ORT_TYPES: dict[str, Any] = {
+    "tensor(float)": np.float32,
+    "tensor(float16)": np.float16,
+    "tensor(double)": np.float64,
+    "tensor(int64)": np.int64,
+    "tensor(int32)": np.int32,
+    "tensor(int16)": np.int16,
+    "tensor(int8)": np.int8,
+    "tensor(uint8)": np.uint8,
+    "tensor(bool)": np.bool_,
+}
+
+
+class ModelRunError(Conv2MatMulError):
+    """onnxruntime could not load or run a model on the synthesised inputs."""
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifyOptions:
+    """How inputs are synthesised and outputs judged.
+
+    Attributes:
+        lengths: Each symbolic dim other than the batch takes these values in turn.
+        batch: Value of the batch dim (the first symbolic dim of an input).
+        seed: Seed of the random inputs.
+        max_abs: Largest allowed scaled absolute difference.
+        mean_abs: Largest allowed mean scaled absolute difference.
+        min_cosine: When set, the criterion is cosine similarity >= this (for
+            quantized models), instead of the absolute thresholds.
+        signal_input: Name of the main signal input (random normal; others may be zero).
+        length_input: Name of the length input (gets the length per batch row);
+            by default an integer input of rank 1 whose name says length.
+        output_indices: Indices of outputs to compare (default: all).
+        inputs: Fixed values per input name: a scalar fill.
+        dims: Fixed values per symbolic dim name.
+        deterministic: One thread, sequential execution, deterministic compute.
+    """
+
+    lengths: tuple[int, ...] = DEFAULT_LENGTHS
+    batch: int = 1
+    seed: int = 0
+    max_abs: float = DEFAULT_MAX_ABS
+    mean_abs: float = DEFAULT_MEAN_ABS
+    min_cosine: float | None = None
+    signal_input: str | None = None
+    length_input: str | None = None
+    output_indices: tuple[int, ...] | None = None
+    inputs: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    dims: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    deterministic: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.lengths or any(n < 1 for n in self.lengths):
+            raise ValueError("verify lengths must be positive integers")
+        if self.batch < 1:
+            raise ValueError("verify batch must be >= 1")
+        if any(v < 1 for v in self.dims.values()):
+            raise ValueError("verify dims must be >= 1")
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["inputs"] = dict(self.inputs)
+        data["dims"] = dict(self.dims)
+        return data
+
+
+@dataclasses.dataclass
+class OutputComparison:
+    length: int
+    output: str
+    dtype: str
+    shape: list[int]
+    max_abs: float
+    mean_abs: float
+    rel_err: float
+    cosine: float | None
+    max_ref: float
+    mismatches: int
+    passed: bool
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class VerifyReport:
+    original: str
+    candidate: str
+    options: VerifyOptions
+    inputs: dict[str, str] = dataclasses.field(default_factory=dict)
+    results: list[OutputComparison] = dataclasses.field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.results) and all(r.passed for r in self.results)
+
+    @property
+    def failures(self) -> list[OutputComparison]:
+        return [r for r in self.results if not r.passed]
+
+    @property
+    def return_code(self) -> int:
+        return 0 if self.passed else 1
+
+    def to_dict(self) -> dict[str, Any]:
+        criterion: dict[str, Any] = (
+            {"min_cosine": self.options.min_cosine}
+            if self.options.min_cosine is not None
+            else {"max_abs": self.options.max_abs, "mean_abs": self.options.mean_abs}
+        )
+        return {
+            "passed": self.passed,
+            "original": self.original,
+            "candidate": self.candidate,
+            "criterion": criterion,
+            "scaling": "differences divided by max(1, max|reference|) per output",
+            "options": self.options.to_dict(),
+            "inputs": self.inputs,
+            "results": [r.to_dict() for r in self.results],
+            "failures": [
+                {"output": r.output, "length": r.length, "max_abs": r.max_abs,
+                 "mean_abs": r.mean_abs, "rel_err": r.rel_err, "note": r.note}
+                for r in self.failures
+            ],
+        }
+
+
+@dataclasses.dataclass
+class _InputSpec:
+    name: str
+    dtype: Any
+    shape: list[int | str | None]
+
+
+def _session(path: str, options: VerifyOptions) -> Any:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.log_severity_level = 3
+    if options.deterministic:
+        so.intra_op_num_threads = 1
+        so.inter_op_num_threads = 1
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        so.use_deterministic_compute = True
+    return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+
+
+def _specs(session: Any) -> list[_InputSpec]:
+    specs = []
+    for arg in session.get_inputs():
+        dtype = _ORT_TYPES.get(arg.type)
+        if dtype is None:
+            raise InputError(f"cannot synthesise input {arg.name!r} of type {arg.type}")
+        specs.append(_InputSpec(arg.name, dtype, list(arg.shape)))
+    return specs
+
+
+def _resolve_dims(spec: _InputSpec, length: int, options: VerifyOptions, batch_names: set[str]) -> list[int]:
+    dims: list[int] = []
+    seen_batch = False
+    for dim in spec.shape:
+        if isinstance(dim, int) and dim > 0:
+            dims.append(dim)
+            continue
+        name = dim if isinstance(dim, str) else None
+        if name is not None and name in options.dims:
+            dims.append(options.dims[name])
+        elif (name is not None and name in batch_names) or not seen_batch:
+            dims.append(options.batch)
+        else:
+            dims.append(length)
+        seen_batch = True
+    return dims
+
+
+def _batch_names(specs: Sequence[_InputSpec]) -> set[str]:
+    names = set()
+    for spec in specs:
+        for dim in spec.shape:
+            if not (isinstance(dim, int) and dim > 0):
+                if isinstance(dim, str):
+                    names.add(dim)
+                break
+    return names
+
+
+def _is_length_input(spec: _InputSpec, options: VerifyOptions) -> bool:
+    if options.length_input is not None:
+        return spec.name == options.length_input
+    return (
+        np.issubdtype(spec.dtype, np.integer)
+        and len(spec.shape) == 1
+        and bool(_LENGTH_NAME.search(spec.name))
+    )
+
+
+def synthesise_inputs(
+    specs: Sequence[_InputSpec], length: int, options: VerifyOptions
+) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Inputs for one run at ``length``, and how each was made."""
+    rng = np.random.default_rng([options.seed, length])
+    batch_names = _batch_names(specs)
+    feeds: dict[str, np.ndarray] = {}
+    how: dict[str, str] = {}
+    for spec in specs:
+        dims = _resolve_dims(spec, length, options, batch_names)
+        if spec.name in options.inputs:
+            feeds[spec.name] = np.full(dims, options.inputs[spec.name], dtype=spec.dtype)
+            how[spec.name] = f"fixed {options.inputs[spec.name]}"
+        elif _is_length_input(spec, options):
+            feeds[spec.name] = np.full(dims, length, dtype=spec.dtype)
+            how[spec.name] = "length per batch row"
+        elif np.issubdtype(spec.dtype, np.floating):
+            if spec.name != options.signal_input and _STATE_NAME.search(spec.name):
+                feeds[spec.name] = np.zeros(dims, dtype=spec.dtype)
+                how[spec.name] = "zeros (state)"
+            else:
+                feeds[spec.name] = rng.standard_normal(dims).astype(spec.dtype)
+                how[spec.name] = "standard normal"
+        elif spec.dtype is np.bool_:
+            feeds[spec.name] = rng.integers(0, 2, size=dims).astype(np.bool_)
+            how[spec.name] = "random bool"
+        else:
+            feeds[spec.name] = rng.integers(0, 4, size=dims).astype(spec.dtype)
+            how[spec.name] = "random integers in [0, 4)"
+    return feeds, how
+
+
+def _run_all(
+    path: str, label: str, options: VerifyOptions, specs: list[_InputSpec] | None = None
+) -> tuple[list[_InputSpec], list[str], dict[int, list[np.ndarray]], dict[str, str]]:
+    try:
+        session = _session(path, options)
+    except Exception as err:
+        raise ModelRunError(f"onnxruntime cannot load the {label} model: {_first_line(err)}") from err
+    own_specs = _specs(session)
+    if specs is not None:
+        theirs = [(s.name, np.dtype(s.dtype).name) for s in specs]
+        ours = [(s.name, np.dtype(s.dtype).name) for s in own_specs]
+        if sorted(theirs) != sorted(ours):
+            raise InputError(f"the two models have different inputs: {theirs} vs {ours}")
+    use = specs or own_specs
+    names = [o.name for o in session.get_outputs()]
+    outputs: dict[int, list[np.ndarray]] = {}
+    how: dict[str, str] = {}
+    for length in options.lengths:
+        feeds, how = synthesise_inputs(use, length, options)
+        try:
+            outputs[length] = session.run(None, feeds)
+        except Exception as err:
+            shapes = ", ".join(f"{k}{list(v.shape)}" for k, v in feeds.items())
+            raise ModelRunError(
+                f"onnxruntime cannot run the {label} model at length {length} ({shapes}):"
+                f" {_first_line(err)}; fix the inputs with --verify-input / --verify-dim / --verify-lengths"
+            ) from err
+    del session
+    gc.collect()
+    return use, names, outputs, how
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else err.__class__.__name__
+
+
+def compare_arrays(
+    ref: np.ndarray, out: np.ndarray, options: VerifyOptions, *, length: int, name: str
+) -> OutputComparison:
+    """Compare one output; the criterion depends on the options and the dtype."""
+    if ref.shape != out.shape or ref.dtype != out.dtype:
+        return OutputComparison(
+            length, name, str(ref.dtype), list(ref.shape), float("inf"), float("inf"),
+            float("inf"), None, 0.0, -1, False,
+            note=f"candidate gives {out.dtype}{list(out.shape)}, reference {ref.dtype}{list(ref.shape)}",
+        )
+    if not np.issubdtype(ref.dtype, np.floating):
+        mismatches = int(np.count_nonzero(ref != out))
+        diff = float(np.abs(ref.astype(np.float64) - out.astype(np.float64)).max(initial=0.0))
+        return OutputComparison(
+            length, name, str(ref.dtype), list(ref.shape), diff, diff if mismatches else 0.0,
+            0.0 if mismatches == 0 else 1.0, None, 0.0, mismatches, mismatches == 0,
+            note="" if mismatches == 0 else f"{mismatches} elements differ (exact match required)",
+        )
+    r = ref.astype(np.float64)
+    o = out.astype(np.float64)
+    finite = bool(np.isfinite(r).all() and np.isfinite(o).all())
+    same_nonfinite = bool(np.array_equal(~np.isfinite(r), ~np.isfinite(o)) and
+                          np.array_equal(r[~np.isfinite(r)], o[~np.isfinite(o)]))
+    mask = np.isfinite(r) & np.isfinite(o)
+    rf, of = r[mask], o[mask]
+    max_ref = float(np.abs(rf).max(initial=0.0))
+    scale = max(1.0, max_ref)
+    delta = np.abs(rf - of) / scale
+    max_abs = float(delta.max(initial=0.0))
+    mean_abs = float(delta.mean()) if delta.size else 0.0
+    norm_ref = float(np.linalg.norm(rf))
+    norm_diff = float(np.linalg.norm(rf - of))
+    rel_err = norm_diff / norm_ref if norm_ref > 0 else (0.0 if norm_diff == 0 else float("inf"))
+    norm_out = float(np.linalg.norm(of))
+    if norm_ref > 0 and norm_out > 0:
+        cosine: float | None = float(np.dot(rf, of) / (norm_ref * norm_out))
+    else:
+        cosine = 1.0 if norm_ref == norm_out else 0.0
+    note = ""
+    if not finite and not same_nonfinite:
+        passed = False
+        note = "NaN/Inf where the reference has none (or the other way round)"
+    elif options.min_cosine is not None:
+        passed = cosine is not None and cosine >= options.min_cosine
+    else:
+        passed = max_abs <= options.max_abs and mean_abs <= options.mean_abs
+    return OutputComparison(
+        length, name, str(ref.dtype), list(ref.shape), max_abs, mean_abs, rel_err, cosine,
+        max_ref, 0, passed, note,
+    )
+
+
+def verify_models(original: str, candidate: str, options: VerifyOptions | None = None) -> VerifyReport:
+    """Run both models on the same synthesised inputs and compare their outputs.
+
+    Raises:
+        ModelRunError: the original cannot be run on the synthesised inputs
+            (the inputs need fixing), or the candidate cannot be loaded.
+        InputError: the models' inputs differ.
+    """
+    options = options or VerifyOptions()
+    specs, names, ref_outputs, how = _run_all(original, "original", options)
+    try:
+        _, cand_names, cand_outputs, _ = _run_all(candidate, "candidate", options, specs)
+    except ModelRunError as err:
+        report = VerifyReport(original, candidate, options, how)
+        report.results.append(OutputComparison(
+            0, "*", "", [], float("inf"), float("inf"), float("inf"), None, 0.0, -1, False,
+            note=str(err),
+        ))
+        return report
+    if cand_names != names:
+        raise InputError(f"the two models have different outputs: {names} vs {cand_names}")
+    indices = list(options.output_indices) if options.output_indices else list(range(len(names)))
+    for index in indices:
+        if not 0 <= index < len(names):
+            raise InputError(f"output index {index} out of range: the model has {len(names)} outputs")
+    report = VerifyReport(original, candidate, options, how)
+    for length in options.lengths:
+        for index in indices:
+            report.results.append(compare_arrays(
+                ref_outputs[length][index], cand_outputs[length][index], options,
+                length=length, name=names[index],
+            ))
+    return report

@@ -1,0 +1,116 @@
+"""The command line: exit codes, one-line errors, JSON on stdout, nothing written on failure."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import onnx
+import pytest
+from click.testing import CliRunner
+from helpers import conv_model
+
+from onnx_conv2matmul import __version__
+from onnx_conv2matmul.cli import main
+
+
+@pytest.fixture
+def model_path(tmp_path: Path) -> Path:
+    path = tmp_path / "m.onnx"
+    onnx.save(conv_model(spatial=1, attrs={"strides": [2]}), path)
+    return path
+
+
+def invoke(*args: str) -> tuple[int, str, str]:
+    runner = CliRunner()
+    result = runner.invoke(main, list(args), catch_exceptions=False)
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_version() -> None:
+    code, out, _ = invoke("--version")
+    assert code == 0 and __version__ in out
+
+
+def test_convert_default_and_extended(model_path: Path, tmp_path: Path) -> None:
+    out = tmp_path / "o.onnx"
+    code, stdout, stderr = invoke(str(model_path), str(out))
+    assert code == 0 and stdout == ""
+    assert "needs_extended_mode" in stderr
+    code, _, stderr = invoke(str(model_path), str(out), "--extended-conv1x1")
+    assert code == 0
+    assert "MatMul" in [n.op_type for n in onnx.load(out).graph.node]
+
+
+def test_report_json_stdout_is_only_json(model_path: Path, tmp_path: Path) -> None:
+    report = tmp_path / "r.json"
+    code, stdout, stderr = invoke(
+        str(model_path), str(tmp_path / "o.onnx"), "--extended-conv1x1",
+        "--report-json-stdout", "--report-json", str(report),
+    )
+    assert code == 0
+    data = json.loads(stdout)
+    assert data == json.loads(report.read_text())
+    assert data["tool"] == "onnx-conv2matmul" and data["version"] == __version__
+    assert data["options"]["extended"] is True
+    assert data["totals"]["converted"] == 1
+    node = data["nodes"][0]
+    assert node["status"] == "converted" and node["reason"] is None
+    assert node["weight_shape"] == [5, 6, 1] and node["params"] == 30
+    assert node["matmul"] == "pw/MatMul" and node["extra_ops"] == ["Slice"]
+    assert "Pointwise Conv" in stderr
+
+
+def test_inplace(model_path: Path) -> None:
+    code, _, _ = invoke(str(model_path), "--inplace", "--extended-conv1x1", "-q")
+    assert code == 0
+    assert "Conv" not in [n.op_type for n in onnx.load(model_path).graph.node]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["{missing}", "{out}"], "input not found"),
+        (["{empty}", "{out}"], "input is empty"),
+        (["{text}", "{out}"], "not a valid ONNX file"),
+        (["{model}", "{tmp}/nodir/o.onnx"], "output directory does not exist"),
+        (["{model}", "{model}"], "use --inplace"),
+        (["{model}", "{out}", "--inplace"], "cannot be used together"),
+        (["{model}"], "give an output path"),
+        (["{model}", "{out}", "--max-dilation", "0"], "0 is not in the range"),
+        (["{model}", "{out}", "--report-json", "{tmp}/nodir/r.json"], "report directory does not exist"),
+        (["{model}", "{out}", "--no-such-option"], "No such option"),
+    ],
+)
+def test_bad_input_exit_2_one_line_nothing_written(
+    model_path: Path, tmp_path: Path, args: list[str], message: str
+) -> None:
+    (tmp_path / "empty.onnx").write_bytes(b"")
+    (tmp_path / "text.onnx").write_text("hello")
+    values = {
+        "missing": str(tmp_path / "missing.onnx"),
+        "empty": str(tmp_path / "empty.onnx"),
+        "text": str(tmp_path / "text.onnx"),
+        "model": str(model_path),
+        "out": str(tmp_path / "o.onnx"),
+        "tmp": str(tmp_path),
+    }
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    code, stdout, stderr = invoke(*[a.format(**values) for a in args])
+    assert code == 2
+    assert message in stderr
+    assert "Traceback" not in stderr
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_console_script_runs_as_a_process(model_path: Path, tmp_path: Path) -> None:
+    """A real process: exit code, stderr one line, stdout clean."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "onnx_conv2matmul", str(tmp_path / "nope.onnx"), str(tmp_path / "o.onnx")],
+        capture_output=True, text=True, check=False,
+    )
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert len(proc.stderr.strip().splitlines()) == 1
