@@ -10,8 +10,8 @@ from pathlib import Path
 import onnx
 import pytest
 from click.testing import CliRunner
-from helpers import conv_model
 
+from helpers import conv_model
 from onnx_conv2matmul import __version__
 from onnx_conv2matmul.cli import main
 
@@ -47,8 +47,12 @@ def test_convert_default_and_extended(model_path: Path, tmp_path: Path) -> None:
 def test_report_json_stdout_is_only_json(model_path: Path, tmp_path: Path) -> None:
     report = tmp_path / "r.json"
     code, stdout, stderr = invoke(
-        str(model_path), str(tmp_path / "o.onnx"), "--extended-conv1x1",
-        "--report-json-stdout", "--report-json", str(report),
+        str(model_path),
+        str(tmp_path / "o.onnx"),
+        "--extended-conv1x1",
+        "--report-json-stdout",
+        "--report-json",
+        str(report),
     )
     assert code == 0
     data = json.loads(stdout)
@@ -80,7 +84,10 @@ def test_inplace(model_path: Path) -> None:
         (["{model}", "{out}", "--inplace"], "cannot be used together"),
         (["{model}"], "give an output path"),
         (["{model}", "{out}", "--max-dilation", "0"], "0 is not in the range"),
-        (["{model}", "{out}", "--report-json", "{tmp}/nodir/r.json"], "report directory does not exist"),
+        (
+            ["{model}", "{out}", "--report-json", "{tmp}/nodir/r.json"],
+            "report directory does not exist",
+        ),
         (["{model}", "{out}", "--no-such-option"], "No such option"),
     ],
 )
@@ -98,7 +105,7 @@ def test_bad_input_exit_2_one_line_nothing_written(
         "tmp": str(tmp_path),
     }
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
-    code, stdout, stderr = invoke(*[a.format(**values) for a in args])
+    code, _stdout, stderr = invoke(*[a.format(**values) for a in args])
     assert code == 2
     assert message in stderr
     assert "Traceback" not in stderr
@@ -108,8 +115,16 @@ def test_bad_input_exit_2_one_line_nothing_written(
 def test_console_script_runs_as_a_process(model_path: Path, tmp_path: Path) -> None:
     """A real process: exit code, stderr one line, stdout clean."""
     proc = subprocess.run(
-        [sys.executable, "-m", "onnx_conv2matmul", str(tmp_path / "nope.onnx"), str(tmp_path / "o.onnx")],
-        capture_output=True, text=True, check=False,
+        [
+            sys.executable,
+            "-m",
+            "onnx_conv2matmul",
+            str(tmp_path / "nope.onnx"),
+            str(tmp_path / "o.onnx"),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert proc.returncode == 2
     assert proc.stdout == ""

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from helpers import assert_equivalent, conv_model
 from onnx import TensorProto, helper, numpy_helper
 
+from helpers import assert_equivalent, conv_model
 from onnx_conv2matmul import ConvertOptions, InputError, convert_file
 from onnx_conv2matmul import _io as io_mod
 
@@ -31,7 +31,8 @@ def _stack_model(layers: int = 4, channels: int = 32) -> onnx.ModelProto:
     nodes.append(helper.make_node("Transpose", [f"h{layers}"], ["t"], perm=[0, 2, 1]))
     nodes.append(helper.make_node("Reshape", ["t", "shape"], ["y"]))
     graph = helper.make_graph(
-        nodes, "stack",
+        nodes,
+        "stack",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "T", channels])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "Z"])],
         inits,
@@ -67,15 +68,23 @@ def test_single_file_in_single_file_out(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("one_file", [True, False], ids=["one-data-file", "per-tensor-files"])
-def test_external_data_in_one_data_file_out(tmp_path: Path, one_file: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_external_data_in_one_data_file_out(
+    tmp_path: Path, one_file: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     model = _stack_model()
     reference = tmp_path / "ref.onnx"
     onnx.save(model, reference)
     src_dir = tmp_path / "src"
     src_dir.mkdir()
     src = src_dir / "model.onnx"
-    onnx.save(model, src, save_as_external_data=True, all_tensors_to_one_file=one_file,
-              location="model.onnx.data" if one_file else None, size_threshold=0)
+    onnx.save(
+        model,
+        src,
+        save_as_external_data=True,
+        all_tensors_to_one_file=one_file,
+        location="model.onnx.data" if one_file else None,
+        size_threshold=0,
+    )
     assert len(_files(src_dir)) == (2 if one_file else 10)
     out_dir = tmp_path / "out"
     out_dir.mkdir()
@@ -90,8 +99,9 @@ def test_external_data_in_one_data_file_out(tmp_path: Path, one_file: bool, monk
     proto = onnx.load(dst, load_external_data=False)
     inline = {t.name for t in proto.graph.initializer if t.data_location != TensorProto.EXTERNAL}
     assert "shape" in inline
-    assert all(t.name in inline or t.external_data[0].value == "rewritten.onnx.data"
-               for t in proto.graph.initializer)
+    assert all(
+        t.name in inline or t.external_data[0].value == "rewritten.onnx.data" for t in proto.graph.initializer
+    )
     # Weights are not duplicated: only the new nodes add a little graph structure.
     assert _size(dst) <= report.input_bytes * 1.01 + 4096  # type: ignore[operator]
     # onnxruntime refuses the input (its Reshape shape is external); the output loads.

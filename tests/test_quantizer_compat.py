@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
-from helpers import all_nodes, conv_model, session
 from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
+from helpers import all_nodes, conv_model, session
 from onnx_conv2matmul import ConvertOptions, convert
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+from onnx import TensorProto
+
 from helpers import (
     all_initializers,
     assert_equivalent,
@@ -14,8 +16,6 @@ from helpers import (
     op_types,
     run,
 )
-from onnx import TensorProto
-
 from onnx_conv2matmul import ConvertOptions, SkipReason, Status, convert
 
 EXTENDED = ConvertOptions(extended=True)
@@ -26,8 +26,13 @@ CASES = [
     ("1d", 1, {}, ConvertOptions(), []),
     ("2d", 2, {}, ConvertOptions(), []),
     ("3d", 3, {}, ConvertOptions(), []),
-    ("1d-explicit-attrs", 1, {"strides": [1], "pads": [0, 0], "dilations": [1], "kernel_shape": [1]},
-     ConvertOptions(), []),
+    (
+        "1d-explicit-attrs",
+        1,
+        {"strides": [1], "pads": [0, 0], "dilations": [1], "kernel_shape": [1]},
+        ConvertOptions(),
+        [],
+    ),
     ("1d-pads", 1, {"pads": [2, 1]}, EXTENDED, ["Pad"]),
     ("2d-pads", 2, {"pads": [1, 0, 2, 3]}, EXTENDED, ["Pad"]),
     ("1d-stride", 1, {"strides": [2]}, EXTENDED, ["Slice"]),
@@ -35,7 +40,13 @@ CASES = [
     ("3d-stride-one-axis", 3, {"strides": [1, 2, 1]}, EXTENDED, ["Slice"]),
     ("2d-stride-pads", 2, {"strides": [2, 2], "pads": [1, 1, 1, 1]}, EXTENDED, ["Pad", "Slice"]),
     ("1d-auto-pad-valid", 1, {"auto_pad": "VALID", "strides": [2]}, EXTENDED, ["Slice"]),
-    ("2d-auto-pad-same-upper", 2, {"auto_pad": "SAME_UPPER", "strides": [2, 2]}, EXTENDED, ["Slice"]),
+    (
+        "2d-auto-pad-same-upper",
+        2,
+        {"auto_pad": "SAME_UPPER", "strides": [2, 2]},
+        EXTENDED,
+        ["Slice"],
+    ),
     ("1d-auto-pad-same-lower", 1, {"auto_pad": "SAME_LOWER", "strides": [3]}, EXTENDED, ["Slice"]),
     ("2d-auto-pad-same-unit", 2, {"auto_pad": "SAME_UPPER"}, EXTENDED, []),
     ("1d-dilation", 1, {"dilations": [2]}, DILATED, []),
@@ -46,7 +57,12 @@ CASES = [
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
 @pytest.mark.parametrize(("case", "spatial", "attrs", "options", "extra"), CASES, ids=[c[0] for c in CASES])
 def test_converted_forms_are_exact(
-    case: str, spatial: int, attrs: dict[str, object], options: ConvertOptions, extra: list[str], bias: bool
+    case: str,
+    spatial: int,
+    attrs: dict[str, object],
+    options: ConvertOptions,
+    extra: list[str],
+    bias: bool,
 ) -> None:
     original = conv_model(spatial=spatial, attrs=attrs, bias=bias)
     rewritten, report = convert(original, options)
@@ -139,9 +155,7 @@ def test_weight_is_transposed_reshape() -> None:
 def test_names_are_readable_and_unique() -> None:
     original = conv_model(spatial=1, name="encoder/layer0/pw1")
     # Occupy the name the rewrite would pick first.
-    original.graph.initializer.append(
-        onnx.numpy_helper.from_array(np.zeros(1, np.float32), "W_matmul")
-    )
+    original.graph.initializer.append(onnx.numpy_helper.from_array(np.zeros(1, np.float32), "W_matmul"))
     rewritten, report = convert(original)
     names = [n.name for n in rewritten.graph.node]
     assert len(names) == len(set(names))

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from helpers import conv_model, op_types
 from onnx import TensorProto, helper, numpy_helper
 
+from helpers import conv_model, op_types
 from onnx_conv2matmul import ConvertOptions, SkipReason, Status, convert
 
 
@@ -43,7 +43,11 @@ def test_depthwise_k9_is_kernel_not_pointwise() -> None:
 
 
 def test_weight_not_constant() -> None:
-    _skip(conv_model(spatial=1, weight_source="input"), ConvertOptions(), SkipReason.WEIGHT_NOT_CONSTANT)
+    _skip(
+        conv_model(spatial=1, weight_source="input"),
+        ConvertOptions(),
+        SkipReason.WEIGHT_NOT_CONSTANT,
+    )
 
 
 def test_weight_overridable() -> None:
@@ -76,7 +80,7 @@ def test_dilation_above_max() -> None:
     model = conv_model(spatial=2, attrs={"dilations": [1, 5]})
     options = ConvertOptions(allow_non_unit_dilation=True, max_dilation=4)
     assert "5" in _skip(model, options, SkipReason.DILATION_ABOVE_MAX)
-    converted, report = convert(model, ConvertOptions(allow_non_unit_dilation=True, max_dilation=5))
+    _converted, report = convert(model, ConvertOptions(allow_non_unit_dilation=True, max_dilation=5))
     assert report.entries[0].status is Status.CONVERTED
 
 

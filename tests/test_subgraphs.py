@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from helpers import all_initializers, all_nodes, assert_equivalent, assert_matmul_weights_2d, op_types
 from onnx import TensorProto, helper, numpy_helper
 
+from helpers import (
+    all_initializers,
+    all_nodes,
+    assert_equivalent,
+    assert_matmul_weights_2d,
+    op_types,
+)
 from onnx_conv2matmul import Status, convert
 
 RNG = np.random.default_rng(7)
@@ -21,7 +27,9 @@ def _if_loop_model() -> onnx.ModelProto:
     """If(cond) -> then: Conv(W_outer) / else: Conv(Constant W); then Loop n times Conv(W_outer)."""
     then_g = helper.make_graph(
         [helper.make_node("Conv", ["x", "W_outer", "B_outer"], ["then_y"], name="then_conv")],
-        "then", [], [helper.make_tensor_value_info("then_y", TensorProto.FLOAT, None)],
+        "then",
+        [],
+        [helper.make_tensor_value_info("then_y", TensorProto.FLOAT, None)],
     )
     else_g = helper.make_graph(
         [
@@ -29,18 +37,27 @@ def _if_loop_model() -> onnx.ModelProto:
             helper.make_node("Conv", ["x", "W_inner"], ["else_y"], name="else_conv"),
             # a nested If inside the else branch, also converting an outer weight
             helper.make_node(
-                "If", ["cond"], ["nested_y"], name="nested_if",
+                "If",
+                ["cond"],
+                ["nested_y"],
+                name="nested_if",
                 then_branch=helper.make_graph(
                     [helper.make_node("Conv", ["else_y", "W_outer"], ["n_then"], name="nested_conv")],
-                    "nt", [], [helper.make_tensor_value_info("n_then", TensorProto.FLOAT, None)],
+                    "nt",
+                    [],
+                    [helper.make_tensor_value_info("n_then", TensorProto.FLOAT, None)],
                 ),
                 else_branch=helper.make_graph(
                     [helper.make_node("Identity", ["else_y"], ["n_else"])],
-                    "ne", [], [helper.make_tensor_value_info("n_else", TensorProto.FLOAT, None)],
+                    "ne",
+                    [],
+                    [helper.make_tensor_value_info("n_else", TensorProto.FLOAT, None)],
                 ),
             ),
         ],
-        "else", [], [helper.make_tensor_value_info("nested_y", TensorProto.FLOAT, None)],
+        "else",
+        [],
+        [helper.make_tensor_value_info("nested_y", TensorProto.FLOAT, None)],
     )
     body = helper.make_graph(
         [
@@ -61,7 +78,9 @@ def _if_loop_model() -> onnx.ModelProto:
     )
     graph = helper.make_graph(
         [
-            helper.make_node("If", ["cond"], ["branch_y"], name="if0", then_branch=then_g, else_branch=else_g),
+            helper.make_node(
+                "If", ["cond"], ["branch_y"], name="if0", then_branch=then_g, else_branch=else_g
+            ),
             helper.make_node("Loop", ["trip", "", "branch_y"], ["loop_y"], name="loop0", body=body),
         ],
         "main",
@@ -71,8 +90,11 @@ def _if_loop_model() -> onnx.ModelProto:
             helper.make_tensor_value_info("trip", TensorProto.INT64, []),
         ],
         [helper.make_tensor_value_info("loop_y", TensorProto.FLOAT, ["N", C, "T"])],
-        [_w("W_outer"), numpy_helper.from_array(RNG.standard_normal(C).astype(np.float32), "B_outer"),
-         _w("W_loop")],
+        [
+            _w("W_outer"),
+            numpy_helper.from_array(RNG.standard_normal(C).astype(np.float32), "B_outer"),
+            _w("W_loop"),
+        ],
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
@@ -104,11 +126,13 @@ def test_convs_in_if_and_loop_bodies_are_converted() -> None:
     for cond in (True, False):
         for trip in (0, 1, 3):
             for batch, length in ((1, 5), (2, 17), (3, 64)):
-                feeds.append({
-                    "x": RNG.standard_normal((batch, C, length)).astype(np.float32),
-                    "cond": np.array(cond),
-                    "trip": np.array(trip, dtype=np.int64),
-                })
+                feeds.append(
+                    {
+                        "x": RNG.standard_normal((batch, C, length)).astype(np.float32),
+                        "cond": np.array(cond),
+                        "trip": np.array(trip, dtype=np.int64),
+                    }
+                )
     assert_equivalent(original, rewritten, feeds)
 
 
@@ -120,8 +144,14 @@ def test_generated_names_do_not_collide_with_subgraph_names() -> None:
     then_g.output[0].name = "W_outer_matmul"
     rewritten, _ = convert(original)
     onnx.checker.check_model(rewritten, full_check=True)
-    feeds = [{"x": RNG.standard_normal((2, C, 9)).astype(np.float32), "cond": np.array(c),
-              "trip": np.array(2, dtype=np.int64)} for c in (True, False)]
+    feeds = [
+        {
+            "x": RNG.standard_normal((2, C, 9)).astype(np.float32),
+            "cond": np.array(c),
+            "trip": np.array(2, dtype=np.int64),
+        }
+        for c in (True, False)
+    ]
     assert_equivalent(original, rewritten, feeds)
 
 

@@ -9,8 +9,8 @@ from onnx_conv2matmul.report import ConvEntry, ConvertReport, Status
 
 __all__ = [
     "CheckerError",
-    "ConvEntry",
     "Conv2MatMulError",
+    "ConvEntry",
     "ConvertOptions",
     "ConvertReport",
     "InputError",

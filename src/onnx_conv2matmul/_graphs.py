@@ -72,9 +72,7 @@ def default_opset(model: ir.Model) -> int | None:
 
 
 def count_op(model: ir.Model, op_type: str) -> int:
-    return sum(
-        1 for graph, _ in walk_graphs(model.graph) for node in graph if node.op_type == op_type
-    )
+    return sum(1 for graph, _ in walk_graphs(model.graph) for node in graph if node.op_type == op_type)
 
 
 def count_nodes(model: ir.Model) -> int:

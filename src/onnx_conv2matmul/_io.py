@@ -221,9 +221,9 @@ def stage_model(
                 size_threshold_bytes=INLINE_THRESHOLD_BYTES,
                 callback=callback,
             )
-            data_path: str | None = os.path.join(directory, data_name)
-            if not os.path.exists(data_path):  # every tensor was small enough to stay inline
-                data_path = None
+            staged_data = os.path.join(directory, data_name)
+            # No data file when every tensor was small enough to stay inline.
+            data_path: str | None = staged_data if os.path.exists(staged_data) else None
         else:
             ir.save(model, onnx_path)
             data_path = None

@@ -20,9 +20,7 @@ from onnx_conv2matmul.report import ConvEntry, Status
 _OTHER_CONV_OPS = frozenset(
     {"ConvInteger", "QLinearConv", "FusedConv", "NhwcConv", "NhwcFusedConv", "QLinearConvTranspose"}
 )
-_FLOAT_TYPES = frozenset(
-    {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE, ir.DataType.BFLOAT16}
-)
+_FLOAT_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE, ir.DataType.BFLOAT16})
 _AUTO_PADS = frozenset({"NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER"})
 
 # Opsets the emitted ops need.
@@ -135,7 +133,7 @@ def _plan(
     if found is None:
         raise _Skip(SkipReason.WEIGHT_NOT_CONSTANT, f"weight {weight.name!r} is computed at run time")
     tensor, constant_node = found
-    shape = [int(d) for d in tensor.shape.dims]
+    shape = [int(d) for d in tensor.shape.numpy()]
     entry.weight_shape = shape
     entry.weight_dtype = tensor.dtype.name
     entry.params = math.prod(shape)
@@ -252,6 +250,6 @@ def _check_shapes(node: ir.Node, weight_shape: list[int]) -> None:
     found = constant_tensor(bias)
     bias_shape = list(found[0].shape.dims) if found is not None else None
     if bias_shape is None and bias.shape is not None and bias.shape.is_static():
-        bias_shape = [int(d) for d in bias.shape.dims]
+        bias_shape = [int(d) for d in bias.shape.numpy()]
     if bias_shape is not None and bias_shape != [out_channels]:
         raise _Skip(SkipReason.INVALID_ATTRIBUTES, f"bias shape {bias_shape} != [{out_channels}]")

@@ -38,9 +38,7 @@ def _convert_ir(model: ir.Model, options: ConvertOptions) -> ConvertReport:
 
 
 @overload
-def convert(
-    model: ir.Model, options: ConvertOptions | None = None
-) -> tuple[ir.Model, ConvertReport]: ...
+def convert(model: ir.Model, options: ConvertOptions | None = None) -> tuple[ir.Model, ConvertReport]: ...
 @overload
 def convert(
     model: onnx.ModelProto, options: ConvertOptions | None = None
@@ -114,12 +112,9 @@ def convert_file(
     if run_checker:
         start = time.perf_counter()
         try:
-            _io.run_checker(src)
+            _io.run_checker(src, "the input")
         except CheckerError as err:
-            raise InputError(
-                f"the input fails the ONNX checker ({err.__cause__ or err}); "
-                "--skip-checker rewrites it anyway"
-            ) from err
+            raise InputError(f"{err} (--skip-checker rewrites it anyway)") from err
         timings["checker_input"] = time.perf_counter() - start
 
     start = time.perf_counter()

@@ -32,7 +32,9 @@ def cancel_transposes(model: ir.Model, ours: set[int] | None = None) -> int:
             if node.graph is not graph or not _is_transpose(node):
                 continue
             inner_out = node.inputs[0]
-            inner = inner_out.producer() if inner_out is not None else None
+            if inner_out is None:
+                continue
+            inner = inner_out.producer()
             if inner is None or not _is_transpose(inner):
                 continue
             outer_perm, inner_perm = _perm(node), _perm(inner)

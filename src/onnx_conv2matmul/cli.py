@@ -57,6 +57,8 @@ def _errors() -> Iterator[None]:
     """Map errors to one line on stderr and an exit code; never a traceback."""
     try:
         yield
+    except click.ClickException as err:
+        _fail(err.format_message(), EXIT_USAGE)
     except (InputError, ModelRunError) as err:
         _fail(str(err), EXIT_USAGE)
     except CheckerError as err:
@@ -98,8 +100,12 @@ def _progress_factory(console: Console, enabled: bool) -> Callable[[str], Any]:
     if not enabled or not console.is_terminal:
         return lambda _label: None
     progress = Progress(
-        TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),
-        console=console, transient=True,
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TaskProgressColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
     )
 
     def make(label: str) -> Callable[[int, int], None]:
@@ -149,29 +155,72 @@ def _parse_lengths(_ctx: click.Context, _param: click.Parameter, value: str) -> 
 
 
 _VERIFY_OPTIONS = [
-    click.option("--verify-deterministic-cpu", is_flag=True,
-                 help="One thread, sequential execution, deterministic compute."),
-    click.option("--verify-lengths", default=",".join(map(str, DEFAULT_LENGTHS)),
-                 callback=_parse_lengths, show_default=True,
-                 help="Values each symbolic non-batch dim takes in turn."),
-    click.option("--verify-batch", type=click.IntRange(min=1), default=1, show_default=True,
-                 help="Value of the batch dim (the first symbolic dim of each input)."),
+    click.option(
+        "--verify-deterministic-cpu",
+        is_flag=True,
+        help="One thread, sequential execution, deterministic compute.",
+    ),
+    click.option(
+        "--verify-lengths",
+        default=",".join(map(str, DEFAULT_LENGTHS)),
+        callback=_parse_lengths,
+        show_default=True,
+        help="Values each symbolic non-batch dim takes in turn.",
+    ),
+    click.option(
+        "--verify-batch",
+        type=click.IntRange(min=1),
+        default=1,
+        show_default=True,
+        help="Value of the batch dim (the first symbolic dim of each input).",
+    ),
     click.option("--verify-signal-input-name", default=None, help="Main signal input (random)."),
-    click.option("--verify-length-input-name", default=None,
-                 help="Input that gets the sequence length per batch row."),
-    click.option("--verify-output-index", type=click.IntRange(min=0), default=None,
-                 help="Compare only this output (with --verify-length-output-index)."),
-    click.option("--verify-length-output-index", type=click.IntRange(min=0), default=None,
-                 help="Also compare this (length) output; integer outputs must match exactly."),
+    click.option(
+        "--verify-length-input-name",
+        default=None,
+        help="Input that gets the sequence length per batch row.",
+    ),
+    click.option(
+        "--verify-output-index",
+        type=click.IntRange(min=0),
+        default=None,
+        help="Compare only this output (with --verify-length-output-index).",
+    ),
+    click.option(
+        "--verify-length-output-index",
+        type=click.IntRange(min=0),
+        default=None,
+        help="Also compare this (length) output; integer outputs must match exactly.",
+    ),
     click.option("--verify-seed", type=int, default=0, show_default=True),
-    click.option("--verify-max-abs", type=click.FloatRange(min=0), default=DEFAULT_MAX_ABS,
-                 show_default=True, help="Max scaled absolute difference."),
-    click.option("--verify-mean-abs", type=click.FloatRange(min=0), default=DEFAULT_MEAN_ABS,
-                 show_default=True, help="Max mean scaled absolute difference."),
-    click.option("--verify-input", "verify_inputs", multiple=True, metavar="NAME=VALUE",
-                 help="Fill an input with a value (e.g. sr=16000). Repeatable."),
-    click.option("--verify-dim", "verify_dims", multiple=True, metavar="NAME=VALUE",
-                 help="Fix a symbolic dim (e.g. batch=2). Repeatable."),
+    click.option(
+        "--verify-max-abs",
+        type=click.FloatRange(min=0),
+        default=DEFAULT_MAX_ABS,
+        show_default=True,
+        help="Max scaled absolute difference.",
+    ),
+    click.option(
+        "--verify-mean-abs",
+        type=click.FloatRange(min=0),
+        default=DEFAULT_MEAN_ABS,
+        show_default=True,
+        help="Max mean scaled absolute difference.",
+    ),
+    click.option(
+        "--verify-input",
+        "verify_inputs",
+        multiple=True,
+        metavar="NAME=VALUE",
+        help="Fill an input with a value (e.g. sr=16000). Repeatable.",
+    ),
+    click.option(
+        "--verify-dim",
+        "verify_dims",
+        multiple=True,
+        metavar="NAME=VALUE",
+        help="Fix a symbolic dim (e.g. batch=2). Repeatable.",
+    ),
 ]
 
 
@@ -186,6 +235,15 @@ def _build_verify_options(kwargs: dict[str, Any], min_cosine: float | None = Non
     picked = [kwargs["verify_output_index"], kwargs["verify_length_output_index"]]
     if any(i is not None for i in picked):
         indices = tuple(i for i in picked if i is not None)
+    try:
+        return _verify_options_from(kwargs, indices, min_cosine)
+    except ValueError as err:
+        raise InputError(str(err)) from err
+
+
+def _verify_options_from(
+    kwargs: dict[str, Any], indices: tuple[int, ...] | None, min_cosine: float | None
+) -> VerifyOptions:
     return VerifyOptions(
         lengths=kwargs["verify_lengths"],
         batch=kwargs["verify_batch"],
@@ -206,20 +264,37 @@ def _build_verify_options(kwargs: dict[str, Any], min_cosine: float | None = Non
 @click.argument("input_path", metavar="INPUT", type=click.Path(dir_okay=True))
 @click.argument("output_path", metavar="[OUTPUT]", required=False, type=click.Path())
 @click.option("--inplace", is_flag=True, help="Replace INPUT (atomically) instead of writing OUTPUT.")
-@click.option("--extended-conv1x1", "extended", is_flag=True,
-              help="Also rewrite convs with pads, strides > 1 or auto_pad (emits Pad/Slice).")
+@click.option(
+    "--extended-conv1x1",
+    "extended",
+    is_flag=True,
+    help="Also rewrite convs with pads, strides > 1 or auto_pad (emits Pad/Slice).",
+)
 @click.option("--allow-non-unit-dilation", is_flag=True, help="Also rewrite convs with dilations > 1.")
-@click.option("--max-dilation", type=click.IntRange(min=1), default=None,
-              help="With --allow-non-unit-dilation, skip convs whose dilation is above N.")
+@click.option(
+    "--max-dilation",
+    type=click.IntRange(min=1),
+    default=None,
+    help="With --allow-non-unit-dilation, skip convs whose dilation is above N.",
+)
 @click.option("--skip-checker", is_flag=True, help="Do not run the ONNX checker on input and output.")
-@click.option("--report-json", "report_json", type=click.Path(dir_okay=False),
-              help="Write the JSON report to this file.")
-@click.option("--report-json-stdout", is_flag=True,
-              help="Print the JSON report on stdout and nothing else.")
-@click.option("--verify", is_flag=True,
-              help="Prove the output equal to the input in onnxruntime before writing it.")
-@click.option("--keep-on-failure", is_flag=True,
-              help="When verification fails, keep the output in OUTPUT.verify-failed/.")
+@click.option(
+    "--report-json",
+    "report_json",
+    type=click.Path(dir_okay=False),
+    help="Write the JSON report to this file.",
+)
+@click.option("--report-json-stdout", is_flag=True, help="Print the JSON report on stdout and nothing else.")
+@click.option(
+    "--verify",
+    is_flag=True,
+    help="Prove the output equal to the input in onnxruntime before writing it.",
+)
+@click.option(
+    "--keep-on-failure",
+    is_flag=True,
+    help="When verification fails, keep the output in OUTPUT.verify-failed/.",
+)
 @verify_options
 @click.option("-q", "--quiet", is_flag=True, help="No tables or progress on stderr.")
 def convert_command(
@@ -239,8 +314,8 @@ def convert_command(
 ) -> None:
     """Rewrite INPUT into OUTPUT (or INPUT itself with --inplace)."""
     console = _stderr_console(quiet)
-    verify_opts = _build_verify_options(verify_kwargs) if verify else None
     with _errors():
+        verify_opts = _build_verify_options(verify_kwargs) if verify else None
         options = ConvertOptions(
             extended=extended,
             allow_non_unit_dilation=allow_non_unit_dilation,
@@ -275,10 +350,18 @@ def convert_command(
 @click.argument("candidate", type=click.Path())
 @verify_options
 @click.option("--cosine", is_flag=True, help="Also print the cosine similarity per output.")
-@click.option("--min-cosine", type=click.FloatRange(-1, 1), default=None,
-              help="Pass when every float output's cosine similarity is at least X (quantized models).")
-@click.option("--report-json", "report_json", type=click.Path(dir_okay=False),
-              help="Write the verification report to this file.")
+@click.option(
+    "--min-cosine",
+    type=click.FloatRange(-1, 1),
+    default=None,
+    help="Pass when every float output's cosine similarity is at least X (quantized models).",
+)
+@click.option(
+    "--report-json",
+    "report_json",
+    type=click.Path(dir_okay=False),
+    help="Write the verification report to this file.",
+)
 @click.option("--report-json-stdout", is_flag=True, help="Print the JSON report on stdout only.")
 @click.option("-q", "--quiet", is_flag=True, help="No tables on stderr.")
 def verify_command(
@@ -300,13 +383,14 @@ def verify_command(
         if report_json is not None:
             _io.check_output_path(report_json, what="report")
         result = verify_models(original, candidate, options)
-        data = {"tool": "onnx-conv2matmul", "version": __version__, "verification": result.to_dict()}
+        verification = result.to_dict()
+        data = {"tool": "onnx-conv2matmul", "version": __version__, "verification": verification}
         text = render.dump(data)
         if report_json is not None:
             write_text_atomic(report_json, text + "\n")
         if report_json_stdout:
             click.echo(text)
-        render.print_verification(console, data["verification"], cosine=cosine)
+        render.print_verification(console, verification, cosine=cosine)
     sys.exit(result.return_code)
 
 

@@ -60,9 +60,7 @@ def summary_table(report: ConvertReport) -> Table:
 
 
 def skipped_table(report: ConvertReport) -> Table | None:
-    interesting = [
-        e for e in report.skipped if e.reason is not SkipReason.KERNEL_NOT_POINTWISE
-    ]
+    interesting = [e for e in report.skipped if e.reason is not SkipReason.KERNEL_NOT_POINTWISE]
     if not interesting:
         return None
     table = Table(title="Pointwise candidates left untouched", title_justify="left")
@@ -93,7 +91,8 @@ def print_convert_report(console: Console, report: ConvertReport) -> None:
     if failed:
         lines.append(
             f"Verification failed: output kept for inspection at {report.output_path}"
-            if report.output_path else "Verification failed: nothing was written."
+            if report.output_path
+            else "Verification failed: nothing was written."
         )
     elif report.output_path is not None:
         lines.append(
@@ -128,8 +127,9 @@ def verification_table(verification: dict[str, Any], *, cosine: bool = False) ->
         title = f"Verification: cosine >= {criterion['min_cosine']}"
         cosine = True
     else:
-        title = (f"Verification: scaled max_abs <= {criterion['max_abs']:g},"
-                 f" mean_abs <= {criterion['mean_abs']:g}")
+        title = (
+            f"Verification: scaled max_abs <= {criterion['max_abs']:g}, mean_abs <= {criterion['mean_abs']:g}"
+        )
     table = Table(title=title, title_justify="left")
     columns = ["length", "output", "shape", "max |ref|", "max_abs", "mean_abs", "rel_err"]
     if cosine:
@@ -138,8 +138,15 @@ def verification_table(verification: dict[str, Any], *, cosine: bool = False) ->
     for column in columns:
         table.add_column(column, justify="left" if column in ("output", "shape", "result") else "right")
     for r in verification["results"]:
-        row = [str(r["length"]), r["output"], "x".join(map(str, r["shape"])), _fmt(r["max_ref"]),
-               _fmt(r["max_abs"]), _fmt(r["mean_abs"]), _fmt(r["rel_err"])]
+        row = [
+            str(r["length"]),
+            r["output"],
+            "x".join(map(str, r["shape"])),
+            _fmt(r["max_ref"]),
+            _fmt(r["max_abs"]),
+            _fmt(r["mean_abs"]),
+            _fmt(r["rel_err"]),
+        ]
         if cosine:
             row.append("-" if r["cosine"] is None else f"{r['cosine']:.6f}")
         row.append("[green]ok[/green]" if r["passed"] else f"[red]FAIL[/red] {escape(r['note'])}")
@@ -161,6 +168,7 @@ def print_verification(console: Console, verification: dict[str, Any], *, cosine
                 f"First failure: output {worst['output']!r} at length {worst['length']}:"
                 f" max_abs {_fmt(worst['max_abs'])}, mean_abs {_fmt(worst['mean_abs'])},"
                 f" rel_err {_fmt(worst['rel_err'])} {escape(worst['note'])}",
-                highlight=False, soft_wrap=True,
+                highlight=False,
+                soft_wrap=True,
             )
         console.print("[bold red]Verification FAILED[/bold red]")

@@ -22,7 +22,7 @@ _INT64_MAX = np.iinfo(np.int64).max
 
 
 def _transposed_weight(tensor: ir.TensorProtocol, name: str) -> ir.LazyTensor:
-    out_channels, in_channels = int(tensor.shape[0]), int(tensor.shape[1])
+    out_channels, in_channels = (int(d) for d in tensor.shape.numpy()[:2])
 
     def materialize() -> ir.TensorProtocol:
         array = tensor.numpy().reshape(out_channels, in_channels)
@@ -51,7 +51,7 @@ class Rewriter:
         value = ir.Value(
             name=name,
             type=ir.TensorType(plan.weight_tensor.dtype),
-            shape=ir.Shape([int(plan.weight_tensor.shape[1]), int(plan.weight_tensor.shape[0])]),
+            shape=ir.Shape([int(d) for d in plan.weight_tensor.shape.numpy()[1::-1]]),
             const_value=_transposed_weight(plan.weight_tensor, name),
         )
         plan.weight_owner.register_initializer(value)
@@ -63,7 +63,13 @@ class Rewriter:
         name = self._names.new(f"{base}/{what}")
         tensor = ir.tensor(np.array(values, dtype=np.int64), name=name)
         out = ir.Value(name=name, type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([len(values)]))
-        return ir.node("Constant", [], {"value": tensor}, outputs=[out], name=self._names.new(f"{base}/{what}_const"))
+        return ir.node(
+            "Constant",
+            [],
+            {"value": tensor},
+            outputs=[out],
+            name=self._names.new(f"{base}/{what}_const"),
+        )
 
     def apply(self, plan: Plan) -> None:
         node = plan.node

@@ -148,8 +148,14 @@ class VerifyReport:
             "inputs": self.inputs,
             "results": [r.to_dict() for r in self.results],
             "failures": [
-                {"output": r.output, "length": r.length, "max_abs": r.max_abs,
-                 "mean_abs": r.mean_abs, "rel_err": r.rel_err, "note": r.note}
+                {
+                    "output": r.output,
+                    "length": r.length,
+                    "max_abs": r.max_abs,
+                    "mean_abs": r.mean_abs,
+                    "rel_err": r.rel_err,
+                    "note": r.note,
+                }
                 for r in self.failures
             ],
         }
@@ -265,11 +271,10 @@ def _run_all(
     except Exception as err:
         raise ModelRunError(f"onnxruntime cannot load the {label} model: {_first_line(err)}") from err
     own_specs = _specs(session)
-    if specs is not None:
-        theirs = [(s.name, np.dtype(s.dtype).name) for s in specs]
-        ours = [(s.name, np.dtype(s.dtype).name) for s in own_specs]
-        if sorted(theirs) != sorted(ours):
-            raise InputError(f"the two models have different inputs: {theirs} vs {ours}")
+    if specs is not None and not _same_signature(specs, own_specs):
+        raise InputError(
+            f"the two models have different inputs: {_signature(specs)} vs {_signature(own_specs)}"
+        )
     use = specs or own_specs
     names = [o.name for o in session.get_outputs()]
     outputs: dict[int, list[np.ndarray]] = {}
@@ -289,6 +294,25 @@ def _run_all(
     return use, names, outputs, how
 
 
+def _signature(specs: Sequence[_InputSpec]) -> str:
+    return ", ".join(f"{s.name}: {np.dtype(s.dtype).name}{s.shape}" for s in specs)
+
+
+def _same_signature(a: Sequence[_InputSpec], b: Sequence[_InputSpec]) -> bool:
+    """Same names and types; same rank and the same value wherever both dims are static."""
+    by_name = {s.name: s for s in b}
+    if len(a) != len(b) or set(by_name) != {s.name for s in a}:
+        return False
+    for spec in a:
+        other = by_name[spec.name]
+        if np.dtype(spec.dtype) != np.dtype(other.dtype) or len(spec.shape) != len(other.shape):
+            return False
+        for x, y in zip(spec.shape, other.shape, strict=True):
+            if isinstance(x, int) and isinstance(y, int) and x > 0 and y > 0 and x != y:
+                return False
+    return True
+
+
 def _first_line(err: BaseException) -> str:
     text = str(err).strip()
     return text.splitlines()[0] if text else err.__class__.__name__
@@ -300,23 +324,43 @@ def compare_arrays(
     """Compare one output; the criterion depends on the options and the dtype."""
     if ref.shape != out.shape or ref.dtype != out.dtype:
         return OutputComparison(
-            length, name, str(ref.dtype), list(ref.shape), float("inf"), float("inf"),
-            float("inf"), None, 0.0, -1, False,
+            length,
+            name,
+            str(ref.dtype),
+            list(ref.shape),
+            float("inf"),
+            float("inf"),
+            float("inf"),
+            None,
+            0.0,
+            -1,
+            False,
             note=f"candidate gives {out.dtype}{list(out.shape)}, reference {ref.dtype}{list(ref.shape)}",
         )
     if not np.issubdtype(ref.dtype, np.floating):
         mismatches = int(np.count_nonzero(ref != out))
         diff = float(np.abs(ref.astype(np.float64) - out.astype(np.float64)).max(initial=0.0))
         return OutputComparison(
-            length, name, str(ref.dtype), list(ref.shape), diff, diff if mismatches else 0.0,
-            0.0 if mismatches == 0 else 1.0, None, 0.0, mismatches, mismatches == 0,
+            length,
+            name,
+            str(ref.dtype),
+            list(ref.shape),
+            diff,
+            diff if mismatches else 0.0,
+            0.0 if mismatches == 0 else 1.0,
+            None,
+            0.0,
+            mismatches,
+            mismatches == 0,
             note="" if mismatches == 0 else f"{mismatches} elements differ (exact match required)",
         )
     r = ref.astype(np.float64)
     o = out.astype(np.float64)
     finite = bool(np.isfinite(r).all() and np.isfinite(o).all())
-    same_nonfinite = bool(np.array_equal(~np.isfinite(r), ~np.isfinite(o)) and
-                          np.array_equal(r[~np.isfinite(r)], o[~np.isfinite(o)]))
+    same_nonfinite = bool(
+        np.array_equal(~np.isfinite(r), ~np.isfinite(o))
+        and np.array_equal(r[~np.isfinite(r)], o[~np.isfinite(o)])
+    )
     mask = np.isfinite(r) & np.isfinite(o)
     rf, of = r[mask], o[mask]
     max_ref = float(np.abs(rf).max(initial=0.0))
@@ -341,8 +385,18 @@ def compare_arrays(
     else:
         passed = max_abs <= options.max_abs and mean_abs <= options.mean_abs
     return OutputComparison(
-        length, name, str(ref.dtype), list(ref.shape), max_abs, mean_abs, rel_err, cosine,
-        max_ref, 0, passed, note,
+        length,
+        name,
+        str(ref.dtype),
+        list(ref.shape),
+        max_abs,
+        mean_abs,
+        rel_err,
+        cosine,
+        max_ref,
+        0,
+        passed,
+        note,
     )
 
 
@@ -360,10 +414,22 @@ def verify_models(original: str, candidate: str, options: VerifyOptions | None =
         _, cand_names, cand_outputs, _ = _run_all(candidate, "candidate", options, specs)
     except ModelRunError as err:
         report = VerifyReport(original, candidate, options, how)
-        report.results.append(OutputComparison(
-            0, "*", "", [], float("inf"), float("inf"), float("inf"), None, 0.0, -1, False,
-            note=str(err),
-        ))
+        report.results.append(
+            OutputComparison(
+                0,
+                "*",
+                "",
+                [],
+                float("inf"),
+                float("inf"),
+                float("inf"),
+                None,
+                0.0,
+                -1,
+                False,
+                note=str(err),
+            )
+        )
         return report
     if cand_names != names:
         raise InputError(f"the two models have different outputs: {names} vs {cand_names}")
@@ -374,8 +440,13 @@ def verify_models(original: str, candidate: str, options: VerifyOptions | None =
     report = VerifyReport(original, candidate, options, how)
     for length in options.lengths:
         for index in indices:
-            report.results.append(compare_arrays(
-                ref_outputs[length][index], cand_outputs[length][index], options,
-                length=length, name=names[index],
-            ))
+            report.results.append(
+                compare_arrays(
+                    ref_outputs[length][index],
+                    cand_outputs[length][index],
+                    options,
+                    length=length,
+                    name=names[index],
+                )
+            )
     return report

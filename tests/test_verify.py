@@ -1,0 +1,331 @@
+"""Verification: passes correct rewrites of any model, fails real differences, gates the output."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+from onnx import TensorProto, helper, numpy_helper
+
+from helpers import conv_model
+from onnx_conv2matmul import ConvertOptions, convert, convert_file
+from onnx_conv2matmul import rewrite as rewrite_mod
+from onnx_conv2matmul.cli import main
+from onnx_conv2matmul.verify import VerifyOptions, verify_models
+
+RNG = np.random.default_rng(5)
+EXTENDED = ConvertOptions(extended=True)
+
+
+def _save(model: onnx.ModelProto, path: Path) -> str:
+    onnx.save(model, path)
+    return str(path)
+
+
+def _invoke(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    return result.exit_code, result.stdout, result.stderr
+
+
+def _vad_model() -> onnx.ModelProto:
+    """audio [B, T] + state [2, B, 8] + sr scalar; an If on sr picks one of two pointwise convs."""
+
+    def branch(tag: str, scale: float) -> onnx.GraphProto:
+        w = numpy_helper.from_array((RNG.standard_normal((8, 4, 1)) * scale).astype(np.float32), f"w_{tag}")
+        return helper.make_graph(
+            [
+                helper.make_node("Constant", [], [f"w_{tag}_c"], value=w),
+                helper.make_node("Conv", ["feat", f"w_{tag}_c", "bias"], [f"y_{tag}"], name=f"conv_{tag}"),
+            ],
+            tag,
+            [],
+            [helper.make_tensor_value_info(f"y_{tag}", TensorProto.FLOAT, None)],
+        )
+
+    nodes = [
+        helper.make_node("Unsqueeze", ["audio", "axis1"], ["a3"]),
+        helper.make_node("Conv", ["a3", "w_front"], ["feat"], name="front", pads=[1, 1]),
+        helper.make_node("Equal", ["sr", "sr16k"], ["is16k"]),
+        helper.make_node(
+            "If",
+            ["is16k"],
+            ["y"],
+            name="rate_if",
+            then_branch=branch("then", 1.0),
+            else_branch=branch("else", 0.5),
+        ),
+        helper.make_node("ReduceMean", ["y", "axis2"], ["pooled"], keepdims=0),
+        helper.make_node("Gather", ["state", "zero"], ["s0"], axis=0),
+        helper.make_node("Add", ["pooled", "s0"], ["output"]),
+        helper.make_node("Add", ["state", "one"], ["stateN"]),
+    ]
+    inits = [
+        numpy_helper.from_array(np.array([1], np.int64), "axis1"),
+        numpy_helper.from_array(np.array([2], np.int64), "axis2"),
+        numpy_helper.from_array(RNG.standard_normal((4, 1, 3)).astype(np.float32), "w_front"),
+        numpy_helper.from_array(RNG.standard_normal(8).astype(np.float32), "bias"),
+        numpy_helper.from_array(np.array(16000, np.int64), "sr16k"),
+        numpy_helper.from_array(np.array(0, np.int64), "zero"),
+        numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "vad",
+        [
+            helper.make_tensor_value_info("audio", TensorProto.FLOAT, ["batch", "samples"]),
+            helper.make_tensor_value_info("state", TensorProto.FLOAT, [2, "batch", 8]),
+            helper.make_tensor_value_info("sr", TensorProto.INT64, []),
+        ],
+        [
+            helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", 8]),
+            helper.make_tensor_value_info("stateN", TensorProto.FLOAT, [2, "batch", 8]),
+        ],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def _deep_model(layers: int = 40, channels: int = 16) -> onnx.ModelProto:
+    """A residual stack of pointwise convs whose outputs reach about 10."""
+    nodes, inits = [], []
+    h = "x"
+    for i in range(layers):
+        w = (RNG.standard_normal((channels, channels, 1)) * 0.6 / np.sqrt(channels)).astype(np.float32)
+        inits.append(numpy_helper.from_array(w, f"w{i}"))
+        nodes.append(helper.make_node("Conv", [h, f"w{i}"], [f"c{i}"], name=f"pw{i}"))
+        nodes.append(helper.make_node("Add", [h, f"c{i}"], [f"h{i}"]))
+        h = f"h{i}"
+    nodes.append(helper.make_node("Identity", [h], ["y"]))
+    graph = helper.make_graph(
+        nodes,
+        "deep",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", channels, "T"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", channels, "T"])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("spatial", [1, 2, 3])
+def test_correct_rewrites_pass(tmp_path: Path, spatial: int) -> None:
+    src = _save(conv_model(spatial=spatial, attrs={"strides": [2] * spatial}), tmp_path / "m.onnx")
+    report = convert_file(
+        src, tmp_path / "o.onnx", EXTENDED, verify=VerifyOptions(lengths=(5, 16, 33), batch=2)
+    )
+    assert report.return_code == 0
+    verification = report.verification
+    assert verification is not None and verification["passed"]
+    assert {r["length"] for r in verification["results"]} == {5, 16, 33}
+    assert all(r["shape"][0] == 2 for r in verification["results"])
+
+
+def test_several_inputs_state_and_sample_rate(tmp_path: Path) -> None:
+    original = _save(_vad_model(), tmp_path / "vad.onnx")
+    for sr in (16000, 8000):
+        out = tmp_path / f"vad_{sr}.onnx"
+        report = convert_file(
+            original,
+            out,
+            EXTENDED,
+            verify=VerifyOptions(inputs={"sr": sr}, lengths=(64, 100), batch=3),
+        )
+        assert report.return_code == 0, report.verification
+        assert len(report.converted) == 2  # the k=3 front conv stays
+        v = report.verification
+        assert v is not None
+        assert v["inputs"] == {
+            "audio": "standard normal",
+            "state": "zeros (state)",
+            "sr": f"fixed {sr}",
+        }
+        assert [r["output"] for r in v["results"]][:2] == ["output", "stateN"]
+
+
+def test_fp16(tmp_path: Path) -> None:
+    src = _save(conv_model(spatial=2, dtype=TensorProto.FLOAT16), tmp_path / "m.onnx")
+    # fp16 rounding differs between Conv and MatMul: relax the thresholds to fp16 precision.
+    report = convert_file(
+        src, tmp_path / "o.onnx", verify=VerifyOptions(lengths=(8, 20), max_abs=2e-3, mean_abs=5e-4)
+    )
+    assert report.return_code == 0, report.verification
+
+
+def test_deep_model_with_large_outputs_passes(tmp_path: Path) -> None:
+    src = _save(_deep_model(), tmp_path / "deep.onnx")
+    report = convert_file(src, tmp_path / "o.onnx", verify=VerifyOptions(batch=2))
+    v = report.verification
+    assert v is not None and v["passed"], v
+    assert max(r["max_ref"] for r in v["results"]) > 8, "the model is meant to reach ~10"
+
+
+def _perturbed_candidate(tmp_path: Path, delta: str) -> tuple[str, str]:
+    original = _deep_model(layers=8)
+    src = _save(original, tmp_path / "deep.onnx")
+    rewritten, _ = convert(original)
+    init = next(t for t in rewritten.graph.initializer if t.name == "w3_matmul")
+    w = numpy_helper.to_array(init).copy()
+    if delta == "ulp":
+        w[0, 0] = np.nextafter(w[0, 0], np.float32(np.inf))
+    else:
+        w[0, 0] += np.float32(1e-2 * (w.max() - w.min()))
+    init.CopyFrom(numpy_helper.from_array(w, init.name))
+    return src, _save(rewritten, tmp_path / "cand.onnx")
+
+
+def test_weight_changed_by_one_percent_of_range_fails(tmp_path: Path) -> None:
+    src, cand = _perturbed_candidate(tmp_path, "1e-2")
+    report = verify_models(src, cand)
+    assert not report.passed
+    assert report.failures and report.failures[0].max_abs > 3e-5
+    code, _, stderr = _invoke("verify", src, cand)
+    assert code == 1 and "Verification FAILED" in stderr
+
+
+def test_weight_changed_by_one_ulp_passes(tmp_path: Path) -> None:
+    src, cand = _perturbed_candidate(tmp_path, "ulp")
+    assert verify_models(src, cand).passed
+    code, _, stderr = _invoke("verify", src, cand, "--cosine")
+    assert code == 0 and "Verification PASSED" in stderr and "cosine" in stderr
+
+
+def test_min_cosine_criterion(tmp_path: Path) -> None:
+    src, cand = _perturbed_candidate(tmp_path, "1e-2")
+    assert verify_models(src, cand, VerifyOptions(min_cosine=0.99)).passed
+    assert not verify_models(src, cand, VerifyOptions(min_cosine=0.9999999)).passed
+
+
+def test_integer_outputs_must_match_exactly(tmp_path: Path) -> None:
+    def model(offset: int) -> onnx.ModelProto:
+        graph = helper.make_graph(
+            [helper.make_node("Add", ["n", "k"], ["m"])],
+            "ints",
+            [helper.make_tensor_value_info("n", TensorProto.INT64, ["B"])],
+            [helper.make_tensor_value_info("m", TensorProto.INT64, ["B"])],
+            [numpy_helper.from_array(np.array(offset, np.int64), "k")],
+        )
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+    a, b = _save(model(0), tmp_path / "a.onnx"), _save(model(1), tmp_path / "b.onnx")
+    report = verify_models(a, b)
+    assert not report.passed and "exact" in report.failures[0].note
+    assert verify_models(a, a).passed
+
+
+def _break_rewrite(monkeypatch: pytest.MonkeyPatch) -> None:
+    original = rewrite_mod._transposed_weight
+
+    def wrong(tensor, name):  # type: ignore[no-untyped-def]
+        lazy = original(tensor, name)
+
+        def materialize():  # type: ignore[no-untyped-def]
+            array = lazy.numpy().copy()
+            array[0, 0] += np.float32(0.1)
+            return rewrite_mod.ir.tensor(array, name=name)
+
+        return rewrite_mod.ir.LazyTensor(materialize, dtype=lazy.dtype, shape=lazy.shape, name=name)
+
+    monkeypatch.setattr(rewrite_mod, "_transposed_weight", wrong)
+
+
+def test_failed_verification_writes_nothing_and_exits_1(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = _save(conv_model(spatial=1), tmp_path / "m.onnx")
+    out = tmp_path / "o.onnx"
+    report_path = tmp_path / "r.json"
+    _break_rewrite(monkeypatch)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    code, _stdout, stderr = _invoke(src, str(out), "--verify", "--report-json", str(report_path))
+    assert code == 1
+    assert "Verification FAILED" in stderr and "nothing was written" in stderr
+    data = json.loads(report_path.read_text())
+    assert data["verification"]["passed"] is False
+    failure = data["verification"]["failures"][0]
+    assert failure["output"] == "y" and failure["length"] == 64 and failure["max_abs"] > 3e-5
+    assert data["output"] is None and data["return_code"] == 1
+    after = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.name != "r.json"}
+    assert after == before
+
+    # --inplace: the original stays as it was.
+    code, _, _ = _invoke(src, "--inplace", "--verify", "-q")
+    assert code == 1
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.name != "r.json"} == before
+
+    # --keep-on-failure keeps the output aside, never at the target.
+    code, _, stderr = _invoke(src, str(out), "--verify", "--keep-on-failure")
+    assert code == 1 and not out.exists()
+    kept = tmp_path / "o.onnx.verify-failed" / "o.onnx"
+    assert kept.exists() and "kept for inspection" in stderr
+    onnx.checker.check_model(str(kept))
+
+
+def test_inplace_verify_compares_against_the_original(tmp_path: Path) -> None:
+    src = tmp_path / "m.onnx"
+    _save(conv_model(spatial=2, attrs={"pads": [1, 1, 0, 0]}), src)
+    code, _, stderr = _invoke(
+        str(src),
+        "--inplace",
+        "--extended-conv1x1",
+        "--verify",
+        "--verify-lengths",
+        "4,9",
+        "--verify-batch",
+        "2",
+    )
+    assert code == 0 and "Verification PASSED" in stderr
+    model = onnx.load(src)
+    onnx.checker.check_model(model)
+    assert "Conv" not in [n.op_type for n in model.graph.node]
+
+
+def test_cli_verify_options_and_exit_2(tmp_path: Path) -> None:
+    src = _save(_vad_model(), tmp_path / "vad.onnx")
+    out = str(tmp_path / "o.onnx")
+    code, stdout, stderr = _invoke(
+        src,
+        out,
+        "--extended-conv1x1",
+        "--verify",
+        "--verify-input",
+        "sr=8000",
+        "--verify-dim",
+        "samples=50",
+        "--verify-batch",
+        "2",
+        "--verify-seed",
+        "3",
+        "--verify-output-index",
+        "0",
+        "--verify-deterministic-cpu",
+        "--report-json-stdout",
+    )
+    assert code == 0, stderr
+    v = json.loads(stdout)["verification"]
+    assert {r["output"] for r in v["results"]} == {"output"}
+    assert v["options"]["dims"] == {"samples": 50} and v["options"]["deterministic"] is True
+    # A bad option value or inputs the original cannot run on: exit 2, nothing written.
+    k3 = _save(conv_model(spatial=1, kernel=[3]), tmp_path / "k3.onnx")
+    for model, args, message in (
+        (src, ["--verify-lengths", "a,b"], "comma-separated"),
+        (src, ["--verify-input", "sr"], "NAME=VALUE"),
+        (src, ["--verify-dim", "samples=0"], "must be >= 1"),
+        (k3, ["--verify-lengths", "1"], "cannot run the original model at length 1"),
+    ):
+        code, _, stderr = _invoke(model, str(tmp_path / "x.onnx"), "--verify", *args)
+        assert code == 2, (args, stderr)
+        assert message in stderr
+        assert "Traceback" not in stderr
+        assert not (tmp_path / "x.onnx").exists()
+
+
+def test_verify_command_rejects_mismatched_models(tmp_path: Path) -> None:
+    a = _save(conv_model(spatial=1), tmp_path / "a.onnx")
+    b = _save(_deep_model(layers=1), tmp_path / "b.onnx")
+    code, _, stderr = _invoke("verify", a, b)
+    assert code == 2 and "different" in stderr
+    code, _, stderr = _invoke("verify", a, str(tmp_path / "missing.onnx"))
+    assert code == 2 and "not found" in stderr
