@@ -6,9 +6,9 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from helpers import all_nodes, assert_equivalent, assert_matmul_weights_2d, session
 from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
+from helpers import all_nodes, assert_equivalent, assert_matmul_weights_2d, session
 from onnx_conv2matmul import ConvertOptions, SkipReason, Status, convert, convert_file
 from onnx_conv2matmul.verify import VerifyOptions
 
@@ -93,7 +93,7 @@ def test_convert_file_verifies_at_several_lengths_and_batches(tmp_path: Path) ->
 
 def test_quantizer_takes_every_linear_and_pointwise_conv() -> None:
     original = onnx.load(MODEL)
-    rewritten, report = convert(original, ConvertOptions(extended=True))
+    rewritten, _report = convert(original, ConvertOptions(extended=True))
     initializers = {t.name for t in rewritten.graph.initializer}
     constant_matmuls = sum(
         1 for n in all_nodes(rewritten.graph) if n.op_type == "MatMul" and n.input[1] in initializers
