@@ -122,12 +122,7 @@ def _plan(
     if len(node.inputs) < 2 or node.inputs[1] is None or node.inputs[0] is None:
         raise _Skip(SkipReason.INVALID_ATTRIBUTES, "Conv without input or weight")
     weight = node.inputs[1]
-    if weight.is_graph_input():
-        if weight.is_initializer():
-            raise _Skip(
-                SkipReason.WEIGHT_OVERRIDABLE,
-                f"weight {weight.name!r} is an initializer that is also a graph input",
-            )
+    if weight.is_graph_input() and not weight.is_initializer():
         raise _Skip(SkipReason.WEIGHT_NOT_CONSTANT, f"weight {weight.name!r} is a graph input")
     found = constant_tensor(weight)
     if found is None:
@@ -149,6 +144,11 @@ def _plan(
     group = node.attributes.get_int("group", 1)
     if group != 1:
         raise _Skip(SkipReason.GROUPED, f"group {group}")
+    if weight.is_graph_input():
+        raise _Skip(
+            SkipReason.WEIGHT_OVERRIDABLE,
+            f"weight {weight.name!r} is an initializer that is also a graph input",
+        )
 
     spatial = len(kernel)
     kernel_shape = _ints(node, "kernel_shape", kernel)

