@@ -129,3 +129,23 @@ def test_console_script_runs_as_a_process(model_path: Path, tmp_path: Path) -> N
     assert proc.returncode == 2
     assert proc.stdout == ""
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_progress_only_on_a_terminal_for_big_models(
+    model_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rich.console import Console
+
+    from onnx_conv2matmul import cli
+
+    terminal = Console(stderr=True, force_terminal=True)
+    pipe = Console(stderr=True, force_terminal=False)
+    assert cli._progress(terminal, str(model_path), quiet=False) is None, "small model: no bar"
+    monkeypatch.setattr(cli, "PROGRESS_MIN_BYTES", 1)
+    assert cli._progress(pipe, str(model_path), quiet=False) is None
+    assert cli._progress(terminal, str(model_path), quiet=True) is None
+    bar = cli._progress(terminal, str(model_path), quiet=False)
+    assert bar is not None
+    bar.phase("Saving")
+    bar.advance(1, 2)
+    bar.close()

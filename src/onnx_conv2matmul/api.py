@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import overload
+from typing import Protocol, overload
 
 import onnx
 import onnx_ir as ir
@@ -20,6 +20,27 @@ from onnx_conv2matmul.rewrite import Rewriter
 from onnx_conv2matmul.verify import VerifyOptions, verify_models
 
 FAILED_SUFFIX = ".verify-failed"
+
+
+class Progress(Protocol):
+    """Receives progress of long steps (the CLI draws it; the API is silent by default)."""
+
+    def phase(self, name: str) -> None: ...
+
+    def advance(self, done: int, total: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class NullProgress:
+    def phase(self, name: str) -> None:
+        pass
+
+    def advance(self, done: int, total: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def _convert_ir(model: ir.Model, options: ConvertOptions) -> ConvertReport:
@@ -84,7 +105,7 @@ def convert_file(
     run_checker: bool = True,
     verify: VerifyOptions | None = None,
     keep_on_failure: bool = False,
-    progress: _io.ProgressCallback | None = None,
+    progress: Progress | None = None,
 ) -> ConvertReport:
     """Rewrite the model at ``input_path`` and write it to ``output_path``.
 
@@ -103,13 +124,34 @@ def convert_file(
         ModelRunError: the input model cannot run on the synthesised inputs.
     """
     options = options or ConvertOptions()
+    progress = progress or NullProgress()
+    try:
+        return _convert_file(
+            input_path, output_path, options, inplace, run_checker, verify, keep_on_failure, progress
+        )
+    finally:
+        progress.close()
+
+
+def _convert_file(
+    input_path: str | os.PathLike[str],
+    output_path: str | os.PathLike[str] | None,
+    options: ConvertOptions,
+    inplace: bool,
+    run_checker: bool,
+    verify: VerifyOptions | None,
+    keep_on_failure: bool,
+    progress: Progress,
+) -> ConvertReport:
     src = os.fspath(input_path)
     dst = check_paths(src, os.fspath(output_path) if output_path is not None else None, inplace=inplace)
     timings: dict[str, float] = {}
     start = time.perf_counter()
+    progress.phase("Loading")
     loaded = _io.load_model(src)
     timings["load"] = time.perf_counter() - start
     if run_checker:
+        progress.phase("Checking the input")
         start = time.perf_counter()
         try:
             _io.run_checker(src, "the input")
@@ -118,14 +160,17 @@ def convert_file(
         timings["checker_input"] = time.perf_counter() - start
 
     start = time.perf_counter()
+    progress.phase("Rewriting")
     model, report = convert(loaded.model, options)
     timings["rewrite"] = time.perf_counter() - start
 
     external = loaded.has_external_data or _io.tensor_bytes(model) > _io.SINGLE_FILE_LIMIT_BYTES
     start = time.perf_counter()
-    with _io.stage_model(model, dst, external=external, progress=progress) as staged:
+    progress.phase("Saving")
+    with _io.stage_model(model, dst, external=external, progress=progress.advance) as staged:
         timings["save"] = time.perf_counter() - start
         if run_checker:
+            progress.phase("Checking the output")
             start = time.perf_counter()
             _io.run_checker(staged.onnx_path, "the rewritten model")
             timings["checker"] = time.perf_counter() - start
@@ -134,6 +179,7 @@ def convert_file(
             report.checker = "skipped"
         report.output_bytes = staged.size
         if verify is not None:
+            progress.phase("Verifying")
             start = time.perf_counter()
             result = verify_models(src, staged.onnx_path, verify)
             timings["verify"] = time.perf_counter() - start

@@ -29,6 +29,7 @@ from onnx_conv2matmul.verify import (
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+PROGRESS_MIN_BYTES = 100 * 2**20
 
 
 class _DefaultGroup(click.Group):
@@ -93,33 +94,53 @@ def write_text_atomic(path: str, text: str) -> None:
         raise
 
 
-def _progress_factory(console: Console, enabled: bool) -> Callable[[str], Any]:
-    """Build progress callbacks; a no-op unless stderr is a terminal."""
-    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+class _RichProgress:
+    """One bar on stderr whose label follows the phase; the save phase counts tensors."""
 
-    if not enabled or not console.is_terminal:
-        return lambda _label: None
-    progress = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TaskProgressColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-    )
+    def __init__(self, console: Console) -> None:
+        from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
-    def make(label: str) -> Callable[[int, int], None]:
-        task = progress.add_task(label, total=None)
-        progress.start()
+        self._progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TaskProgressColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        )
+        self._task = self._progress.add_task("Starting", total=None)
+        self._progress.start()
 
-        def update(done: int, total: int) -> None:
-            progress.update(task, completed=done, total=total)
-            if done >= total:
-                progress.stop()
+    def phase(self, name: str) -> None:
+        self._progress.update(self._task, description=name, total=None, completed=0)
 
-        return update
+    def advance(self, done: int, total: int) -> None:
+        self._progress.update(self._task, completed=done, total=total)
 
-    return make
+    def close(self) -> None:
+        self._progress.stop()
+
+
+def _progress(console: Console, input_path: str, quiet: bool) -> api.Progress | None:
+    """A progress bar for models above ~100 MB, only when stderr is a terminal."""
+    if quiet or not console.is_terminal or _model_bytes(input_path) < PROGRESS_MIN_BYTES:
+        return None
+    return _RichProgress(console)
+
+
+def _model_bytes(path: str) -> int:
+    """The .onnx file plus what lies beside it, counted until the threshold (a cheap estimate)."""
+    total = os.path.getsize(path)
+    if total >= PROGRESS_MIN_BYTES:
+        return total
+    # External data: one .data file or one file per tensor (legacy torch exporter).
+    with os.scandir(os.path.dirname(os.path.abspath(path))) as entries:
+        for entry in entries:
+            if entry.is_file() and not entry.name.endswith(".onnx"):
+                total += entry.stat().st_size
+                if total >= PROGRESS_MIN_BYTES:
+                    break
+    return total
 
 
 @click.group(cls=_DefaultGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -324,8 +345,6 @@ def convert_command(
         api.check_paths(input_path, output_path, inplace=inplace)
         if report_json is not None:
             _io.check_output_path(report_json, what="report")
-        big = os.path.getsize(input_path) > 100 * 2**20 or _has_big_neighbours(input_path)
-        progress = _progress_factory(console, enabled=big)
         report = api.convert_file(
             input_path,
             None if inplace else output_path,
@@ -334,7 +353,7 @@ def convert_command(
             run_checker=not skip_checker,
             verify=verify_opts,
             keep_on_failure=keep_on_failure,
-            progress=progress("Saving"),
+            progress=_progress(console, input_path, quiet),
         )
         text = render.report_json(report)
         if report_json is not None:
@@ -392,11 +411,6 @@ def verify_command(
             click.echo(text)
         render.print_verification(console, verification, cosine=cosine)
     sys.exit(result.return_code)
-
-
-def _has_big_neighbours(path: str) -> bool:
-    data = path + ".data"
-    return os.path.exists(data) and os.path.getsize(data) > 100 * 2**20
 
 
 if __name__ == "__main__":  # pragma: no cover

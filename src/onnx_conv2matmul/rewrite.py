@@ -25,8 +25,12 @@ def _transposed_weight(tensor: ir.TensorProtocol, name: str) -> ir.LazyTensor:
     out_channels, in_channels = (int(d) for d in tensor.shape.numpy()[:2])
 
     def materialize() -> ir.TensorProtocol:
-        array = tensor.numpy().reshape(out_channels, in_channels)
-        return ir.tensor(np.ascontiguousarray(array.T), name=name)
+        array = np.ascontiguousarray(tensor.numpy().reshape(out_channels, in_channels).T)
+        if isinstance(tensor, ir.ExternalTensor):
+            # Unmap the source so its pages stop counting towards this process's memory:
+            # weights are written one at a time and nothing is held after its write.
+            tensor.release()
+        return ir.tensor(array, name=name)
 
     return ir.LazyTensor(
         materialize, dtype=tensor.dtype, shape=ir.Shape([in_channels, out_channels]), name=name
