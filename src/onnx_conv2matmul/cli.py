@@ -413,5 +413,139 @@ def verify_command(
     sys.exit(result.return_code)
 
 
+@main.command("quantize")
+@click.argument("input_path", metavar="INPUT", type=click.Path())
+@click.argument("output_path", metavar="OUTPUT", type=click.Path())
+@click.option(
+    "--int8-dynamic",
+    is_flag=True,
+    help="onnxruntime's quantize_dynamic with int8 weights instead (decoder/joint).",
+)
+@click.option("--bits", type=click.Choice(["4", "8"]), default="4", show_default=True)
+@click.option("--block-size", type=int, default=64, show_default=True, help="Power of 2, >= 16.")
+@click.option("--symmetric/--asymmetric", default=False, show_default=True)
+@click.option("--accuracy-level", type=click.IntRange(0, 4), default=0, show_default=True)
+@click.option(
+    "--exclude",
+    multiple=True,
+    metavar="PATTERN",
+    help="Leave MatMul nodes whose name matches this glob in float. Repeatable.",
+)
+@click.option(
+    "--include",
+    multiple=True,
+    metavar="PATTERN",
+    help="Quantize only MatMul nodes whose name matches a glob. Repeatable.",
+)
+@click.option(
+    "--strict-conv1x1",
+    is_flag=True,
+    help="Rewrite only unit-stride, unpadded convs (extended mode is on by default here).",
+)
+@click.option("--no-dilation", is_flag=True, help="Do not rewrite convs with dilation > 1.")
+@click.option("--max-dilation", type=click.IntRange(min=1), default=None)
+@click.option(
+    "--min-cosine",
+    type=click.FloatRange(-1, 1),
+    default=None,
+    help="Fail (exit 1, nothing written) when an output's cosine similarity is below X.",
+)
+@click.option("--skip-checker", is_flag=True)
+@verify_options
+@click.option("--report-json", "report_json", type=click.Path(dir_okay=False))
+@click.option("--report-json-stdout", is_flag=True)
+@click.option("-q", "--quiet", is_flag=True)
+def quantize_command(
+    input_path: str,
+    output_path: str,
+    int8_dynamic: bool,
+    bits: str,
+    block_size: int,
+    symmetric: bool,
+    accuracy_level: int,
+    exclude: tuple[str, ...],
+    include: tuple[str, ...],
+    strict_conv1x1: bool,
+    no_dilation: bool,
+    max_dilation: int | None,
+    min_cosine: float | None,
+    skip_checker: bool,
+    report_json: str | None,
+    report_json_stdout: bool,
+    quiet: bool,
+    **verify_kwargs: Any,
+) -> None:
+    """Rewrite pointwise convs of INPUT, quantize it with onnxruntime, write OUTPUT.
+
+    Default: MatMulNBits, 4 bits, block 64, asymmetric, accuracy level 0. The result is
+    compared with INPUT on synthesised inputs (cosine similarity, relative error).
+    """
+    from onnx_conv2matmul.pipeline import quantize_file
+    from onnx_conv2matmul.quantize import QuantizeOptions
+
+    console = _stderr_console(quiet)
+    with _errors():
+        try:
+            q_options = QuantizeOptions(
+                bits=int(bits),
+                block_size=block_size,
+                symmetric=symmetric,
+                accuracy_level=accuracy_level,
+                exclude=exclude,
+                include=include,
+            )
+            c_options = ConvertOptions(
+                extended=not strict_conv1x1,
+                allow_non_unit_dilation=not no_dilation,
+                max_dilation=max_dilation,
+            )
+        except ValueError as err:
+            raise InputError(str(err)) from err
+        v_options = _build_verify_options(verify_kwargs, min_cosine)
+        if report_json is not None:
+            _io.check_output_path(report_json, what="report")
+        report = quantize_file(
+            input_path,
+            output_path,
+            convert_options=c_options,
+            quantize_options=q_options,
+            int8=int8_dynamic,
+            verify=v_options,
+            run_checker=not skip_checker,
+            progress=_progress(console, input_path, quiet) if os.path.isfile(input_path) else None,
+        )
+        data = report.to_dict()
+        text = render.dump(data)
+        if report_json is not None:
+            write_text_atomic(report_json, text + "\n")
+        if report_json_stdout:
+            click.echo(text)
+        render.print_quantize_report(console, data)
+    sys.exit(report.return_code)
+
+
+@main.command("bundle")
+@click.argument("directory", type=click.Path())
+@click.option("--report-json-stdout", is_flag=True, help="Print the sizes as JSON on stdout.")
+def bundle_command(directory: str, report_json_stdout: bool) -> None:
+    """List the models in DIRECTORY with their external data, sizes and the total."""
+    from onnx_conv2matmul.pipeline import bundle_sizes
+
+    console = _stderr_console(False)
+    with _errors():
+        models = bundle_sizes(directory)
+        if report_json_stdout:
+            click.echo(
+                render.dump(
+                    {
+                        "directory": directory,
+                        "models": [{"model": m, "bytes": b, "external_data": d} for m, b, d in models],
+                        "total_bytes": sum(b for _, b, _ in models),
+                    }
+                )
+            )
+        console.print(render.bundle_table(directory, models))
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from onnx_conv2matmul.reasons import SkipReason
 from onnx_conv2matmul.report import ConvertReport
+from onnx_conv2matmul.verify import REPORT_ONLY_COSINE
 
 MAX_SKIPPED_ROWS = 25
 
@@ -123,7 +124,10 @@ def _fmt(value: float | None) -> str:
 
 def verification_table(verification: dict[str, Any], *, cosine: bool = False) -> Table:
     criterion = verification["criterion"]
-    if "min_cosine" in criterion:
+    if criterion.get("min_cosine") == REPORT_ONLY_COSINE:
+        title = "Accuracy against the original (reported only: no --min-cosine)"
+        cosine = True
+    elif "min_cosine" in criterion:
         title = f"Verification: cosine >= {criterion['min_cosine']}"
         cosine = True
     else:
@@ -159,7 +163,9 @@ def print_verification(console: Console, verification: dict[str, Any], *, cosine
     inputs = ", ".join(f"{k}: {v}" for k, v in verification["inputs"].items())
     if inputs:
         console.print(f"Inputs: {inputs}", highlight=False, soft_wrap=True)
-    if verification["passed"]:
+    if verification["criterion"].get("min_cosine") == REPORT_ONLY_COSINE:
+        console.print("Accuracy measured; set --min-cosine to make it a pass/fail criterion.")
+    elif verification["passed"]:
         console.print("[bold green]Verification PASSED[/bold green]")
     else:
         worst = verification["failures"][0] if verification["failures"] else None
@@ -172,3 +178,50 @@ def print_verification(console: Console, verification: dict[str, Any], *, cosine
                 soft_wrap=True,
             )
         console.print("[bold red]Verification FAILED[/bold red]")
+
+
+def print_quantize_report(console: Console, data: dict[str, Any]) -> None:
+    """The quantize command's summary; ``data`` is ``QuantizeReport.to_dict()``."""
+    table = Table(title=f"Quantize ({data['mode']})", title_justify="left")
+    table.add_column("")
+    table.add_column("value", justify="right")
+    rewrite = data["rewrite"]
+    table.add_row("pointwise convs rewritten", f"{rewrite.get('converted', 0)} of {rewrite.get('convs', 0)}")
+    if data["mode"] == "matmul_nbits":
+        table.add_row("MatMul -> MatMulNBits", f"{data['quantized_nodes']} of {data['matmuls']}")
+        if data["excluded"]:
+            table.add_row("excluded by pattern", str(len(data["excluded"])))
+        before, after = data["weights_without_rewrite"], data["weights_with_rewrite"]
+        if before and after:
+            table.add_row("quantizable weight share without the rewrite", f"{before['share']:.1%}")
+            table.add_row("quantizable weight share with the rewrite", f"{after['share']:.1%}")
+    else:
+        table.add_row("int8 dynamic nodes", str(data["quantized_nodes"]))
+    files = data["files"]
+    table.add_row("size before", human_bytes(files["input_bytes"]))
+    ratio = f" ({files['ratio']:.3f}x)" if files["ratio"] else ""
+    table.add_row("size after", human_bytes(files["output_bytes"]) + ratio)
+    table.add_row("time", f"{data['seconds']:.1f} s")
+    table.add_row("peak memory (RSS)", human_bytes(data["peak_rss_bytes"]))
+    console.print(table)
+    verification = data["verification"]
+    if verification is not None:
+        print_verification(console, verification, cosine=True)
+    if data["output"]:
+        console.print(f"Wrote {data['output']}", highlight=False, soft_wrap=True)
+    else:
+        console.print("Accuracy below --min-cosine: nothing was written.", highlight=False)
+
+
+def bundle_table(directory: str, models: list[tuple[str, int, list[str]]]) -> Table:
+    table = Table(title=f"Bundle {directory}", title_justify="left")
+    table.add_column("model")
+    table.add_column("external data")
+    table.add_column("size", justify="right")
+    table.add_column("MB", justify="right")
+    for name, size, data in models:
+        shown = ", ".join(data[:3]) + (f" (+{len(data) - 3} files)" if len(data) > 3 else "")
+        table.add_row(name, shown or "-", human_bytes(size), f"{size / 1e6:.1f}")
+    total = sum(size for _, size, _ in models)
+    table.add_row("[bold]total[/bold]", "", human_bytes(total), f"{total / 1e6:.1f}")
+    return table

@@ -24,6 +24,8 @@ from onnx_conv2matmul.errors import Conv2MatMulError, InputError
 DEFAULT_LENGTHS = (64, 80, 97, 128, 191)
 DEFAULT_MAX_ABS = 3e-5
 DEFAULT_MEAN_ABS = 2e-6
+# Quantizing is lossy: without --min-cosine the quantize command measures and reports only.
+REPORT_ONLY_COSINE = -1.0
 
 _STATE_NAME = re.compile(r"(state|cache|hidden|memory|^h0?$|^c0?$|^h_|^c_)", re.IGNORECASE)
 _LENGTH_NAME = re.compile(r"(^|_)(len|length|lengths|seq_len|n_frames)s?($|_)", re.IGNORECASE)

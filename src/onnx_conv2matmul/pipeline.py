@@ -1,0 +1,255 @@
+"""The quantize workflow: rewrite, quantize with onnxruntime's tools, measure, publish.
+
+Same guarantees as the rewrite: paths are checked before heavy work, everything is
+written beside the destination and renamed into place only when every step passed
+(including ``--min-cosine``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import resource
+import shutil
+import tempfile
+import time
+from typing import Any
+
+import onnx_ir as ir
+
+from onnx_conv2matmul import _io
+from onnx_conv2matmul._version import __version__
+from onnx_conv2matmul.api import NullProgress, Progress, check_paths, convert
+from onnx_conv2matmul.errors import CheckerError, InputError
+from onnx_conv2matmul.options import ConvertOptions
+from onnx_conv2matmul.quantize import (
+    QuantizeOptions,
+    WeightStats,
+    count_op,
+    int8_dynamic,
+    quantize_matmul_nbits,
+    weight_stats,
+)
+
+# Quantizing is lossy: without --min-cosine the accuracy is measured and reported only.
+from onnx_conv2matmul.verify import REPORT_ONLY_COSINE, VerifyOptions, verify_models
+
+
+@dataclasses.dataclass
+class QuantizeReport:
+    """What ``quantize`` did, as data; ``return_code`` is the CLI's exit code."""
+
+    mode: str
+    input_path: str
+    output_path: str | None = None
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    rewrite: dict[str, Any] = dataclasses.field(default_factory=dict)
+    matmuls: int = 0
+    quantized_nodes: int = 0
+    excluded: list[str] = dataclasses.field(default_factory=list)
+    weights_without_rewrite: WeightStats | None = None
+    weights_with_rewrite: WeightStats | None = None
+    input_bytes: int = 0
+    output_bytes: int = 0
+    external_data: bool = False
+    seconds: float = 0.0
+    peak_rss_bytes: int = 0
+    verification: dict[str, Any] | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.verification is None or bool(self.verification["passed"])
+
+    @property
+    def return_code(self) -> int:
+        return 0 if self.passed else 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "tool": "onnx-conv2matmul",
+            "version": __version__,
+            "command": "quantize",
+            "mode": self.mode,
+            "input": self.input_path,
+            "output": self.output_path,
+            "options": self.options,
+            "rewrite": self.rewrite,
+            "matmuls": self.matmuls,
+            "quantized_nodes": self.quantized_nodes,
+            "excluded": self.excluded,
+            "weights_without_rewrite": (
+                self.weights_without_rewrite.to_dict() if self.weights_without_rewrite else None
+            ),
+            "weights_with_rewrite": (
+                self.weights_with_rewrite.to_dict() if self.weights_with_rewrite else None
+            ),
+            "files": {
+                "input_bytes": self.input_bytes,
+                "output_bytes": self.output_bytes,
+                "ratio": round(self.output_bytes / self.input_bytes, 4) if self.input_bytes else None,
+                "external_data": self.external_data,
+            },
+            "seconds": round(self.seconds, 2),
+            "peak_rss_bytes": self.peak_rss_bytes,
+            "verification": self.verification,
+            "return_code": self.return_code,
+        }
+
+
+def _peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def quantize_file(
+    input_path: str | os.PathLike[str],
+    output_path: str | os.PathLike[str],
+    *,
+    convert_options: ConvertOptions | None = None,
+    quantize_options: QuantizeOptions | None = None,
+    int8: bool = False,
+    verify: VerifyOptions | None = None,
+    run_checker: bool = True,
+    progress: Progress | None = None,
+) -> QuantizeReport:
+    """Rewrite pointwise convs, quantize, compare with the fp32 input, then publish.
+
+    ``verify`` holds the input synthesis and the pass criterion (``min_cosine``);
+    without one, accuracy is measured on default inputs and reported only.
+    """
+    started = time.perf_counter()
+    convert_options = convert_options or ConvertOptions(extended=True, allow_non_unit_dilation=True)
+    quantize_options = quantize_options or QuantizeOptions()
+    verify = verify or VerifyOptions(min_cosine=REPORT_ONLY_COSINE)
+    if verify.min_cosine is None:
+        verify = dataclasses.replace(verify, min_cosine=REPORT_ONLY_COSINE)
+    progress = progress or NullProgress()
+    src = os.fspath(input_path)
+    dst = check_paths(src, os.fspath(output_path), inplace=False)
+    report = QuantizeReport(
+        mode="int8_dynamic" if int8 else "matmul_nbits",
+        input_path=src,
+        options={
+            "rewrite": convert_options.to_dict(),
+            "quantize": {"int8_dynamic": True} if int8 else quantize_options.to_dict(),
+        },
+    )
+    try:
+        progress.phase("Loading")
+        loaded = _io.load_model(src)
+        report.input_bytes = loaded.total_bytes
+        if run_checker:
+            progress.phase("Checking the input")
+            try:
+                _io.run_checker(src, "the input")
+            except CheckerError as err:
+                raise InputError(f"{err} (--skip-checker quantizes it anyway)") from err
+        model = loaded.model
+        report.weights_without_rewrite = weight_stats(model)
+        progress.phase("Rewriting")
+        model, rewrite = convert(model, convert_options)
+        report.rewrite = rewrite.totals()
+        report.weights_with_rewrite = weight_stats(model)
+        external = loaded.has_external_data or _io.tensor_bytes(model) > _io.SINGLE_FILE_LIMIT_BYTES
+        if int8:
+            staged = _int8_staged(model, dst, external, progress, report)
+        else:
+            progress.phase("Quantizing")
+            result = quantize_matmul_nbits(model, quantize_options)
+            report.matmuls = result.matmuls
+            report.quantized_nodes = result.quantized
+            report.excluded = result.excluded
+            progress.phase("Saving")
+            staged = _io.stage_model(model, dst, external=external, progress=progress.advance)
+        del model, loaded
+        with staged:
+            report.external_data = staged.data_path is not None
+            report.output_bytes = staged.size
+            if run_checker:
+                progress.phase("Checking the output")
+                _io.run_checker(staged.onnx_path, "the quantized model")
+            progress.phase("Measuring accuracy")
+            result_v = verify_models(src, staged.onnx_path, verify)
+            result_v.candidate = dst
+            report.verification = result_v.to_dict()
+            if result_v.passed:
+                staged.publish()
+                report.output_path = dst
+    finally:
+        progress.close()
+    report.seconds = time.perf_counter() - started
+    report.peak_rss_bytes = _peak_rss_bytes()
+    return report
+
+
+def _int8_staged(
+    model: ir.Model, dst: str, external: bool, progress: Progress, report: QuantizeReport
+) -> _io.StagedOutput:
+    """Save the rewritten fp32 model aside, run ``quantize_dynamic`` into a staged output."""
+    progress.phase("Saving the rewritten model")
+    scratch = tempfile.mkdtemp(prefix=".int8.", dir=os.path.dirname(os.path.abspath(dst)))
+    try:
+        fp32 = _io.stage_model(model, os.path.join(scratch, "rewritten.onnx"), external=external)
+        progress.phase("Quantizing (int8 dynamic)")
+        directory = tempfile.mkdtemp(
+            prefix=f".{os.path.basename(dst)}.", suffix=".tmp", dir=os.path.dirname(os.path.abspath(dst))
+        )
+        out = os.path.join(directory, os.path.basename(dst))
+        try:
+            int8_dynamic(fp32.onnx_path, out, external_data=external)
+        except BaseException:
+            shutil.rmtree(directory, ignore_errors=True)
+            raise
+        data = out + ".data"
+        staged = _io.StagedOutput(dst, directory, out, data if os.path.exists(data) else None)
+        quantized = ir.load(out)
+        report.matmuls = count_op(model, "MatMul")
+        report.quantized_nodes = sum(
+            count_op(quantized, op) for op in ("MatMulInteger", "DynamicQuantizeLSTM", "ConvInteger")
+        )
+        return staged
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def bundle_sizes(directory: str) -> list[tuple[str, int, list[str]]]:
+    """Each model in ``directory``: (file name, bytes with its external data, data files)."""
+    if not os.path.isdir(directory):
+        raise InputError(f"not a directory: {directory}")
+    import onnx
+
+    models = []
+    for name in sorted(os.listdir(directory)):
+        path = os.path.join(directory, name)
+        if not name.endswith(".onnx") or not os.path.isfile(path):
+            continue
+        try:
+            proto = onnx.load(path, load_external_data=False)
+        except Exception as err:
+            raise InputError(f"not a valid ONNX file: {path}") from err
+        locations = set()
+        for graph, _ in _proto_graphs(proto.graph):
+            for tensor in graph.initializer:
+                for entry in tensor.external_data:
+                    if entry.key == "location":
+                        locations.add(entry.value)
+        size = os.path.getsize(path) + sum(
+            os.path.getsize(os.path.join(directory, loc))
+            for loc in locations
+            if os.path.exists(os.path.join(directory, loc))
+        )
+        models.append((name, size, sorted(locations)))
+    return models
+
+
+def _proto_graphs(graph: Any) -> list[tuple[Any, str]]:
+    import onnx
+
+    found = [(graph, "")]
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                found.extend(_proto_graphs(attr.g))
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    found.extend(_proto_graphs(sub))
+    return found

@@ -1,0 +1,270 @@
+"""Weight-only quantization with onnxruntime's own quantizers, one weight at a time.
+
+``MatMulNBitsQuantizer`` loads the whole model into protobuf (several times the model
+in memory for a 2.5 GB encoder). Here each MatMul is handed, with only its own weight,
+to the per-node quantizer that ``MatMulNBitsQuantizer`` itself uses
+(``DefaultWeightOnlyQuantizer.quantize``); the nodes and tensors it returns replace the
+MatMul in the onnx-ir model, and the fp32 weight is unmapped right after. Peak memory is
+the quantized model plus one fp32 weight. ``--int8-dynamic`` calls onnxruntime's
+``quantize_dynamic`` as is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fnmatch
+import logging
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import onnx
+import onnx_ir as ir
+
+from onnx_conv2matmul._graphs import NameAllocator, used_names, walk_graphs
+
+_FLOATS = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantizeOptions:
+    """MatMulNBits settings (onnxruntime's names in brackets).
+
+    Attributes:
+        bits: 4 or 8 (``bits``).
+        block_size: Power of 2, >= 16 (``block_size``).
+        symmetric: Symmetric quantization without zero points (``is_symmetric``).
+        accuracy_level: 0-4 (``accuracy_level``); 0 leaves the attribute out.
+        exclude: Glob patterns of MatMul node names to leave in float.
+        include: When given, only MatMul nodes matching one of these are quantized.
+    """
+
+    bits: int = 4
+    block_size: int = 64
+    symmetric: bool = False
+    accuracy_level: int = 0
+    exclude: tuple[str, ...] = ()
+    include: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.bits not in (4, 8):
+            raise ValueError(f"bits must be 4 or 8, got {self.bits}")
+        if self.block_size < 16 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block size must be a power of 2 >= 16, got {self.block_size}")
+        if not 0 <= self.accuracy_level <= 4:
+            raise ValueError(f"accuracy level must be 0-4, got {self.accuracy_level}")
+
+    def selects(self, name: str) -> bool:
+        if any(fnmatch.fnmatchcase(name, p) for p in self.exclude):
+            return False
+        return not self.include or any(fnmatch.fnmatchcase(name, p) for p in self.include)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["exclude"], data["include"] = list(self.exclude), list(self.include)
+        return data
+
+
+@dataclasses.dataclass
+class WeightStats:
+    """Weight bytes of a model and how many of them the MatMulNBits quantizer takes."""
+
+    total_bytes: int = 0
+    quantizable_bytes: int = 0
+    quantizable_matmuls: int = 0
+
+    @property
+    def share(self) -> float:
+        return self.quantizable_bytes / self.total_bytes if self.total_bytes else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "share": round(self.share, 4)}
+
+
+def _constant_2d_weight(node: ir.Node) -> ir.Value | None:
+    """Input B when it is what MatMulNBits takes: a 2-D float initializer, not a graph input."""
+    if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or len(node.inputs) != 2:
+        return None
+    b = node.inputs[1]
+    if b is None or not b.is_initializer() or b.is_graph_input() or b.const_value is None:
+        return None
+    tensor = b.const_value
+    if len(tensor.shape) != 2 or tensor.dtype not in _FLOATS:
+        return None
+    return b
+
+
+def weight_stats(model: ir.Model) -> WeightStats:
+    """Float weight bytes in every scope, and the share on MatMul input B (quantizable)."""
+    stats = WeightStats()
+    seen: set[int] = set()
+    for graph, _ in walk_graphs(model.graph):
+        for value in graph.initializers.values():
+            tensor = value.const_value
+            if tensor is not None and tensor.dtype.is_floating_point():
+                stats.total_bytes += int(tensor.nbytes)
+        for node in graph:
+            if node.op_type == "Constant" and "value" in node.attributes:
+                attr = node.attributes["value"]
+                if attr.type == ir.AttributeType.TENSOR and attr.as_tensor().dtype.is_floating_point():
+                    stats.total_bytes += int(attr.as_tensor().nbytes)
+            b = _constant_2d_weight(node)
+            if b is not None:
+                stats.quantizable_matmuls += 1
+                if id(b) not in seen:
+                    seen.add(id(b))
+                    stats.quantizable_bytes += int(b.const_value.nbytes)  # type: ignore[union-attr]
+    return stats
+
+
+@dataclasses.dataclass
+class NBitsResult:
+    quantized: int = 0
+    excluded: list[str] = dataclasses.field(default_factory=list)
+    matmuls: int = 0
+
+
+def quantize_matmul_nbits(model: ir.Model, options: QuantizeOptions) -> NBitsResult:
+    """Replace every selected MatMul with a constant 2-D weight by MatMulNBits, in place."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import (
+        DefaultWeightOnlyQuantConfig,
+        DefaultWeightOnlyQuantizer,
+    )
+    from onnxruntime.quantization.quant_utils import QuantFormat
+
+    quantizer = DefaultWeightOnlyQuantizer(
+        DefaultWeightOnlyQuantConfig(
+            block_size=options.block_size,
+            is_symmetric=options.symmetric,
+            accuracy_level=options.accuracy_level,
+            quant_format=QuantFormat.QOperator,
+            op_types_to_quantize=("MatMul",),
+            bits=options.bits,
+        )
+    )
+    names = NameAllocator(used_names(model))
+    result = NBitsResult()
+    # Quantized tensors per fp32 weight, so a shared weight is quantized once.
+    done: dict[int, dict[str, ir.Value]] = {}
+    for graph, _ in walk_graphs(model.graph):
+        for node in list(graph):
+            b = _constant_2d_weight(node)
+            if node.op_type == "MatMul":
+                result.matmuls += 1
+            if b is None:
+                continue
+            if not options.selects(node.name or ""):
+                result.excluded.append(node.name or "")
+                continue
+            _replace(node, graph, b, quantizer, names, done)
+            result.quantized += 1
+            if not b.uses() and b.graph is not None and b.name is not None:
+                b.graph.initializers.pop(b.name)
+    model.opset_imports.setdefault("com.microsoft", 1)
+    return result
+
+
+def _replace(
+    node: ir.Node,
+    graph: ir.Graph,
+    b: ir.Value,
+    quantizer: Any,
+    names: NameAllocator,
+    done: dict[int, dict[str, ir.Value]],
+) -> None:
+    a = node.inputs[0]
+    out = node.outputs[0]
+    assert a is not None and b.name is not None and b.const_value is not None
+    tensor = b.const_value
+    scratch = onnx.GraphProto(initializer=[ir.serde.serialize_tensor(tensor)])
+    if isinstance(tensor, ir.ExternalTensor):
+        tensor.release()  # the proto holds the bytes now; drop the mapping
+    a_name, out_name = "__a__", "__out__"
+    proto_node = onnx.helper.make_node(
+        "MatMul", [a_name, b.name], [out_name], name=node.name or f"{b.name}_MatMul"
+    )
+    with _quiet_quantizer_logs():
+        new_protos: Sequence[onnx.NodeProto] = quantizer.quantize(proto_node, [scratch])
+    if len(new_protos) == 1 and new_protos[0] is proto_node:
+        return  # the quantizer declined
+    owner = b.graph or graph
+    tensors = done.get(id(b))
+    if tensors is None:
+        tensors = {}
+        for tp in scratch.initializer:
+            if tp.name == b.name:
+                continue
+            value = ir.Value(name=names.new(tp.name), const_value=ir.serde.deserialize_tensor(tp))
+            value.type = ir.TensorType(value.const_value.dtype)  # type: ignore[union-attr]
+            value.shape = ir.Shape(list(tp.dims))
+            owner.register_initializer(value)
+            tensors[tp.name] = value
+        done[id(b)] = tensors
+    del scratch
+    values: dict[str, ir.Value] = {a_name: a, **tensors}
+    new_nodes: list[ir.Node] = []
+    last: ir.Value | None = None
+    for proto in new_protos:
+        inputs = [values[name] if name else None for name in proto.input]
+        outputs = []
+        for name in proto.output:
+            value = ir.Value(name=names.new(f"{node.name or b.name}/{proto.op_type}_out"))
+            values[name] = value
+            outputs.append(value)
+        attributes = [ir.serde.deserialize_attribute(attr) for attr in proto.attribute]
+        new_nodes.append(
+            ir.Node(
+                proto.domain,
+                proto.op_type,
+                inputs,
+                attributes,
+                outputs=outputs,
+                name=names.new(proto.name or f"{node.name}/{proto.op_type}"),
+            )
+        )
+        last = values.get(out_name, last)
+    assert last is not None, "the quantizer must produce the MatMul's output"
+    name = out.name
+    out.name = names.new(f"{name}__replaced")
+    last.name = name
+    last.type, last.shape = out.type, out.shape
+    ir.convenience.replace_all_uses_with(out, last, replace_graph_outputs=True)
+    graph.insert_after(node, new_nodes)
+    graph.remove(node, safe=True)
+
+
+@contextlib.contextmanager
+def _quiet_quantizer_logs() -> Iterator[None]:
+    """onnxruntime's quantizer logs every node at INFO level; keep the terminal for the report."""
+    logger = logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer")
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def count_op(model: onnx.ModelProto | ir.Model, op_type: str) -> int:
+    if isinstance(model, onnx.ModelProto):
+        model = ir.serde.deserialize_model(model)
+    return sum(1 for graph, _ in walk_graphs(model.graph) for n in graph if n.op_type == op_type)
+
+
+def int8_dynamic(
+    input_path: str, output_path: str, *, exclude: Sequence[str] = (), external_data: bool = False
+) -> None:
+    """onnxruntime's ``quantize_dynamic`` with int8 weights (for a decoder/joint)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    model = onnx.load(input_path, load_external_data=False)
+    node_names = [n.name for g, _ in walk_graphs(ir.serde.deserialize_model(model).graph) for n in g]
+    del model
+    excluded = [n for n in node_names if n and any(fnmatch.fnmatchcase(n, p) for p in exclude)]
+    quantize_dynamic(
+        input_path,
+        output_path,
+        weight_type=QuantType.QInt8,
+        nodes_to_exclude=excluded,
+        use_external_data_format=external_data,
+    )
