@@ -176,7 +176,10 @@ def _replace(
     out = node.outputs[0]
     assert a is not None and b.name is not None and b.const_value is not None
     tensor = b.const_value
-    scratch = onnx.GraphProto(initializer=[ir.serde.serialize_tensor(tensor)])
+    # Materialize the bytes (an external tensor would be serialized as a file reference).
+    loaded = ir.Tensor(tensor.numpy(), name=b.name)
+    scratch = onnx.GraphProto(initializer=[ir.serde.serialize_tensor(loaded)])
+    del loaded
     if isinstance(tensor, ir.ExternalTensor):
         tensor.release()  # the proto holds the bytes now; drop the mapping
     a_name, out_name = "__a__", "__out__"

@@ -1,0 +1,196 @@
+"""quantize and bundle: onnxruntime's quantizers end to end on the bundled models."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+from click.testing import CliRunner
+from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+from helpers import all_nodes, session
+from onnx_conv2matmul import ConvertOptions, convert
+from onnx_conv2matmul.cli import main
+from onnx_conv2matmul.quantize import QuantizeOptions, quantize_matmul_nbits
+
+DATA = Path(__file__).parent / "data"
+ENCODER = DATA / "conformer_small.onnx"
+DECODER = DATA / "tdt_decoder_small.onnx"
+
+
+def _invoke(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    return result.exit_code, result.stdout, result.stderr
+
+
+def _encoder_feeds() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(1)
+    return {
+        "audio_signal": rng.standard_normal((2, 32, 120)).astype(np.float32),
+        "length": np.array([120, 99], dtype=np.int64),
+    }
+
+
+@pytest.mark.parametrize(("bits", "symmetric"), [(4, False), (4, True), (8, False)])
+def test_one_weight_at_a_time_matches_matmulnbitsquantizer(bits: int, symmetric: bool) -> None:
+    """Our per-node use of onnxruntime's quantizer gives the same model as its whole-model API."""
+    rewritten, _ = convert(onnx.load(ENCODER), ConvertOptions(extended=True))
+    reference = MatMulNBitsQuantizer(
+        onnx.ModelProto.FromString(rewritten.SerializeToString()),
+        bits=bits,
+        block_size=32,
+        is_symmetric=symmetric,
+        accuracy_level=0,
+    )
+    reference.process()
+    expected = reference.model.model
+
+    model = ir.serde.deserialize_model(rewritten)
+    result = quantize_matmul_nbits(model, QuantizeOptions(bits=bits, block_size=32, symmetric=symmetric))
+    ours = ir.serde.serialize_model(model)
+
+    def nbits(m: onnx.ModelProto) -> list[tuple[str, dict[str, object]]]:
+        return sorted(
+            (n.name, {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute})
+            for n in all_nodes(m.graph)
+            if n.op_type == "MatMulNBits"
+        )
+
+    assert nbits(ours) == nbits(expected)
+    assert result.quantized == len(nbits(ours)) == 25
+    packed = {t.name: onnx.numpy_helper.to_array(t) for t in expected.graph.initializer}
+    for tensor in ours.graph.initializer:
+        if tensor.name.endswith(f"_Q{bits}"):
+            np.testing.assert_array_equal(onnx.numpy_helper.to_array(tensor), packed[tensor.name])
+    feeds = _encoder_feeds()
+    for a, b in zip(session(expected).run(None, feeds), session(ours).run(None, feeds), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_quantize_command_on_the_encoder(tmp_path: Path) -> None:
+    out = tmp_path / "encoder.int4.onnx"
+    code, stdout, stderr = _invoke(
+        "quantize",
+        str(ENCODER),
+        str(out),
+        "--block-size",
+        "32",
+        "--verify-batch",
+        "2",
+        "--report-json-stdout",
+    )
+    assert code == 0, stderr
+    data = json.loads(stdout)
+    model = onnx.load(out)
+    ops = [n.op_type for n in all_nodes(model.graph)]
+    # Every Linear and pointwise conv became MatMulNBits; depthwise and 3x3 convs stay.
+    assert ops.count("MatMulNBits") == data["quantized_nodes"] == 25
+    assert ops.count("Conv") == 5
+    assert data["rewrite"]["converted"] == 6
+    assert data["weights_with_rewrite"]["share"] > data["weights_without_rewrite"]["share"]
+    assert data["files"]["output_bytes"] < 0.5 * data["files"]["input_bytes"]
+    cosines = [r["cosine"] for r in data["verification"]["results"] if r["cosine"] is not None]
+    assert cosines and min(cosines) > 0.98
+    assert "cosine" in stderr and "MatMulNBits" in stderr
+    assert data["peak_rss_bytes"] > 0 and data["seconds"] > 0
+
+
+def test_min_cosine_above_what_is_reached_fails(tmp_path: Path) -> None:
+    out = tmp_path / "encoder.int4.onnx"
+    code, _, stderr = _invoke("quantize", str(ENCODER), str(out), "--min-cosine", "0.99999")
+    assert code == 1
+    assert "Verification FAILED" in stderr and "nothing was written" in stderr
+    assert list(tmp_path.iterdir()) == []
+    code, _, _ = _invoke("quantize", str(ENCODER), str(out), "--min-cosine", "0.9", "-q")
+    assert code == 0 and out.exists()
+
+
+def test_exclude_and_include_patterns(tmp_path: Path) -> None:
+    out = tmp_path / "q.onnx"
+    code, stdout, _ = _invoke(
+        "quantize", str(ENCODER), str(out), "--exclude", "*conv1d*", "--report-json-stdout", "-q"
+    )
+    assert code == 0
+    data = json.loads(stdout)
+    assert len(data["excluded"]) == 4 and data["quantized_nodes"] == 21
+    code, stdout, _ = _invoke(
+        "quantize", str(ENCODER), str(out), "--include", "*conv*", "--report-json-stdout", "-q"
+    )
+    assert json.loads(stdout)["quantized_nodes"] == 6
+
+
+def test_int8_dynamic_on_the_decoder(tmp_path: Path) -> None:
+    out = tmp_path / "decoder.int8.onnx"
+    code, stdout, stderr = _invoke(
+        "quantize",
+        str(DECODER),
+        str(out),
+        "--int8-dynamic",
+        "--verify-lengths",
+        "8,16",
+        "--report-json-stdout",
+    )
+    assert code == 0, stderr
+    data = json.loads(stdout)
+    assert data["mode"] == "int8_dynamic" and data["quantized_nodes"] > 0
+    assert out.stat().st_size < 0.7 * DECODER.stat().st_size
+    ops = [n.op_type for n in all_nodes(onnx.load(out).graph)]
+    assert "MatMulInteger" in ops or "DynamicQuantizeLSTM" in ops
+
+
+def test_quantize_keeps_external_data_layout(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    onnx.save(
+        onnx.load(ENCODER),
+        src / "enc.onnx",
+        save_as_external_data=True,
+        location="enc.onnx.data",
+        size_threshold=1024,
+    )
+    out = tmp_path / "out"
+    out.mkdir()
+    code, _, stderr = _invoke("quantize", str(src / "enc.onnx"), str(out / "enc.int4.onnx"), "-q")
+    assert code == 0, stderr
+    assert {p.name for p in out.iterdir()} == {"enc.int4.onnx", "enc.int4.onnx.data"}
+    session(str(out / "enc.int4.onnx")).run(None, _encoder_feeds())
+
+
+def test_quantize_bad_options_exit_2(tmp_path: Path) -> None:
+    for args, message in (
+        (["--block-size", "48"], "power of 2"),
+        (["--bits", "3"], "'3' is not one of"),
+        (["--accuracy-level", "7"], "0<=x<=4"),
+    ):
+        code, _, stderr = _invoke("quantize", str(ENCODER), str(tmp_path / "q.onnx"), *args)
+        assert code == 2 and message in stderr, stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bundle_lists_models_with_their_data(tmp_path: Path) -> None:
+    onnx.save(
+        onnx.load(ENCODER),
+        tmp_path / "encoder.onnx",
+        save_as_external_data=True,
+        location="encoder.onnx.data",
+        size_threshold=1024,
+    )
+    onnx.save(onnx.load(DECODER), tmp_path / "decoder.onnx")
+    (tmp_path / "vocab.txt").write_text("a\nb\n")
+    code, stdout, stderr = _invoke("bundle", str(tmp_path), "--report-json-stdout")
+    assert code == 0
+    data = json.loads(stdout)
+    sizes = {m["model"]: m["bytes"] for m in data["models"]}
+    assert (
+        sizes["encoder.onnx"]
+        == (tmp_path / "encoder.onnx").stat().st_size + (tmp_path / "encoder.onnx.data").stat().st_size
+    )
+    assert sizes["decoder.onnx"] == (tmp_path / "decoder.onnx").stat().st_size
+    assert data["total_bytes"] == sum(sizes.values())
+    assert "total" in stderr
+    code, _, stderr = _invoke("bundle", str(tmp_path / "nope"))
+    assert code == 2
