@@ -67,16 +67,16 @@ def assert_matmul_weights_2d_subset(model: onnx.ModelProto, names: set[str | Non
 def test_conformer_conv_module_transposes_cancel() -> None:
     original = onnx.load(MODEL)
     rewritten, report = convert(original, ConvertOptions(extended=True))
-    # The exporter's Transpose before pw1 and after pw2 of each conv module cancel with ours:
-    # 2 layers x 2 pairs x 2 nodes.
-    assert report.transposes_cancelled == 8
+    # The exporter's Transpose before pw1 and after pw2 of each conv module cancel with ours
+    # (2 layers x 2 pairs x 2 nodes); the last front-end conv's Transpose moves below its ReLU
+    # and merges into the exporter's Transpose[0,2,1,3] (1 node).
+    assert report.transposes_cancelled == 9
     for node in rewritten.graph.node:
         if node.op_type == "Transpose":
             assert _transpose_producer(rewritten, node) != "Transpose"
-    # Conv1D pointwise convs add no Transpose; each Conv2D 1x1 in the subsampling front end sits
-    # between a depthwise conv and a ReLU and keeps its own pair (see README).
-    conv2d = 2
-    assert report.transposes_after == report.transposes_before + 2 * conv2d
+    # Conv1D pointwise convs add no Transpose. The Conv2D 1x1 of the subsampling front end sit
+    # between depthwise convs (which need channels-first) and add 3 (see README).
+    assert report.transposes_after == report.transposes_before + 3
 
 
 def test_convert_file_verifies_at_several_lengths_and_batches(tmp_path: Path) -> None:

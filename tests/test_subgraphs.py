@@ -177,3 +177,27 @@ def test_shared_weight_is_transposed_once_and_kept_while_used() -> None:
     assert op_types(rewritten).count("Transpose") == 2, "c1 out / c2 in cancel"
     feeds = [{"x": RNG.standard_normal((b, C, t)).astype(np.float32)} for b, t in ((1, 3), (2, 40))]
     assert_equivalent(original, rewritten, feeds)
+
+
+def test_transpose_sinks_through_relu_and_merges() -> None:
+    """Conv2D 1x1 -> Relu -> Transpose[0,2,1,3]: our output Transpose merges into the last one."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "W"], ["c"], name="pw"),
+            helper.make_node("Relu", ["c"], ["r"]),
+            helper.make_node("Transpose", ["r"], ["y"], perm=[0, 2, 1, 3]),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", C, "H", "W"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "H", C, "W"])],
+        [numpy_helper.from_array(RNG.standard_normal((C, C, 1, 1)).astype(np.float32), "W")],
+    )
+    original = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    rewritten, report = convert(original)
+    onnx.checker.check_model(rewritten, full_check=True)
+    assert op_types(rewritten) == ["Transpose", "MatMul", "Relu", "Transpose"]
+    assert report.transposes_after == report.transposes_before + 1
+    feeds = [
+        {"x": RNG.standard_normal((b, C, h, w)).astype(np.float32)} for b, h, w in ((1, 3, 5), (2, 8, 1))
+    ]
+    assert_equivalent(original, rewritten, feeds)

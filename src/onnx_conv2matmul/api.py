@@ -12,7 +12,7 @@ import onnx_ir as ir
 from onnx_conv2matmul import _io
 from onnx_conv2matmul._graphs import NameAllocator, count_nodes, count_op, default_opset, used_names
 from onnx_conv2matmul.analysis import analyze
-from onnx_conv2matmul.cleanup import cancel_transposes, remove_dead_weights
+from onnx_conv2matmul.cleanup import cancel_transposes, remove_dead_weights, sink_transposes
 from onnx_conv2matmul.errors import CheckerError, InputError
 from onnx_conv2matmul.options import ConvertOptions
 from onnx_conv2matmul.report import ConvertReport
@@ -51,7 +51,8 @@ def _convert_ir(model: ir.Model, options: ConvertOptions) -> ConvertReport:
     rewriter = Rewriter(NameAllocator(used_names(model)))
     for plan in plans:
         rewriter.apply(plan)
-    report.transposes_cancelled = cancel_transposes(model, rewriter.created)
+    moved = sink_transposes(model, rewriter.created)
+    report.transposes_cancelled = cancel_transposes(model, rewriter.created) + moved
     report.tensors_removed = remove_dead_weights(rewriter.converted_weights)
     report.transposes_after = count_op(model, "Transpose")
     report.nodes_after = count_nodes(model)

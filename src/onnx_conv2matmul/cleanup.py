@@ -16,15 +16,92 @@ def _is_transpose(node: ir.Node | None) -> bool:
     return node is not None and node.op_type == "Transpose" and node.domain in ("", "ai.onnx")
 
 
+# Ops that act on each element alone: ``op(Transpose(x)) == Transpose(op(x))``.
+_ELEMENTWISE_UNARY = frozenset(
+    {
+        "Relu",
+        "Sigmoid",
+        "Tanh",
+        "LeakyRelu",
+        "Elu",
+        "Selu",
+        "Softplus",
+        "Softsign",
+        "HardSigmoid",
+        "HardSwish",
+        "Abs",
+        "Neg",
+        "Exp",
+        "Log",
+        "Sqrt",
+        "Erf",
+        "Gelu",
+        "Mish",
+        "ThresholdedRelu",
+    }
+)
+
+
+def _single_consumer(value: ir.Value) -> ir.Node | None:
+    uses = list(value.uses())
+    if len(uses) != 1 or value.is_graph_output():
+        return None
+    return uses[0].node
+
+
+def sink_transposes(model: ir.Model, ours: set[int]) -> int:
+    """Move each of our Transposes below an elementwise op when a Transpose follows it.
+
+    ``Transpose(Relu(Transpose(x, p1)), p2)`` becomes ``Transpose(Relu(x), p1 then p2)``,
+    which disappears when the permutations cancel. Returns the number of Transposes removed.
+    """
+    moved = 0
+    for graph, _ in walk_graphs(model.graph):
+        for node in list(graph):
+            if id(node) not in ours or not _is_transpose(node) or node.graph is not graph:
+                continue
+            op = _single_consumer(node.outputs[0])
+            if (
+                op is None
+                or op.op_type not in _ELEMENTWISE_UNARY
+                or op.domain not in ("", "ai.onnx")
+                or len(op.inputs) != 1
+                or len(op.outputs) != 1
+                or op.graph is not graph
+            ):
+                continue
+            after = _single_consumer(op.outputs[0])
+            if after is None or not _is_transpose(after) or after.graph is not graph:
+                continue
+            first, second = _perm(node), _perm(after)
+            if first is None or second is None or len(first) != len(second):
+                continue
+            composed = [first[i] for i in second]
+            op.replace_input_with(0, node.inputs[0])
+            op.outputs[0].shape = None  # its layout changed
+            graph.remove(node, safe=True)
+            moved += 1
+            if composed == list(range(len(composed))) and not after.outputs[0].is_graph_output():
+                ir.convenience.replace_all_uses_with(after.outputs[0], op.outputs[0])
+                graph.remove(after, safe=True)
+                moved += 1
+            else:
+                after.attributes["perm"] = ir.AttrInt64s("perm", composed)
+                ours.add(id(after))
+    return moved
+
+
 def cancel_transposes(model: ir.Model, ours: set[int] | None = None) -> int:
-    """Bypass every ``Transpose(Transpose(x, p1), p2)`` that is the identity.
+    """Merge ``Transpose(Transpose(x, p1), p2)`` pairs; bypass them when they cancel.
 
     With ``ours`` (ids of nodes the rewrite created), only pairs with at least
     one of those nodes are touched, so the rest of the model stays as it was.
 
-    The outer Transpose's users read ``x`` directly; a Transpose left without
-    users is removed. A Transpose whose output is a graph output is kept, so
-    graph output names never change. Returns the number of Transposes removed.
+    When the pair is the identity, the outer Transpose's users read ``x``
+    directly. Otherwise, when the inner one has no other user, the outer one
+    reads ``x`` with the composed permutation. A Transpose left without users is
+    removed. A Transpose whose output is a graph output is kept, so graph output
+    names never change. Returns the number of Transposes removed.
     """
     removed = 0
     for graph, _ in walk_graphs(model.graph):
@@ -42,15 +119,22 @@ def cancel_transposes(model: ir.Model, ours: set[int] | None = None) -> int:
                 continue
             if outer_perm is None or inner_perm is None or len(outer_perm) != len(inner_perm):
                 continue
-            if [inner_perm[i] for i in outer_perm] != list(range(len(outer_perm))):
-                continue
+            composed = [inner_perm[i] for i in outer_perm]
             out = node.outputs[0]
             source = inner.inputs[0]
-            if out.is_graph_output() or source is None:
+            if source is None:
                 continue
-            ir.convenience.replace_all_uses_with(out, source)
-            graph.remove(node, safe=True)
-            removed += 1
+            if composed == list(range(len(composed))):
+                if out.is_graph_output():
+                    continue
+                ir.convenience.replace_all_uses_with(out, source)
+                graph.remove(node, safe=True)
+                removed += 1
+            elif _single_consumer(inner_out) is node:
+                node.replace_input_with(0, source)
+                node.attributes["perm"] = ir.AttrInt64s("perm", composed)
+            else:
+                continue
             if not inner_out.uses() and not inner_out.is_graph_output():
                 inner.graph.remove(inner, safe=True)  # type: ignore[union-attr]
                 removed += 1
