@@ -54,6 +54,7 @@ class QuantizeReport:
     external_data: bool = False
     seconds: float = 0.0
     peak_rss_bytes: int = 0
+    peak_rss_quantize_bytes: int = 0
     verification: dict[str, Any] | None = None
 
     @property
@@ -91,6 +92,7 @@ class QuantizeReport:
             },
             "seconds": round(self.seconds, 2),
             "peak_rss_bytes": self.peak_rss_bytes,
+            "peak_rss_quantize_bytes": self.peak_rss_quantize_bytes,
             "verification": self.verification,
             "return_code": self.return_code,
         }
@@ -161,6 +163,7 @@ def quantize_file(
             progress.phase("Saving")
             staged = _io.stage_model(model, dst, external=external, progress=progress.advance)
         del model, loaded
+        report.peak_rss_quantize_bytes = _peak_rss_bytes()
         with staged:
             report.external_data = staged.data_path is not None
             report.output_bytes = staged.size

@@ -18,6 +18,7 @@ import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import onnx
 import onnx_ir as ir
 
@@ -197,7 +198,11 @@ def _replace(
         for tp in scratch.initializer:
             if tp.name == b.name:
                 continue
-            value = ir.Value(name=names.new(tp.name), const_value=ir.serde.deserialize_tensor(tp))
+            # Copy out of the proto: a tensor viewing it would keep the whole scratch graph,
+            # fp32 weight included, alive.
+            name = names.new(tp.name)
+            array = np.array(ir.serde.deserialize_tensor(tp).numpy(), copy=True)
+            value = ir.Value(name=name, const_value=ir.tensor(array, name=name))
             value.type = ir.TensorType(value.const_value.dtype)  # type: ignore[union-attr]
             value.shape = ir.Shape(list(tp.dims))
             owner.register_initializer(value)

@@ -202,7 +202,8 @@ def print_quantize_report(console: Console, data: dict[str, Any]) -> None:
     ratio = f" ({files['ratio']:.3f}x)" if files["ratio"] else ""
     table.add_row("size after", human_bytes(files["output_bytes"]) + ratio)
     table.add_row("time", f"{data['seconds']:.1f} s")
-    table.add_row("peak memory (RSS)", human_bytes(data["peak_rss_bytes"]))
+    table.add_row("peak memory (RSS) until saved", human_bytes(data["peak_rss_quantize_bytes"]))
+    table.add_row("peak memory (RSS) with the accuracy check", human_bytes(data["peak_rss_bytes"]))
     console.print(table)
     verification = data["verification"]
     if verification is not None:
