@@ -232,9 +232,9 @@ def _replace(
         )
         last = values.get(out_name, last)
     assert last is not None, "the quantizer must produce the MatMul's output"
-    name = out.name
-    out.name = names.new(f"{name}__replaced")
-    last.name = name
+    out_name_kept = out.name
+    out.name = names.new(f"{out_name_kept}__replaced")
+    last.name = out_name_kept
     last.type, last.shape = out.type, out.shape
     ir.convenience.replace_all_uses_with(out, last, replace_graph_outputs=True)
     graph.insert_after(node, new_nodes)
