@@ -234,3 +234,38 @@ def test_bad_output_paths(tmp_path: Path) -> None:
             convert_file(src, ro / "o.onnx")
     with pytest.raises(ValueError, match="max_dilation"):
         ConvertOptions(max_dilation=0)
+
+
+@pytest.mark.parametrize(
+    "error", [OSError(5, "I/O error"), KeyboardInterrupt()], ids=["io-error", "interrupt"]
+)
+def test_failure_in_the_middle_of_writing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: BaseException
+) -> None:
+    """A weight that fails while the data file is half written: nothing published, temp removed."""
+    from onnx_conv2matmul import rewrite as rewrite_mod
+
+    src, dst = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    onnx.save(_stack_model(), src, save_as_external_data=True, location="m.onnx.data", size_threshold=0)
+    convert_file(src, dst)  # an earlier output that must survive
+    before = {p: p.read_bytes() for p in tmp_path.iterdir()}
+    original = rewrite_mod._transposed_weight
+    calls = []
+
+    def failing(tensor, name):  # type: ignore[no-untyped-def]
+        lazy = original(tensor, name)
+
+        def materialize():  # type: ignore[no-untyped-def]
+            calls.append(name)
+            if len(calls) == 3:
+                raise error
+            return lazy.numpy()
+
+        return rewrite_mod.ir.LazyTensor(materialize, dtype=lazy.dtype, shape=lazy.shape, name=name)
+
+    monkeypatch.setattr(rewrite_mod, "_transposed_weight", failing)
+    for target, inplace in ((dst, False), (None, True)):
+        calls.clear()
+        with pytest.raises(type(error)):
+            convert_file(src, target, inplace=inplace)
+        assert {p: p.read_bytes() for p in tmp_path.iterdir()} == before
