@@ -63,13 +63,15 @@ class Step:
 
 def run(name: str, argv: list[str]) -> Step:
     """Run one process; its wall time and peak RSS (ru_maxrss of that child only)."""
-    start = time.perf_counter()
-    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(process.pid, 0)
-    seconds = time.perf_counter() - start
-    code = os.waitstatus_to_exitcode(status)
-    if code != 0 and process.stderr is not None:
-        print(f"[{name}] failed: {process.stderr.read().decode()[-2000:]}", file=sys.stderr)
+    with tempfile.TemporaryFile() as log:  # a pipe would fill up and block the child
+        start = time.perf_counter()
+        process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log)
+        _, status, usage = os.wait4(process.pid, 0)
+        seconds = time.perf_counter() - start
+        code = os.waitstatus_to_exitcode(status)
+        if code != 0:
+            log.seek(0)
+            print(f"[{name}] failed: {log.read().decode()[-2000:]}", file=sys.stderr)
     return Step(name, seconds, usage.ru_maxrss / 1024, code)
 
 
@@ -104,17 +106,18 @@ def encoder_feeds() -> dict[str, np.ndarray]:
     }
 
 
-def outputs_and_latency(path: Path, runs: int) -> tuple[np.ndarray, list[float]]:
-    sess = session(path)
+def outputs_and_latency(paths: list[Path], runs: int) -> tuple[list[np.ndarray], list[float]]:
+    """Each model's encoder output and median latency, runs interleaved so load hits all alike."""
+    sessions = [session(path) for path in paths]
     feeds = encoder_feeds()
-    out = sess.run(None, feeds)[0]
-    sess.run(None, feeds)  # warm-up
-    times = []
+    outputs = [sess.run(None, feeds)[0] for sess in sessions]  # also the warm-up
+    times: list[list[float]] = [[] for _ in sessions]
     for _ in range(runs):
-        start = time.perf_counter()
-        sess.run(None, feeds)
-        times.append(time.perf_counter() - start)
-    return out, times
+        for sess, record in zip(sessions, times, strict=True):
+            start = time.perf_counter()
+            sess.run(None, feeds)
+            record.append(time.perf_counter() - start)
+    return outputs, [statistics.median(t) for t in times]
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
@@ -173,20 +176,22 @@ def main() -> None:
         ]
         shutil.copy(ours / "decoder_joint-model.int8.onnx", base / "decoder_joint-model.int8.onnx")
         report = json.loads((work / "ours-encoder.json").read_text())
-        fp32_out, fp32_times = outputs_and_latency(encoder, args.latency_runs)
+        folders = {"with the rewrite (ours)": ours, "without the rewrite": base}
+        outputs, latencies = outputs_and_latency(
+            [encoder, *(folder / "encoder-model.int4.onnx" for folder in folders.values())], args.latency_runs
+        )
         rows: dict[str, dict[str, Any]] = {}
-        for label, folder in (("with the rewrite (ours)", ours), ("without the rewrite", base)):
+        for i, (label, folder) in enumerate(folders.items(), start=1):
             int4 = folder / "encoder-model.int4.onnx"
-            out, times = outputs_and_latency(int4, args.latency_runs)
             sizes = bundle_sizes(str(folder))
             rows[label] = {
                 "bundle_bytes": sum(size for _, size, _ in sizes),
                 "encoder_bytes": next(size for name, size, _ in sizes if name.startswith("encoder")),
                 "matmulnbits": count_ops(int4, "MatMulNBits"),
                 "conv_left": count_ops(int4, "Conv"),
-                "cosine": cosine(fp32_out, out),
-                "latency_ratio": statistics.median(times) / statistics.median(fp32_times),
-                "latency_ms": 1000 * statistics.median(times),
+                "cosine": cosine(outputs[0], outputs[i]),
+                "latency_ratio": latencies[i] / latencies[0],
+                "latency_ms": 1000 * latencies[i],
             }
         rows["with the rewrite (ours)"]["int4_share"] = report["weights_with_rewrite"]["share"]
         rows["without the rewrite"]["int4_share"] = report["weights_without_rewrite"]["share"]
@@ -194,7 +199,7 @@ def main() -> None:
             "cpus": os.cpu_count(),
             "versions": {"onnx": onnx.__version__, "onnxruntime": ort.__version__},
             "fp32_encoder_bytes": sum(size for name, size, _ in bundle_sizes(str(encoder.parent))),
-            "fp32_latency_ms": 1000 * statistics.median(fp32_times),
+            "fp32_latency_ms": 1000 * latencies[0],
             "rows": rows,
             "steps": [asdict(s) for s in steps],
         }
