@@ -27,6 +27,9 @@ INLINE_THRESHOLD_BYTES = 1024
 # Above this size a single-file model cannot be serialized (protobuf limit is 2 GiB).
 SINGLE_FILE_LIMIT_BYTES = 1_900_000_000
 
+SAVE_WORKERS = 2
+SAVE_IN_FLIGHT_BYTES = 256 * 2**20
+
 ProgressCallback = Callable[[int, int], None]
 
 
@@ -220,6 +223,10 @@ def stage_model(
                 external_data=data_name,
                 size_threshold_bytes=INLINE_THRESHOLD_BYTES,
                 callback=callback,
+                # Two writers overlap the weight transposes with the copies; the bytes they
+                # hold at once stay bounded by onnx-ir's in-flight budget.
+                max_workers=SAVE_WORKERS,
+                max_in_flight_bytes=SAVE_IN_FLIGHT_BYTES,
             )
             staged_data = os.path.join(directory, data_name)
             # No data file when every tensor was small enough to stay inline.
