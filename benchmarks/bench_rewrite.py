@@ -1,0 +1,636 @@
+"""Benchmark the rewrite of the parakeet-size encoders against ``cp`` and the peer tool.
+
+For each encoder export in the cache that ``fastconformer.py cache`` builds (dynamo: one
+external data file; legacy: one file per tensor), this script times, side by side:
+
+- ``cp`` of the model's files (after one untimed warm-up copy, so the page cache is warm),
+- our rewrite with the checker on and with ``--skip-checker``,
+- the peer tool ``onnx-conv2matmul==0.1.1`` (installed into its own venv in the cache)
+  with the same flags.
+
+Every run is a child process measured with ``os.wait4`` (wall time and the child's peak RSS)
+and writes into a fresh directory on the cache's filesystem, removed after the run. The last
+output of each rewrite is then checked (untimed) with ``onnx-conv2matmul verify``, and for our
+checker-on output the onnxruntime latency and the Transpose count are compared with the
+original. Failures are recorded in the tables, never raised.
+
+Usage::
+
+    python benchmarks/bench_rewrite.py [--cache DIR] [--repeat N] [--skip-peer] [--json FILE]
+
+Sizes and RSS are in MB of 2**20 bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import gc
+import importlib.metadata
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+DEFAULT_CACHE_DIR = Path.home() / ".cache" / "onnx-conv2matmul-bench"
+COMPLETE_MARKER = ".complete"  # written last by fastconformer.py cache
+EXPORTS = ("encoder-dynamo", "encoder-legacy")
+MODEL_FILENAME = "encoder-model.onnx"
+PEER_PACKAGE = "onnx-conv2matmul"
+PEER_VERSION = "0.1.1"
+TOOL = "onnx-conv2matmul"
+REWRITE_FLAGS = ("--extended-conv1x1", "--allow-non-unit-dilation", "--max-dilation", "4")
+VERIFY_FLAGS = ("--verify-lengths", "200", "--verify-batch", "1")
+LATENCY_FRAMES = 1000
+LATENCY_FEATURES = 128
+LATENCY_THREADS = 2
+LATENCY_WARMUP = 2
+LOAD_FAILURE = "onnxruntime cannot load the candidate model: "  # how verify reports one
+MB = 1 << 20
+# A message longer than this is cut in the tables (the JSON keeps it whole).
+CELL_CHARS = 240
+# Runs one measured command (argv[1:]) and prints its wall time, peak RSS (KB) and exit code.
+# Linux starts a process's ru_maxrss at the peak RSS of the image it replaced by exec, so a
+# command forked straight from this script (with onnxruntime sessions and numpy loaded) would
+# report at least this script's peak. Forked from this small interpreter instead, a command's
+# peak RSS is exact above ~7 MB.
+LAUNCHER = """
+import os, sys, time
+start = time.perf_counter()
+pid = os.fork()
+if pid == 0:
+    os.dup2(2, 1)
+    try:
+        os.execvp(sys.argv[1], sys.argv[1:])
+    except OSError as err:
+        print(f"error: {err}", file=sys.stderr)
+    os._exit(127)
+_, status, usage = os.wait4(pid, 0)
+print(time.perf_counter() - start, usage.ru_maxrss, os.waitstatus_to_exitcode(status))
+"""
+
+
+# --------------------------------------------------------------------------- #
+# Results
+# --------------------------------------------------------------------------- #
+
+
+@dataclasses.dataclass
+class Check:
+    """Whether onnxruntime loads an output and agrees with the original."""
+
+    loads: bool | None = None
+    agrees: bool | None = None
+    detail: str = ""
+
+
+@dataclasses.dataclass
+class RunResult:
+    """One row of a table: a command repeated on the same input."""
+
+    label: str
+    command: list[str]
+    walls_s: list[float] = dataclasses.field(default_factory=list)
+    wall_s: float | None = None  # median of walls_s
+    peak_rss_kb: int = 0
+    output_bytes: int = 0
+    returncode: int | None = None
+    status: str = "ok"
+    check: Check | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+
+@dataclasses.dataclass
+class Latency:
+    """onnxruntime latency of the original and our rewritten encoder."""
+
+    original_ms: float  # median
+    rewritten_ms: float  # median
+    ratio: float
+    original_samples_ms: list[float]
+    rewritten_samples_ms: list[float]
+
+
+@dataclasses.dataclass
+class ExportResult:
+    """Everything measured on one export."""
+
+    name: str
+    model: str
+    files: int
+    input_bytes: int
+    runs: list[RunResult] = dataclasses.field(default_factory=list)
+    latency: Latency | None = None
+    latency_error: str = ""
+    transposes_original: int | None = None
+    transposes_ours: int | None = None
+    load_average: list[float] = dataclasses.field(default_factory=list)  # 1, 5, 15 min, at the end
+    warning: str = ""
+
+
+@dataclasses.dataclass
+class Tool:
+    """A rewrite tool: its name in the tables, its command prefix, or why it cannot run."""
+
+    name: str
+    argv: list[str]
+    unavailable: str = ""
+
+
+# --------------------------------------------------------------------------- #
+# Models
+# --------------------------------------------------------------------------- #
+
+
+def iter_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """``graph`` and every subgraph of its nodes' attributes, at any depth."""
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from iter_graphs(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    yield from iter_graphs(sub)
+
+
+def iter_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    """Initializers and tensor attributes of ``graph`` and its subgraphs."""
+    for sub in iter_graphs(graph):
+        yield from sub.initializer
+        for node in sub.node:
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.TENSOR:
+                    yield attr.t
+                elif attr.type == onnx.AttributeProto.TENSORS:
+                    yield from attr.tensors
+
+
+def model_files(path: Path) -> list[Path]:
+    """The ``.onnx`` file and its external data files, relative to its directory."""
+    model = onnx.load(path, load_external_data=False)
+    locations = {
+        entry.value
+        for tensor in iter_tensors(model.graph)
+        if tensor.data_location == onnx.TensorProto.EXTERNAL
+        for entry in tensor.external_data
+        if entry.key == "location"
+    }
+    return [Path(path.name), *sorted(Path(location) for location in locations)]
+
+
+def count_ops(path: Path, op_type: str) -> int:
+    """Nodes of ``op_type`` in every graph of the model (weights are not read)."""
+    model = onnx.load(path, load_external_data=False)
+    return sum(node.op_type == op_type for graph in iter_graphs(model.graph) for node in graph.node)
+
+
+def tree_bytes(directory: Path) -> int:
+    """Size of every file under ``directory``."""
+    return sum(path.stat().st_size for path in directory.rglob("*") if path.is_file())
+
+
+# --------------------------------------------------------------------------- #
+# Measured child processes
+# --------------------------------------------------------------------------- #
+
+
+@dataclasses.dataclass
+class ChildRun:
+    """Wall time, peak RSS and outcome of one child process."""
+
+    wall_s: float
+    peak_rss_kb: int
+    returncode: int
+    message: str
+
+
+def failure_line(output: str) -> str:
+    """The line that says why a command failed: its ``error:`` line, else its last line."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("error:")]
+    return (errors or lines or [""])[-1]
+
+
+def run_child(argv: Sequence[str], cwd: Path | None = None) -> ChildRun:
+    """Run ``argv`` to completion through :data:`LAUNCHER`; its output only explains a failure."""
+    with tempfile.TemporaryFile() as log:
+        launcher = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", LAUNCHER, *argv],
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+        )
+        measured, _ = launcher.communicate()
+        wall, peak_rss_kb, returncode = measured.split()
+        message = ""
+        if int(returncode) < 0:
+            message = f"killed by {signal.Signals(-int(returncode)).name}"
+        elif int(returncode) > 0:
+            log.seek(0)
+            message = failure_line(log.read().decode(errors="replace"))
+    return ChildRun(float(wall), int(peak_rss_kb), int(returncode), message)
+
+
+def progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- #
+# Checks of an output
+# --------------------------------------------------------------------------- #
+
+
+def verify_output(ours: Path, original: Path, candidate: Path, work_dir: Path) -> Check:
+    """Run ``onnx-conv2matmul verify`` (exit 0: agree, 1: differ or does not load, 2: bad input)."""
+    report_path = work_dir / "verify-report.json"
+    argv = [str(ours), "verify", str(original), str(candidate), *VERIFY_FLAGS, "-q"]
+    child = run_child([*argv, "--report-json", str(report_path)])
+    failures = []
+    if report_path.exists():
+        failures = json.loads(report_path.read_text())["verification"]["failures"]
+        report_path.unlink()
+    if child.returncode == 0:
+        return Check(loads=True, agrees=True)
+    if child.returncode != 1 or not failures:
+        return Check(detail=f"verify exit {child.returncode}: {child.message}")
+    first = failures[0]
+    note = first["note"].replace(f"{candidate.parent}{os.sep}", "")
+    if note.startswith(LOAD_FAILURE):
+        return Check(loads=False, detail=f"does not load: {note.removeprefix(LOAD_FAILURE)}")
+    detail = note or (
+        f"{first['output']} at length {first['length']}:"
+        f" max_abs {first['max_abs']:.3g}, mean_abs {first['mean_abs']:.3g}"
+    )
+    return Check(loads=True, agrees=False, detail=detail)
+
+
+def latency_session(path: Path) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = LATENCY_THREADS
+    options.log_severity_level = 3
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def measure_latency(original: Path, rewritten: Path, runs: int) -> Latency:
+    """Median latency of both models, run alternately on the same input (B=1, T=1000)."""
+    sessions = [latency_session(original), latency_session(rewritten)]
+    try:
+        inputs = {arg.name: arg for arg in sessions[0].get_inputs()}
+        features = inputs["audio_signal"].shape[1]
+        if not isinstance(features, int):
+            features = LATENCY_FEATURES
+        feeds = {
+            "audio_signal": np.random.default_rng(0).standard_normal(
+                (1, features, LATENCY_FRAMES), dtype=np.float32
+            ),
+            "length": np.array([LATENCY_FRAMES], dtype=np.int64),
+        }
+        for session in sessions:
+            for _ in range(LATENCY_WARMUP):
+                session.run(None, feeds)
+        times: list[list[float]] = [[], []]
+        for _ in range(runs):
+            for session, samples in zip(sessions, times, strict=True):
+                start = time.perf_counter()
+                session.run(None, feeds)
+                samples.append((time.perf_counter() - start) * 1000)
+    finally:
+        del sessions
+        gc.collect()
+    original_ms, rewritten_ms = (statistics.median(samples) for samples in times)
+    return Latency(original_ms, rewritten_ms, rewritten_ms / original_ms, *times)
+
+
+# --------------------------------------------------------------------------- #
+# Benchmark of one export
+# --------------------------------------------------------------------------- #
+
+
+def measure(
+    label: str,
+    argv_for: Callable[[Path], list[str]],
+    repeat: int,
+    work_dir: Path,
+    cwd: Path | None = None,
+    inspect: Callable[[Path, RunResult], None] | None = None,
+) -> RunResult:
+    """Run ``argv_for(output_dir)`` ``repeat`` times, each into a fresh directory.
+
+    A failed run is not repeated. ``inspect`` sees the last output before it is removed.
+    """
+    result = RunResult(label, argv_for(Path("OUT")))  # OUT: each run's output directory
+    for attempt in range(1, repeat + 1):
+        out_dir = Path(tempfile.mkdtemp(prefix="run-", dir=work_dir))
+        try:
+            child = run_child(argv_for(out_dir), cwd)
+            result.walls_s.append(child.wall_s)
+            result.peak_rss_kb = max(result.peak_rss_kb, child.peak_rss_kb)
+            result.output_bytes = tree_bytes(out_dir)
+            result.returncode = child.returncode
+            progress(
+                f"  {label} [{attempt}/{repeat}]: {child.wall_s:.2f} s, "
+                f"{child.peak_rss_kb / 1024:.0f} MB peak RSS, exit {child.returncode}"
+            )
+            if not result.ok:
+                result.status = f"exit {child.returncode}: {child.message}"
+            if inspect is not None and (attempt == repeat or not result.ok):
+                inspect(out_dir, result)
+        finally:
+            shutil.rmtree(out_dir, ignore_errors=True)
+        if not result.ok:
+            break
+    result.wall_s = statistics.median(result.walls_s)
+    return result
+
+
+def check_output(
+    out_dir: Path,
+    result: RunResult,
+    *,
+    export: ExportResult,
+    ours: Path,
+    work_dir: Path,
+    latency_runs: int | None,
+) -> None:
+    """Verify a rewrite's output; with ``latency_runs``, also time it and count Transposes."""
+    output = out_dir / MODEL_FILENAME
+    if not result.ok or not output.exists():
+        return
+    original = Path(export.model)
+    progress(f"  {result.label}: verify")
+    result.check = verify_output(ours, original, output, work_dir)
+    if latency_runs is None:
+        return
+    export.transposes_original = count_ops(original, "Transpose")
+    export.transposes_ours = count_ops(output, "Transpose")
+    progress(f"  {result.label}: latency")
+    try:
+        export.latency = measure_latency(original, output, latency_runs)
+    except Exception as err:  # a failure is a result, not a crash
+        export.latency_error = f"{type(err).__name__}: {failure_line(str(err))}"
+
+
+def bench_export(
+    name: str, model: Path, ours: Path, tools: list[Tool], args: argparse.Namespace, work_dir: Path
+) -> ExportResult:
+    """Time cp and every tool on ``model``; check the outputs."""
+    marker = model.parent / COMPLETE_MARKER
+    built = marker.stat().st_mtime_ns
+    files = [str(file) for file in model_files(model)]
+    export = ExportResult(
+        name, str(model), len(files), sum((model.parent / file).stat().st_size for file in files)
+    )
+    progress(f"[{name}] {model}: {len(files)} files, {export.input_bytes / MB:,.0f} MB")
+
+    def copy_argv(out_dir: Path) -> list[str]:
+        return ["cp", "--parents", *files, str(out_dir)]
+
+    measure("cp (warm-up)", copy_argv, 1, work_dir, cwd=model.parent)
+    export.runs.append(measure("cp", copy_argv, args.repeat, work_dir, cwd=model.parent))
+
+    for tool in tools:
+        for skip_checker in (False, True):
+            flags = [*REWRITE_FLAGS, *(["--skip-checker"] if skip_checker else [])]
+            label = f"{tool.name} ({'--skip-checker' if skip_checker else 'checker'})"
+            if tool.unavailable:
+                export.runs.append(RunResult(label, [], status=f"not run: {tool.unavailable}"))
+                continue
+
+            def rewrite_argv(out_dir: Path, tool: Tool = tool, flags: list[str] = flags) -> list[str]:
+                return [*tool.argv, str(model), str(out_dir / MODEL_FILENAME), *flags]
+
+            inspect = functools.partial(
+                check_output,
+                export=export,
+                ours=ours,
+                work_dir=work_dir,
+                latency_runs=args.latency_runs if tool.name == "ours" and not skip_checker else None,
+            )
+            export.runs.append(measure(label, rewrite_argv, args.repeat, work_dir, inspect=inspect))
+    export.load_average = list(os.getloadavg())
+    if not marker.exists() or marker.stat().st_mtime_ns != built:
+        export.warning = "the export was rebuilt during the benchmark: these figures are not valid"
+    return export
+
+
+# --------------------------------------------------------------------------- #
+# Setup
+# --------------------------------------------------------------------------- #
+
+
+def peer_tool(cache_dir: Path) -> tuple[Tool, str]:
+    """Install the peer into its own venv in the cache (once); return it and its version."""
+    venv = cache_dir / "peer-venv"
+    python = venv / "bin" / "python"
+    version_argv = [str(python), "-c", f"import importlib.metadata as m; print(m.version({PEER_PACKAGE!r}))"]
+
+    def installed_version() -> str:
+        if not python.exists():
+            return ""
+        found = subprocess.run(version_argv, capture_output=True, text=True, check=False)
+        return found.stdout.strip()
+
+    if installed_version() != PEER_VERSION:
+        progress(f"installing {PEER_PACKAGE}=={PEER_VERSION} into {venv}")
+        for argv in (
+            [sys.executable, "-m", "venv", str(venv)],
+            [str(python), "-m", "pip", "install", "-q", f"{PEER_PACKAGE}=={PEER_VERSION}"],
+        ):
+            done = subprocess.run(argv, capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                reason = f"cannot install the peer: {failure_line(done.stdout + done.stderr)}"
+                return Tool("peer", [], unavailable=reason), "not installed"
+    version = installed_version()
+    if version != PEER_VERSION:
+        reason = f"peer venv has {PEER_PACKAGE} {version or 'missing'}, not {PEER_VERSION}"
+        return Tool("peer", [], unavailable=reason), version or "not installed"
+    return Tool("peer", [str(venv / "bin" / TOOL)]), version
+
+
+def machine_facts(peer: str) -> dict[str, str]:
+    """CPU, RAM and the versions that matter."""
+    cpu = "unknown"
+    with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+        for line in cpuinfo:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return {
+        "CPUs": f"{os.cpu_count()} ({cpu})",
+        "load average at the start": " ".join(f"{load:.2f}" for load in os.getloadavg()),
+        "RAM": f"{ram / (1 << 30):.1f} GiB",
+        "OS": platform.platform(),
+        "Python": platform.python_version(),
+        "onnx": onnx.__version__,
+        "onnxruntime": ort.__version__,
+        "onnx-ir": importlib.metadata.version("onnx-ir"),
+        "onnx-conv2matmul (ours)": importlib.metadata.version("onnx-conv2matmul"),
+        "onnx-conv2matmul (peer)": peer,
+    }
+
+
+# --------------------------------------------------------------------------- #
+# Report
+# --------------------------------------------------------------------------- #
+
+
+def cell(text: str) -> str:
+    text = " ".join(text.split()).replace("|", "\\|")
+    return text if len(text) <= CELL_CHARS else text[: CELL_CHARS - 1] + "…"
+
+
+def yes_no(value: bool | None) -> str:
+    return "—" if value is None else ("yes" if value else "no")
+
+
+def render_export(export: ExportResult) -> str:
+    """The markdown table of one export and its latency line."""
+    cp = export.runs[0]  # the first row is always cp
+    lines = [
+        f"### {export.name}: {export.input_bytes / MB:,.0f} MB in {export.files} files",
+        "",
+        "| run | wall s | x cp | peak RSS MB | output MB | x input size | loads in ORT "
+        "| agrees with original | status |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |",
+    ]
+    for run in export.runs:
+        status = run.status
+        if run.check is not None and run.check.detail:
+            status += f"; {run.check.detail}"
+        check = run.check or Check()
+        if run.wall_s is None:
+            measured = ["—"] * 5
+        else:
+            measured = [
+                f"{run.wall_s:.2f}",
+                f"{run.wall_s / cp.wall_s:.2f}" if cp.wall_s else "—",
+                f"{run.peak_rss_kb / 1024:,.0f}",
+                f"{run.output_bytes / MB:,.0f}",
+                f"{run.output_bytes / export.input_bytes:.4f}",
+            ]
+        cells = [run.label, *measured, yes_no(check.loads), yes_no(check.agrees), cell(status)]
+        lines.append(f"| {' | '.join(cells)} |")
+    lines.append("")
+    if export.warning:
+        lines.append(f"**Warning: {export.warning}.**")
+    lines.append(
+        f"Load average (1, 5, 15 min) after the runs: {' '.join(f'{x:.2f}' for x in export.load_average)}."
+    )
+    if export.latency is not None:
+        latency = export.latency
+        lines.append(
+            f"Latency (onnxruntime CPU, {LATENCY_THREADS} threads, B=1, T={LATENCY_FRAMES}, "
+            f"median of {len(latency.original_samples_ms)}): original {latency.original_ms:.1f} ms, "
+            f"ours {latency.rewritten_ms:.1f} ms, ratio {latency.ratio:.3f}."
+        )
+    else:
+        lines.append(f"Latency: not measured ({cell(export.latency_error or 'our rewrite failed')}).")
+    if export.transposes_original is not None:
+        lines.append(
+            f"Transpose nodes: original {export.transposes_original} → ours {export.transposes_ours}."
+        )
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- #
+# Command line
+# --------------------------------------------------------------------------- #
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--cache",
+        type=Path,
+        default=DEFAULT_CACHE_DIR,
+        help="cache of fastconformer.py (default: %(default)s)",
+    )
+    parser.add_argument("--repeat", type=int, default=3, help="timed runs per row (default: 3)")
+    parser.add_argument(
+        "--latency-runs", type=int, default=10, help="timed onnxruntime runs per model (default: 10)"
+    )
+    parser.add_argument("--skip-peer", action="store_true", help="do not benchmark the peer tool")
+    parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
+    args = parser.parse_args(argv)
+    if args.repeat < 1 or args.latency_runs < 1:
+        parser.error("--repeat and --latency-runs must be at least 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    cache_dir: Path = args.cache.expanduser().resolve()
+    models: dict[str, Path] = {}
+    for name in EXPORTS:
+        if (cache_dir / name / COMPLETE_MARKER).exists():
+            models[name] = cache_dir / name / MODEL_FILENAME
+        else:
+            progress(f"[{name}] not in {cache_dir}: run `python benchmarks/fastconformer.py cache`")
+    if not models:
+        progress("error: no complete export in the cache")
+        return 2
+
+    ours = Path(sys.executable).with_name(TOOL)
+    if not ours.exists():
+        progress(
+            f"error: {ours} not found: run this script with the Python of the venv where we are installed"
+        )
+        return 2
+    tools = [Tool("ours", [str(ours), "convert"])]
+    peer_version = "skipped"
+    if not args.skip_peer:
+        peer, peer_version = peer_tool(cache_dir)
+        tools.append(peer)
+
+    facts = machine_facts(peer_version)
+    print("## Machine\n")
+    print("\n".join(f"- {key}: {value}" for key, value in facts.items()), flush=True)
+
+    work_dir = Path(tempfile.mkdtemp(prefix="bench-", dir=cache_dir))
+    exports = []
+    try:
+        for name, model in models.items():
+            export = bench_export(name, model, ours, tools, args, work_dir)
+            exports.append(export)
+            print(f"\n{render_export(export)}", flush=True)
+    finally:
+        shutil.rmtree(work_dir, ignore_errors=True)
+
+    if args.json is not None:
+        data: dict[str, Any] = {
+            "machine": facts,
+            "options": {
+                "repeat": args.repeat,
+                "latency_runs": args.latency_runs,
+                "rewrite_flags": list(REWRITE_FLAGS),
+                "verify_flags": list(VERIFY_FLAGS),
+            },
+            "exports": [dataclasses.asdict(export) for export in exports],
+        }
+        args.json.write_text(json.dumps(data, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
