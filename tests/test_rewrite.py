@@ -180,3 +180,14 @@ def test_ir_model_is_converted_in_place() -> None:
     assert same is model
     assert [n.op_type for n in model.graph] == ["Transpose", "MatMul", "Add", "Transpose"]
     assert report.converted_params == 30
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (3, 5), (17, 64), (100, 33), (2048, 40)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
+def test_blocked_transpose_is_the_transpose(shape: tuple[int, int], dtype: type) -> None:
+    from onnx_conv2matmul.rewrite import transpose_2d
+
+    a = np.random.default_rng(0).standard_normal(shape).astype(dtype)
+    out = transpose_2d(a)
+    assert out.flags.c_contiguous and out.dtype == a.dtype
+    np.testing.assert_array_equal(out, a.T)
