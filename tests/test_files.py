@@ -269,3 +269,13 @@ def test_failure_in_the_middle_of_writing(
         with pytest.raises(type(error)):
             convert_file(src, target, inplace=inplace)
         assert {p: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_output_never_overwrites_the_inputs_data(tmp_path: Path) -> None:
+    """a.onnx keeps its weights in b.onnx.data: writing b.onnx (+ b.onnx.data) would destroy a.onnx."""
+    src = tmp_path / "a.onnx"
+    onnx.save(_stack_model(), src, save_as_external_data=True, location="b.onnx.data", size_threshold=0)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    with pytest.raises(InputError, match="would overwrite a file the input model needs"):
+        convert_file(src, tmp_path / "b.onnx")
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before

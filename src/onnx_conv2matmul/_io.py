@@ -127,6 +127,17 @@ def load_model(path: str) -> LoadedModel:
     return LoadedModel(model=model, path=path, external_files=sorted(external), total_bytes=total)
 
 
+def check_not_overwriting_inputs(loaded: LoadedModel, destination: str) -> None:
+    """Refuse an output whose data file is one the input still reads from (or the input itself)."""
+    targets = {os.path.realpath(destination), os.path.realpath(destination + ".data")}
+    inputs = {os.path.realpath(p) for p in loaded.external_files}
+    if os.path.realpath(destination) != os.path.realpath(loaded.path):
+        inputs.add(os.path.realpath(loaded.path))
+    clash = sorted(targets & inputs)
+    if clash:
+        raise InputError(f"the output would overwrite a file the input model needs: {clash[0]}")
+
+
 def tensor_bytes(model: ir.Model) -> int:
     return sum(int(t.nbytes) for t in _iter_tensors(model))
 

@@ -150,6 +150,8 @@ def _convert_file(
     start = time.perf_counter()
     progress.phase("Loading")
     loaded = _io.load_model(src)
+    if not inplace:
+        _io.check_not_overwriting_inputs(loaded, dst)
     timings["load"] = time.perf_counter() - start
     if run_checker:
         progress.phase("Checking the input")

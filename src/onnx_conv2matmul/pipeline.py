@@ -138,6 +138,7 @@ def quantize_file(
     try:
         progress.phase("Loading")
         loaded = _io.load_model(src)
+        _io.check_not_overwriting_inputs(loaded, dst)
         report.input_bytes = loaded.total_bytes
         if run_checker:
             progress.phase("Checking the input")
