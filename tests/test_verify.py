@@ -329,3 +329,17 @@ def test_verify_command_rejects_mismatched_models(tmp_path: Path) -> None:
     assert code == 2 and "different" in stderr
     code, _, stderr = _invoke("verify", a, str(tmp_path / "missing.onnx"))
     assert code == 2 and "not found" in stderr
+
+
+def test_candidate_that_onnxruntime_cannot_load_fails_with_exit_1(tmp_path: Path) -> None:
+    original = conv_model(spatial=1)
+    src = _save(original, tmp_path / "m.onnx")
+    broken = onnx.ModelProto()
+    broken.CopyFrom(original)
+    broken.graph.node[0].op_type = "NoSuchOp"
+    cand = _save(broken, tmp_path / "broken.onnx")
+    report = verify_models(src, cand)
+    assert not report.passed and report.failures[0].output == "*"
+    assert "cannot load the candidate" in report.failures[0].note
+    code, _, stderr = _invoke("verify", src, cand)
+    assert code == 1 and "Verification FAILED" in stderr

@@ -81,6 +81,14 @@ def _errors() -> Iterator[None]:
         )
 
 
+def _emit_json(text: str, path: str | None, to_stdout: bool) -> None:
+    """The JSON report to a file (atomically) and/or alone on stdout."""
+    if path is not None:
+        write_text_atomic(path, text + "\n")
+    if to_stdout:
+        click.echo(text)
+
+
 def write_text_atomic(path: str, text: str) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
@@ -355,11 +363,7 @@ def convert_command(
             keep_on_failure=keep_on_failure,
             progress=_progress(console, input_path, quiet),
         )
-        text = render.report_json(report)
-        if report_json is not None:
-            write_text_atomic(report_json, text + "\n")
-        if report_json_stdout:
-            click.echo(text)
+        _emit_json(render.report_json(report), report_json, report_json_stdout)
         render.print_convert_report(console, report)
     sys.exit(report.return_code)
 
@@ -404,11 +408,7 @@ def verify_command(
         result = verify_models(original, candidate, options)
         verification = result.to_dict()
         data = {"tool": "onnx-conv2matmul", "version": __version__, "verification": verification}
-        text = render.dump(data)
-        if report_json is not None:
-            write_text_atomic(report_json, text + "\n")
-        if report_json_stdout:
-            click.echo(text)
+        _emit_json(render.dump(data), report_json, report_json_stdout)
         render.print_verification(console, verification, cosine=cosine)
     sys.exit(result.return_code)
 
@@ -515,11 +515,7 @@ def quantize_command(
             progress=_progress(console, input_path, quiet) if os.path.isfile(input_path) else None,
         )
         data = report.to_dict()
-        text = render.dump(data)
-        if report_json is not None:
-            write_text_atomic(report_json, text + "\n")
-        if report_json_stdout:
-            click.echo(text)
+        _emit_json(render.dump(data), report_json, report_json_stdout)
         render.print_quantize_report(console, data)
     sys.exit(report.return_code)
 

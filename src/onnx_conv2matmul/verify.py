@@ -113,6 +113,14 @@ class OutputComparison:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    @classmethod
+    def failure(
+        cls, length: int, name: str, note: str, dtype: str = "", shape: list[int] | None = None
+    ) -> OutputComparison:
+        """A comparison that could not be made (shape, type or run failure)."""
+        inf = float("inf")
+        return cls(length, name, dtype, shape or [], inf, inf, inf, None, 0.0, -1, False, note)
+
 
 @dataclasses.dataclass
 class VerifyReport:
@@ -325,20 +333,8 @@ def compare_arrays(
 ) -> OutputComparison:
     """Compare one output; the criterion depends on the options and the dtype."""
     if ref.shape != out.shape or ref.dtype != out.dtype:
-        return OutputComparison(
-            length,
-            name,
-            str(ref.dtype),
-            list(ref.shape),
-            float("inf"),
-            float("inf"),
-            float("inf"),
-            None,
-            0.0,
-            -1,
-            False,
-            note=f"candidate gives {out.dtype}{list(out.shape)}, reference {ref.dtype}{list(ref.shape)}",
-        )
+        note = f"candidate gives {out.dtype}{list(out.shape)}, reference {ref.dtype}{list(ref.shape)}"
+        return OutputComparison.failure(length, name, note, str(ref.dtype), list(ref.shape))
     if not np.issubdtype(ref.dtype, np.floating):
         mismatches = int(np.count_nonzero(ref != out))
         diff = float(np.abs(ref.astype(np.float64) - out.astype(np.float64)).max(initial=0.0))
@@ -416,22 +412,7 @@ def verify_models(original: str, candidate: str, options: VerifyOptions | None =
         _, cand_names, cand_outputs, _ = _run_all(candidate, "candidate", options, specs)
     except ModelRunError as err:
         report = VerifyReport(original, candidate, options, how)
-        report.results.append(
-            OutputComparison(
-                0,
-                "*",
-                "",
-                [],
-                float("inf"),
-                float("inf"),
-                float("inf"),
-                None,
-                0.0,
-                -1,
-                False,
-                note=str(err),
-            )
-        )
+        report.results.append(OutputComparison.failure(0, "*", str(err)))
         return report
     if cand_names != names:
         raise InputError(f"the two models have different outputs: {names} vs {cand_names}")
