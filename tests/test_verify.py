@@ -343,3 +343,38 @@ def test_candidate_that_onnxruntime_cannot_load_fails_with_exit_1(tmp_path: Path
     assert "cannot load the candidate" in report.failures[0].note
     code, _, stderr = _invoke("verify", src, cand)
     assert code == 1 and "Verification FAILED" in stderr
+
+
+def test_input_synthesis_rules() -> None:
+    from onnx_conv2matmul.verify import _InputSpec, synthesise_inputs
+
+    specs = [
+        _InputSpec("audio", np.float32, ["B", 80, "T"]),
+        _InputSpec("audio_len", np.int64, ["B"]),
+        _InputSpec("state", np.float16, [2, "B", 16]),
+        _InputSpec("mask", np.bool_, [None, "T"]),
+        _InputSpec("ids", np.int32, ["B", "U"]),
+        _InputSpec("pcm", np.int16, ["B", "S"]),
+        _InputSpec("img", np.uint8, ["B", 3, "H", "W"]),
+        _InputSpec("rate", np.int64, []),
+        _InputSpec("x64", np.float64, [4]),
+    ]
+    options = VerifyOptions(batch=2, inputs={"rate": 16000}, dims={"H": 5, "U": 3})
+    feeds, how = synthesise_inputs(specs, 37, options)
+    assert feeds["audio"].shape == (2, 80, 37) and feeds["audio"].dtype == np.float32
+    assert feeds["audio_len"].tolist() == [37, 37] and how["audio_len"] == "length per batch row"
+    assert feeds["state"].dtype == np.float16 and not feeds["state"].any()
+    assert feeds["mask"].shape == (2, 37) and feeds["mask"].dtype == np.bool_
+    assert feeds["ids"].shape == (2, 3) and feeds["ids"].dtype == np.int32
+    assert feeds["pcm"].shape == (2, 37) and feeds["pcm"].dtype == np.int16
+    assert feeds["img"].shape == (2, 3, 5, 37) and feeds["img"].dtype == np.uint8
+    assert feeds["rate"].shape == () and int(feeds["rate"]) == 16000
+    assert feeds["x64"].shape == (4,) and feeds["x64"].dtype == np.float64
+    # Seeded: the same inputs every time, different per length.
+    again, _ = synthesise_inputs(specs, 37, options)
+    np.testing.assert_array_equal(feeds["audio"], again["audio"])
+    other, _ = synthesise_inputs(specs, 38, options)
+    assert other["audio"].shape[-1] == 38
+    # The signal input is never zeroed, even when its name looks like state.
+    named, how = synthesise_inputs(specs, 8, VerifyOptions(signal_input="state"))
+    assert named["state"].any() and how["state"] == "standard normal"
