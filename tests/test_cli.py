@@ -149,3 +149,35 @@ def test_progress_only_on_a_terminal_for_big_models(
     bar.phase("Saving")
     bar.advance(1, 2)
     bar.close()
+
+
+def test_report_never_overwrites_a_model_file(tmp_path: Path) -> None:
+    src = tmp_path / "m.onnx"
+    onnx.save(
+        conv_model(spatial=1), src, save_as_external_data=True, location="m.onnx.data", size_threshold=0
+    )
+    out = tmp_path / "o.onnx"
+    for report in (src, out, Path(str(out) + ".data"), Path(str(src) + ".data")):
+        before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+        code, _, stderr = invoke(str(src), str(out), "--report-json", str(report))
+        assert code == 2 and "would overwrite a model file" in stderr
+        assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    code, _, stderr = invoke("verify", str(src), str(src), "--report-json", str(src))
+    assert code == 2
+
+
+def test_written_files_get_the_usual_permissions(tmp_path: Path) -> None:
+    import os
+    import stat
+
+    src = tmp_path / "m.onnx"
+    onnx.save(
+        conv_model(spatial=1), src, save_as_external_data=True, location="m.onnx.data", size_threshold=0
+    )
+    out, report = tmp_path / "o.onnx", tmp_path / "r.json"
+    code, _, _ = invoke(str(src), str(out), "--report-json", str(report), "-q")
+    assert code == 0
+    mask = os.umask(0)
+    os.umask(mask)
+    for path in (out, Path(str(out) + ".data"), report):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~mask, path

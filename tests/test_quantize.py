@@ -194,3 +194,6 @@ def test_bundle_lists_models_with_their_data(tmp_path: Path) -> None:
     assert "total" in stderr
     code, _, stderr = _invoke("bundle", str(tmp_path / "nope"))
     assert code == 2
+    (tmp_path / "encoder.onnx.data").unlink()
+    code, _, stderr = _invoke("bundle", str(tmp_path))
+    assert code == 2 and "external data file not found" in stderr

@@ -142,6 +142,17 @@ def tensor_bytes(model: ir.Model) -> int:
     return sum(int(t.nbytes) for t in _iter_tensors(model))
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _usual_mode(path: str, *, directory: bool = False) -> None:
+    """Give a staged file the mode a plain ``open`` would (temp files are private)."""
+    os.chmod(path, (0o777 if directory else 0o666) & ~_umask())
+
+
 @dataclasses.dataclass
 class StagedOutput:
     """A model written to a temporary directory beside its destination."""
@@ -167,8 +178,10 @@ class StagedOutput:
             data_dest = dest + ".data"
             if os.path.basename(data_dest) != os.path.basename(self.data_path):
                 raise ValueError("staged data file name does not match the destination")
+            _usual_mode(self.data_path)
             os.replace(self.data_path, data_dest)
             written.append(data_dest)
+        _usual_mode(self.onnx_path)
         os.replace(self.onnx_path, dest)
         written.append(dest)
         self.discard()
@@ -178,6 +191,9 @@ class StagedOutput:
         """Move the staged files into ``directory`` (replaced if it exists); return the model path."""
         if os.path.isdir(directory):
             shutil.rmtree(directory)
+        for name in os.listdir(self.directory):
+            _usual_mode(os.path.join(self.directory, name))
+        _usual_mode(self.directory, directory=True)
         os.replace(self.directory, directory)
         self.directory = directory
         kept = os.path.join(directory, os.path.basename(self.onnx_path))

@@ -82,7 +82,7 @@ def convert(
     return model, _convert_ir(model, options)
 
 
-def check_paths(input_path: str, output_path: str | None, *, inplace: bool) -> str:
+def check_paths(input_path: str, output_path: str | None, *, inplace: bool, inplace_hint: bool = True) -> str:
     """Validate the paths before any heavy work; return the output path."""
     _io.check_input_path(input_path)
     if inplace and output_path is not None:
@@ -92,9 +92,22 @@ def check_paths(input_path: str, output_path: str | None, *, inplace: bool) -> s
     output = input_path if inplace else output_path
     assert output is not None
     if not inplace and os.path.abspath(output) == os.path.abspath(input_path):
-        raise InputError("output is the input; use --inplace to replace the input")
+        hint = "; use --inplace to replace the input" if inplace_hint else ""
+        raise InputError(f"output is the input{hint}")
     _io.check_output_path(output)
     return output
+
+
+def check_report_path(report_path: str, *, inputs: list[str], outputs: list[str]) -> None:
+    """The JSON report must not replace a model file, its data or the output being written."""
+    _io.check_output_path(report_path, what="report")
+    protected = {os.path.realpath(p) for p in inputs}
+    for out in outputs:
+        protected.update({os.path.realpath(out), os.path.realpath(out + ".data")})
+    for path in inputs:
+        protected.add(os.path.realpath(path + ".data"))
+    if os.path.realpath(report_path) in protected:
+        raise InputError(f"the report would overwrite a model file: {report_path}")
 
 
 def convert_file(

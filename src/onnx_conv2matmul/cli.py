@@ -95,6 +95,9 @@ def write_text_atomic(path: str, text: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -352,7 +355,11 @@ def convert_command(
         )
         api.check_paths(input_path, output_path, inplace=inplace)
         if report_json is not None:
-            _io.check_output_path(report_json, what="report")
+            api.check_report_path(
+                report_json,
+                inputs=[input_path],
+                outputs=[] if inplace or output_path is None else [output_path],
+            )
         report = api.convert_file(
             input_path,
             None if inplace else output_path,
@@ -404,7 +411,7 @@ def verify_command(
         for path in (original, candidate):
             _io.check_input_path(path)
         if report_json is not None:
-            _io.check_output_path(report_json, what="report")
+            api.check_report_path(report_json, inputs=[original, candidate], outputs=[])
         result = verify_models(original, candidate, options)
         verification = result.to_dict()
         data = {"tool": "onnx-conv2matmul", "version": __version__, "verification": verification}
@@ -503,7 +510,7 @@ def quantize_command(
             raise InputError(str(err)) from err
         v_options = _build_verify_options(verify_kwargs, min_cosine)
         if report_json is not None:
-            _io.check_output_path(report_json, what="report")
+            api.check_report_path(report_json, inputs=[input_path], outputs=[output_path])
         report = quantize_file(
             input_path,
             output_path,

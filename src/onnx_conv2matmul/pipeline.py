@@ -126,7 +126,7 @@ def quantize_file(
         verify = dataclasses.replace(verify, min_cosine=REPORT_ONLY_COSINE)
     progress = progress or NullProgress()
     src = os.fspath(input_path)
-    dst = check_paths(src, os.fspath(output_path), inplace=False)
+    dst = check_paths(src, os.fspath(output_path), inplace=False, inplace_hint=False)
     report = QuantizeReport(
         mode="int8_dynamic" if int8 else "matmul_nbits",
         input_path=src,
@@ -236,11 +236,10 @@ def bundle_sizes(directory: str) -> list[tuple[str, int, list[str]]]:
                 for entry in tensor.external_data:
                     if entry.key == "location":
                         locations.add(entry.value)
-        size = os.path.getsize(path) + sum(
-            os.path.getsize(os.path.join(directory, loc))
-            for loc in locations
-            if os.path.exists(os.path.join(directory, loc))
-        )
+        missing = [loc for loc in sorted(locations) if not os.path.isfile(os.path.join(directory, loc))]
+        if missing:
+            raise InputError(f"{name}: external data file not found: {missing[0]}")
+        size = os.path.getsize(path) + sum(os.path.getsize(os.path.join(directory, loc)) for loc in locations)
         models.append((name, size, sorted(locations)))
     return models
 
