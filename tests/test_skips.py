@@ -157,3 +157,91 @@ def test_conv_without_type_info_in_a_mixed_model() -> None:
         ("pw", Status.CONVERTED),
     ]
     assert op_types(rewritten) == ["Conv", "Transpose", "MatMul", "Transpose"]
+
+
+def test_weight_shared_with_a_node_that_stays() -> None:
+    """Converting would keep both W (for the 3x1 conv) and its transposed copy."""
+    model = conv_model(spatial=1, bias=False, name="pw")
+    model.graph.node.append(helper.make_node("Conv", ["x", "W"], ["z"], name="strided", strides=[2]))
+    model.graph.output.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, ["N", 5, "T2"]))
+    rewritten, report = convert(model)
+    assert [(e.name, e.reason) for e in report.entries] == [
+        ("pw", SkipReason.WEIGHT_SHARED),
+        ("strided", SkipReason.NEEDS_EXTENDED_MODE),
+    ]
+    assert "strided" in report.entries[0].detail
+    assert op_types(rewritten) == ["Conv", "Conv"]
+    # With extended mode both convert and share one transposed weight.
+    _, report = convert(model, ConvertOptions(extended=True))
+    assert [e.status for e in report.entries] == [Status.CONVERTED, Status.CONVERTED]
+
+
+def test_ambiguous_weight_name_across_scopes() -> None:
+    """A branch initializer named like a main-graph one: runtimes may pick either."""
+    rng = np.random.default_rng(0)
+    outer = numpy_helper.from_array(rng.standard_normal((4, 4, 1)).astype(np.float32), "w")
+    inner = numpy_helper.from_array(rng.standard_normal((4, 4, 1)).astype(np.float32), "w")
+    branch = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["b_out"], name="branch_conv")],
+        "then",
+        [],
+        [helper.make_tensor_value_info("b_out", TensorProto.FLOAT, None)],
+        [inner],
+    )
+    other = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["e_out"])],
+        "else",
+        [],
+        [helper.make_tensor_value_info("e_out", TensorProto.FLOAT, None)],
+    )
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w"], ["y0"], name="main_conv"),
+            helper.make_node("If", ["c"], ["y"], then_branch=branch, else_branch=other),
+        ],
+        "g",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4, "T"]),
+            helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+        ],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+            helper.make_tensor_value_info("y0", TensorProto.FLOAT, None),
+        ],
+        [outer],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    _, report = convert(model)
+    assert {e.name: e.reason for e in report.entries} == {
+        "main_conv": SkipReason.AMBIGUOUS_WEIGHT,
+        "branch_conv": SkipReason.AMBIGUOUS_WEIGHT,
+    }
+
+
+def test_ir_version_3_cannot_take_new_initializers() -> None:
+    model = conv_model(spatial=1, weight_source="constant", bias=False, opset=8)
+    model.ir_version = 3
+    rewritten, report = convert(model)
+    assert report.entries[0].reason is SkipReason.OPSET_UNSUPPORTED
+    assert "IR version 3" in report.entries[0].detail
+    assert "Conv" in op_types(rewritten)
+
+
+def test_conv_in_a_local_function_is_reported() -> None:
+    function = helper.make_function(
+        "local",
+        "PwConv",
+        ["x", "w"],
+        ["y"],
+        [helper.make_node("Conv", ["x", "w"], ["y"], name="fn_conv")],
+        opset_imports=[helper.make_opsetid("", 17)],
+    )
+    model = conv_model(spatial=1, bias=False)
+    model.graph.node[0].op_type = "PwConv"
+    model.graph.node[0].domain = "local"
+    model.functions.append(function)
+    model.opset_import.append(helper.make_opsetid("local", 1))
+    _, report = convert(model)
+    assert [(e.name, e.reason, e.scope) for e in report.entries] == [
+        ("fn_conv", SkipReason.IN_FUNCTION, "function local::PwConv")
+    ]

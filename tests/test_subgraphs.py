@@ -13,7 +13,7 @@ from helpers import (
     assert_matmul_weights_2d,
     op_types,
 )
-from onnx_conv2matmul import Status, convert
+from onnx_conv2matmul import ConvertOptions, SkipReason, Status, convert
 
 RNG = np.random.default_rng(7)
 C = 8
@@ -155,26 +155,31 @@ def test_generated_names_do_not_collide_with_subgraph_names() -> None:
     assert_equivalent(original, rewritten, feeds)
 
 
-def test_shared_weight_is_transposed_once_and_kept_while_used() -> None:
+def test_shared_weight_is_transposed_once() -> None:
     w = _w("W")
     graph = helper.make_graph(
         [
             helper.make_node("Conv", ["x", "W"], ["a"], name="c1"),
             helper.make_node("Conv", ["a", "W"], ["b"], name="c2"),
-            helper.make_node("Conv", ["b", "W"], ["c"], name="k3", pads=[1, 1]),
+            helper.make_node("Conv", ["b", "W"], ["c"], name="padded", pads=[1, 1]),
         ],
         "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", C, "T"])],
-        [helper.make_tensor_value_info("c", TensorProto.FLOAT, ["N", C, "T"])],
+        [helper.make_tensor_value_info("c", TensorProto.FLOAT, ["N", C, "T2"])],
         [w],
     )
     original = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    rewritten, report = convert(original)
-    assert [e.status for e in report.entries] == [Status.CONVERTED] * 2 + [Status.SKIPPED]
-    inits = all_initializers(rewritten.graph)
-    # c1, c2 share one transposed copy; the original stays because k3 (skipped) reads it.
-    assert set(inits) == {"W", "W_matmul"}
-    assert op_types(rewritten).count("Transpose") == 2, "c1 out / c2 in cancel"
+    # Strict mode leaves the padded conv, so converting c1/c2 would store W twice: all stay.
+    _, strict = convert(original)
+    assert [e.reason for e in strict.entries] == [
+        SkipReason.WEIGHT_SHARED,
+        SkipReason.WEIGHT_SHARED,
+        SkipReason.NEEDS_EXTENDED_MODE,
+    ]
+    rewritten, report = convert(original, ConvertOptions(extended=True))
+    assert [e.status for e in report.entries] == [Status.CONVERTED] * 3
+    assert set(all_initializers(rewritten.graph)) == {"W_matmul"}
+    assert op_types(rewritten).count("MatMul") == 3
     feeds = [{"x": RNG.standard_normal((b, C, t)).astype(np.float32)} for b, t in ((1, 3), (2, 40))]
     assert_equivalent(original, rewritten, feeds)
 

@@ -27,6 +27,8 @@ _AUTO_PADS = frozenset({"NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER"})
 MIN_OPSET_PAD = 2  # Pad-2: pads as an attribute; Pad-11: pads as an input
 MIN_OPSET_SLICE_STEPS = 10
 MIN_OPSET_BFLOAT16_MATMUL = 13
+# Before IR version 4 every initializer must also be a graph input (so it could be overridden).
+MIN_IR_VERSION = 4
 
 
 @dataclasses.dataclass
@@ -64,6 +66,7 @@ def is_conv_like(node: ir.Node) -> bool:
 def analyze(model: ir.Model, options: ConvertOptions) -> tuple[list[Plan], list[ConvEntry]]:
     """Return the plans and the report entry of every Conv-like node, in graph order."""
     opset = default_opset(model)
+    ambiguous = _names_in_several_scopes(model)
     plans: list[Plan] = []
     entries: list[ConvEntry] = []
     for graph, scope in walk_graphs(model.graph):
@@ -79,13 +82,79 @@ def analyze(model: ir.Model, options: ConvertOptions) -> tuple[list[Plan], list[
             )
             entries.append(entry)
             try:
-                plans.append(_plan(node, graph, entry, opset, options))
+                plan = _plan(node, graph, entry, opset, options)
+                if plan.weight.name in ambiguous:
+                    raise _Skip(
+                        SkipReason.AMBIGUOUS_WEIGHT,
+                        f"{plan.weight.name!r} is defined in several scopes",
+                    )
+                if model.ir_version < MIN_IR_VERSION:
+                    raise _Skip(
+                        SkipReason.OPSET_UNSUPPORTED,
+                        f"IR version {model.ir_version} requires every initializer to be a graph input",
+                    )
             except _Skip as skip:
                 entry.reason = skip.reason
                 entry.detail = skip.detail
             else:
                 entry.status = Status.CONVERTED
+                plans.append(plan)
+    plans = _drop_shared_with_unconverted(plans)
+    entries.extend(_function_entries(model))
     return plans, entries
+
+
+def _names_in_several_scopes(model: ir.Model) -> set[str]:
+    """Names defined (input, initializer, node output) in more than one graph."""
+    seen: dict[str, int] = {}
+    for graph, _ in walk_graphs(model.graph):
+        names = {v.name for v in graph.inputs if v.name}
+        names.update(graph.initializers.keys())
+        names.update(o.name for n in graph for o in n.outputs if o.name)
+        for name in names:
+            seen[name] = seen.get(name, 0) + 1
+    return {name for name, count in seen.items() if count > 1}
+
+
+def _drop_shared_with_unconverted(plans: list[Plan]) -> list[Plan]:
+    """Skip convs whose weight also feeds a node that stays, so no weight is stored twice."""
+    planned = {id(p.node) for p in plans}
+    kept = []
+    for plan in plans:
+        others = [use.node for use in plan.weight.uses() if id(use.node) not in planned or use.idx != 1]
+        if others:
+            plan.entry.status = Status.SKIPPED
+            plan.entry.reason = SkipReason.WEIGHT_SHARED
+            user = others[0]
+            plan.entry.detail = (
+                f"{plan.weight.name!r} also feeds {user.op_type} {user.name or '(unnamed)'!r}, which stays"
+            )
+            plan.entry.extra_ops = []
+            continue
+        kept.append(plan)
+    if len(kept) != len(plans):
+        # Dropping one conv can leave another sharing its weight with a node that stays.
+        return _drop_shared_with_unconverted(kept)
+    return kept
+
+
+def _function_entries(model: ir.Model) -> list[ConvEntry]:
+    entries = []
+    for function in model.functions.values():
+        for node in function:
+            if is_conv_like(node):
+                entries.append(
+                    ConvEntry(
+                        name=node.name or "",
+                        scope=f"function {function.domain}::{function.name}",
+                        op_type=node.op_type,
+                        domain=node.domain,
+                        status=Status.SKIPPED,
+                        reason=SkipReason.IN_FUNCTION,
+                        detail="convs inside model-local functions are not rewritten",
+                    )
+                )
+    return entries
 
 
 def constant_tensor(value: ir.Value) -> tuple[ir.TensorProtocol, ir.Node | None] | None:

@@ -35,7 +35,13 @@ class SkipReason(str, enum.Enum):
     DILATION_ABOVE_MAX = "dilation_above_max"
     """A dilation is above ``--max-dilation``."""
     OPSET_UNSUPPORTED = "opset_unsupported"
-    """The model's opset cannot express the ops the rewrite needs (Slice with steps < 10, ...)."""
+    """The model's opset or IR version cannot express the rewrite (Slice with steps < 10, ...)."""
+    WEIGHT_SHARED = "weight_shared"
+    """The weight also feeds a node that stays; converting would store it twice."""
+    AMBIGUOUS_WEIGHT = "ambiguous_weight"
+    """The weight's name is defined in more than one scope, so runtimes may resolve it differently."""
+    IN_FUNCTION = "in_function"
+    """The node is inside a model-local function (not rewritten)."""
 
     @property
     def description(self) -> str:
@@ -54,5 +60,8 @@ _DESCRIPTIONS: dict[SkipReason, str] = {
     SkipReason.NEEDS_EXTENDED_MODE: "strides/pads/auto_pad need --extended-conv1x1",
     SkipReason.DILATION_NEEDS_OPT_IN: "dilation > 1 needs --allow-non-unit-dilation",
     SkipReason.DILATION_ABOVE_MAX: "dilation above --max-dilation",
-    SkipReason.OPSET_UNSUPPORTED: "model opset cannot express the rewrite",
+    SkipReason.OPSET_UNSUPPORTED: "model opset or IR version cannot express the rewrite",
+    SkipReason.WEIGHT_SHARED: "weight also used by a node that stays",
+    SkipReason.AMBIGUOUS_WEIGHT: "weight name defined in several scopes",
+    SkipReason.IN_FUNCTION: "inside a model-local function",
 }
