@@ -197,3 +197,31 @@ def test_bundle_lists_models_with_their_data(tmp_path: Path) -> None:
     (tmp_path / "encoder.onnx.data").unlink()
     code, _, stderr = _invoke("bundle", str(tmp_path))
     assert code == 2 and "external data file not found" in stderr
+
+
+def test_int8_patterns_and_an_include_that_matches_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "d.onnx"
+    code, stdout, stderr = _invoke(
+        "quantize", str(DECODER), str(out), "--int8-dynamic", "--verify-lengths", "8", "--report-json-stdout"
+    )
+    assert code == 0 and "pre-processing" not in stderr
+    everything = json.loads(stdout)["quantized_nodes"]
+    names = [n.name for n in all_nodes(onnx.load(DECODER).graph) if n.op_type == "MatMul"]
+    code, stdout, _ = _invoke(
+        "quantize",
+        str(DECODER),
+        str(out),
+        "--int8-dynamic",
+        "--verify-lengths",
+        "8",
+        "--exclude",
+        names[0],
+        "--report-json-stdout",
+        "-q",
+    )
+    assert code == 0 and json.loads(stdout)["quantized_nodes"] == everything - 1
+    code, stdout, stderr = _invoke(
+        "quantize", str(ENCODER), str(out), "--include", "nomatch*", "--report-json-stdout"
+    )
+    data = json.loads(stdout)
+    assert data["quantized_nodes"] == 0 and data["warnings"] and "warning" in stderr

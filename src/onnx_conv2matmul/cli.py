@@ -428,10 +428,26 @@ def verify_command(
     is_flag=True,
     help="onnxruntime's quantize_dynamic with int8 weights instead (decoder/joint).",
 )
-@click.option("--bits", type=click.Choice(["4", "8"]), default="4", show_default=True)
-@click.option("--block-size", type=int, default=64, show_default=True, help="Power of 2, >= 16.")
-@click.option("--symmetric/--asymmetric", default=False, show_default=True)
-@click.option("--accuracy-level", type=click.IntRange(0, 4), default=0, show_default=True)
+@click.option(
+    "--bits", type=click.Choice(["4", "8"]), default="4", show_default=True, help="MatMulNBits bits."
+)
+@click.option(
+    "--block-size",
+    type=int,
+    default=64,
+    show_default=True,
+    help="MatMulNBits block size: a power of 2, >= 16.",
+)
+@click.option(
+    "--symmetric/--asymmetric", default=False, show_default=True, help="MatMulNBits without/with zero points."
+)
+@click.option(
+    "--accuracy-level",
+    type=click.IntRange(0, 4),
+    default=0,
+    show_default=True,
+    help="MatMulNBits accuracy level.",
+)
 @click.option(
     "--exclude",
     multiple=True,

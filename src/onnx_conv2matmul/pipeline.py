@@ -56,6 +56,7 @@ class QuantizeReport:
     peak_rss_bytes: int = 0
     peak_rss_quantize_bytes: int = 0
     verification: dict[str, Any] | None = None
+    warnings: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -94,6 +95,7 @@ class QuantizeReport:
             "peak_rss_bytes": self.peak_rss_bytes,
             "peak_rss_quantize_bytes": self.peak_rss_quantize_bytes,
             "verification": self.verification,
+            "warnings": self.warnings,
             "return_code": self.return_code,
         }
 
@@ -154,13 +156,17 @@ def quantize_file(
         report.weights_with_rewrite = weight_stats(model)
         external = loaded.has_external_data or _io.tensor_bytes(model) > _io.SINGLE_FILE_LIMIT_BYTES
         if int8:
-            staged = _int8_staged(model, dst, external, progress, report)
+            staged = _int8_staged(model, dst, external, quantize_options, progress, report)
         else:
             progress.phase("Quantizing")
             result = quantize_matmul_nbits(model, quantize_options)
             report.matmuls = result.matmuls
             report.quantized_nodes = result.quantized
             report.excluded = result.excluded
+            if result.quantized == 0:
+                report.warnings.append(
+                    "no MatMul was quantized: check --include/--exclude against the node names"
+                )
             progress.phase("Saving")
             staged = _io.stage_model(model, dst, external=external, progress=progress.advance)
         del model, loaded
@@ -186,7 +192,12 @@ def quantize_file(
 
 
 def _int8_staged(
-    model: ir.Model, dst: str, external: bool, progress: Progress, report: QuantizeReport
+    model: ir.Model,
+    dst: str,
+    external: bool,
+    quantize_options: QuantizeOptions,
+    progress: Progress,
+    report: QuantizeReport,
 ) -> _io.StagedOutput:
     """Save the rewritten fp32 model aside, run ``quantize_dynamic`` into a staged output."""
     progress.phase("Saving the rewritten model")
@@ -199,7 +210,7 @@ def _int8_staged(
         )
         out = os.path.join(directory, os.path.basename(dst))
         try:
-            int8_dynamic(fp32.onnx_path, out, external_data=external)
+            int8_dynamic(model, fp32.onnx_path, out, quantize_options, external_data=external)
         except BaseException:
             shutil.rmtree(directory, ignore_errors=True)
             raise

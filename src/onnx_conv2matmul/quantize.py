@@ -260,19 +260,29 @@ def count_op(model: onnx.ModelProto | ir.Model, op_type: str) -> int:
 
 
 def int8_dynamic(
-    input_path: str, output_path: str, *, exclude: Sequence[str] = (), external_data: bool = False
+    model: ir.Model, input_path: str, output_path: str, options: QuantizeOptions, *, external_data: bool
 ) -> None:
-    """onnxruntime's ``quantize_dynamic`` with int8 weights (for a decoder/joint)."""
+    """onnxruntime's ``quantize_dynamic`` with int8 weights (for a decoder/joint).
+
+    ``options.exclude`` / ``options.include`` select nodes by name, as for MatMulNBits.
+    """
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    model = onnx.load(input_path, load_external_data=False)
-    node_names = [n.name for g, _ in walk_graphs(ir.serde.deserialize_model(model).graph) for n in g]
-    del model
-    excluded = [n for n in node_names if n and any(fnmatch.fnmatchcase(n, p) for p in exclude)]
-    quantize_dynamic(
-        input_path,
-        output_path,
-        weight_type=QuantType.QInt8,
-        nodes_to_exclude=excluded,
-        use_external_data_format=external_data,
-    )
+    names = [n.name for g, _ in walk_graphs(model.graph) for n in g if n.name]
+    excluded = [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in options.exclude)]
+    included = [n for n in names if options.include and options.selects(n)]
+    # onnxruntime warns on the root logger that pre-processing may help; keep stderr for our report.
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        quantize_dynamic(
+            input_path,
+            output_path,
+            weight_type=QuantType.QInt8,
+            nodes_to_exclude=excluded,
+            nodes_to_quantize=included or None,
+            use_external_data_format=external_data,
+        )
+    finally:
+        root.setLevel(level)

@@ -205,6 +205,8 @@ def print_quantize_report(console: Console, data: dict[str, Any]) -> None:
     table.add_row("peak memory (RSS) until saved", human_bytes(data["peak_rss_quantize_bytes"]))
     table.add_row("peak memory (RSS) with the accuracy check", human_bytes(data["peak_rss_bytes"]))
     console.print(table)
+    for warning in data["warnings"]:
+        console.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False, soft_wrap=True)
     verification = data["verification"]
     if verification is not None:
         print_verification(console, verification, cosine=True)
