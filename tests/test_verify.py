@@ -268,6 +268,7 @@ def test_failed_verification_writes_nothing_and_exits_1(
     failure = data["verification"]["failures"][0]
     assert failure["output"] == "y" and failure["length"] == 64 and failure["max_abs"] > 3e-5
     assert data["output"] is None and data["return_code"] == 1
+    assert data["files"]["external_data"] is False
     after = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.name != "r.json"}
     assert after == before
 

@@ -194,6 +194,7 @@ def _convert_file(
         else:
             report.checker = "skipped"
         report.output_bytes = staged.size
+        report.external_data = staged.data_path is not None
         if verify is not None:
             progress.phase("Verifying")
             start = time.perf_counter()
@@ -213,6 +214,5 @@ def _convert_file(
     report.input_path = src
     report.output_path = dst
     report.input_bytes = loaded.total_bytes
-    report.external_data = bool(staged.data_path)
     report.timings = timings
     return report
