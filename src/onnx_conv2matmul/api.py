@@ -179,6 +179,9 @@ def _convert_file(
     progress.phase("Rewriting")
     model, report = convert(loaded.model, options)
     timings["rewrite"] = time.perf_counter() - start
+    report.input_path = src
+    report.input_bytes = loaded.total_bytes
+    report.timings = timings  # filled in as the steps run
 
     external = loaded.has_external_data or _io.tensor_bytes(model) > _io.SINGLE_FILE_LIMIT_BYTES
     start = time.perf_counter()
@@ -203,16 +206,9 @@ def _convert_file(
             result.candidate = dst
             report.verification = result.to_dict()
             if not result.passed:
-                report.output_path = None
-                if keep_on_failure:
-                    report.output_path = staged.keep(dst + FAILED_SUFFIX)
-                report.input_path = src
-                report.input_bytes = loaded.total_bytes
-                report.timings = timings
+                # Nothing at the destination; with keep_on_failure the files go aside.
+                report.output_path = staged.keep(dst + FAILED_SUFFIX) if keep_on_failure else None
                 return report
         staged.publish()
-    report.input_path = src
     report.output_path = dst
-    report.input_bytes = loaded.total_bytes
-    report.timings = timings
     return report
