@@ -153,6 +153,21 @@ def _usual_mode(path: str, *, directory: bool = False) -> None:
     os.chmod(path, (0o777 if directory else 0o666) & ~_umask())
 
 
+def write_text_atomic(path: str, text: str) -> None:
+    """Write a text file (a report) through a temporary file renamed into place."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        _usual_mode(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
 @dataclasses.dataclass
 class StagedOutput:
     """A model written to a temporary directory beside its destination."""

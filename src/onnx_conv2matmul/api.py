@@ -98,6 +98,33 @@ def check_paths(input_path: str, output_path: str | None, *, inplace: bool, inpl
     return output
 
 
+def load_input(
+    src: str,
+    dst: str,
+    *,
+    inplace: bool,
+    run_checker: bool,
+    progress: Progress,
+    timings: dict[str, float],
+) -> _io.LoadedModel:
+    """Load the input and check it before any heavy work (shared by the commands that write)."""
+    start = time.perf_counter()
+    progress.phase("Loading")
+    loaded = _io.load_model(src)
+    if not inplace:
+        _io.check_not_overwriting_inputs(loaded, dst)
+    timings["load"] = time.perf_counter() - start
+    if run_checker:
+        progress.phase("Checking the input")
+        start = time.perf_counter()
+        try:
+            _io.run_checker(src, "the input")
+        except CheckerError as err:
+            raise InputError(f"{err} (--skip-checker skips this check)") from err
+        timings["checker_input"] = time.perf_counter() - start
+    return loaded
+
+
 def check_report_path(report_path: str, *, inputs: list[str], outputs: list[str]) -> None:
     """The JSON report must not replace a model file, its data or the output being written."""
     _io.check_output_path(report_path, what="report")
@@ -160,20 +187,9 @@ def _convert_file(
     src = os.fspath(input_path)
     dst = check_paths(src, os.fspath(output_path) if output_path is not None else None, inplace=inplace)
     timings: dict[str, float] = {}
-    start = time.perf_counter()
-    progress.phase("Loading")
-    loaded = _io.load_model(src)
-    if not inplace:
-        _io.check_not_overwriting_inputs(loaded, dst)
-    timings["load"] = time.perf_counter() - start
-    if run_checker:
-        progress.phase("Checking the input")
-        start = time.perf_counter()
-        try:
-            _io.run_checker(src, "the input")
-        except CheckerError as err:
-            raise InputError(f"{err} (--skip-checker rewrites it anyway)") from err
-        timings["checker_input"] = time.perf_counter() - start
+    loaded = load_input(
+        src, dst, inplace=inplace, run_checker=run_checker, progress=progress, timings=timings
+    )
 
     start = time.perf_counter()
     progress.phase("Rewriting")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -84,25 +83,9 @@ def _errors() -> Iterator[None]:
 def _emit_json(text: str, path: str | None, to_stdout: bool) -> None:
     """The JSON report to a file (atomically) and/or alone on stdout."""
     if path is not None:
-        write_text_atomic(path, text + "\n")
+        _io.write_text_atomic(path, text + "\n")
     if to_stdout:
         click.echo(text)
-
-
-def write_text_atomic(path: str, text: str) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 class _RichProgress:

@@ -18,14 +18,14 @@ from typing import Any
 import onnx_ir as ir
 
 from onnx_conv2matmul import _io
+from onnx_conv2matmul._graphs import count_op
 from onnx_conv2matmul._version import __version__
-from onnx_conv2matmul.api import NullProgress, Progress, check_paths, convert
-from onnx_conv2matmul.errors import CheckerError, InputError
+from onnx_conv2matmul.api import NullProgress, Progress, check_paths, convert, load_input
+from onnx_conv2matmul.errors import InputError
 from onnx_conv2matmul.options import ConvertOptions
 from onnx_conv2matmul.quantize import (
     QuantizeOptions,
     WeightStats,
-    count_op,
     int8_dynamic,
     quantize_matmul_nbits,
     weight_stats,
@@ -138,16 +138,8 @@ def quantize_file(
         },
     )
     try:
-        progress.phase("Loading")
-        loaded = _io.load_model(src)
-        _io.check_not_overwriting_inputs(loaded, dst)
+        loaded = load_input(src, dst, inplace=False, run_checker=run_checker, progress=progress, timings={})
         report.input_bytes = loaded.total_bytes
-        if run_checker:
-            progress.phase("Checking the input")
-            try:
-                _io.run_checker(src, "the input")
-            except CheckerError as err:
-                raise InputError(f"{err} (--skip-checker quantizes it anyway)") from err
         model = loaded.model
         report.weights_without_rewrite = weight_stats(model)
         progress.phase("Rewriting")
@@ -227,43 +219,19 @@ def _int8_staged(
 
 
 def bundle_sizes(directory: str) -> list[tuple[str, int, list[str]]]:
-    """Each model in ``directory``: (file name, bytes with its external data, data files)."""
+    """Each model in ``directory``: (file name, bytes with its external data, data files).
+
+    Each model goes through the same loader as the rewrite, so missing or short external
+    data is an error here too.
+    """
     if not os.path.isdir(directory):
         raise InputError(f"not a directory: {directory}")
-    import onnx
-
     models = []
     for name in sorted(os.listdir(directory)):
         path = os.path.join(directory, name)
         if not name.endswith(".onnx") or not os.path.isfile(path):
             continue
-        try:
-            proto = onnx.load(path, load_external_data=False)
-        except Exception as err:
-            raise InputError(f"not a valid ONNX file: {path}") from err
-        locations = set()
-        for graph, _ in _proto_graphs(proto.graph):
-            for tensor in graph.initializer:
-                for entry in tensor.external_data:
-                    if entry.key == "location":
-                        locations.add(entry.value)
-        missing = [loc for loc in sorted(locations) if not os.path.isfile(os.path.join(directory, loc))]
-        if missing:
-            raise InputError(f"{name}: external data file not found: {missing[0]}")
-        size = os.path.getsize(path) + sum(os.path.getsize(os.path.join(directory, loc)) for loc in locations)
-        models.append((name, size, sorted(locations)))
+        loaded = _io.load_model(path)
+        data = sorted(os.path.relpath(f, directory) for f in loaded.external_files)
+        models.append((name, loaded.total_bytes, data))
     return models
-
-
-def _proto_graphs(graph: Any) -> list[tuple[Any, str]]:
-    import onnx
-
-    found = [(graph, "")]
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                found.extend(_proto_graphs(attr.g))
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for sub in attr.graphs:
-                    found.extend(_proto_graphs(sub))
-    return found

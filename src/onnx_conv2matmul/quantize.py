@@ -253,12 +253,6 @@ def _quiet_quantizer_logs() -> Iterator[None]:
         logger.setLevel(level)
 
 
-def count_op(model: onnx.ModelProto | ir.Model, op_type: str) -> int:
-    if isinstance(model, onnx.ModelProto):
-        model = ir.serde.deserialize_model(model)
-    return sum(1 for graph, _ in walk_graphs(model.graph) for n in graph if n.op_type == op_type)
-
-
 def int8_dynamic(
     model: ir.Model, input_path: str, output_path: str, options: QuantizeOptions, *, external_data: bool
 ) -> None:
