@@ -34,8 +34,10 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import onnxruntime as ort
 
+from onnx_conv2matmul._graphs import count_op
 from onnx_conv2matmul.pipeline import bundle_sizes
 
 DEFAULT_CACHE = Path.home() / ".cache" / "onnx-conv2matmul-bench"
@@ -80,16 +82,7 @@ def cli(*args: str) -> list[str]:
 
 
 def count_ops(path: Path, op_type: str) -> int:
-    model = onnx.load(str(path), load_external_data=False)
-    stack = [model.graph]
-    count = 0
-    while stack:
-        graph = stack.pop()
-        for node in graph.node:
-            count += node.op_type == op_type
-            for attr in node.attribute:
-                stack.extend([attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs)
-    return count
+    return count_op(ir.load(str(path)), op_type)  # weights stay memory-mapped, unread
 
 
 def session(path: Path) -> ort.InferenceSession:

@@ -184,23 +184,14 @@ class StagedOutput:
             size += os.path.getsize(self.data_path)
         return size
 
-    def publish(self, destination: str | None = None) -> list[str]:
-        """Rename the staged files into place (data first, then the .onnx)."""
-        dest = destination or self.destination
-        written = []
+    def publish(self) -> None:
+        """Rename the staged files into place: the data first, then the .onnx that refers to it."""
         if self.data_path is not None:
-            # The .onnx refers to its data by the staged name: keep the names aligned.
-            data_dest = dest + ".data"
-            if os.path.basename(data_dest) != os.path.basename(self.data_path):
-                raise ValueError("staged data file name does not match the destination")
             _usual_mode(self.data_path)
-            os.replace(self.data_path, data_dest)
-            written.append(data_dest)
+            os.replace(self.data_path, self.destination + ".data")
         _usual_mode(self.onnx_path)
-        os.replace(self.onnx_path, dest)
-        written.append(dest)
+        os.replace(self.onnx_path, self.destination)
         self.discard()
-        return written
 
     def keep(self, directory: str) -> str:
         """Move the staged files into ``directory`` (replaced if it exists); return the model path."""
@@ -210,12 +201,9 @@ class StagedOutput:
             _usual_mode(os.path.join(self.directory, name))
         _usual_mode(self.directory, directory=True)
         os.replace(self.directory, directory)
-        self.directory = directory
-        kept = os.path.join(directory, os.path.basename(self.onnx_path))
-        self.onnx_path = kept
-        self.data_path = None
+        # The files now belong to the caller: nothing is left to discard.
         self.directory = ""
-        return kept
+        return os.path.join(directory, os.path.basename(self.onnx_path))
 
     def discard(self) -> None:
         if not self.directory:

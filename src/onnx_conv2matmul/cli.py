@@ -25,7 +25,6 @@ from onnx_conv2matmul.verify import (
     verify_models,
 )
 
-EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 PROGRESS_MIN_BYTES = 100 * 2**20
