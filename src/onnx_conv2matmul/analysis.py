@@ -237,7 +237,7 @@ def _plan(
         raise _Skip(SkipReason.INVALID_ATTRIBUTES, f"auto_pad {auto_pad!r}")
     if auto_pad != "NOTSET" and "pads" in node.attributes:
         raise _Skip(SkipReason.INVALID_ATTRIBUTES, f"auto_pad {auto_pad} together with pads")
-    _check_shapes(node, shape)
+    _check_shapes(node, shape, tensor.dtype)
 
     if tensor.dtype == ir.DataType.BFLOAT16 and opset < MIN_OPSET_BFLOAT16_MATMUL:
         raise _Skip(SkipReason.OPSET_UNSUPPORTED, f"bfloat16 MatMul needs opset 13, model has {opset}")
@@ -292,18 +292,15 @@ def _plan(
     )
 
 
-def _check_shapes(node: ir.Node, weight_shape: list[int]) -> None:
-    """Reject nodes whose input or bias shapes contradict the weight."""
+def _check_shapes(node: ir.Node, weight_shape: list[int], weight_dtype: ir.DataType) -> None:
+    """Reject nodes whose input type, input shape or bias shape contradict the weight."""
     out_channels, in_channels = weight_shape[0], weight_shape[1]
     x = node.inputs[0]
-    weight = node.inputs[1]
-    if x is not None and weight is not None and x.dtype is not None:
-        found_w = constant_tensor(weight)
-        if found_w is not None and found_w[0].dtype != x.dtype:
-            raise _Skip(
-                SkipReason.INVALID_ATTRIBUTES,
-                f"input type {x.dtype.name} != weight type {found_w[0].dtype.name}",
-            )
+    if x is not None and x.dtype is not None and x.dtype != weight_dtype:
+        raise _Skip(
+            SkipReason.INVALID_ATTRIBUTES,
+            f"input type {x.dtype.name} != weight type {weight_dtype.name}",
+        )
     if x is not None and x.shape is not None and len(x.shape) >= 2:
         if len(x.shape) != len(weight_shape):
             raise _Skip(
