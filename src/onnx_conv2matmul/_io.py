@@ -217,6 +217,14 @@ class StagedOutput:
         self.discard()
 
 
+def staging_dir(destination: str) -> str:
+    """A new hidden temporary directory beside ``destination``, on the same filesystem."""
+    destination = os.path.abspath(destination)
+    return tempfile.mkdtemp(
+        prefix=f".{os.path.basename(destination)}.", suffix=".tmp", dir=os.path.dirname(destination)
+    )
+
+
 def stage_model(
     model: ir.Model,
     destination: str,
@@ -230,9 +238,7 @@ def stage_model(
     ``<name>.data`` file; otherwise the model is one file.
     """
     destination = os.path.abspath(destination)
-    directory = tempfile.mkdtemp(
-        prefix=f".{os.path.basename(destination)}.", suffix=".tmp", dir=os.path.dirname(destination)
-    )
+    directory = staging_dir(destination)
     basename = os.path.basename(destination)
     onnx_path = os.path.join(directory, basename)
     try:

@@ -11,7 +11,6 @@ import dataclasses
 import os
 import resource
 import shutil
-import tempfile
 import time
 from typing import Any
 
@@ -193,29 +192,23 @@ def _int8_staged(
 ) -> _io.StagedOutput:
     """Save the rewritten fp32 model aside, run ``quantize_dynamic`` into a staged output."""
     progress.phase("Saving the rewritten model")
-    scratch = tempfile.mkdtemp(prefix=".int8.", dir=os.path.dirname(os.path.abspath(dst)))
-    try:
-        fp32 = _io.stage_model(model, os.path.join(scratch, "rewritten.onnx"), external=external)
+    fp32_path = os.path.join(os.path.dirname(os.path.abspath(dst)), ".int8-input.onnx")
+    with _io.stage_model(model, fp32_path, external=external) as fp32:
         progress.phase("Quantizing (int8 dynamic)")
-        directory = tempfile.mkdtemp(
-            prefix=f".{os.path.basename(dst)}.", suffix=".tmp", dir=os.path.dirname(os.path.abspath(dst))
-        )
+        directory = _io.staging_dir(dst)
         out = os.path.join(directory, os.path.basename(dst))
         try:
             int8_dynamic(model, fp32.onnx_path, out, quantize_options, external_data=external)
         except BaseException:
             shutil.rmtree(directory, ignore_errors=True)
             raise
-        data = out + ".data"
-        staged = _io.StagedOutput(dst, directory, out, data if os.path.exists(data) else None)
-        quantized = ir.load(out)
-        report.matmuls = count_op(model, "MatMul")
-        report.quantized_nodes = sum(
-            count_op(quantized, op) for op in ("MatMulInteger", "DynamicQuantizeLSTM", "ConvInteger")
-        )
-        return staged
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    data = out + ".data"
+    quantized = ir.load(out)
+    report.matmuls = count_op(model, "MatMul")
+    report.quantized_nodes = sum(
+        count_op(quantized, op) for op in ("MatMulInteger", "DynamicQuantizeLSTM", "ConvInteger")
+    )
+    return _io.StagedOutput(dst, directory, out, data if os.path.exists(data) else None)
 
 
 def bundle_sizes(directory: str) -> list[tuple[str, int, list[str]]]:
