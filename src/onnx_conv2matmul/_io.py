@@ -12,12 +12,14 @@ import dataclasses
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import onnx
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
+from onnx_conv2matmul import _datafile
+from onnx_conv2matmul._datafile import ProgressCallback
 from onnx_conv2matmul._graphs import walk_graphs
 from onnx_conv2matmul.errors import CheckerError, InputError
 
@@ -26,11 +28,6 @@ from onnx_conv2matmul.errors import CheckerError, InputError
 INLINE_THRESHOLD_BYTES = 1024
 # Above this size a single-file model cannot be serialized (protobuf limit is 2 GiB).
 SINGLE_FILE_LIMIT_BYTES = 1_900_000_000
-
-SAVE_WORKERS = 2
-SAVE_IN_FLIGHT_BYTES = 256 * 2**20
-
-ProgressCallback = Callable[[int, int], None]
 
 
 @dataclasses.dataclass
@@ -244,29 +241,10 @@ def stage_model(
     try:
         if external:
             data_name = basename + ".data"
-            callback = None
-            if progress is not None:
-                done = 0
-
-                def callback(_tensor: ir.TensorProtocol, info: ir.external_data.CallbackInfo) -> None:
-                    nonlocal done
-                    done += 1
-                    progress(done, info.total)
-
-            ir.save(
-                model,
-                onnx_path,
-                external_data=data_name,
-                size_threshold_bytes=INLINE_THRESHOLD_BYTES,
-                callback=callback,
-                # Two writers overlap the weight transposes with the copies; the bytes they
-                # hold at once stay bounded by onnx-ir's in-flight budget.
-                max_workers=SAVE_WORKERS,
-                max_in_flight_bytes=SAVE_IN_FLIGHT_BYTES,
+            _datafile.save_with_data_file(
+                model, onnx_path, data_name, threshold=INLINE_THRESHOLD_BYTES, progress=progress
             )
-            staged_data = os.path.join(directory, data_name)
-            # No data file when every tensor was small enough to stay inline.
-            data_path: str | None = staged_data if os.path.exists(staged_data) else None
+            data_path: str | None = os.path.join(directory, data_name)
         else:
             ir.save(model, onnx_path)
             data_path = None
