@@ -1,20 +1,26 @@
 """Writing a model with one external data file, at about the cost of copying the files.
 
-A rewritten model keeps most of its bytes unchanged: every weight that is not
-converted still sits in the input's data file(s), usually next to its neighbours.
-The writer lays the output out in the model's tensor order, packed densely, and:
+A rewritten model keeps most of its bytes: every weight that is not converted is
+unchanged, and a converted weight is replaced by its transpose, of the same size.
+So the output's data file is laid out as a copy of the input's data file(s), with
+each transposed weight written over the place of the weight it replaces.
 
-- copies each run of tensors that are adjacent both in a source file and in the
-  output with one ``copy_file_range`` (the kernel copies; nothing is read into this
-  process), falling back to buffered reads where the kernel cannot copy;
-- in a second thread, materializes every other tensor (the transposed weights) one
-  at a time and writes it at its offset, so memory stays bounded by the largest one;
-- meanwhile serializes the ``.onnx`` file in the calling thread.
+- :class:`DataFileWriter` starts copying the input's data files as soon as the model
+  is loaded, in a thread, while the model is checked and rewritten. The kernel copies
+  (``copy_file_range``, in chunks, with a buffered fallback): nothing is read into
+  this process, and whole files copy as fast as ``cp``.
+- When the model is final, :meth:`DataFileWriter.finish` places every tensor: an
+  unchanged one where its copy is; a new one in the place of a dead tensor of the same
+  size, or else at the end. A second thread materializes new tensors one at a time and
+  writes each once the copy has passed its place, so memory stays bounded by the
+  largest tensor. Meanwhile the calling thread serializes the ``.onnx``.
+- A data file with more than 1% of its bytes unused by the input model is not copied
+  whole; its tensors are copied in runs once the model is final, so the output does
+  not inherit dead bytes. :func:`save_with_data_file` lays out a final model this way
+  from the start (the quantizer, which replaces most weights, uses it).
 
-onnx-ir's own writer copies tensor by tensor; on a 2.4 GB encoder that is about
-1.5x slower than one ``cp``. The ``.onnx`` refers to the data file exactly as
-``onnx_ir.save(..., external_data=...)`` would write it, and the in-memory model is
-left as it was.
+The ``.onnx`` refers to the data file as ``onnx_ir.save(..., external_data=...)``
+would write it, and the in-memory model is left as it was.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import contextlib
 import dataclasses
 import errno
 import os
+import queue
 import threading
 from collections.abc import Callable, Iterator
 
@@ -36,6 +43,13 @@ ProgressCallback = Callable[[int, int], None]
 # quickly, large enough that the call overhead does not show.
 CHUNK_BYTES = 64 * 2**20
 _BUFFER_BYTES = 8 * 2**20
+# A source file is copied whole when the input model uses this share of its bytes.
+WHOLE_FILE_MIN_USE = 0.99
+# Copies of at least this size start on a page boundary of the output, where the kernel
+# copies fastest; the padding costs at most 0.4% of the file.
+_PAGE = 4096
+_ALIGN_FROM_BYTES = 2**20
+_PROGRESS_SECONDS = 0.1
 # Errors that mean "the kernel cannot copy between these files", not "the copy failed".
 _NO_KERNEL_COPY = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EPERM}
 
@@ -63,36 +77,6 @@ class _Holder:
             self.node.attributes[self.attribute] = ir.AttrTensor(self.attribute, tensor)
 
 
-@dataclasses.dataclass
-class _Copy:
-    source: str
-    source_offset: int
-    offset: int
-    length: int
-
-
-@dataclasses.dataclass
-class _Write:
-    tensor: ir.TensorProtocol
-    offset: int
-    length: int
-
-
-@dataclasses.dataclass
-class Layout:
-    """Where every tensor of the output goes and how its bytes get there."""
-
-    copies: list[_Copy]
-    writes: list[_Write]
-    # (holder, tensor to serialize) for every tensor whose holder changes while saving.
-    swaps: list[tuple[_Holder, ir.TensorProtocol]]
-    size: int
-
-    @property
-    def copied_bytes(self) -> int:
-        return sum(c.length for c in self.copies)
-
-
 def _holders(model: ir.Model) -> Iterator[_Holder]:
     for graph, _ in walk_graphs(model.graph):
         for value in graph.initializers.values():
@@ -104,78 +88,124 @@ def _holders(model: ir.Model) -> Iterator[_Holder]:
                     yield _Holder(node=node, attribute=name)
 
 
-def plan_layout(model: ir.Model, data_name: str, base_dir: str, threshold: int) -> Layout:
-    """Place every tensor above ``threshold`` bytes in ``data_name``, densely, in model order.
+def _range(tensor: ir.ExternalTensor) -> tuple[str, int, int]:
+    start = tensor.offset or 0
+    return tensor.path, start, start + int(tensor.nbytes)
 
-    Tensors at or below the threshold are kept in the ``.onnx`` (read now if external).
+
+@dataclasses.dataclass
+class _Copy:
+    """Bytes copied unchanged from a source file into the output."""
+
+    source: str
+    source_offset: int
+    offset: int
+    length: int
+
+    def contains(self, path: str, start: int, end: int) -> bool:
+        return path == self.source and self.source_offset <= start and end <= self.source_offset + self.length
+
+
+@dataclasses.dataclass
+class _Write:
+    """A tensor materialized in this process and written at ``offset``."""
+
+    tensor: ir.TensorProtocol
+    offset: int
+    length: int
+
+
+def _align(offset: int, length: int) -> int:
+    return -(-offset // _PAGE) * _PAGE if length >= _ALIGN_FROM_BYTES else offset
+
+
+def _union_bytes(ranges: list[tuple[int, int]]) -> int:
+    total, reach = 0, 0
+    for start, end in sorted(ranges):
+        start = max(start, reach)
+        if end > start:
+            total += end - start
+            reach = end
+    return total
+
+
+def _whole_file_copies(model: ir.Model, threshold: int) -> tuple[list[_Copy], list[tuple[str, int, int]]]:
+    """The data files the model uses almost entirely, each as one copy, in order of first use.
+
+    Also returns the ranges of the tensors inside those copies.
     """
-    copies: list[_Copy] = []
-    writes: list[_Write] = []
-    swaps: list[tuple[_Holder, ir.TensorProtocol]] = []
-    placed: dict[int, ir.ExternalTensor] = {}  # one place for a tensor held twice
-    offset = 0
+    ranges: dict[str, list[tuple[int, int]]] = {}
     for holder in _holders(model):
         tensor = holder.get()
-        nbytes = int(tensor.nbytes)
-        if nbytes <= threshold:
-            if isinstance(tensor, ir.ExternalTensor):
-                swaps.append((holder, ir.tensor(tensor.numpy(), name=tensor.name)))
+        if isinstance(tensor, ir.ExternalTensor) and int(tensor.nbytes) > threshold:
+            path, start, end = _range(tensor)
+            ranges.setdefault(path, []).append((start, end))
+    copies: list[_Copy] = []
+    inside: list[tuple[str, int, int]] = []
+    offset = 0
+    for path, used in ranges.items():
+        start = min(s for s, _ in used)
+        length = max(e for _, e in used) - start
+        if _union_bytes(used) < WHOLE_FILE_MIN_USE * length:
             continue
-        if id(tensor) not in placed:
-            placed[id(tensor)] = ir.ExternalTensor(
-                data_name,
-                offset,
-                nbytes,
-                tensor.dtype,
-                shape=ir.Shape(tensor.shape.numpy()),
-                name=tensor.name or "",
-                base_dir=base_dir,
-            )
-            if isinstance(tensor, ir.ExternalTensor):
-                source_offset = tensor.offset or 0
-                last = copies[-1] if copies else None
-                if (
-                    last is not None
-                    and last.source == tensor.path
-                    and last.source_offset + last.length == source_offset
-                    and last.offset + last.length == offset
-                ):
-                    last.length += nbytes
-                else:
-                    copies.append(_Copy(tensor.path, source_offset, offset, nbytes))
-            else:
-                writes.append(_Write(tensor, offset, nbytes))
-            offset += nbytes
-        swaps.append((holder, placed[id(tensor)]))
-    return Layout(copies, writes, swaps, offset)
+        offset = _align(offset, length)
+        copies.append(_Copy(path, start, offset, length))
+        inside.extend((path, s, e) for s, e in used)
+        offset += length
+    return copies, inside
 
 
-class _Cancelled(Exception):
-    pass
+def _overlaps(candidate: tuple[str, int, int], ranges: set[tuple[str, int, int]]) -> bool:
+    path, start, end = candidate
+    return any(p == path and s < end and start < e for p, s, e in ranges)
 
 
-class _Job:
-    """Runs the copies and the writes in two threads; the first error stops both."""
+class DataFileWriter:
+    """Writes one external data file in two threads: copies, then materialized tensors.
 
-    def __init__(self, layout: Layout, data_path: str, progress: ProgressCallback | None) -> None:
-        self._layout = layout
-        self._progress = progress
-        self._lock = threading.Lock()
+    Copies are made in increasing output order; a write into copied bytes waits until
+    the copy has passed it. The first error stops both threads and is raised by
+    :meth:`finish`.
+    """
+
+    def __init__(
+        self,
+        data_path: str,
+        early_copies: list[_Copy] | None = None,
+        early_tensors: list[tuple[str, int, int]] | None = None,
+    ) -> None:
+        self.data_path = data_path
+        early_copies = early_copies or []
+        self._early = early_copies
+        # The tensor ranges inside the early copies: a dead one is a place for a new tensor.
+        self._early_tensors = early_tensors or []
+        self._early_end = max((c.offset + c.length for c in early_copies), default=0)
+        self._copies: queue.Queue[_Copy | None] = queue.Queue()
+        self._copied_until = 0
+        self._all_copied = False
         self._done = 0
+        self._total = self._early_end
+        self._condition = threading.Condition()
         self._stop = threading.Event()
         self._errors: list[BaseException] = []
+        self._writer: threading.Thread | None = None
         self._fd = os.open(data_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
-            os.ftruncate(self._fd, layout.size)
+            os.ftruncate(self._fd, self._early_end)
         except BaseException:
             os.close(self._fd)
             raise
-        self._threads = [
-            threading.Thread(target=self._run, args=(self._copy_all,), daemon=True),
-            threading.Thread(target=self._run, args=(self._write_all,), daemon=True),
-        ]
-        for thread in self._threads:
-            thread.start()
+        for copy in early_copies:
+            self._copies.put(copy)
+        self._copier = threading.Thread(target=self._run, args=(self._copy_all,), daemon=True)
+        self._copier.start()
+
+    @classmethod
+    def start(cls, model: ir.Model, data_path: str, threshold: int) -> DataFileWriter:
+        """Start copying the data files ``model`` uses almost entirely, before it changes."""
+        return cls(data_path, *_whole_file_copies(model, threshold))
+
+    # -- threads -----------------------------------------------------------------
 
     def _run(self, work: Callable[[], None]) -> None:
         try:
@@ -183,28 +213,33 @@ class _Job:
         except _Cancelled:
             pass
         except BaseException as err:  # handed to the calling thread by finish()
-            with self._lock:
+            with self._condition:
                 self._errors.append(err)
+                self._condition.notify_all()
             self._stop.set()
 
-    def _advance(self, nbytes: int) -> None:
+    def _advance(self, nbytes: int, copied_until: int | None = None) -> None:
         if self._stop.is_set():
             raise _Cancelled
-        with self._lock:
+        with self._condition:
             self._done += nbytes
-            if self._progress is not None:
-                self._progress(self._done, self._layout.size)
+            if copied_until is not None:
+                self._copied_until = copied_until
+            self._condition.notify_all()
 
     def _copy_all(self) -> None:
         sources: dict[str, int] = {}
         try:
-            for copy in self._layout.copies:
+            while (copy := self._copies.get()) is not None:
                 if copy.source not in sources:
                     sources[copy.source] = os.open(copy.source, os.O_RDONLY)
                 self._copy(sources[copy.source], copy)
         finally:
             for fd in sources.values():
                 os.close(fd)
+            with self._condition:
+                self._all_copied = True
+                self._condition.notify_all()
 
     def _copy(self, source: int, copy: _Copy) -> None:
         done = 0
@@ -224,9 +259,9 @@ class _Job:
             else:
                 moved = self._copy_buffered(source, copy.source_offset + done, copy.offset + done, size)
             if moved == 0:
-                raise OSError(errno.EIO, f"external data ended early: {copy.source}")
+                raise OSError(errno.EIO, f"external data file ended early: {copy.source}")
             done += moved
-            self._advance(moved)
+            self._advance(moved, copied_until=copy.offset + done)
 
     def _copy_buffered(self, source: int, source_offset: int, offset: int, size: int) -> int:
         moved = 0
@@ -238,15 +273,15 @@ class _Job:
             moved += len(chunk)
         return moved
 
-    def _pwrite(self, data: bytes | memoryview, offset: int) -> None:
+    def _pwrite(self, data: bytes, offset: int) -> None:
         view = memoryview(data)
         while view:
             written = os.pwrite(self._fd, view, offset)
             view = view[written:]
             offset += written
 
-    def _write_all(self) -> None:
-        for write in self._layout.writes:
+    def _write_all(self, writes: list[_Write]) -> None:
+        for write in writes:
             if self._stop.is_set():
                 raise _Cancelled
             data = write.tensor.tobytes()
@@ -254,21 +289,169 @@ class _Job:
                 raise ValueError(
                     f"tensor {write.tensor.name!r} has {len(data)} bytes, expected {write.length}"
                 )
+            if write.offset < self._early_end:
+                # Its place is inside a copy: write over it only once the copy is there.
+                self._wait_for_copy(write.offset + write.length)
             self._pwrite(data, write.offset)
             del data
             self._advance(write.length)
 
-    def finish(self, cancel: bool = False) -> None:
-        """Wait for both threads; raise the first error. With ``cancel``, stop them first."""
-        if cancel:
-            self._stop.set()
+    def _wait_for_copy(self, end: int) -> None:
+        with self._condition:
+            self._condition.wait_for(
+                lambda: self._copied_until >= end or self._all_copied or self._stop.is_set()
+            )
+        if self._stop.is_set():
+            raise _Cancelled
+
+    # -- placing the final model ---------------------------------------------------
+
+    def _layout(
+        self, model: ir.Model, data_name: str, threshold: int
+    ) -> list[tuple[_Holder, ir.TensorProtocol]]:
+        """Place every tensor; queue the remaining copies and start the writes.
+
+        Returns, for each tensor holder that changes while the ``.onnx`` is written,
+        the tensor to write there.
+        """
+        base_dir = os.path.dirname(os.path.abspath(self.data_path))
+        entries = [(holder, holder.get()) for holder in _holders(model)]
+        live = {
+            _range(t) for _, t in entries if isinstance(t, ir.ExternalTensor) and int(t.nbytes) > threshold
+        }
+        # Places inside the early copies that no tensor of the final model uses.
+        free: dict[int, list[int]] = {}
+        for path, start, end in sorted(self._early_tensors):
+            if (path, start, end) not in live and not _overlaps((path, start, end), live):
+                offset = self._copied_offset(path, start, end)
+                assert offset is not None
+                free.setdefault(end - start, []).append(offset)
+        copies: list[_Copy] = []
+        writes: list[_Write] = []
+        swaps: list[tuple[_Holder, ir.TensorProtocol]] = []
+        placed: dict[int, ir.ExternalTensor] = {}  # one place for a tensor held twice
+        end_of_file = self._early_end
+        for holder, tensor in entries:
+            nbytes = int(tensor.nbytes)
+            if nbytes <= threshold:
+                if isinstance(tensor, ir.ExternalTensor):
+                    swaps.append((holder, ir.tensor(tensor.numpy(), name=tensor.name)))
+                continue
+            if id(tensor) not in placed:
+                if isinstance(tensor, ir.ExternalTensor):
+                    offset = self._copied_offset(*_range(tensor))
+                    if offset is None:
+                        offset, end_of_file = _queue_copy(copies, tensor, end_of_file)
+                else:
+                    if free.get(nbytes):
+                        offset = free[nbytes].pop(0)
+                    else:
+                        offset = _align(end_of_file, nbytes)
+                        end_of_file = offset + nbytes
+                    writes.append(_Write(tensor, offset, nbytes))
+                placed[id(tensor)] = ir.ExternalTensor(
+                    data_name,
+                    offset,
+                    nbytes,
+                    tensor.dtype,
+                    shape=ir.Shape(tensor.shape.numpy()),
+                    name=tensor.name or "",
+                    base_dir=base_dir,
+                )
+            swaps.append((holder, placed[id(tensor)]))
+        os.ftruncate(self._fd, max(end_of_file, self._early_end))
+        writes.sort(key=lambda w: w.offset)
+        with self._condition:
+            self._total = self._early_end + sum(c.length for c in copies) + sum(w.length for w in writes)
+        for copy in copies:
+            self._copies.put(copy)
+        self._copies.put(None)
+        self._writer = threading.Thread(
+            target=self._run, args=(lambda: self._write_all(writes),), daemon=True
+        )
+        self._writer.start()
+        return swaps
+
+    def _copied_offset(self, path: str, start: int, end: int) -> int | None:
+        """Where the bytes ``[start, end)`` of ``path`` are in the output, if copied early."""
+        for copy in self._early:
+            if copy.contains(path, start, end):
+                return copy.offset + start - copy.source_offset
+        return None
+
+    # -- the end ---------------------------------------------------------------------
+
+    def finish(
+        self,
+        model: ir.Model,
+        onnx_path: str,
+        *,
+        threshold: int,
+        progress: ProgressCallback | None = None,
+    ) -> None:
+        """Place ``model``'s tensors, write the ``.onnx`` and wait for the data file."""
+        data_name = os.path.basename(self.data_path)
         try:
-            for thread in self._threads:
-                thread.join()
-        finally:
-            os.close(self._fd)
+            swaps = self._layout(model, data_name, threshold)
+            originals = [(holder, holder.get()) for holder, _ in swaps]
+            try:
+                for holder, tensor in swaps:
+                    holder.set(tensor)
+                ir.save(model, onnx_path)
+            finally:
+                for holder, tensor in originals:
+                    holder.set(tensor)
+            self._wait(progress)
+        except BaseException:
+            self.cancel()
+            raise
+
+    def _wait(self, progress: ProgressCallback | None) -> None:
+        threads = [t for t in (self._copier, self._writer) if t is not None]
+        while any(t.is_alive() for t in threads):
+            for thread in threads:
+                thread.join(_PROGRESS_SECONDS)
+            if progress is not None:
+                with self._condition:
+                    progress(self._done, self._total)
+        os.close(self._fd)
+        self._fd = -1
         if self._errors:
             raise self._errors[0]
+
+    def cancel(self) -> None:
+        """Stop both threads and wait for them (their errors are dropped)."""
+        self._stop.set()
+        self._copies.put(None)
+        with self._condition:
+            self._condition.notify_all()
+        for thread in (self._copier, self._writer):
+            if thread is not None:
+                thread.join()
+        if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = -1
+
+
+def _queue_copy(copies: list[_Copy], tensor: ir.ExternalTensor, end_of_file: int) -> tuple[int, int]:
+    """Copy ``tensor`` to the end of the file, in one run with the previous copy if adjacent.
+
+    Returns its offset and the new end of the file.
+    """
+    path, start, end = _range(tensor)
+    last = copies[-1] if copies else None
+    if (
+        last is not None
+        and last.source == path
+        and last.source_offset + last.length == start
+        and last.offset + last.length == end_of_file
+    ):
+        last.length += end - start
+        return end_of_file, end_of_file + end - start
+    offset = _align(end_of_file, end - start)
+    copies.append(_Copy(path, start, offset, end - start))
+    return offset, offset + end - start
 
 
 def save_with_data_file(
@@ -279,25 +462,14 @@ def save_with_data_file(
     threshold: int,
     progress: ProgressCallback | None = None,
 ) -> None:
-    """Write ``model`` to ``onnx_path`` and its tensors above ``threshold`` to ``data_name``.
+    """Write ``model`` and its tensors above ``threshold`` bytes into ``data_name``, densely.
 
     ``data_name`` is relative to the directory of ``onnx_path``; it is written even when
-    every tensor is small enough to stay inline (then it is empty). The model is left
-    unchanged.
+    every tensor is small enough to stay inline (then it is empty).
     """
-    base_dir = os.path.dirname(os.path.abspath(onnx_path))
-    layout = plan_layout(model, data_name, base_dir, threshold)
-    job = _Job(layout, os.path.join(base_dir, data_name), progress)
-    originals = [(holder, holder.get()) for holder, _ in layout.swaps]
-    try:
-        for holder, tensor in layout.swaps:
-            holder.set(tensor)
-        ir.save(model, onnx_path)
-    except BaseException:
-        with contextlib.suppress(BaseException):  # the error that stopped us is the one to report
-            job.finish(cancel=True)
-        raise
-    finally:
-        for holder, tensor in originals:
-            holder.set(tensor)
-    job.finish()
+    data_path = os.path.join(os.path.dirname(os.path.abspath(onnx_path)), data_name)
+    DataFileWriter(data_path).finish(model, onnx_path, threshold=threshold, progress=progress)
+
+
+class _Cancelled(Exception):
+    pass

@@ -254,6 +254,44 @@ def stage_model(
     return StagedOutput(destination, directory, onnx_path, data_path)
 
 
+class EarlyStaging:
+    """An output being staged while its model is still changing.
+
+    The data files of the input start copying into the staging directory at once
+    (see :class:`~onnx_conv2matmul._datafile.DataFileWriter`); :meth:`finish` places
+    the final model's tensors and writes the ``.onnx``. Use as a context manager: on
+    an error before :meth:`finish` the copy stops and the directory is removed.
+    """
+
+    def __init__(self, loaded: LoadedModel, destination: str) -> None:
+        destination = os.path.abspath(destination)
+        self._destination = destination
+        self._directory = staging_dir(destination)
+        self._onnx_path = os.path.join(self._directory, os.path.basename(destination))
+        try:
+            self._writer = _datafile.DataFileWriter.start(
+                loaded.model, self._onnx_path + ".data", INLINE_THRESHOLD_BYTES
+            )
+        except BaseException:
+            shutil.rmtree(self._directory, ignore_errors=True)
+            raise
+        self._finished = False
+
+    def finish(self, model: ir.Model, progress: ProgressCallback | None = None) -> StagedOutput:
+        """Write ``model``; the returned output owns the staging directory."""
+        self._writer.finish(model, self._onnx_path, threshold=INLINE_THRESHOLD_BYTES, progress=progress)
+        self._finished = True
+        return StagedOutput(self._destination, self._directory, self._onnx_path, self._writer.data_path)
+
+    def __enter__(self) -> EarlyStaging:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self._finished:
+            self._writer.cancel()
+            shutil.rmtree(self._directory, ignore_errors=True)
+
+
 def run_checker(path: str, label: str | None = None) -> None:
     """Run the ONNX checker on a saved file; external data is not read."""
     try:

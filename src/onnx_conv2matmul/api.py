@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from typing import Protocol, overload
@@ -191,18 +192,25 @@ def _convert_file(
         src, dst, inplace=inplace, run_checker=run_checker, progress=progress, timings=timings
     )
 
-    start = time.perf_counter()
-    progress.phase("Rewriting")
-    model, report = convert(loaded.model, options)
-    timings["rewrite"] = time.perf_counter() - start
-    report.input_path = src
-    report.input_bytes = loaded.total_bytes
-    report.timings = timings  # filled in as the steps run
-
-    external = loaded.has_external_data or _io.tensor_bytes(model) > _io.SINGLE_FILE_LIMIT_BYTES
-    start = time.perf_counter()
-    progress.phase("Saving")
-    with _io.stage_model(model, dst, external=external, progress=progress.advance) as staged:
+    with contextlib.ExitStack() as stack:
+        # With external data the output's data file starts copying now, while the rewrite
+        # runs; it is removed again if anything below fails.
+        early = stack.enter_context(_io.EarlyStaging(loaded, dst)) if loaded.has_external_data else None
+        start = time.perf_counter()
+        progress.phase("Rewriting")
+        model, report = convert(loaded.model, options)
+        timings["rewrite"] = time.perf_counter() - start
+        report.input_path = src
+        report.input_bytes = loaded.total_bytes
+        report.timings = timings  # filled in as the steps run
+        start = time.perf_counter()
+        progress.phase("Saving")
+        if early is not None:
+            staged = early.finish(model, progress=progress.advance)
+        else:
+            external = _io.tensor_bytes(model) > _io.SINGLE_FILE_LIMIT_BYTES
+            staged = _io.stage_model(model, dst, external=external, progress=progress.advance)
+    with staged:
         timings["save"] = time.perf_counter() - start
         if run_checker:
             progress.phase("Checking the output")
