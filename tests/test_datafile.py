@@ -1,0 +1,209 @@
+"""The external-data writer: where tensors land, fallbacks, faults, and the deferred sympy import."""
+
+from __future__ import annotations
+
+import errno
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnx.external_data_helper import set_external_data
+
+from helpers import assert_equivalent
+from onnx_conv2matmul import _datafile as datafile_mod
+from onnx_conv2matmul import api, convert_file
+from test_files import _feeds, _stack_model
+
+RNG = np.random.default_rng(5)
+
+
+def _locations(path: Path) -> dict[str, tuple[str, int, int]]:
+    """Initializer name -> (location, offset, length) of every external tensor."""
+    proto = onnx.load(path, load_external_data=False)
+    out = {}
+    for tensor in proto.graph.initializer:
+        if tensor.data_location == TensorProto.EXTERNAL:
+            info = {entry.key: entry.value for entry in tensor.external_data}
+            out[tensor.name] = (info["location"], int(info.get("offset", 0)), int(info["length"]))
+    return out
+
+
+def _matmul_weights(path: Path) -> dict[str, str]:
+    """MatMul node name -> the name of its B input."""
+    proto = onnx.load(path, load_external_data=False)
+    return {n.name: n.input[1] for n in proto.graph.node if n.op_type == "MatMul"}
+
+
+def _leftovers(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.name.startswith("."))
+
+
+def test_converted_weights_take_the_places_of_the_originals(tmp_path: Path) -> None:
+    src, dst = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    onnx.save(_stack_model(), src, save_as_external_data=True, location="m.onnx.data")
+    convert_file(src, dst)
+    assert_equivalent(str(src), str(dst), _feeds())
+    before, after = _locations(src), _locations(dst)
+    weights = _matmul_weights(dst)
+    assert len(weights) == 4
+    for i in range(4):
+        (node,) = [n for n in weights if f"pw{i}" in n]
+        _, offset, length = after[weights[node]]
+        assert (offset, length) == before[f"w{i}"][1:], node
+    assert (tmp_path / "o.onnx.data").stat().st_size == (tmp_path / "m.onnx.data").stat().st_size
+
+
+def _with_dead_bytes(path: Path, junk_share: float) -> None:
+    """Save the stack model with junk between its tensors (a file another tool left bloated)."""
+    model = _stack_model()
+    data = bytearray()
+    for tensor in model.graph.initializer:
+        raw = numpy_helper.to_array(tensor).tobytes()
+        if len(raw) <= 1024:
+            continue  # onnxruntime reads shapes only from inside the .onnx
+        data += RNG.bytes(int(len(raw) * junk_share))
+        offset = len(data)
+        data += raw
+        set_external_data(tensor, location=path.name + ".data", offset=offset, length=len(raw))
+        tensor.ClearField("raw_data")
+        tensor.data_location = TensorProto.EXTERNAL
+    Path(str(path) + ".data").write_bytes(bytes(data))
+    onnx.save(model, path)
+
+
+def test_dead_bytes_of_the_input_are_not_copied(tmp_path: Path) -> None:
+    src, dst = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    _with_dead_bytes(src, junk_share=0.5)
+    convert_file(src, dst)
+    assert_equivalent(str(src), str(dst), _feeds())
+    data_in, data_out = (tmp_path / "m.onnx.data").stat().st_size, (tmp_path / "o.onnx.data").stat().st_size
+    live = sum(length for _, _, length in _locations(dst).values())
+    assert data_out == live < data_in * 0.7
+
+
+def test_many_files_in_one_file_out(tmp_path: Path) -> None:
+    src, dst = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    onnx.save(_stack_model(), src, save_as_external_data=True, all_tensors_to_one_file=False)
+    convert_file(src, dst)
+    assert_equivalent(str(src), str(dst), _feeds())
+    assert {loc for loc, _, _ in _locations(dst).values()} == {"o.onnx.data"}
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("o.")) == ["o.onnx", "o.onnx.data"]
+
+
+def test_external_tensor_attribute(tmp_path: Path) -> None:
+    """A Constant node's tensor in external data: converted, and its place reused."""
+    w = (RNG.standard_normal((32, 24, 1)) / 5).astype(np.float32)
+    const = helper.make_node("Constant", [], ["w"], value=numpy_helper.from_array(w, "w"))
+    other = numpy_helper.from_array(RNG.standard_normal((16, 32)).astype(np.float32), "k")
+    graph = helper.make_graph(
+        [
+            const,
+            helper.make_node("Conv", ["x", "w"], ["c"], name="pw"),
+            helper.make_node("MatMul", ["k", "c"], ["y"]),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 24, "T"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, "T"])],
+        [other],
+    )
+    src, dst = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(
+        model,
+        src,
+        save_as_external_data=True,
+        location="m.onnx.data",
+        size_threshold=0,
+        convert_attribute=True,
+    )
+    assert onnx.load(src, load_external_data=False).graph.node[0].attribute[0].t.data_location == 1
+    report = convert_file(src, dst)
+    assert report.totals()["converted"] == 1
+    feeds = [{"x": RNG.standard_normal((1, 24, t)).astype(np.float32)} for t in (1, 7, 40)]
+    assert_equivalent(str(src), str(dst), feeds)
+    assert (tmp_path / "o.onnx.data").stat().st_size == (tmp_path / "m.onnx.data").stat().st_size
+
+
+def test_without_kernel_copy_the_bytes_are_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    src = tmp_path / "m.onnx"
+    onnx.save(_stack_model(), src, save_as_external_data=True, location="m.onnx.data")
+    convert_file(src, tmp_path / "kernel.onnx")
+
+    def unsupported(*args: object) -> int:
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(datafile_mod.os, "copy_file_range", unsupported)
+    convert_file(src, tmp_path / "read.onnx")
+    assert (tmp_path / "read.onnx.data").read_bytes() == (tmp_path / "kernel.onnx.data").read_bytes()
+    monkeypatch.delattr(datafile_mod.os, "copy_file_range")
+    convert_file(src, tmp_path / "plain.onnx")
+    assert (tmp_path / "plain.onnx.data").read_bytes() == (tmp_path / "kernel.onnx.data").read_bytes()
+
+
+@pytest.mark.parametrize("inplace", [False, True], ids=["output", "inplace"])
+def test_copy_failure_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, inplace: bool) -> None:
+    """The disk fills up in the middle of the copy: an error, the input and old output intact."""
+    from onnx_conv2matmul.cli import main
+
+    src, dst = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    onnx.save(_stack_model(), src, save_as_external_data=True, all_tensors_to_one_file=False)
+    convert_file(src, dst)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    real = datafile_mod.os.copy_file_range
+    calls = []
+
+    def filling(*args: int) -> int:
+        calls.append(args)
+        if len(calls) == 4:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(*args)
+
+    monkeypatch.setattr(datafile_mod.os, "copy_file_range", filling)
+    threads = threading.active_count()
+    with pytest.raises(OSError, match="No space left"):
+        convert_file(src, None if inplace else dst, inplace=inplace)
+    assert threading.active_count() == threads
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    calls.clear()
+    result = subprocess_free_cli(main, [str(src), *(["--inplace"] if inplace else [str(dst)]), "-q"])
+    assert result.exit_code != 0 and "No space left on device" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def subprocess_free_cli(main: object, args: list[str]):  # type: ignore[no-untyped-def]
+    from click.testing import CliRunner
+
+    return CliRunner().invoke(main, args)  # type: ignore[arg-type]
+
+
+def test_failure_while_rewriting_stops_the_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    src, dst = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    onnx.save(_stack_model(), src, save_as_external_data=True, location="m.onnx.data")
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("rewrite failed")
+
+    monkeypatch.setattr(api, "convert", broken)
+    threads = threading.active_count()
+    with pytest.raises(RuntimeError, match="rewrite failed"):
+        convert_file(src, dst)
+    assert threading.active_count() == threads
+    assert not dst.exists() and _leftovers(tmp_path) == []
+
+
+def test_onnx_ir_is_imported_without_sympy() -> None:
+    code = (
+        "import sys, onnx_conv2matmul, onnx_ir as ir\n"
+        "assert 'sympy' not in sys.modules, 'sympy was imported'\n"
+        "assert str(ir.SymbolicDim('T') + 1) == 'T + 1'\n"  # symbolic arithmetic still works
+        "assert 'sympy' in sys.modules\n"
+        "import sympy.core.numbers, sympy\n"
+        "assert sympy.Integer(2) + 1 == 3\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
