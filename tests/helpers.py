@@ -9,11 +9,17 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
+from onnx_conv2matmul import ConvertOptions
+
 NP_TYPES = {
     TensorProto.FLOAT: np.float32,
     TensorProto.FLOAT16: np.float16,
     TensorProto.DOUBLE: np.float64,
 }
+
+
+# Every rewrite the tool can make, Transposes added or not: the tests of the rewrite itself.
+ALL = ConvertOptions(allow_added_transposes=True)
 
 
 def conv_model(

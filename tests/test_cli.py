@@ -40,6 +40,9 @@ def test_convert_default_and_extended(model_path: Path, tmp_path: Path) -> None:
     assert code == 0 and stdout == ""
     assert "needs_extended_mode" in stderr
     code, _, stderr = invoke(str(model_path), str(out), "--extended-conv1x1")
+    assert code == 0 and "adds_transposes" in stderr  # a lone conv: both its Transposes would stay
+    assert [n.op_type for n in onnx.load(out).graph.node] == ["Conv"]
+    code, _, stderr = invoke(str(model_path), str(out), "--extended-conv1x1", "--allow-added-transposes")
     assert code == 0
     assert "MatMul" in [n.op_type for n in onnx.load(out).graph.node]
 
@@ -50,6 +53,7 @@ def test_report_json_stdout_is_only_json(model_path: Path, tmp_path: Path) -> No
         str(model_path),
         str(tmp_path / "o.onnx"),
         "--extended-conv1x1",
+        "--allow-added-transposes",
         "--report-json-stdout",
         "--report-json",
         str(report),
@@ -58,7 +62,7 @@ def test_report_json_stdout_is_only_json(model_path: Path, tmp_path: Path) -> No
     data = json.loads(stdout)
     assert data == json.loads(report.read_text())
     assert data["tool"] == "onnx-conv2matmul" and data["version"] == __version__
-    assert data["options"]["extended"] is True
+    assert data["options"]["extended"] is True and data["options"]["allow_added_transposes"] is True
     assert data["totals"]["converted"] == 1
     node = data["nodes"][0]
     assert node["status"] == "converted" and node["reason"] is None
@@ -68,7 +72,7 @@ def test_report_json_stdout_is_only_json(model_path: Path, tmp_path: Path) -> No
 
 
 def test_inplace(model_path: Path) -> None:
-    code, _, _ = invoke(str(model_path), "--inplace", "--extended-conv1x1", "-q")
+    code, _, _ = invoke(str(model_path), "--inplace", "--extended-conv1x1", "--allow-added-transposes", "-q")
     assert code == 0
     assert "Conv" not in [n.op_type for n in onnx.load(model_path).graph.node]
 

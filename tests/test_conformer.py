@@ -38,7 +38,7 @@ def _transpose_producer(model: onnx.ModelProto, node: onnx.NodeProto) -> str | N
 
 def test_every_pointwise_conv_is_converted_and_exact() -> None:
     original = onnx.load(MODEL)
-    rewritten, report = convert(original, ConvertOptions(extended=True))
+    rewritten, report = convert(original, ConvertOptions(allow_added_transposes=True, extended=True))
     onnx.checker.check_model(rewritten)
     converted = [e for e in report.entries if e.status is Status.CONVERTED]
     skipped = [e for e in report.entries if e.status is Status.SKIPPED]
@@ -66,7 +66,7 @@ def assert_matmul_weights_2d_subset(model: onnx.ModelProto, names: set[str | Non
 
 def test_conformer_conv_module_transposes_cancel() -> None:
     original = onnx.load(MODEL)
-    rewritten, report = convert(original, ConvertOptions(extended=True))
+    rewritten, report = convert(original, ConvertOptions(allow_added_transposes=True, extended=True))
     # The exporter's Transpose before pw1 and after pw2 of each conv module cancel with ours
     # (2 layers x 2 pairs x 2 nodes); the last front-end conv's Transpose moves below its ReLU
     # and merges into the exporter's Transpose[0,2,1,3] (1 node).
@@ -83,7 +83,7 @@ def test_convert_file_verifies_at_several_lengths_and_batches(tmp_path: Path) ->
     report = convert_file(
         MODEL,
         tmp_path / "out.onnx",
-        ConvertOptions(extended=True),
+        ConvertOptions(allow_added_transposes=True, extended=True),
         verify=VerifyOptions(batch=2, lengths=(64, 97, 191)),
     )
     assert report.return_code == 0
@@ -93,7 +93,7 @@ def test_convert_file_verifies_at_several_lengths_and_batches(tmp_path: Path) ->
 
 def test_quantizer_takes_every_linear_and_pointwise_conv() -> None:
     original = onnx.load(MODEL)
-    rewritten, _report = convert(original, ConvertOptions(extended=True))
+    rewritten, _report = convert(original, ConvertOptions(allow_added_transposes=True, extended=True))
     initializers = {t.name for t in rewritten.graph.initializer}
     constant_matmuls = sum(
         1 for n in all_nodes(rewritten.graph) if n.op_type == "MatMul" and n.input[1] in initializers

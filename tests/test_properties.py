@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from helpers import assert_close, conv_model, op_types, run
 from onnx_conv2matmul import ConvertOptions, Status, convert
 
-EVERYTHING = ConvertOptions(extended=True, allow_non_unit_dilation=True)
+EVERYTHING = ConvertOptions(allow_added_transposes=True, extended=True, allow_non_unit_dilation=True)
 
 
 @st.composite

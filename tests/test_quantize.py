@@ -38,7 +38,7 @@ def _encoder_feeds() -> dict[str, np.ndarray]:
 @pytest.mark.parametrize(("bits", "symmetric"), [(4, False), (4, True), (8, False)])
 def test_one_weight_at_a_time_matches_matmulnbitsquantizer(bits: int, symmetric: bool) -> None:
     """Our per-node use of onnxruntime's quantizer gives the same model as its whole-model API."""
-    rewritten, _ = convert(onnx.load(ENCODER), ConvertOptions(extended=True))
+    rewritten, _ = convert(onnx.load(ENCODER), ConvertOptions(allow_added_transposes=True, extended=True))
     reference = MatMulNBitsQuantizer(
         onnx.ModelProto.FromString(rewritten.SerializeToString()),
         bits=bits,
@@ -79,6 +79,7 @@ def test_quantize_command_on_the_encoder(tmp_path: Path) -> None:
         str(out),
         "--block-size",
         "32",
+        "--allow-added-transposes",
         "--verify-batch",
         "2",
         "--report-json-stdout",
@@ -88,6 +89,8 @@ def test_quantize_command_on_the_encoder(tmp_path: Path) -> None:
     model = onnx.load(out)
     ops = [n.op_type for n in all_nodes(model.graph)]
     # Every Linear and pointwise conv became MatMulNBits; depthwise and 3x3 convs stay.
+    # (The two pointwise convs of the front end sit between depthwise convs: converting them
+    # adds Transposes, which --allow-added-transposes accepts.)
     assert ops.count("MatMulNBits") == data["quantized_nodes"] == 25
     assert ops.count("Conv") == 5
     assert data["rewrite"]["converted"] == 6
@@ -97,6 +100,15 @@ def test_quantize_command_on_the_encoder(tmp_path: Path) -> None:
     assert cosines and min(cosines) > 0.98
     assert "cosine" in stderr and "MatMulNBits" in stderr
     assert data["peak_rss_bytes"] > 0 and data["seconds"] > 0
+
+
+def test_front_end_convs_are_left_alone_by_default() -> None:
+    """The encoder's front-end pointwise convs sit between depthwise convs: both Transposes would stay."""
+    _, report = convert(onnx.load(ENCODER), ConvertOptions(extended=True, allow_non_unit_dilation=True))
+    assert report.skip_counts.get("adds_transposes") == 2
+    assert len(report.converted) == 4
+    assert report.transposes_after is not None and report.transposes_before is not None
+    assert report.transposes_after <= report.transposes_before
 
 
 def test_min_cosine_above_what_is_reached_fails(tmp_path: Path) -> None:
@@ -116,11 +128,11 @@ def test_exclude_and_include_patterns(tmp_path: Path) -> None:
     )
     assert code == 0
     data = json.loads(stdout)
-    assert len(data["excluded"]) == 4 and data["quantized_nodes"] == 21
+    assert len(data["excluded"]) == 4 and data["quantized_nodes"] == 19
     code, stdout, _ = _invoke(
         "quantize", str(ENCODER), str(out), "--include", "*conv*", "--report-json-stdout", "-q"
     )
-    assert json.loads(stdout)["quantized_nodes"] == 6
+    assert json.loads(stdout)["quantized_nodes"] == 4
 
 
 def test_int8_dynamic_on_the_decoder(tmp_path: Path) -> None:

@@ -17,10 +17,14 @@ def _quantize(model):  # type: ignore[no-untyped-def]
 
 def test_converted_pointwise_convs_become_matmulnbits() -> None:
     for spatial, attrs, options in (
-        (1, {}, ConvertOptions()),
-        (2, {}, ConvertOptions()),
-        (3, {}, ConvertOptions()),
-        (2, {"strides": [2, 2], "pads": [1, 1, 0, 0]}, ConvertOptions(extended=True)),
+        (1, {}, ConvertOptions(allow_added_transposes=True)),
+        (2, {}, ConvertOptions(allow_added_transposes=True)),
+        (3, {}, ConvertOptions(allow_added_transposes=True)),
+        (
+            2,
+            {"strides": [2, 2], "pads": [1, 1, 0, 0]},
+            ConvertOptions(allow_added_transposes=True, extended=True),
+        ),
     ):
         original = conv_model(spatial=spatial, in_channels=64, out_channels=48, attrs=attrs)
         # Without the rewrite the quantizer has nothing to take.

@@ -17,6 +17,7 @@ from pathlib import Path
 import onnx
 import pytest
 
+from helpers import ALL
 from onnx_conv2matmul import ConvertOptions, SkipReason, convert, convert_file
 from onnx_conv2matmul.verify import VerifyOptions
 
@@ -149,7 +150,9 @@ def test_real_model_rewrite_is_exact(model: RealModel, tmp_path: Path) -> None:
     source = _fetch(model)
     output = tmp_path / "rewritten.onnx"
     for index, verify in enumerate(model.verify):
-        report = convert_file(source, output, ConvertOptions(extended=True), verify=verify)
+        report = convert_file(
+            source, output, ConvertOptions(allow_added_transposes=True, extended=True), verify=verify
+        )
         assert report.verification is not None
         assert report.return_code == 0, report.verification["failures"]
         if index == 0:
@@ -162,6 +165,6 @@ def test_real_model_rewrite_is_exact(model: RealModel, tmp_path: Path) -> None:
 @pytest.mark.network
 def test_strict_mode_reports_the_strided_convs() -> None:
     source = _fetch(MODELS[2])
-    _, strict = convert(onnx.load(source))
+    _, strict = convert(onnx.load(source), ALL)
     assert len(strict.converted) == 19
     assert strict.skip_counts == {"kernel_not_pointwise": 12, "needs_extended_mode": 5}

@@ -8,6 +8,7 @@ import pytest
 from onnx import TensorProto
 
 from helpers import (
+    ALL,
     all_initializers,
     assert_equivalent,
     assert_matmul_weights_2d,
@@ -18,19 +19,19 @@ from helpers import (
 )
 from onnx_conv2matmul import ConvertOptions, SkipReason, Status, convert
 
-EXTENDED = ConvertOptions(extended=True)
-DILATED = ConvertOptions(extended=True, allow_non_unit_dilation=True)
+EXTENDED = ConvertOptions(allow_added_transposes=True, extended=True)
+DILATED = ConvertOptions(allow_added_transposes=True, extended=True, allow_non_unit_dilation=True)
 
 CASES = [
     # (id, spatial, attrs, options, extra ops expected)
-    ("1d", 1, {}, ConvertOptions(), []),
-    ("2d", 2, {}, ConvertOptions(), []),
-    ("3d", 3, {}, ConvertOptions(), []),
+    ("1d", 1, {}, ConvertOptions(allow_added_transposes=True), []),
+    ("2d", 2, {}, ConvertOptions(allow_added_transposes=True), []),
+    ("3d", 3, {}, ConvertOptions(allow_added_transposes=True), []),
     (
         "1d-explicit-attrs",
         1,
         {"strides": [1], "pads": [0, 0], "dilations": [1], "kernel_shape": [1]},
-        ConvertOptions(),
+        ConvertOptions(allow_added_transposes=True),
         [],
     ),
     ("1d-pads", 1, {"pads": [2, 1]}, EXTENDED, ["Pad"]),
@@ -109,7 +110,7 @@ def test_pads_only_work_at_old_opsets() -> None:
 @pytest.mark.parametrize("spatial", [1, 2])
 def test_fp16_keeps_its_type(spatial: int) -> None:
     original = conv_model(spatial=spatial, dtype=TensorProto.FLOAT16)
-    rewritten, report = convert(original)
+    rewritten, report = convert(original, ALL)
     assert report.entries[0].weight_dtype == "FLOAT16"
     inits = all_initializers(rewritten.graph)
     matmul = next(n for n in rewritten.graph.node if n.op_type == "MatMul")
@@ -122,7 +123,7 @@ def test_fp64_against_numpy() -> None:
     original = conv_model(spatial=1, dtype=TensorProto.DOUBLE)
     w = onnx.numpy_helper.to_array(original.graph.initializer[0])
     b = onnx.numpy_helper.to_array(original.graph.initializer[1])
-    rewritten, report = convert(original)
+    rewritten, report = convert(original, ALL)
     assert report.entries[0].weight_dtype == "DOUBLE"
     for feeds in conv_feeds(6, 1, dtype=np.float64):
         x = feeds["x"]
@@ -134,7 +135,7 @@ def test_fp64_against_numpy() -> None:
 
 def test_weight_from_constant_node() -> None:
     original = conv_model(spatial=1, weight_source="constant")
-    rewritten, report = convert(original)
+    rewritten, report = convert(original, ALL)
     assert report.entries[0].status is Status.CONVERTED
     assert "Constant" not in op_types(rewritten), "the dead Constant node is removed"
     assert report.tensors_removed == 1
@@ -145,7 +146,7 @@ def test_weight_from_constant_node() -> None:
 def test_weight_is_transposed_reshape() -> None:
     original = conv_model(spatial=2, in_channels=3, out_channels=4, bias=False)
     w = onnx.numpy_helper.to_array(original.graph.initializer[0])
-    rewritten, _ = convert(original)
+    rewritten, _ = convert(original, ALL)
     matmul = next(n for n in rewritten.graph.node if n.op_type == "MatMul")
     wt = onnx.numpy_helper.to_array(all_initializers(rewritten.graph)[matmul.input[1]])
     assert wt.shape == (3, 4)
@@ -156,7 +157,7 @@ def test_names_are_readable_and_unique() -> None:
     original = conv_model(spatial=1, name="encoder/layer0/pw1")
     # Occupy the name the rewrite would pick first.
     original.graph.initializer.append(onnx.numpy_helper.from_array(np.zeros(1, np.float32), "W_matmul"))
-    rewritten, report = convert(original)
+    rewritten, report = convert(original, ALL)
     names = [n.name for n in rewritten.graph.node]
     assert len(names) == len(set(names))
     assert report.entries[0].matmul == "encoder/layer0/pw1/MatMul"
@@ -168,7 +169,7 @@ def test_names_are_readable_and_unique() -> None:
 def test_proto_input_is_not_modified() -> None:
     original = conv_model(spatial=1)
     before = original.SerializeToString()
-    convert(original)
+    convert(original, ALL)
     assert original.SerializeToString() == before
 
 
@@ -176,7 +177,7 @@ def test_ir_model_is_converted_in_place() -> None:
     import onnx_ir as ir
 
     model = ir.serde.deserialize_model(conv_model(spatial=1))
-    same, report = convert(model)
+    same, report = convert(model, ALL)
     assert same is model
     assert [n.op_type for n in model.graph] == ["Transpose", "MatMul", "Add", "Transpose"]
     assert report.converted_params == 30

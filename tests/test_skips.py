@@ -7,7 +7,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from helpers import conv_model, op_types
+from helpers import ALL, conv_model, op_types
 from onnx_conv2matmul import ConvertOptions, SkipReason, Status, convert
 
 
@@ -24,35 +24,43 @@ def _skip(model: onnx.ModelProto, options: ConvertOptions, reason: SkipReason) -
 
 
 def test_kernel_not_pointwise() -> None:
-    detail = _skip(conv_model(spatial=1, kernel=[3]), ConvertOptions(), SkipReason.KERNEL_NOT_POINTWISE)
+    detail = _skip(
+        conv_model(spatial=1, kernel=[3]),
+        ConvertOptions(allow_added_transposes=True),
+        SkipReason.KERNEL_NOT_POINTWISE,
+    )
     assert "[3]" in detail
 
 
 def test_kernel_2d_partly_pointwise() -> None:
-    _skip(conv_model(spatial=2, kernel=[1, 3]), ConvertOptions(), SkipReason.KERNEL_NOT_POINTWISE)
+    _skip(
+        conv_model(spatial=2, kernel=[1, 3]),
+        ConvertOptions(allow_added_transposes=True),
+        SkipReason.KERNEL_NOT_POINTWISE,
+    )
 
 
 def test_grouped() -> None:
     model = conv_model(spatial=1, in_channels=3, out_channels=6, attrs={"group": 2})
-    _skip(model, ConvertOptions(), SkipReason.GROUPED)
+    _skip(model, ConvertOptions(allow_added_transposes=True), SkipReason.GROUPED)
 
 
 def test_depthwise_k9_is_kernel_not_pointwise() -> None:
     model = conv_model(spatial=1, in_channels=1, out_channels=6, kernel=[9], attrs={"group": 6})
-    _skip(model, ConvertOptions(), SkipReason.KERNEL_NOT_POINTWISE)
+    _skip(model, ConvertOptions(allow_added_transposes=True), SkipReason.KERNEL_NOT_POINTWISE)
 
 
 def test_weight_not_constant() -> None:
     _skip(
         conv_model(spatial=1, weight_source="input"),
-        ConvertOptions(),
+        ConvertOptions(allow_added_transposes=True),
         SkipReason.WEIGHT_NOT_CONSTANT,
     )
 
 
 def test_weight_overridable() -> None:
     model = conv_model(spatial=1, weight_source="input_initializer")
-    _skip(model, ConvertOptions(), SkipReason.WEIGHT_OVERRIDABLE)
+    _skip(model, ConvertOptions(allow_added_transposes=True), SkipReason.WEIGHT_OVERRIDABLE)
 
 
 def test_weight_computed_at_run_time() -> None:
@@ -60,7 +68,7 @@ def test_weight_computed_at_run_time() -> None:
     # W -> Identity -> Conv: not a constant the rewrite can see through.
     model.graph.node.insert(0, helper.make_node("Identity", ["W"], ["W2"]))
     model.graph.node[1].input[1] = "W2"
-    _skip(model, ConvertOptions(), SkipReason.WEIGHT_NOT_CONSTANT)
+    _skip(model, ConvertOptions(allow_added_transposes=True), SkipReason.WEIGHT_NOT_CONSTANT)
 
 
 @pytest.mark.parametrize(
@@ -68,39 +76,45 @@ def test_weight_computed_at_run_time() -> None:
     [{"strides": [2]}, {"pads": [1, 0]}, {"auto_pad": "VALID"}, {"auto_pad": "SAME_UPPER"}],
 )
 def test_needs_extended_mode(attrs: dict[str, object]) -> None:
-    _skip(conv_model(spatial=1, attrs=attrs), ConvertOptions(), SkipReason.NEEDS_EXTENDED_MODE)
+    _skip(
+        conv_model(spatial=1, attrs=attrs),
+        ConvertOptions(allow_added_transposes=True),
+        SkipReason.NEEDS_EXTENDED_MODE,
+    )
 
 
 def test_dilation_needs_opt_in() -> None:
     model = conv_model(spatial=1, attrs={"dilations": [2]})
-    _skip(model, ConvertOptions(extended=True), SkipReason.DILATION_NEEDS_OPT_IN)
+    _skip(model, ConvertOptions(allow_added_transposes=True, extended=True), SkipReason.DILATION_NEEDS_OPT_IN)
 
 
 def test_dilation_above_max() -> None:
     model = conv_model(spatial=2, attrs={"dilations": [1, 5]})
-    options = ConvertOptions(allow_non_unit_dilation=True, max_dilation=4)
+    options = ConvertOptions(allow_added_transposes=True, allow_non_unit_dilation=True, max_dilation=4)
     assert "5" in _skip(model, options, SkipReason.DILATION_ABOVE_MAX)
-    _converted, report = convert(model, ConvertOptions(allow_non_unit_dilation=True, max_dilation=5))
+    _converted, report = convert(
+        model, ConvertOptions(allow_added_transposes=True, allow_non_unit_dilation=True, max_dilation=5)
+    )
     assert report.entries[0].status is Status.CONVERTED
 
 
 def test_opset_unsupported_for_strides() -> None:
     model = conv_model(spatial=1, attrs={"strides": [2]}, opset=9)
-    _skip(model, ConvertOptions(extended=True), SkipReason.OPSET_UNSUPPORTED)
+    _skip(model, ConvertOptions(allow_added_transposes=True, extended=True), SkipReason.OPSET_UNSUPPORTED)
 
 
 def test_unsupported_dtype() -> None:
     model = conv_model(spatial=1)
     w = numpy_helper.to_array(model.graph.initializer[0]).astype(np.int8)
     model.graph.initializer[0].CopyFrom(numpy_helper.from_array(w, "W"))
-    _skip(model, ConvertOptions(), SkipReason.UNSUPPORTED_DTYPE)
+    _skip(model, ConvertOptions(allow_added_transposes=True), SkipReason.UNSUPPORTED_DTYPE)
 
 
 def test_unsupported_rank() -> None:
     model = conv_model(spatial=1)
     w = numpy_helper.to_array(model.graph.initializer[0]).reshape(5, 6)
     model.graph.initializer[0].CopyFrom(numpy_helper.from_array(w, "W"))
-    _skip(model, ConvertOptions(), SkipReason.UNSUPPORTED_RANK)
+    _skip(model, ConvertOptions(allow_added_transposes=True), SkipReason.UNSUPPORTED_RANK)
 
 
 @pytest.mark.parametrize(
@@ -114,13 +128,13 @@ def test_unsupported_rank() -> None:
 )
 def test_invalid_attributes(attrs: dict[str, object]) -> None:
     model = conv_model(spatial=1, attrs=attrs)
-    _skip(model, ConvertOptions(extended=True), SkipReason.INVALID_ATTRIBUTES)
+    _skip(model, ConvertOptions(allow_added_transposes=True, extended=True), SkipReason.INVALID_ATTRIBUTES)
 
 
 def test_bias_shape_mismatch() -> None:
     model = conv_model(spatial=1)
     model.graph.initializer[1].CopyFrom(numpy_helper.from_array(np.zeros(3, np.float32), "B"))
-    _skip(model, ConvertOptions(), SkipReason.INVALID_ATTRIBUTES)
+    _skip(model, ConvertOptions(allow_added_transposes=True), SkipReason.INVALID_ATTRIBUTES)
 
 
 @pytest.mark.parametrize(("op_type", "domain"), [("ConvInteger", ""), ("FusedConv", "com.microsoft")])
@@ -129,7 +143,7 @@ def test_unsupported_op(op_type: str, domain: str) -> None:
     node = model.graph.node[0]
     node.op_type = op_type
     node.domain = domain
-    _skip(model, ConvertOptions(), SkipReason.UNSUPPORTED_OP)
+    _skip(model, ConvertOptions(allow_added_transposes=True), SkipReason.UNSUPPORTED_OP)
 
 
 def test_every_reason_is_documented_and_tested() -> None:
@@ -151,7 +165,7 @@ def test_conv_without_type_info_in_a_mixed_model() -> None:
     a.graph.initializer.append(w2)
     a.graph.node.append(helper.make_node("Conv", ["y", "W2"], ["z"], name="pw"))
     a.graph.output[0].CopyFrom(helper.make_tensor_value_info("z", TensorProto.FLOAT, ["N", 4, "T"]))
-    rewritten, report = convert(a)
+    rewritten, report = convert(a, ALL)
     assert [(e.name, e.status) for e in report.entries] == [
         ("k3", Status.SKIPPED),
         ("pw", Status.CONVERTED),
@@ -164,7 +178,7 @@ def test_weight_shared_with_a_node_that_stays() -> None:
     model = conv_model(spatial=1, bias=False, name="pw")
     model.graph.node.append(helper.make_node("Conv", ["x", "W"], ["z"], name="strided", strides=[2]))
     model.graph.output.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, ["N", 5, "T2"]))
-    rewritten, report = convert(model)
+    rewritten, report = convert(model, ALL)
     assert [(e.name, e.reason) for e in report.entries] == [
         ("pw", SkipReason.WEIGHT_SHARED),
         ("strided", SkipReason.NEEDS_EXTENDED_MODE),
@@ -172,7 +186,7 @@ def test_weight_shared_with_a_node_that_stays() -> None:
     assert "strided" in report.entries[0].detail
     assert op_types(rewritten) == ["Conv", "Conv"]
     # With extended mode both convert and share one transposed weight.
-    _, report = convert(model, ConvertOptions(extended=True))
+    _, report = convert(model, ConvertOptions(allow_added_transposes=True, extended=True))
     assert [e.status for e in report.entries] == [Status.CONVERTED, Status.CONVERTED]
 
 
@@ -211,7 +225,7 @@ def test_ambiguous_weight_name_across_scopes() -> None:
         [outer],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    _, report = convert(model)
+    _, report = convert(model, ALL)
     assert {e.name: e.reason for e in report.entries} == {
         "main_conv": SkipReason.AMBIGUOUS_WEIGHT,
         "branch_conv": SkipReason.AMBIGUOUS_WEIGHT,
@@ -221,7 +235,7 @@ def test_ambiguous_weight_name_across_scopes() -> None:
 def test_ir_version_3_cannot_take_new_initializers() -> None:
     model = conv_model(spatial=1, weight_source="constant", bias=False, opset=8)
     model.ir_version = 3
-    rewritten, report = convert(model)
+    rewritten, report = convert(model, ALL)
     assert report.entries[0].reason is SkipReason.OPSET_UNSUPPORTED
     assert "IR version 3" in report.entries[0].detail
     assert "Conv" in op_types(rewritten)
@@ -241,7 +255,13 @@ def test_conv_in_a_local_function_is_reported() -> None:
     model.graph.node[0].domain = "local"
     model.functions.append(function)
     model.opset_import.append(helper.make_opsetid("local", 1))
-    _, report = convert(model)
+    _, report = convert(model, ALL)
     assert [(e.name, e.reason, e.scope) for e in report.entries] == [
         ("fn_conv", SkipReason.IN_FUNCTION, "function local::PwConv")
     ]
+
+
+def test_adds_transposes() -> None:
+    """A lone conv between a graph input and output: both of its Transposes would stay."""
+    detail = _skip(conv_model(spatial=1), ConvertOptions(), SkipReason.ADDS_TRANSPOSES)
+    assert "2 Transpose nodes" in detail and "--allow-added-transposes" in detail

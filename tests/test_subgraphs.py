@@ -7,6 +7,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from helpers import (
+    ALL,
     all_initializers,
     all_nodes,
     assert_equivalent,
@@ -102,7 +103,7 @@ def _if_loop_model() -> onnx.ModelProto:
 def test_convs_in_if_and_loop_bodies_are_converted() -> None:
     original = _if_loop_model()
     onnx.checker.check_model(original)
-    rewritten, report = convert(original)
+    rewritten, report = convert(original, ALL)
     onnx.checker.check_model(rewritten, full_check=True)
     by_name = {e.name: e for e in report.entries}
     assert set(by_name) == {"then_conv", "else_conv", "nested_conv", "loop_conv"}
@@ -142,7 +143,7 @@ def test_generated_names_do_not_collide_with_subgraph_names() -> None:
     then_g = next(a.g for a in original.graph.node[0].attribute if a.name == "then_branch")
     then_g.node.append(helper.make_node("Identity", ["then_y"], ["W_outer_matmul"]))
     then_g.output[0].name = "W_outer_matmul"
-    rewritten, _ = convert(original)
+    rewritten, _ = convert(original, ALL)
     onnx.checker.check_model(rewritten, full_check=True)
     feeds = [
         {
@@ -170,13 +171,13 @@ def test_shared_weight_is_transposed_once() -> None:
     )
     original = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     # Strict mode leaves the padded conv, so converting c1/c2 would store W twice: all stay.
-    _, strict = convert(original)
+    _, strict = convert(original, ALL)
     assert [e.reason for e in strict.entries] == [
         SkipReason.WEIGHT_SHARED,
         SkipReason.WEIGHT_SHARED,
         SkipReason.NEEDS_EXTENDED_MODE,
     ]
-    rewritten, report = convert(original, ConvertOptions(extended=True))
+    rewritten, report = convert(original, ConvertOptions(allow_added_transposes=True, extended=True))
     assert [e.status for e in report.entries] == [Status.CONVERTED] * 3
     assert set(all_initializers(rewritten.graph)) == {"W_matmul"}
     assert op_types(rewritten).count("MatMul") == 3
@@ -198,7 +199,7 @@ def test_transpose_sinks_through_relu_and_merges() -> None:
         [numpy_helper.from_array(RNG.standard_normal((C, C, 1, 1)).astype(np.float32), "W")],
     )
     original = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    rewritten, report = convert(original)
+    rewritten, report = convert(original, ALL)
     onnx.checker.check_model(rewritten, full_check=True)
     assert op_types(rewritten) == ["Transpose", "MatMul", "Relu", "Transpose"]
     assert report.transposes_after == report.transposes_before + 1

@@ -11,14 +11,14 @@ import pytest
 from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 
-from helpers import conv_model
+from helpers import ALL, conv_model
 from onnx_conv2matmul import ConvertOptions, convert, convert_file
 from onnx_conv2matmul import rewrite as rewrite_mod
 from onnx_conv2matmul.cli import main
 from onnx_conv2matmul.verify import VerifyOptions, verify_models
 
 RNG = np.random.default_rng(5)
-EXTENDED = ConvertOptions(extended=True)
+EXTENDED = ConvertOptions(allow_added_transposes=True, extended=True)
 
 
 def _save(model: onnx.ModelProto, path: Path) -> str:
@@ -186,7 +186,7 @@ def test_deep_model_with_large_outputs_passes(tmp_path: Path) -> None:
 def _perturbed_candidate(tmp_path: Path, delta: str) -> tuple[str, str]:
     original = _deep_model(layers=8)
     src = _save(original, tmp_path / "deep.onnx")
-    rewritten, _ = convert(original)
+    rewritten, _ = convert(original, ALL)
     init = next(t for t in rewritten.graph.initializer if t.name == "w3_matmul")
     w = numpy_helper.to_array(init).copy()
     if delta == "ulp":
@@ -260,7 +260,9 @@ def test_failed_verification_writes_nothing_and_exits_1(
     report_path = tmp_path / "r.json"
     _break_rewrite(monkeypatch)
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
-    code, _stdout, stderr = _invoke(src, str(out), "--verify", "--report-json", str(report_path))
+    code, _stdout, stderr = _invoke(
+        src, str(out), "--allow-added-transposes", "--verify", "--report-json", str(report_path)
+    )
     assert code == 1
     assert "Verification FAILED" in stderr and "nothing was written" in stderr
     data = json.loads(report_path.read_text())
@@ -273,12 +275,12 @@ def test_failed_verification_writes_nothing_and_exits_1(
     assert after == before
 
     # --inplace: the original stays as it was.
-    code, _, _ = _invoke(src, "--inplace", "--verify", "-q")
+    code, _, _ = _invoke(src, "--inplace", "--allow-added-transposes", "--verify", "-q")
     assert code == 1
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.name != "r.json"} == before
 
     # --keep-on-failure keeps the output aside, never at the target.
-    code, _, stderr = _invoke(src, str(out), "--verify", "--keep-on-failure")
+    code, _, stderr = _invoke(src, str(out), "--allow-added-transposes", "--verify", "--keep-on-failure")
     assert code == 1 and not out.exists()
     kept = tmp_path / "o.onnx.verify-failed" / "o.onnx"
     assert kept.exists() and "kept for inspection" in stderr
@@ -292,6 +294,7 @@ def test_inplace_verify_compares_against_the_original(tmp_path: Path) -> None:
         str(src),
         "--inplace",
         "--extended-conv1x1",
+        "--allow-added-transposes",
         "--verify",
         "--verify-lengths",
         "4,9",

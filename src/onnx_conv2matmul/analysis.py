@@ -12,6 +12,7 @@ import math
 import onnx_ir as ir
 
 from onnx_conv2matmul._graphs import default_opset, walk_graphs
+from onnx_conv2matmul._layout import added_transposes
 from onnx_conv2matmul.options import ConvertOptions
 from onnx_conv2matmul.reasons import SkipReason
 from onnx_conv2matmul.report import ConvEntry, Status
@@ -99,9 +100,43 @@ def analyze(model: ir.Model, options: ConvertOptions) -> tuple[list[Plan], list[
             else:
                 entry.status = Status.CONVERTED
                 plans.append(plan)
-    plans = _drop_shared_with_unconverted(plans)
+    plans = _settle(plans, options)
     entries.extend(_function_entries(model))
     return plans, entries
+
+
+def _settle(plans: list[Plan], options: ConvertOptions) -> list[Plan]:
+    """Drop plans until every weight is converted whole and, by default, no Transpose is added.
+
+    Dropping a conv can make a neighbour's conversion cost a Transpose, or leave a
+    weight shared with a conv that stays, so this runs until nothing changes.
+    """
+    while True:
+        plans = _drop_shared_with_unconverted(plans)
+        if options.allow_added_transposes:
+            return plans
+        kept = _drop_adding_transposes(plans)
+        if len(kept) == len(plans):
+            return kept
+        plans = kept
+
+
+def _drop_adding_transposes(plans: list[Plan]) -> list[Plan]:
+    converted = {id(p.node) for p in plans}
+    kept = []
+    for plan in plans:
+        added = added_transposes(plan.node, plan.spatial_rank + 2, converted)
+        if added <= 0:
+            kept.append(plan)
+            continue
+        plan.entry.status = Status.SKIPPED
+        plan.entry.reason = SkipReason.ADDS_TRANSPOSES
+        plan.entry.detail = (
+            f"its channels-last form would add {added} Transpose node{'s' if added > 1 else ''}:"
+            " a neighbour needs channels-first data (--allow-added-transposes converts it)"
+        )
+        plan.entry.extra_ops = []
+    return kept
 
 
 def _names_in_several_scopes(model: ir.Model) -> set[str]:

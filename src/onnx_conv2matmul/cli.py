@@ -291,6 +291,11 @@ def _verify_options_from(
     default=None,
     help="With --allow-non-unit-dilation, skip convs whose dilation is above N.",
 )
+@click.option(
+    "--allow-added-transposes",
+    is_flag=True,
+    help="Also rewrite convs whose channels-last form adds Transpose nodes (between depthwise convs).",
+)
 @click.option("--skip-checker", is_flag=True, help="Do not run the ONNX checker on input and output.")
 @click.option(
     "--report-json",
@@ -318,6 +323,7 @@ def convert_command(
     extended: bool,
     allow_non_unit_dilation: bool,
     max_dilation: int | None,
+    allow_added_transposes: bool,
     skip_checker: bool,
     report_json: str | None,
     report_json_stdout: bool,
@@ -334,6 +340,7 @@ def convert_command(
             extended=extended,
             allow_non_unit_dilation=allow_non_unit_dilation,
             max_dilation=max_dilation,
+            allow_added_transposes=allow_added_transposes,
         )
         api.check_paths(input_path, output_path, inplace=inplace)
         if report_json is not None:
@@ -450,6 +457,11 @@ def verify_command(
 @click.option("--no-dilation", is_flag=True, help="Do not rewrite convs with dilation > 1.")
 @click.option("--max-dilation", type=click.IntRange(min=1), default=None)
 @click.option(
+    "--allow-added-transposes",
+    is_flag=True,
+    help="Also rewrite convs whose channels-last form adds Transpose nodes.",
+)
+@click.option(
     "--min-cosine",
     type=click.FloatRange(-1, 1),
     default=None,
@@ -473,6 +485,7 @@ def quantize_command(
     strict_conv1x1: bool,
     no_dilation: bool,
     max_dilation: int | None,
+    allow_added_transposes: bool,
     min_cosine: float | None,
     skip_checker: bool,
     report_json: str | None,
@@ -503,6 +516,7 @@ def quantize_command(
                 extended=not strict_conv1x1,
                 allow_non_unit_dilation=not no_dilation,
                 max_dilation=max_dilation,
+                allow_added_transposes=allow_added_transposes,
             )
         except ValueError as err:
             raise InputError(str(err)) from err

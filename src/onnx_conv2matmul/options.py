@@ -16,11 +16,16 @@ class ConvertOptions:
             kernel of size 1 dilation has no effect on the result.
         max_dilation: With ``allow_non_unit_dilation``, skip convs with a dilation
             above this value. ``None`` means no limit.
+        allow_added_transposes: Also rewrite convs whose channels-last form leaves
+            Transpose nodes the cleanup cannot cancel (a pointwise conv between two
+            ops that need channels-first data, such as depthwise convs). Off by
+            default: the rewrite then never adds Transposes to the model.
     """
 
     extended: bool = False
     allow_non_unit_dilation: bool = False
     max_dilation: int | None = None
+    allow_added_transposes: bool = False
 
     def __post_init__(self) -> None:
         if self.max_dilation is not None and self.max_dilation < 1:

@@ -42,6 +42,8 @@ class SkipReason(str, enum.Enum):
     """The weight's name is defined in more than one scope, so runtimes may resolve it differently."""
     IN_FUNCTION = "in_function"
     """The node is inside a model-local function (not rewritten)."""
+    ADDS_TRANSPOSES = "adds_transposes"
+    """Its channels-last form would add Transposes to the model; ``--allow-added-transposes``."""
 
     @property
     def description(self) -> str:
@@ -64,4 +66,5 @@ _DESCRIPTIONS: dict[SkipReason, str] = {
     SkipReason.WEIGHT_SHARED: "weight also used by a node that stays",
     SkipReason.AMBIGUOUS_WEIGHT: "weight name defined in several scopes",
     SkipReason.IN_FUNCTION: "inside a model-local function",
+    SkipReason.ADDS_TRANSPOSES: "would add Transposes; --allow-added-transposes",
 }
