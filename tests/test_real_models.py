@@ -160,6 +160,10 @@ def test_real_model_rewrite_is_exact(model: RealModel, tmp_path: Path) -> None:
             assert report.skip_counts == {r.value: n for r, n in model.skipped.items()}
             assert report.output_bytes is not None and report.input_bytes is not None
             assert report.output_bytes <= report.input_bytes * 1.01 + 16384
+    # By default, convs whose conversion would add Transposes stay: the model never gets more.
+    _, default = convert(onnx.load(source), ConvertOptions(extended=True))
+    assert default.transposes_after is not None and default.transposes_before is not None
+    assert default.transposes_after <= default.transposes_before
 
 
 @pytest.mark.network
