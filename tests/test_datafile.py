@@ -207,3 +207,29 @@ def test_onnx_ir_is_imported_without_sympy() -> None:
         "assert sympy.Integer(2) + 1 == 3\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_two_weights_on_the_same_bytes(tmp_path: Path) -> None:
+    """Two convs whose weights point at the same external bytes: each new weight gets its own place."""
+    model = _stack_model(layers=2)
+    data = bytearray()
+    offsets: dict[str, int] = {}
+    for tensor in model.graph.initializer:
+        raw = numpy_helper.to_array(tensor).tobytes()
+        if len(raw) <= 1024:
+            continue
+        key = "w" if tensor.name in ("w0", "w1") else tensor.name
+        if key not in offsets:
+            offsets[key] = len(data)
+            data += raw if tensor.name != "w1" else b""
+        set_external_data(tensor, location="m.onnx.data", offset=offsets[key], length=len(raw))
+        tensor.ClearField("raw_data")
+        tensor.data_location = TensorProto.EXTERNAL
+    src, dst = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    (tmp_path / "m.onnx.data").write_bytes(bytes(data))
+    onnx.save(model, src)
+    report = convert_file(src, dst)
+    assert len(report.converted) == 2
+    assert_equivalent(str(src), str(dst), _feeds())
+    places = {_locations(dst)[w][1] for w in _matmul_weights(dst).values()}
+    assert len(places) == 2

@@ -319,13 +319,19 @@ class DataFileWriter:
         live = {
             _range(t) for _, t in entries if isinstance(t, ir.ExternalTensor) and int(t.nbytes) > threshold
         }
-        # Places inside the early copies that no tensor of the final model uses.
+        # Places inside the early copies that no tensor of the final model uses. Two dead
+        # tensors may share bytes (an exporter that deduplicates weights): a place is given once.
         free: dict[int, list[int]] = {}
-        for path, start, end in sorted(self._early_tensors):
-            if (path, start, end) not in live and not _overlaps((path, start, end), live):
-                offset = self._copied_offset(path, start, end)
-                assert offset is not None
-                free.setdefault(end - start, []).append(offset)
+        taken_until: dict[str, int] = {}
+        for path, start, end in sorted(set(self._early_tensors)):
+            if (path, start, end) in live or start < taken_until.get(path, 0):
+                continue
+            if _overlaps((path, start, end), live):
+                continue
+            taken_until[path] = end
+            offset = self._copied_offset(path, start, end)
+            assert offset is not None
+            free.setdefault(end - start, []).append(offset)
         copies: list[_Copy] = []
         writes: list[_Write] = []
         swaps: list[tuple[_Holder, ir.TensorProtocol]] = []
