@@ -233,3 +233,23 @@ def test_two_weights_on_the_same_bytes(tmp_path: Path) -> None:
     assert_equivalent(str(src), str(dst), _feeds())
     places = {_locations(dst)[w][1] for w in _matmul_weights(dst).values()}
     assert len(places) == 2
+
+
+def test_one_file_per_tensor_without_lengths(tmp_path: Path) -> None:
+    """The legacy torch exporter writes only a location: lengths come from the type and shape."""
+    src, dst = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    onnx.save(_stack_model(), src, save_as_external_data=True, all_tensors_to_one_file=False)
+    proto = onnx.load(src, load_external_data=False)
+    for tensor in proto.graph.initializer:
+        if tensor.data_location == TensorProto.EXTERNAL:
+            location = next(e.value for e in tensor.external_data if e.key == "location")
+            del tensor.external_data[:]
+            tensor.external_data.add(key="location", value=location)
+    onnx.save(proto, src)
+    ranges = datafile_mod.external_ranges(proto, str(tmp_path), 1024)
+    assert len(ranges) == 4 and all(end - start == 32 * 32 * 4 for _, start, end in ranges)
+    copies, inside = datafile_mod._whole_file_copies(ranges)
+    assert len(copies) == 4 and len(inside) == 4  # every file starts copying before the rewrite
+    convert_file(src, dst)
+    assert_equivalent(str(src), str(dst), _feeds())
+    assert (tmp_path / "o.onnx.data").stat().st_size == 4 * 32 * 32 * 4

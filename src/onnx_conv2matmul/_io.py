@@ -12,7 +12,7 @@ import dataclasses
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import onnx
 import onnx_ir as ir
@@ -80,8 +80,11 @@ def _iter_tensors(model: ir.Model) -> Iterator[ir.TensorProtocol]:
                     yield from attr.as_tensors()
 
 
-def load_model(path: str) -> LoadedModel:
+def load_model(path: str, on_parsed: Callable[[onnx.ModelProto, str], None] | None = None) -> LoadedModel:
     """Parse ``path`` and check its external data without reading it.
+
+    ``on_parsed(proto, base_dir)`` is called once the protobuf is parsed and before the
+    graph is built (the output's data file starts copying there).
 
     Raises:
         InputError: missing, empty, truncated or non-ONNX file; missing,
@@ -96,12 +99,14 @@ def load_model(path: str) -> LoadedModel:
         raise InputError(f"not a valid ONNX file (cannot be parsed): {path}") from err
     if not proto.HasField("graph") or proto.ir_version <= 0 or not proto.opset_import:
         raise InputError(f"not a valid ONNX file (no graph, IR version or opset; truncated?): {path}")
+    base_dir = os.path.dirname(os.path.abspath(path))
+    if on_parsed is not None:
+        on_parsed(proto, base_dir)
     try:
         model = ir.serde.deserialize_model(proto)
     except Exception as err:
         raise InputError(f"not a valid ONNX model ({err.__class__.__name__}: {err}): {path}") from err
     del proto
-    base_dir = os.path.dirname(os.path.abspath(path))
     ir.external_data.set_base_dir(model.graph, base_dir)
     external: dict[str, int] = {}
     for tensor in _iter_tensors(model):
@@ -255,27 +260,31 @@ def stage_model(
 
 
 class EarlyStaging:
-    """An output being staged while its model is still changing.
+    """An output being staged while its model is still being loaded and changed.
 
-    The data files of the input start copying into the staging directory at once
-    (see :class:`~onnx_conv2matmul._datafile.DataFileWriter`); :meth:`finish` places
-    the final model's tensors and writes the ``.onnx``. Use as a context manager: on
-    an error before :meth:`finish` the copy stops and the directory is removed.
+    The input's data files start copying into the staging directory at once (see
+    :class:`~onnx_conv2matmul._datafile.DataFileWriter`); :meth:`finish` places the final
+    model's tensors and writes the ``.onnx``. Use as a context manager: on an error
+    before :meth:`finish` the copy stops and the directory is removed.
     """
 
-    def __init__(self, loaded: LoadedModel, destination: str) -> None:
+    def __init__(self, proto: onnx.ModelProto, base_dir: str, destination: str) -> None:
         destination = os.path.abspath(destination)
         self._destination = destination
         self._directory = staging_dir(destination)
         self._onnx_path = os.path.join(self._directory, os.path.basename(destination))
         try:
-            self._writer = _datafile.DataFileWriter.start(
-                loaded.model, self._onnx_path + ".data", INLINE_THRESHOLD_BYTES
-            )
+            ranges = _datafile.external_ranges(proto, base_dir, INLINE_THRESHOLD_BYTES)
+            self._writer = _datafile.DataFileWriter.start(self._onnx_path + ".data", ranges)
         except BaseException:
             shutil.rmtree(self._directory, ignore_errors=True)
             raise
         self._finished = False
+
+    @staticmethod
+    def wanted(proto: onnx.ModelProto) -> bool:
+        """Whether the model keeps weights in external data (then so does the output)."""
+        return any(t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer)
 
     def finish(self, model: ir.Model, progress: ProgressCallback | None = None) -> StagedOutput:
         """Write ``model``; the returned output owns the staging directory."""

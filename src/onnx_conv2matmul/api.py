@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Callable
 from typing import Protocol, overload
 
 import onnx
@@ -107,11 +108,12 @@ def load_input(
     run_checker: bool,
     progress: Progress,
     timings: dict[str, float],
+    on_parsed: Callable[[onnx.ModelProto, str], None] | None = None,
 ) -> _io.LoadedModel:
     """Load the input and check it before any heavy work (shared by the commands that write)."""
     start = time.perf_counter()
     progress.phase("Loading")
-    loaded = _io.load_model(src)
+    loaded = _io.load_model(src, on_parsed)
     if not inplace:
         _io.check_not_overwriting_inputs(loaded, dst)
     timings["load"] = time.perf_counter() - start
@@ -188,14 +190,25 @@ def _convert_file(
     src = os.fspath(input_path)
     dst = check_paths(src, os.fspath(output_path) if output_path is not None else None, inplace=inplace)
     timings: dict[str, float] = {}
-    loaded = load_input(
-        src, dst, inplace=inplace, run_checker=run_checker, progress=progress, timings=timings
-    )
-
     with contextlib.ExitStack() as stack:
-        # With external data the output's data file starts copying now, while the rewrite
-        # runs; it is removed again if anything below fails.
-        early = stack.enter_context(_io.EarlyStaging(loaded, dst)) if loaded.has_external_data else None
+        early: _io.EarlyStaging | None = None
+
+        def start_output(proto: onnx.ModelProto, base_dir: str) -> None:
+            # With external data the output's data file starts copying as soon as the input
+            # is parsed, while it is checked and rewritten; removed again if anything fails.
+            nonlocal early
+            if _io.EarlyStaging.wanted(proto):
+                early = stack.enter_context(_io.EarlyStaging(proto, base_dir, dst))
+
+        loaded = load_input(
+            src,
+            dst,
+            inplace=inplace,
+            run_checker=run_checker,
+            progress=progress,
+            timings=timings,
+            on_parsed=start_output,
+        )
         start = time.perf_counter()
         progress.phase("Rewriting")
         model, report = convert(loaded.model, options)
@@ -208,7 +221,8 @@ def _convert_file(
         if early is not None:
             staged = early.finish(model, progress=progress.advance)
         else:
-            external = _io.tensor_bytes(model) > _io.SINGLE_FILE_LIMIT_BYTES
+            # External data only in subgraphs or attributes, or none and too big for one file.
+            external = loaded.has_external_data or _io.tensor_bytes(model) > _io.SINGLE_FILE_LIMIT_BYTES
             staged = _io.stage_model(model, dst, external=external, progress=progress.advance)
     with staged:
         timings["save"] = time.perf_counter() - start

@@ -136,6 +136,9 @@ def _model_bytes(path: str) -> int:
     return total
 
 
+SWITCH_INTERVAL_S = 0.0005
+
+
 @click.group(cls=_DefaultGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="onnx-conv2matmul")
 def main() -> None:
@@ -143,6 +146,11 @@ def main() -> None:
 
     Run `onnx-conv2matmul INPUT OUTPUT` (the convert command) or one of the commands below.
     """
+    # This process runs one job. While the graph is loaded and rewritten in Python, a thread
+    # copies the data file(s) (one kernel call per file, each needing the interpreter lock
+    # back): handing the lock over every 0.5 ms instead of 5 ms saves ~0.3 s on an export
+    # with one file per tensor.
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
 
 
 def _parse_pairs(values: tuple[str, ...], option: str, kind: type) -> dict[str, Any]:
