@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator
 import onnx
 import onnx_ir as ir
 
-from onnx_conv2matmul._graphs import walk_graphs
+from onnx_conv2matmul._graphs import is_external, walk_graphs
 
 ProgressCallback = Callable[[int, int], None]
 
@@ -69,7 +69,8 @@ class _Holder:
             assert self.value.const_value is not None
             return self.value.const_value
         assert self.node is not None
-        return self.node.attributes[self.attribute].as_tensor()
+        tensor: ir.TensorProtocol = self.node.attributes[self.attribute].value
+        return tensor
 
     def set(self, tensor: ir.TensorProtocol) -> None:
         if self.value is not None:
@@ -221,7 +222,9 @@ class DataFileWriter:
     ) -> None:
         self.data_path = data_path
         early_copies = early_copies or []
-        self._early = early_copies
+        self._early_by_file: dict[str, list[_Copy]] = {}
+        for copy in early_copies:
+            self._early_by_file.setdefault(copy.source, []).append(copy)
         # The tensor ranges inside the early copies: a dead one is a place for a new tensor.
         self._early_tensors = early_tensors or []
         self._early_end = max((c.offset + c.length for c in early_copies), default=0)
@@ -367,9 +370,7 @@ class DataFileWriter:
         """
         base_dir = os.path.dirname(os.path.abspath(self.data_path))
         entries = [(holder, holder.get()) for holder in _holders(model)]
-        live = {
-            _range(t) for _, t in entries if isinstance(t, ir.ExternalTensor) and int(t.nbytes) > threshold
-        }
+        live = {_range(t) for _, t in entries if is_external(t) and int(t.nbytes) > threshold}
         # Places inside the early copies that no tensor of the final model uses. Two dead
         # tensors may share bytes (an exporter that deduplicates weights): a place is given once.
         free: dict[int, list[int]] = {}
@@ -391,11 +392,11 @@ class DataFileWriter:
         for holder, tensor in entries:
             nbytes = int(tensor.nbytes)
             if nbytes <= threshold:
-                if isinstance(tensor, ir.ExternalTensor):
+                if is_external(tensor):
                     swaps.append((holder, ir.tensor(tensor.numpy(), name=tensor.name)))
                 continue
             if id(tensor) not in placed:
-                if isinstance(tensor, ir.ExternalTensor):
+                if is_external(tensor):
                     offset = self._copied_offset(*_range(tensor))
                     if offset is None:
                         offset, end_of_file = _queue_copy(copies, tensor, end_of_file)
@@ -411,7 +412,7 @@ class DataFileWriter:
                     offset,
                     nbytes,
                     tensor.dtype,
-                    shape=ir.Shape(tensor.shape.numpy()),
+                    shape=ir.Shape([int(d) for d in tensor.shape.numpy()]),
                     name=tensor.name or "",
                     base_dir=base_dir,
                 )
@@ -431,7 +432,7 @@ class DataFileWriter:
 
     def _copied_offset(self, path: str, start: int, end: int) -> int | None:
         """Where the bytes ``[start, end)`` of ``path`` are in the output, if copied early."""
-        for copy in self._early:
+        for copy in self._early_by_file.get(path, ()):
             if copy.contains(path, start, end):
                 return copy.offset + start - copy.source_offset
         return None

@@ -20,7 +20,7 @@ from google.protobuf.message import DecodeError
 
 from onnx_conv2matmul import _datafile
 from onnx_conv2matmul._datafile import ProgressCallback
-from onnx_conv2matmul._graphs import walk_graphs
+from onnx_conv2matmul._graphs import is_external, walk_graphs
 from onnx_conv2matmul.errors import CheckerError, InputError
 
 # Tensors at or below this size stay inside the .onnx file: onnxruntime cannot read
@@ -74,10 +74,12 @@ def _iter_tensors(model: ir.Model) -> Iterator[ir.TensorProtocol]:
             for attr in node.attributes.values():
                 if attr.is_ref():
                     continue
+                # attr.value, not as_tensor(): that checks against a typing Protocol, which
+                # costs 0.15 ms a call (0.2 s on an export with 1,500 Constant nodes).
                 if attr.type == ir.AttributeType.TENSOR:
-                    yield attr.as_tensor()
+                    yield attr.value
                 elif attr.type == ir.AttributeType.TENSORS:
-                    yield from attr.as_tensors()
+                    yield from attr.value
 
 
 def load_model(path: str, on_parsed: Callable[[onnx.ModelProto, str], None] | None = None) -> LoadedModel:
@@ -107,11 +109,11 @@ def load_model(path: str, on_parsed: Callable[[onnx.ModelProto, str], None] | No
     except Exception as err:
         raise InputError(f"not a valid ONNX model ({err.__class__.__name__}: {err}): {path}") from err
     del proto
-    ir.external_data.set_base_dir(model.graph, base_dir)
     external: dict[str, int] = {}
     for tensor in _iter_tensors(model):
-        if not isinstance(tensor, ir.ExternalTensor):
+        if not is_external(tensor):
             continue
+        tensor.base_dir = base_dir  # what ir.external_data.set_base_dir does, without its slow type checks
         location = os.path.normpath(os.path.join(base_dir, str(tensor.location)))
         if location not in external:
             if not os.path.isfile(location):
