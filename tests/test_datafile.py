@@ -151,17 +151,15 @@ def test_copy_failure_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyP
     from onnx_conv2matmul.cli import main
 
     src, dst = tmp_path / "m.onnx", tmp_path / "o.onnx"
-    onnx.save(_stack_model(), src, save_as_external_data=True, all_tensors_to_one_file=False)
+    model = _stack_model()
+    # Besides the weights (whose old bytes may be left out of the copy), one tensor that stays.
+    model.graph.initializer.append(numpy_helper.from_array(np.ones(4096, np.float32), "kept"))
+    onnx.save(model, src, save_as_external_data=True, all_tensors_to_one_file=False)
     convert_file(src, dst)
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
-    real = datafile_mod.os.copy_file_range
-    calls = []
 
     def filling(*args: int) -> int:
-        calls.append(args)
-        if len(calls) == 4:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real(*args)
+        raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(datafile_mod.os, "copy_file_range", filling)
     threads = threading.active_count()
@@ -169,7 +167,6 @@ def test_copy_failure_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyP
         convert_file(src, None if inplace else dst, inplace=inplace)
     assert threading.active_count() == threads
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
-    calls.clear()
     result = subprocess_free_cli(main, [str(src), *(["--inplace"] if inplace else [str(dst)]), "-q"])
     assert result.exit_code != 0 and "No space left on device" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
@@ -253,3 +250,36 @@ def test_one_file_per_tensor_without_lengths(tmp_path: Path) -> None:
     convert_file(src, dst)
     assert_equivalent(str(src), str(dst), _feeds())
     assert (tmp_path / "o.onnx.data").stat().st_size == 4 * 32 * 32 * 4
+
+
+def test_places_of_converted_weights_are_not_copied(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The old bytes under a transposed weight are left out of the copy, unless it got there first."""
+    src, dst = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    onnx.save(_stack_model(), src, save_as_external_data=True, location="m.onnx.data")
+    real = datafile_mod.os.copy_file_range
+    copied: list[int] = []
+    gate = threading.Event()
+
+    def counting(*args: int) -> int:
+        copied.append(args[2])
+        return real(*args)
+
+    original_copy_all = datafile_mod.DataFileWriter._copy_all
+    original_layout = datafile_mod.DataFileWriter._layout
+
+    def copy_after_layout(self):  # type: ignore[no-untyped-def]
+        gate.wait(5)  # the copy starts only once the rewrite has placed the new weights
+        original_copy_all(self)
+
+    def layout_then_open(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        swaps = original_layout(self, *args, **kwargs)
+        gate.set()
+        return swaps
+
+    monkeypatch.setattr(datafile_mod.os, "copy_file_range", counting)
+    monkeypatch.setattr(datafile_mod.DataFileWriter, "_copy_all", copy_after_layout)
+    monkeypatch.setattr(datafile_mod.DataFileWriter, "_layout", layout_then_open)
+    convert_file(src, dst)
+    assert_equivalent(str(src), str(dst), _feeds())
+    # The data file holds only the four weights, all converted: nothing was copied.
+    assert (tmp_path / "m.onnx.data").stat().st_size == 4 * 32 * 32 * 4 and sum(copied) == 0

@@ -25,6 +25,7 @@ would write it, and the in-memory model is left as it was.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import dataclasses
 import errno
@@ -52,6 +53,7 @@ WHOLE_FILE_MIN_USE = 0.99
 _PAGE = 4096
 _ALIGN_FROM_BYTES = 2**20
 _PROGRESS_SECONDS = 0.1
+_INFINITY = float("inf")
 # Errors that mean "the kernel cannot copy between these files", not "the copy failed".
 _NO_KERNEL_COPY = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EPERM}
 
@@ -230,6 +232,8 @@ class DataFileWriter:
         self._early_end = max((c.offset + c.length for c in early_copies), default=0)
         self._copies: queue.Queue[_Copy | None] = queue.Queue()
         self._copied_until = 0
+        # Output ranges inside the early copies that new tensors will fill, sorted.
+        self._skips: list[tuple[int, int]] = []
         self._all_copied = False
         self._done = 0
         self._total = self._early_end
@@ -295,11 +299,28 @@ class DataFileWriter:
                 self._all_copied = True
                 self._condition.notify_all()
 
+    def _next_skip(self, offset: int) -> tuple[int, int] | None:
+        """The first range the copy may leave out that ends after ``offset``."""
+        skips = self._skips  # replaced whole by _layout, never changed in place
+        index = bisect.bisect_right(skips, (offset, _INFINITY))
+        if index and skips[index - 1][1] > offset:
+            return skips[index - 1]
+        return skips[index] if index < len(skips) else None
+
     def _copy(self, source: int, copy: _Copy) -> None:
         done = 0
         kernel = hasattr(os, "copy_file_range")
+        end = copy.offset + copy.length
         while done < copy.length:
-            size = min(CHUNK_BYTES, copy.length - done)
+            offset = copy.offset + done
+            skip = self._next_skip(offset)
+            if skip is not None and skip[0] <= offset:
+                # A new tensor will be written here: copying the old bytes would be wasted.
+                step = min(skip[1], end) - offset
+                done += step
+                self._advance(step, copied_until=offset + step)
+                continue
+            size = min(CHUNK_BYTES, copy.length - done, (skip[0] if skip else end) - offset)
             if kernel:
                 try:
                     moved = os.copy_file_range(
@@ -419,6 +440,7 @@ class DataFileWriter:
             swaps.append((holder, placed[id(tensor)]))
         self._grow(end_of_file)
         writes.sort(key=lambda w: w.offset)
+        self._skips = [(w.offset, w.offset + w.length) for w in writes if w.offset < self._early_end]
         with self._condition:
             self._total = self._early_end + sum(c.length for c in copies) + sum(w.length for w in writes)
         for copy in copies:
