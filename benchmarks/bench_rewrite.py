@@ -8,11 +8,14 @@ external data file; legacy: one file per tensor), this script times, side by sid
 - the peer tool ``onnx-conv2matmul==0.1.1`` (installed into its own venv in the cache)
   with the same flags.
 
-Every run is a child process measured with ``os.wait4`` (wall time and the child's peak RSS)
-and writes into a fresh directory on the cache's filesystem, removed after the run. The last
-output of each rewrite is then checked (untimed) with ``onnx-conv2matmul verify``, and for our
-checker-on output the onnxruntime latency and the Transpose count are compared with the
-original. Failures are recorded in the tables, never raised.
+They run in rounds: each round runs every command once, so a slow drift of the machine (page
+cache, disk writeback, neighbours on a shared VM) hits them all alike; "x cp" is the median,
+over rounds, of a run's time over the time of ``cp`` in the same round. Every run is a child
+process measured with ``os.wait4`` (wall time and the child's peak RSS) and writes into a fresh
+directory on the cache's filesystem, removed after the run. The last output of each rewrite is
+then checked (untimed) with ``onnx-conv2matmul verify``, and for our checker-on output the
+onnxruntime latency and the Transpose count are compared with the original. Failures are
+recorded in the tables, never raised; a command that fails is not run again.
 
 Usage::
 
@@ -326,41 +329,55 @@ def measure_latency(original: Path, rewritten: Path, runs: int) -> Latency:
 # --------------------------------------------------------------------------- #
 
 
-def measure(
-    label: str,
-    argv_for: Callable[[Path], list[str]],
-    repeat: int,
-    work_dir: Path,
-    cwd: Path | None = None,
-    inspect: Callable[[Path, RunResult], None] | None = None,
-) -> RunResult:
-    """Run ``argv_for(output_dir)`` ``repeat`` times, each into a fresh directory.
+@dataclasses.dataclass
+class Contender:
+    """One row to measure: a command run into a fresh directory each time."""
 
-    A failed run is not repeated. ``inspect`` sees the last output before it is removed.
-    """
-    result = RunResult(label, argv_for(Path("OUT")))  # OUT: each run's output directory
-    for attempt in range(1, repeat + 1):
-        out_dir = Path(tempfile.mkdtemp(prefix="run-", dir=work_dir))
-        try:
-            child = run_child(argv_for(out_dir), cwd)
-            result.walls_s.append(child.wall_s)
-            result.peak_rss_kb = max(result.peak_rss_kb, child.peak_rss_kb)
-            result.output_bytes = tree_bytes(out_dir)
-            result.returncode = child.returncode
-            progress(
-                f"  {label} [{attempt}/{repeat}]: {child.wall_s:.2f} s, "
-                f"{child.peak_rss_kb / 1024:.0f} MB peak RSS, exit {child.returncode}"
-            )
-            if not result.ok:
-                result.status = f"exit {child.returncode}: {child.message}"
-            if inspect is not None and (attempt == repeat or not result.ok):
-                inspect(out_dir, result)
-        finally:
-            shutil.rmtree(out_dir, ignore_errors=True)
+    result: RunResult
+    argv_for: Callable[[Path], list[str]]
+    cwd: Path | None = None
+    inspect: Callable[[Path, RunResult], None] | None = None
+
+
+def run_once(contender: Contender, attempt: int, repeat: int, work_dir: Path) -> None:
+    """Run a contender once into a fresh directory, removed afterwards."""
+    result = contender.result
+    out_dir = Path(tempfile.mkdtemp(prefix="run-", dir=work_dir))
+    try:
+        child = run_child(contender.argv_for(out_dir), contender.cwd)
+        result.walls_s.append(child.wall_s)
+        result.peak_rss_kb = max(result.peak_rss_kb, child.peak_rss_kb)
+        result.output_bytes = tree_bytes(out_dir)
+        result.returncode = child.returncode
+        progress(
+            f"  {result.label} [{attempt}/{repeat}]: {child.wall_s:.2f} s, "
+            f"{child.peak_rss_kb / 1024:.0f} MB peak RSS, exit {child.returncode}"
+        )
         if not result.ok:
-            break
-    result.wall_s = statistics.median(result.walls_s)
-    return result
+            result.status = f"exit {child.returncode}: {child.message}"
+        if contender.inspect is not None and (attempt == repeat or not result.ok):
+            contender.inspect(out_dir, result)
+    finally:
+        shutil.rmtree(out_dir, ignore_errors=True)
+
+
+def measure_rounds(contenders: list[Contender], repeat: int, work_dir: Path) -> None:
+    """Run every contender once per round, ``repeat`` rounds, so slow drifts of the machine
+    (page cache, writeback, neighbours) hit all of them alike. A failed contender is not
+    run again."""
+    for attempt in range(1, repeat + 1):
+        for contender in contenders:
+            if contender.result.returncode is None or contender.result.ok:
+                run_once(contender, attempt, repeat, work_dir)
+    for contender in contenders:
+        if contender.result.walls_s:
+            contender.result.wall_s = statistics.median(contender.result.walls_s)
+
+
+def paired_ratio(run: RunResult, baseline: RunResult) -> float | None:
+    """Median over rounds of this run's time over the baseline's time in the same round."""
+    pairs = [w / b for w, b in zip(run.walls_s, baseline.walls_s, strict=False) if b > 0]
+    return statistics.median(pairs) if pairs else None
 
 
 def check_output(
@@ -405,15 +422,16 @@ def bench_export(
     def copy_argv(out_dir: Path) -> list[str]:
         return ["cp", "--parents", *files, str(out_dir)]
 
-    measure("cp (warm-up)", copy_argv, 1, work_dir, cwd=model.parent)
-    export.runs.append(measure("cp", copy_argv, args.repeat, work_dir, cwd=model.parent))
-
+    warm_up = Contender(RunResult("cp (warm-up)", copy_argv(Path("OUT"))), copy_argv, model.parent)
+    run_once(warm_up, 1, 1, work_dir)
+    contenders = [Contender(RunResult("cp", copy_argv(Path("OUT"))), copy_argv, model.parent)]
+    rows = [contenders[0].result]  # table order; cp first
     for tool in tools:
         for skip_checker in (False, True):
             flags = [*REWRITE_FLAGS, *(["--skip-checker"] if skip_checker else [])]
             label = f"{tool.name} ({'--skip-checker' if skip_checker else 'checker'})"
             if tool.unavailable:
-                export.runs.append(RunResult(label, [], status=f"not run: {tool.unavailable}"))
+                rows.append(RunResult(label, [], status=f"not run: {tool.unavailable}"))
                 continue
 
             def rewrite_argv(out_dir: Path, tool: Tool = tool, flags: list[str] = flags) -> list[str]:
@@ -426,7 +444,11 @@ def bench_export(
                 work_dir=work_dir,
                 latency_runs=args.latency_runs if tool.name == "ours" and not skip_checker else None,
             )
-            export.runs.append(measure(label, rewrite_argv, args.repeat, work_dir, inspect=inspect))
+            contender = Contender(RunResult(label, rewrite_argv(Path("OUT"))), rewrite_argv, None, inspect)
+            contenders.append(contender)
+            rows.append(contender.result)
+    measure_rounds(contenders, args.repeat, work_dir)
+    export.runs.extend(rows)
     export.load_average = list(os.getloadavg())
     if not marker.exists() or marker.stat().st_mtime_ns != built:
         export.warning = "the export was rebuilt during the benchmark: these figures are not valid"
@@ -524,7 +546,7 @@ def render_export(export: ExportResult) -> str:
         else:
             measured = [
                 f"{run.wall_s:.2f}",
-                f"{run.wall_s / cp.wall_s:.2f}" if cp.wall_s else "—",
+                f"{ratio:.2f}" if (ratio := paired_ratio(run, cp)) is not None else "—",
                 f"{run.peak_rss_kb / 1024:,.0f}",
                 f"{run.output_bytes / MB:,.0f}",
                 f"{run.output_bytes / export.input_bytes:.4f}",
@@ -566,7 +588,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=DEFAULT_CACHE_DIR,
         help="cache of fastconformer.py (default: %(default)s)",
     )
-    parser.add_argument("--repeat", type=int, default=3, help="timed runs per row (default: 3)")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds of timed runs (default: 3)")
     parser.add_argument(
         "--latency-runs", type=int, default=10, help="timed onnxruntime runs per model (default: 10)"
     )
