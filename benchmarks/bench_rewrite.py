@@ -10,7 +10,8 @@ external data file; legacy: one file per tensor), this script times, side by sid
 
 They run in rounds: each round runs every command once, so a slow drift of the machine (page
 cache, disk writeback, neighbours on a shared VM) hits them all alike; "x cp" is the median,
-over rounds, of a run's time over the time of ``cp`` in the same round. Every run is a child
+over rounds, of a run's time over the time of ``cp`` in the same round. Before every run the
+disk cache is flushed (``sync``), so no run pays for the writeback of another. Every run is a child
 process measured with ``os.wait4`` (wall time and the child's peak RSS) and writes into a fresh
 directory on the cache's filesystem, removed after the run. The last output of each rewrite is
 then checked (untimed) with ``onnx-conv2matmul verify``, and for our checker-on output the
@@ -344,6 +345,9 @@ def run_once(contender: Contender, attempt: int, repeat: int, work_dir: Path) ->
     result = contender.result
     out_dir = Path(tempfile.mkdtemp(prefix="run-", dir=work_dir))
     try:
+        # Start from the same state every time: what earlier runs wrote (the peer writes
+        # 2.6 GB) is flushed to disk first, so no run pays for another's writeback.
+        os.sync()
         child = run_child(contender.argv_for(out_dir), contender.cwd)
         result.walls_s.append(child.wall_s)
         result.peak_rss_kb = max(result.peak_rss_kb, child.peak_rss_kb)
