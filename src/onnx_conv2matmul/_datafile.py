@@ -5,15 +5,16 @@ unchanged, and a converted weight is replaced by its transpose, of the same size
 So the output's data file is laid out as a copy of the input's data file(s), with
 each transposed weight written over the place of the weight it replaces.
 
-- :class:`DataFileWriter` starts copying the input's data files as soon as the model
-  is loaded, in a thread, while the model is checked and rewritten. The kernel copies
-  (``copy_file_range``, in chunks, with a buffered fallback): nothing is read into
-  this process, and whole files copy as fast as ``cp``.
+- :class:`DataFileWriter` starts copying the input's data files as soon as its protobuf
+  is parsed, in a thread, while the graph is built, checked and rewritten. The kernel
+  copies (``copy_file_range``, in chunks, with a buffered fallback): nothing is read
+  into this process, and whole files copy as fast as ``cp``.
 - When the model is final, :meth:`DataFileWriter.finish` places every tensor: an
   unchanged one where its copy is; a new one in the place of a dead tensor of the same
-  size, or else at the end. A second thread materializes new tensors one at a time and
-  writes each once the copy has passed its place, so memory stays bounded by the
-  largest tensor. Meanwhile the calling thread serializes the ``.onnx``.
+  size (the copy then leaves those old bytes out if it has not reached them), or else
+  at the end. A second thread materializes new tensors one at a time and writes each
+  once the copy has passed its place, so memory stays bounded by the largest tensor.
+  Meanwhile the calling thread serializes the ``.onnx``.
 - A data file with more than 1% of its bytes unused by the input model is not copied
   whole; its tensors are copied in runs once the model is final, so the output does
   not inherit dead bytes. :func:`save_with_data_file` lays out a final model this way
