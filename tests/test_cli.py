@@ -185,3 +185,19 @@ def test_written_files_get_the_usual_permissions(tmp_path: Path) -> None:
     os.umask(mask)
     for path in (out, Path(str(out) + ".data"), report):
         assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~mask, path
+
+
+def test_console_script_exit_codes(tmp_path: Path) -> None:
+    """The installed entry point ends the process quickly but keeps exit codes and output."""
+    import subprocess
+    import sys
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        code = "import sys; from onnx_conv2matmul.cli import run; sys.argv[0] = 'onnx-conv2matmul'; run()"
+        return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
+
+    encoder = Path(__file__).parent / "data" / "conformer_small.onnx"
+    ok = run(str(encoder), str(tmp_path / "o.onnx"), "--report-json-stdout", "-q")
+    assert ok.returncode == 0 and json.loads(ok.stdout)["return_code"] == 0
+    missing = run(str(tmp_path / "missing.onnx"), str(tmp_path / "o.onnx"))
+    assert missing.returncode == 2 and "input not found" in missing.stderr

@@ -1,3 +1,3 @@
-from onnx_conv2matmul.cli import main
+from onnx_conv2matmul.cli import run
 
-main()
+run()
