@@ -8,7 +8,8 @@ external data file; legacy: one file per tensor), this script times, side by sid
 - the peer tool ``onnx-conv2matmul==0.1.1`` (installed into its own venv in the cache)
   with the same flags.
 
-They run in rounds: each round runs every command once, so a slow drift of the machine (page
+They run in rounds: each round runs every command once, each round starting one command
+further than the one before, so a slow drift of the machine (page
 cache, disk writeback, neighbours on a shared VM) hits them all alike; "x cp" is the median,
 over rounds, of a run's time over the time of ``cp`` in the same round. Before every run the
 disk cache is flushed (``sync``), so no run pays for the writeback of another. Every run is a child
@@ -370,7 +371,10 @@ def measure_rounds(contenders: list[Contender], repeat: int, work_dir: Path) -> 
     (page cache, writeback, neighbours) hit all of them alike. A failed contender is not
     run again."""
     for attempt in range(1, repeat + 1):
-        for contender in contenders:
+        # Each round starts one command further, so no command always runs right after the
+        # same other one (whose output was just deleted, whose writeback was just flushed).
+        shift = (attempt - 1) % len(contenders)
+        for contender in contenders[shift:] + contenders[:shift]:
             if contender.result.returncode is None or contender.result.ok:
                 run_once(contender, attempt, repeat, work_dir)
     for contender in contenders:
