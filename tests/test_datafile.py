@@ -17,6 +17,7 @@ from onnx.external_data_helper import set_external_data
 from helpers import assert_equivalent
 from onnx_conv2matmul import ConvertOptions, api, convert_file
 from onnx_conv2matmul import _datafile as datafile_mod
+from onnx_conv2matmul._graphs import is_external
 from test_files import _feeds, _stack_model
 
 RNG = np.random.default_rng(5)
@@ -283,3 +284,43 @@ def test_places_of_converted_weights_are_not_copied(tmp_path: Path, monkeypatch:
     assert_equivalent(str(src), str(dst), _feeds())
     # The data file holds only the four weights, all converted: nothing was copied.
     assert (tmp_path / "m.onnx.data").stat().st_size == 4 * 32 * 32 * 4 and sum(copied) == 0
+
+
+def test_tensor_list_attribute_in_external_data_is_moved(tmp_path: Path) -> None:
+    """A node's list of tensors kept in external data ends up in the output's data file too."""
+    from onnx_conv2matmul import _io
+
+    values = [RNG.standard_normal(512).astype(np.float32) for _ in range(2)]
+    node = helper.make_node(
+        "Bag",
+        [],
+        ["y"],
+        domain="test.domain",
+        items=[numpy_helper.from_array(v, f"t{i}") for i, v in enumerate(values)],
+    )
+    graph = helper.make_graph([node], "g", [], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [512])])
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("test.domain", 1)]
+    )
+    (tmp_path / "in").mkdir()
+    src = tmp_path / "in" / "m.onnx"
+    onnx.save(
+        model,
+        src,
+        save_as_external_data=True,
+        location="m.onnx.data",
+        size_threshold=0,
+        convert_attribute=True,
+    )
+    loaded = _io.load_model(str(src))
+    with _io.stage_model(loaded.model, str(tmp_path / "o.onnx"), external=True) as staged:
+        staged.publish()
+    out = onnx.load(tmp_path / "o.onnx", load_external_data=False)
+    items = out.graph.node[0].attribute[0].tensors
+    assert [t.data_location for t in items] == [TensorProto.EXTERNAL] * 2
+    assert {e.value for t in items for e in t.external_data if e.key == "location"} == {"o.onnx.data"}
+    out = onnx.load(tmp_path / "o.onnx")
+    for tensor, expected in zip(out.graph.node[0].attribute[0].tensors, values, strict=True):
+        np.testing.assert_array_equal(numpy_helper.to_array(tensor), expected)
+    # The model in memory is left as it was.
+    assert all(is_external(t) for t in loaded.model.graph.node(0).attributes["items"].value)

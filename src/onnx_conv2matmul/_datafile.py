@@ -34,12 +34,12 @@ import math
 import os
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import onnx
 import onnx_ir as ir
 
-from onnx_conv2matmul._graphs import is_external, walk_graphs
+from onnx_conv2matmul._graphs import TensorHolder, is_external, tensor_holders
 
 ProgressCallback = Callable[[int, int], None]
 
@@ -57,41 +57,6 @@ _PROGRESS_SECONDS = 0.1
 _INFINITY = float("inf")
 # Errors that mean "the kernel cannot copy between these files", not "the copy failed".
 _NO_KERNEL_COPY = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EPERM}
-
-
-@dataclasses.dataclass
-class _Holder:
-    """Where a tensor lives in the model: an initializer or a node's tensor attribute."""
-
-    value: ir.Value | None = None
-    node: ir.Node | None = None
-    attribute: str = ""
-
-    def get(self) -> ir.TensorProtocol:
-        if self.value is not None:
-            assert self.value.const_value is not None
-            return self.value.const_value
-        assert self.node is not None
-        tensor: ir.TensorProtocol = self.node.attributes[self.attribute].value
-        return tensor
-
-    def set(self, tensor: ir.TensorProtocol) -> None:
-        if self.value is not None:
-            self.value.const_value = tensor
-        else:
-            assert self.node is not None
-            self.node.attributes[self.attribute] = ir.AttrTensor(self.attribute, tensor)
-
-
-def _holders(model: ir.Model) -> Iterator[_Holder]:
-    for graph, _ in walk_graphs(model.graph):
-        for value in graph.initializers.values():
-            if value.const_value is not None:
-                yield _Holder(value=value)
-        for node in graph:
-            for name, attr in node.attributes.items():
-                if not attr.is_ref() and attr.type == ir.AttributeType.TENSOR:
-                    yield _Holder(node=node, attribute=name)
 
 
 def _normalize(path: str) -> str:
@@ -384,14 +349,14 @@ class DataFileWriter:
 
     def _layout(
         self, model: ir.Model, data_name: str, threshold: int
-    ) -> list[tuple[_Holder, ir.TensorProtocol]]:
+    ) -> list[tuple[TensorHolder, ir.TensorProtocol]]:
         """Place every tensor; queue the remaining copies and start the writes.
 
         Returns, for each tensor holder that changes while the ``.onnx`` is written,
         the tensor to write there.
         """
         base_dir = os.path.dirname(os.path.abspath(self.data_path))
-        entries = [(holder, holder.get()) for holder in _holders(model)]
+        entries = [(holder, holder.get()) for holder in tensor_holders(model)]
         live = {_range(t) for _, t in entries if is_external(t) and int(t.nbytes) > threshold}
         # Places inside the early copies that no tensor of the final model uses. Two dead
         # tensors may share bytes (an exporter that deduplicates weights): a place is given once.
@@ -408,7 +373,7 @@ class DataFileWriter:
             free.setdefault(end - start, []).append(offset)
         copies: list[_Copy] = []
         writes: list[_Write] = []
-        swaps: list[tuple[_Holder, ir.TensorProtocol]] = []
+        swaps: list[tuple[TensorHolder, ir.TensorProtocol]] = []
         placed: dict[int, ir.ExternalTensor] = {}  # one place for a tensor held twice
         end_of_file = self._early_end
         for holder, tensor in entries:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from typing import TypeGuard
 
@@ -42,6 +43,57 @@ def walk_graphs(graph: ir.Graph, scope: str = "") -> Iterator[tuple[ir.Graph, st
             elif attr.type == ir.AttributeType.GRAPHS:
                 for i, sub in enumerate(attr.as_graphs()):
                     yield from walk_graphs(sub, f"{prefix}/{attr.name}[{i}]")
+
+
+@dataclasses.dataclass
+class TensorHolder:
+    """Where a tensor lives: an initializer, a node's tensor attribute, or one item of a
+    node's tensor-list attribute (``index``)."""
+
+    value: ir.Value | None = None
+    node: ir.Node | None = None
+    attribute: str = ""
+    index: int | None = None
+
+    def get(self) -> ir.TensorProtocol:
+        if self.value is not None:
+            assert self.value.const_value is not None
+            return self.value.const_value
+        assert self.node is not None
+        # attr.value, not as_tensor(): that checks against a typing Protocol, which costs
+        # 0.15 ms a call (0.2 s on an export with 1,500 Constant nodes).
+        value = self.node.attributes[self.attribute].value
+        tensor: ir.TensorProtocol = value if self.index is None else value[self.index]
+        return tensor
+
+    def set(self, tensor: ir.TensorProtocol) -> None:
+        if self.value is not None:
+            self.value.const_value = tensor
+            return
+        assert self.node is not None
+        if self.index is None:
+            self.node.attributes[self.attribute] = ir.AttrTensor(self.attribute, tensor)
+        else:
+            tensors = list(self.node.attributes[self.attribute].value)
+            tensors[self.index] = tensor
+            self.node.attributes[self.attribute] = ir.AttrTensors(self.attribute, tensors)
+
+
+def tensor_holders(model: ir.Model) -> Iterator[TensorHolder]:
+    """Every tensor of the model's graphs (initializers and node attributes, any depth)."""
+    for graph, _ in walk_graphs(model.graph):
+        for value in graph.initializers.values():
+            if value.const_value is not None:
+                yield TensorHolder(value=value)
+        for node in graph:
+            for name, attr in node.attributes.items():
+                if attr.is_ref():
+                    continue
+                if attr.type == ir.AttributeType.TENSOR:
+                    yield TensorHolder(node=node, attribute=name)
+                elif attr.type == ir.AttributeType.TENSORS:
+                    for index in range(len(attr.value)):
+                        yield TensorHolder(node=node, attribute=name, index=index)
 
 
 def used_names(model: ir.Model) -> set[str]:
