@@ -200,7 +200,7 @@ def constant_tensor(value: ir.Value) -> tuple[ir.TensorProtocol, ir.Node | None]
     if producer is not None and producer.op_type == "Constant" and producer.domain in ("", "ai.onnx"):
         attr = producer.attributes.get("value")
         if attr is not None and attr.type == ir.AttributeType.TENSOR:
-            return attr.as_tensor(), producer
+            return attr.value, producer
     return None
 
 

@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from onnx_conv2matmul._graphs import NameAllocator, used_names, walk_graphs
+from onnx_conv2matmul._graphs import NameAllocator, is_external, used_names, walk_graphs
 
 _FLOATS = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
 
@@ -107,8 +107,8 @@ def weight_stats(model: ir.Model) -> WeightStats:
         for node in graph:
             if node.op_type == "Constant" and "value" in node.attributes:
                 attr = node.attributes["value"]
-                if attr.type == ir.AttributeType.TENSOR and attr.as_tensor().dtype.is_floating_point():
-                    stats.total_bytes += int(attr.as_tensor().nbytes)
+                if attr.type == ir.AttributeType.TENSOR and attr.value.dtype.is_floating_point():
+                    stats.total_bytes += int(attr.value.nbytes)
             b = _constant_2d_weight(node)
             if b is not None:
                 stats.quantizable_matmuls += 1
@@ -181,7 +181,7 @@ def _replace(
     loaded = ir.Tensor(tensor.numpy(), name=b.name)
     scratch = onnx.GraphProto(initializer=[ir.serde.serialize_tensor(loaded)])
     del loaded
-    if isinstance(tensor, ir.ExternalTensor):
+    if is_external(tensor):
         tensor.release()  # the proto holds the bytes now; drop the mapping
     a_name, out_name = "__a__", "__out__"
     proto_node = onnx.helper.make_node(

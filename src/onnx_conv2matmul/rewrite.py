@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from onnx_conv2matmul._graphs import NameAllocator
+from onnx_conv2matmul._graphs import NameAllocator, is_external
 from onnx_conv2matmul.analysis import Plan
 
 _INT64_MAX = np.iinfo(np.int64).max
@@ -40,7 +40,7 @@ def _transposed_weight(tensor: ir.TensorProtocol, name: str) -> ir.LazyTensor:
 
     def materialize() -> ir.TensorProtocol:
         array = transpose_2d(tensor.numpy().reshape(out_channels, in_channels))
-        if isinstance(tensor, ir.ExternalTensor):
+        if is_external(tensor):
             # Unmap the source so its pages stop counting towards this process's memory:
             # weights are written one at a time and nothing is held after its write.
             tensor.release()
