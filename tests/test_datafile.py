@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.external_data_helper import set_external_data
@@ -324,3 +325,30 @@ def test_tensor_list_attribute_in_external_data_is_moved(tmp_path: Path) -> None
         np.testing.assert_array_equal(numpy_helper.to_array(tensor), expected)
     # The model in memory is left as it was.
     assert all(is_external(t) for t in loaded.model.graph.node(0).attributes["items"].value)
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        ir_dtype.name
+        for ir_dtype in (
+            ir.DataType.FLOAT,
+            ir.DataType.FLOAT16,
+            ir.DataType.BFLOAT16,
+            ir.DataType.INT64,
+            ir.DataType.BOOL,
+            ir.DataType.FLOAT8E4M3FN,
+            ir.DataType.INT4,
+            ir.DataType.UINT4,
+            ir.DataType.COMPLEX64,
+        )
+    ],
+)
+def test_written_bytes_are_those_of_tobytes(dtype: str) -> None:
+    """The writer's payload is the tensor's ``tobytes()``, also for packed types and transposed views."""
+    ir_dtype = ir.DataType[dtype]
+    array = RNG.integers(-7, 8, size=(6, 10)).T.astype(ir_dtype.numpy())  # not C-contiguous
+    eager = ir.tensor(array, dtype=ir_dtype)
+    lazy = ir.LazyTensor(lambda: eager, dtype=ir_dtype, shape=eager.shape)
+    for tensor in (eager, lazy):
+        assert bytes(datafile_mod._payload(tensor)) == tensor.tobytes()

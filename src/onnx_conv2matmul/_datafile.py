@@ -33,9 +33,11 @@ import errno
 import math
 import os
 import queue
+import sys
 import threading
 from collections.abc import Callable
 
+import numpy as np
 import onnx
 import onnx_ir as ir
 
@@ -314,7 +316,7 @@ class DataFileWriter:
             moved += len(chunk)
         return moved
 
-    def _pwrite(self, data: bytes, offset: int) -> None:
+    def _pwrite(self, data: bytes | memoryview, offset: int) -> None:
         view = memoryview(data)
         while view:
             written = os.pwrite(self._fd, view, offset)
@@ -325,7 +327,7 @@ class DataFileWriter:
         for write in writes:
             if self._stop.is_set():
                 raise _Cancelled
-            data = write.tensor.tobytes()
+            data = _payload(write.tensor)
             if len(data) != write.length:
                 raise ValueError(
                     f"tensor {write.tensor.name!r} has {len(data)} bytes, expected {write.length}"
@@ -478,6 +480,18 @@ class DataFileWriter:
             with contextlib.suppress(OSError):
                 os.close(self._fd)
             self._fd = -1
+
+
+def _payload(tensor: ir.TensorProtocol) -> bytes | memoryview:
+    """The bytes of ``tensor`` as the data file holds them, as ``tensor.tobytes()`` gives them.
+
+    A type of whole bytes on a little-endian host is written straight from its array:
+    ``tobytes()`` would copy it once more (0.1 s for the encoder's 302 MB of weights).
+    """
+    if sys.byteorder == "little" and tensor.dtype != ir.DataType.STRING and tensor.dtype.bitwidth % 8 == 0:
+        array = np.ascontiguousarray(tensor.numpy())
+        return array.reshape(-1).view(np.uint8).data
+    return tensor.tobytes()
 
 
 def _queue_copy(copies: list[_Copy], tensor: ir.ExternalTensor, end_of_file: int) -> tuple[int, int]:
