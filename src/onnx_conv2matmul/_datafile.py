@@ -65,6 +65,19 @@ def _normalize(path: str) -> str:
     return os.path.normpath(os.path.abspath(path))
 
 
+def contained_location(base_dir: str, location: str) -> str | None:
+    """The normalized path of external data ``location`` if it lies inside ``base_dir``.
+
+    A location that is absolute or climbs out of the model's directory gives ``None``:
+    copying it would put a file that is not the model's into the output.
+    """
+    base = _normalize(base_dir)
+    path = os.path.normpath(os.path.join(base, location))
+    if os.path.isabs(location) or os.path.commonpath([base, path]) != base or path == base:
+        return None
+    return path
+
+
 def _range(tensor: ir.ExternalTensor) -> tuple[str, int, int]:
     start = tensor.offset or 0
     return _normalize(tensor.path), start, start + int(tensor.nbytes)
@@ -139,10 +152,13 @@ def external_ranges(proto: onnx.ModelProto, base_dir: str, threshold: int) -> li
         itemsize = _ITEMSIZE.get(tensor.data_type)
         if "location" not in info or ("length" not in info and itemsize is None):
             continue  # left to the final layout, which knows every type
+        path = contained_location(base_dir, info["location"])
+        if path is None:
+            continue  # the loader rejects the model
         start = int(info.get("offset", 0))
         length = int(info["length"]) if "length" in info else math.prod(tensor.dims) * (itemsize or 0)
         if length > threshold:
-            ranges.append((_normalize(os.path.join(base_dir, info["location"])), start, start + length))
+            ranges.append((path, start, start + length))
     return ranges
 
 

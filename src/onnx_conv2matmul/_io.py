@@ -77,7 +77,7 @@ def load_model(path: str, on_parsed: Callable[[onnx.ModelProto, str], None] | No
 
     Raises:
         InputError: missing, empty, truncated or non-ONNX file; missing,
-            unreadable or short external data.
+            unreadable or short external data, or external data outside the model's directory.
     """
     check_input_path(path)
     try:
@@ -101,7 +101,12 @@ def load_model(path: str, on_parsed: Callable[[onnx.ModelProto, str], None] | No
         if not is_external(tensor):
             continue
         tensor.base_dir = base_dir  # what ir.external_data.set_base_dir does, without its slow type checks
-        location = os.path.normpath(os.path.join(base_dir, str(tensor.location)))
+        location = _datafile.contained_location(base_dir, str(tensor.location))
+        if location is None:
+            raise InputError(
+                f"external data location {str(tensor.location)!r} of tensor {tensor.name!r}"
+                f" is outside the model's directory: {path}"
+            )
         if location not in external:
             if not os.path.isfile(location):
                 raise InputError(f"external data file not found: {location} (needed by {path})")
