@@ -208,6 +208,41 @@ def test_onnx_ir_is_imported_without_sympy() -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_onnx_ir_imported_after_sympy_is_the_plain_import() -> None:
+    code = (
+        "import sys, sympy, onnx_conv2matmul, onnx_ir as ir\n"
+        "assert str(ir.SymbolicDim('T') + 1) == 'T + 1'\n"
+        "assert type(sys.modules['onnx_ir._symbolic_shapes']).__name__ == 'module'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_copy_starts_before_onnx_ir_is_imported(tmp_path: Path) -> None:
+    """convert_file parses the input and starts copying its data file, then imports the rest."""
+    src = tmp_path / "m.onnx"
+    onnx.save(_stack_model(), src, save_as_external_data=True, location="m.onnx.data", size_threshold=0)
+    code = (
+        "import sys\n"
+        "from onnx_conv2matmul import cli, _datafile\n"
+        "assert 'onnx_ir' not in sys.modules and 'rich' not in sys.modules, 'imported with the CLI'\n"
+        "start = _datafile.DataFileWriter.start.__func__\n"
+        "seen = []\n"
+        "def spy(cls, *args):\n"
+        "    seen.append('onnx_ir' in sys.modules)\n"
+        "    return start(cls, *args)\n"
+        "_datafile.DataFileWriter.start = classmethod(spy)\n"
+        f"sys.argv = ['x', {str(src)!r}, {str(tmp_path / 'o.onnx')!r}, '--quiet']\n"
+        "try:\n"
+        "    cli.main()\n"
+        "except SystemExit as exit:\n"
+        "    assert exit.code == 0, exit.code\n"
+        "assert seen == [False], seen\n"
+        "assert 'onnx_ir' in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+    assert (tmp_path / "o.onnx.data").exists()
+
+
 def test_two_weights_on_the_same_bytes(tmp_path: Path) -> None:
     """Two convs whose weights point at the same external bytes: each new weight gets its own place."""
     model = _stack_model(layers=2)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx_ir
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -148,7 +149,7 @@ def test_failure_during_save_leaves_nothing(tmp_path: Path, monkeypatch: pytest.
     def boom(*args: object, **kwargs: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(io_mod.ir, "save", boom)
+    monkeypatch.setattr(onnx_ir, "save", boom)
     with pytest.raises(OSError):
         convert_file(src, dst)
     with pytest.raises(OSError):

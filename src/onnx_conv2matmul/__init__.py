@@ -1,15 +1,25 @@
-"""Rewrite pointwise ONNX convolutions into MatMul so weight-only quantizers cover them."""
+"""Rewrite pointwise ONNX convolutions into MatMul so weight-only quantizers cover them.
 
-from onnx_conv2matmul._lazy import import_onnx_ir
+onnx-ir and the rewrite are imported on first use (``convert``, ``convert_file``):
+a command can parse its input and start copying its data file first.
+"""
 
-import_onnx_ir()  # before any module below imports it
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from onnx_conv2matmul import _lazy
+
+_lazy.install()  # before anything imports onnx-ir
 
 from onnx_conv2matmul._version import __version__  # noqa: E402
-from onnx_conv2matmul.api import convert, convert_file  # noqa: E402
 from onnx_conv2matmul.errors import CheckerError, Conv2MatMulError, InputError  # noqa: E402
 from onnx_conv2matmul.options import ConvertOptions  # noqa: E402
 from onnx_conv2matmul.reasons import SkipReason  # noqa: E402
 from onnx_conv2matmul.report import ConvEntry, ConvertReport, Status  # noqa: E402
+
+if TYPE_CHECKING:
+    from onnx_conv2matmul.api import convert, convert_file
 
 __all__ = [
     "CheckerError",
@@ -24,3 +34,11 @@ __all__ = [
     "convert",
     "convert_file",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("convert", "convert_file"):
+        from onnx_conv2matmul import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -36,12 +36,15 @@ import queue
 import sys
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
-import onnx_ir as ir
 
-from onnx_conv2matmul._graphs import TensorHolder, is_external, tensor_holders
+if TYPE_CHECKING:  # imported where used: the copy starts before onnx-ir is imported
+    import onnx_ir as ir
+
+    from onnx_conv2matmul._graphs import TensorHolder
 
 ProgressCallback = Callable[[int, int], None]
 
@@ -373,6 +376,10 @@ class DataFileWriter:
         Returns, for each tensor holder that changes while the ``.onnx`` is written,
         the tensor to write there.
         """
+        import onnx_ir as ir
+
+        from onnx_conv2matmul._graphs import is_external, tensor_holders
+
         base_dir = os.path.dirname(os.path.abspath(self.data_path))
         entries = [(holder, holder.get()) for holder in tensor_holders(model)]
         live = {_range(t) for _, t in entries if is_external(t) and int(t.nbytes) > threshold}
@@ -454,6 +461,8 @@ class DataFileWriter:
         progress: ProgressCallback | None = None,
     ) -> None:
         """Place ``model``'s tensors, write the ``.onnx`` and wait for the data file."""
+        import onnx_ir as ir
+
         data_name = os.path.basename(self.data_path)
         try:
             swaps = self._layout(model, data_name, threshold)
@@ -504,6 +513,8 @@ def _payload(tensor: ir.TensorProtocol) -> bytes | memoryview:
     A type of whole bytes on a little-endian host is written straight from its array:
     ``tobytes()`` would copy it once more (0.1 s for the encoder's 302 MB of weights).
     """
+    import onnx_ir as ir
+
     if sys.byteorder == "little" and tensor.dtype != ir.DataType.STRING and tensor.dtype.bitwidth % 8 == 0:
         array = np.ascontiguousarray(tensor.numpy())
         return array.reshape(-1).view(np.uint8).data

@@ -13,15 +13,17 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import onnx
-import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
 from onnx_conv2matmul import _datafile
 from onnx_conv2matmul._datafile import ProgressCallback
-from onnx_conv2matmul._graphs import is_external, tensor_holders
 from onnx_conv2matmul.errors import CheckerError, InputError
+
+if TYPE_CHECKING:  # imported where used: loading parses and starts the copy before importing onnx-ir
+    import onnx_ir as ir
 
 # Tensors at or below this size stay inside the .onnx file: onnxruntime cannot read
 # shape-like inputs (Reshape shapes, axes) from external data.
@@ -66,6 +68,8 @@ def check_output_path(path: str, *, what: str = "output") -> None:
 
 
 def _iter_tensors(model: ir.Model) -> Iterator[ir.TensorProtocol]:
+    from onnx_conv2matmul._graphs import tensor_holders
+
     return (holder.get() for holder in tensor_holders(model))
 
 
@@ -91,6 +95,10 @@ def load_model(path: str, on_parsed: Callable[[onnx.ModelProto, str], None] | No
     base_dir = os.path.dirname(os.path.abspath(path))
     if on_parsed is not None:
         on_parsed(proto, base_dir)
+    import onnx_ir as ir
+
+    from onnx_conv2matmul._graphs import is_external
+
     try:
         model = ir.serde.deserialize_model(proto)
     except Exception as err:
@@ -245,6 +253,8 @@ def stage_model(
             )
             data_path: str | None = os.path.join(directory, data_name)
         else:
+            import onnx_ir as ir
+
             ir.save(model, onnx_path)
             data_path = None
     except BaseException:

@@ -4,10 +4,11 @@ onnx-ir imports sympy when it is itself imported, for arithmetic on symbolic
 dimensions (``SymbolicDim("T") + 1``), which this tool never does. sympy takes
 0.3-0.4 s to import: a third of the start-up time of every command.
 
-While :func:`import_onnx_ir` imports onnx-ir, onnx-ir's own ``import sympy`` gets a
-stand-in, and its expression parser (which reads sympy attributes when it runs) is
-a stand-in module. The first attribute read from either imports the real module and
-is answered by it, so symbolic arithmetic still works, unchanged. ``sys.modules``
+After :func:`install`, while onnx-ir's package is first imported (by whatever
+code imports it first), its own ``import sympy`` gets a stand-in, and its
+expression parser (which reads sympy attributes when it runs) is a stand-in
+module. The first attribute read from either imports the real module and is
+answered by it, so symbolic arithmetic still works, unchanged. ``sys.modules``
 never holds a stand-in for sympy, so other code importing sympy is not affected.
 Python's ``importlib.util.LazyLoader`` cannot do this: a later ``import`` of a lazy
 module reads its ``__spec__``, which makes it load at once.
@@ -16,13 +17,14 @@ module reads its ``__spec__``, which makes it load at once.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import importlib
 import importlib.machinery
 import importlib.util
 import sys
 import threading
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 _LOCK = threading.RLock()
@@ -57,16 +59,65 @@ class _ModuleStandIn(types.ModuleType):
         return getattr(module, attr)
 
 
-def import_onnx_ir() -> None:
-    """Import onnx-ir with sympy deferred; a plain import if onnx-ir or sympy is already loaded."""
-    if "onnx_ir" in sys.modules or "sympy" in sys.modules:
+class _DeferSympy:  # a meta path finder (importlib.abc costs 20 ms of start-up to import)
+    """Finds ``onnx_ir`` once, and has its package run with sympy deferred."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname != "onnx_ir":
+            return None
+        uninstall()
+        spec = importlib.util.find_spec("onnx_ir")
+        if spec is None or spec.loader is None or "sympy" in sys.modules:
+            return spec
+        spec.loader = _DeferringLoader(spec.loader)  # type: ignore[assignment]
+        return spec
+
+
+class _DeferringLoader:
+    def __init__(self, loader: Any) -> None:
+        self._loader = loader
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
+        module: types.ModuleType | None = self._loader.create_module(spec)
+        return module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        # The package gets its own loader back (resource readers and reloads use it).
+        module.__loader__ = self._loader
+        if module.__spec__ is not None:
+            module.__spec__.loader = self._loader
+        with _sympy_deferred(module.__spec__):
+            self._loader.exec_module(module)
+
+
+_FINDER = _DeferSympy()
+
+
+def install() -> None:
+    """Have the first import of onnx-ir, wherever it happens, defer sympy.
+
+    Nothing is imported here: commands that start work before they need onnx-ir
+    (the copy of a model's data file) import it later.
+    """
+    if "onnx_ir" in sys.modules or "sympy" in sys.modules or _FINDER in sys.meta_path:
         return
-    package = importlib.util.find_spec("onnx_ir")
-    if package is None or package.submodule_search_locations is None:
-        return
-    # Found without importing onnx_ir itself, which would import sympy.
-    parser = importlib.machinery.PathFinder.find_spec(_PARSER, list(package.submodule_search_locations))
-    if parser is None:
+    sys.meta_path.insert(0, _FINDER)
+
+
+def uninstall() -> None:
+    with contextlib.suppress(ValueError):
+        sys.meta_path.remove(_FINDER)
+
+
+@contextlib.contextmanager
+def _sympy_deferred(package: importlib.machinery.ModuleSpec | None) -> Iterator[None]:
+    """While onnx-ir's package runs: its ``import sympy`` gets a stand-in, its parser is one."""
+    locations = package.submodule_search_locations if package is not None else None
+    parser = importlib.machinery.PathFinder.find_spec(_PARSER, list(locations)) if locations else None
+    if parser is None or "sympy" in sys.modules:
+        yield
         return
     stand_in = _ModuleStandIn(_PARSER)
     stand_in.__spec__ = parser  # a real attribute: the import system reads it
@@ -88,7 +139,7 @@ def import_onnx_ir() -> None:
 
     builtins.__import__ = import_hook
     try:
-        import onnx_ir  # noqa: F401
+        yield
     except BaseException:
         if sys.modules.get(_PARSER) is stand_in:
             del sys.modules[_PARSER]

@@ -6,20 +6,20 @@ import contextlib
 import os
 import time
 from collections.abc import Callable
-from typing import Protocol, overload
+from typing import TYPE_CHECKING, Protocol, overload
 
 import onnx
-import onnx_ir as ir
 
 from onnx_conv2matmul import _io
-from onnx_conv2matmul._graphs import NameAllocator, count_nodes, count_op, default_opset, used_names
-from onnx_conv2matmul.analysis import analyze
-from onnx_conv2matmul.cleanup import cancel_transposes, remove_dead_weights, sink_transposes
 from onnx_conv2matmul.errors import CheckerError, InputError
 from onnx_conv2matmul.options import ConvertOptions
 from onnx_conv2matmul.report import ConvertReport
-from onnx_conv2matmul.rewrite import Rewriter
 from onnx_conv2matmul.verify import VerifyOptions, verify_models
+
+if TYPE_CHECKING:
+    # onnx-ir and the rewrite are imported where used, so that convert_file has parsed its
+    # input and started copying its data file before importing them (0.1 s of start-up).
+    import onnx_ir as ir
 
 FAILED_SUFFIX = ".verify-failed"
 
@@ -46,6 +46,11 @@ class NullProgress:
 
 
 def _convert_ir(model: ir.Model, options: ConvertOptions) -> ConvertReport:
+    from onnx_conv2matmul._graphs import NameAllocator, count_nodes, count_op, default_opset, used_names
+    from onnx_conv2matmul.analysis import analyze
+    from onnx_conv2matmul.cleanup import cancel_transposes, remove_dead_weights, sink_transposes
+    from onnx_conv2matmul.rewrite import Rewriter
+
     report = ConvertReport(options=options.to_dict(), opset=default_opset(model))
     report.transposes_before = count_op(model, "Transpose")
     report.nodes_before = count_nodes(model)
@@ -78,6 +83,8 @@ def convert(
     """
     options = options or ConvertOptions()
     if isinstance(model, onnx.ModelProto):
+        import onnx_ir as ir
+
         ir_model = ir.serde.deserialize_model(model)
         report = _convert_ir(ir_model, options)
         return ir.serde.serialize_model(ir_model), report

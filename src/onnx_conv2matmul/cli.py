@@ -7,13 +7,11 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
-from rich.markup import escape
 
-from onnx_conv2matmul import _io, api, render
+from onnx_conv2matmul import _io, api
 from onnx_conv2matmul._version import __version__
 from onnx_conv2matmul.errors import CheckerError, Conv2MatMulError, InputError
 from onnx_conv2matmul.options import ConvertOptions
@@ -25,6 +23,9 @@ from onnx_conv2matmul.verify import (
     VerifyOptions,
     verify_models,
 )
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -41,11 +42,16 @@ class _DefaultGroup(click.Group):
 
 
 def _stderr_console(quiet: bool) -> Console:
+    from rich.console import Console  # imported when needed: convert starts its copy first
+
     # Off a terminal (CI logs, pipes) rich would wrap tables at 80 columns.
     return Console(stderr=True, quiet=quiet, width=None if sys.stderr.isatty() else 160)
 
 
 def _fail(message: str, code: int) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+
     Console(stderr=True).print(
         f"[bold red]error:[/bold red] {escape(message)}", highlight=False, soft_wrap=True
     )
@@ -342,7 +348,8 @@ def convert_command(
     **verify_kwargs: Any,
 ) -> None:
     """Rewrite INPUT into OUTPUT (or INPUT itself with --inplace)."""
-    console = _stderr_console(quiet)
+    # Off a terminal the console is made after the rewrite: importing rich would delay its start.
+    console = _stderr_console(quiet) if sys.stderr.isatty() else None
     with _errors():
         verify_opts = _build_verify_options(verify_kwargs) if verify else None
         options = ConvertOptions(
@@ -366,10 +373,12 @@ def convert_command(
             run_checker=not skip_checker,
             verify=verify_opts,
             keep_on_failure=keep_on_failure,
-            progress=_progress(console, input_path, quiet),
+            progress=_progress(console, input_path, quiet) if console is not None else None,
         )
+        from onnx_conv2matmul import render
+
         _emit_json(render.report_json(report), report_json, report_json_stdout)
-        render.print_convert_report(console, report)
+        render.print_convert_report(console or _stderr_console(quiet), report)
     sys.exit(report.return_code)
 
 
@@ -404,6 +413,8 @@ def verify_command(
 ) -> None:
     """Compare two models with the same inputs and outputs in onnxruntime."""
     console = _stderr_console(quiet)
+    from onnx_conv2matmul import render
+
     with _errors():
         options = _build_verify_options(verify_kwargs, min_cosine)
         for path in (original, candidate):
@@ -511,6 +522,8 @@ def quantize_command(
     from onnx_conv2matmul.quantize import QuantizeOptions
 
     console = _stderr_console(quiet)
+    from onnx_conv2matmul import render
+
     with _errors():
         try:
             q_options = QuantizeOptions(
@@ -556,6 +569,8 @@ def bundle_command(directory: str, report_json_stdout: bool) -> None:
     from onnx_conv2matmul.pipeline import bundle_sizes
 
     console = _stderr_console(False)
+    from onnx_conv2matmul import render
+
     with _errors():
         models = bundle_sizes(directory)
         if report_json_stdout:
