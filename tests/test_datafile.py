@@ -60,6 +60,31 @@ def test_converted_weights_take_the_places_of_the_originals(tmp_path: Path) -> N
     assert (tmp_path / "o.onnx.data").stat().st_size == (tmp_path / "m.onnx.data").stat().st_size
 
 
+def test_likely_converted_weights_are_copied_last(tmp_path: Path) -> None:
+    """Pointwise conv weights are cut out of the whole-file copy and laid out after the rest."""
+    src, dst = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    onnx.save(_stack_model(channels=300), src, save_as_external_data=True, location="m.onnx.data")
+    convert_file(src, dst)
+    assert_equivalent(str(src), str(dst), _feeds(channels=300))
+    after = _locations(dst)
+    weights = set(_matmul_weights(dst).values())
+    biases = [offset for name, (_, offset, _) in after.items() if name not in weights]
+    assert len(weights) == 4 and len(biases) == 4  # the biases are above the inline threshold
+    assert min(after[name][1] for name in weights) > max(biases)
+    assert (tmp_path / "o.onnx.data").stat().st_size == (tmp_path / "m.onnx.data").stat().st_size
+
+
+def test_copy_order_cuts_out_only_ranges_of_their_own() -> None:
+    """A likely-replaced range that shares bytes with another tensor stays in place."""
+    ranges = [("f", 0, 100), ("f", 100, 300), ("f", 200, 300), ("f", 300, 400), ("g", 0, 50)]
+    last = frozenset({("f", 0, 100), ("f", 100, 300), ("g", 0, 50)})
+    copies, inside = datafile_mod._whole_file_copies(ranges, last)
+    order = [(c.source, c.source_offset, c.source_offset + c.length) for c in copies]
+    assert order == [("f", 100, 400), ("f", 0, 100), ("g", 0, 50)]
+    assert [(c.offset, c.length) for c in copies] == [(0, 300), (300, 100), (400, 50)]
+    assert sorted(inside) == sorted(ranges)
+
+
 def _with_dead_bytes(path: Path, junk_share: float) -> None:
     """Save the stack model with junk between its tensors (a file another tool left bloated)."""
     model = _stack_model()
@@ -227,9 +252,9 @@ def test_the_copy_starts_before_onnx_ir_is_imported(tmp_path: Path) -> None:
         "assert 'onnx_ir' not in sys.modules and 'rich' not in sys.modules, 'imported with the CLI'\n"
         "start = _datafile.DataFileWriter.start.__func__\n"
         "seen = []\n"
-        "def spy(cls, *args):\n"
+        "def spy(cls, *args, **kwargs):\n"
         "    seen.append('onnx_ir' in sys.modules)\n"
-        "    return start(cls, *args)\n"
+        "    return start(cls, *args, **kwargs)\n"
         "_datafile.DataFileWriter.start = classmethod(spy)\n"
         f"sys.argv = ['x', {str(src)!r}, {str(tmp_path / 'o.onnx')!r}, '--quiet']\n"
         "try:\n"

@@ -140,8 +140,12 @@ _ITEMSIZE = {
 }
 
 
-def external_ranges(proto: onnx.ModelProto, base_dir: str, threshold: int) -> list[tuple[str, int, int]]:
+def external_ranges(
+    proto: onnx.ModelProto, base_dir: str, threshold: int, names: set[str] | None = None
+) -> list[tuple[str, int, int]]:
     """(file, start, end) of every external initializer of the main graph above ``threshold`` bytes.
+
+    With ``names``, only of the initializers with those names.
 
     Read from the parsed protobuf, so the copy can start before the graph is built.
     Tensors of subgraphs and attributes are not listed: a file they share is then less
@@ -150,6 +154,8 @@ def external_ranges(proto: onnx.ModelProto, base_dir: str, threshold: int) -> li
     ranges = []
     for tensor in proto.graph.initializer:
         if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        if names is not None and tensor.name not in names:
             continue
         info = {entry.key: entry.value for entry in tensor.external_data}
         itemsize = _ITEMSIZE.get(tensor.data_type)
@@ -167,27 +173,48 @@ def external_ranges(proto: onnx.ModelProto, base_dir: str, threshold: int) -> li
 
 def _whole_file_copies(
     ranges: list[tuple[str, int, int]],
+    last: frozenset[tuple[str, int, int]] = frozenset(),
 ) -> tuple[list[_Copy], list[tuple[str, int, int]]]:
-    """The files that ``ranges`` cover almost entirely, each as one copy, in order of first use.
+    """Copies of the files that ``ranges`` cover almost entirely, in order of first use.
 
-    Also returns the ranges inside those copies.
+    The ranges in ``last`` (the weights the rewrite will likely replace) are cut out
+    and copied after everything else, so the rewrite has usually placed their
+    replacements before the copy gets there, and their old bytes are never copied.
+    Also returns the ranges inside the copies.
     """
     by_file: dict[str, list[tuple[int, int]]] = {}
     for path, start, end in ranges:
         by_file.setdefault(path, []).append((start, end))
-    copies: list[_Copy] = []
+    first: list[tuple[str, int, int]] = []
+    later: list[tuple[str, int, int]] = []
     inside: list[tuple[str, int, int]] = []
-    offset = 0
     for path, used in by_file.items():
         start = min(s for s, _ in used)
-        length = max(e for _, e in used) - start
-        if _union_bytes(used) < WHOLE_FILE_MIN_USE * length:
+        end = max(e for _, e in used)
+        if _union_bytes(used) < WHOLE_FILE_MIN_USE * (end - start):
             continue
-        offset = _align(offset, length)
-        copies.append(_Copy(path, start, offset, length))
         inside.extend((path, s, e) for s, e in used)
-        offset += length
+        cut = sorted(r for r in set(used) if (path, *r) in last and not _shares_bytes(r, used))
+        for s, e in cut:
+            if s > start:
+                first.append((path, start, s))
+            later.append((path, s, e))
+            start = e
+        if end > start:
+            first.append((path, start, end))
+    copies: list[_Copy] = []
+    offset = 0
+    for path, start, end in first + later:
+        offset = _align(offset, end - start)
+        copies.append(_Copy(path, start, offset, end - start))
+        offset += end - start
     return copies, inside
+
+
+def _shares_bytes(tensor: tuple[int, int], used: list[tuple[int, int]]) -> bool:
+    """Whether another range of ``used`` overlaps ``tensor`` (then it is not cut out)."""
+    start, end = tensor
+    return any(s < end and start < e and (s, e) != tensor for s, e in used)
 
 
 def _overlaps(candidate: tuple[str, int, int], ranges: set[tuple[str, int, int]]) -> bool:
@@ -211,14 +238,20 @@ class DataFileWriter:
     ) -> None:
         self.data_path = data_path
         early_copies = early_copies or []
+        # Per source file, its early copies by source offset (a file may be copied in pieces).
         self._early_by_file: dict[str, list[_Copy]] = {}
-        for copy in early_copies:
+        for copy in sorted(early_copies, key=lambda c: c.source_offset):
             self._early_by_file.setdefault(copy.source, []).append(copy)
+        self._early_starts = {
+            path: [c.source_offset for c in copies] for path, copies in self._early_by_file.items()
+        }
         # The tensor ranges inside the early copies: a dead one is a place for a new tensor.
         self._early_tensors = early_tensors or []
         self._early_end = max((c.offset + c.length for c in early_copies), default=0)
         self._copies: queue.Queue[_Copy | None] = queue.Queue()
         self._copied_until = 0
+        # The end of the chunk being copied, set with the skips it saw (under the lock).
+        self._copy_reach = 0
         # Output ranges inside the early copies that new tensors will fill, sorted.
         self._skips: list[tuple[int, int]] = []
         self._all_copied = False
@@ -240,9 +273,17 @@ class DataFileWriter:
         self._copier.start()
 
     @classmethod
-    def start(cls, data_path: str, ranges: list[tuple[str, int, int]]) -> DataFileWriter:
-        """Start copying the files that the tensors at ``ranges`` use almost entirely."""
-        return cls(data_path, *_whole_file_copies(ranges))
+    def start(
+        cls,
+        data_path: str,
+        ranges: list[tuple[str, int, int]],
+        last: frozenset[tuple[str, int, int]] = frozenset(),
+    ) -> DataFileWriter:
+        """Start copying the files that the tensors at ``ranges`` use almost entirely.
+
+        The ranges in ``last`` are copied after the rest (see :func:`_whole_file_copies`).
+        """
+        return cls(data_path, *_whole_file_copies(ranges, last))
 
     def _grow(self, size: int) -> None:
         """Extend the file to ``size`` (never shrink it: on ext4, truncating a file to 0 makes
@@ -300,14 +341,17 @@ class DataFileWriter:
         end = copy.offset + copy.length
         while done < copy.length:
             offset = copy.offset + done
-            skip = self._next_skip(offset)
+            with self._condition:
+                skip = self._next_skip(offset)
+                if skip is None or skip[0] > offset:
+                    size = min(CHUNK_BYTES, copy.length - done, (skip[0] if skip else end) - offset)
+                    self._copy_reach = offset + size
             if skip is not None and skip[0] <= offset:
                 # A new tensor will be written here: copying the old bytes would be wasted.
                 step = min(skip[1], end) - offset
                 done += step
                 self._advance(step, copied_until=offset + step)
                 continue
-            size = min(CHUNK_BYTES, copy.length - done, (skip[0] if skip else end) - offset)
             if kernel:
                 try:
                     moved = os.copy_file_range(
@@ -342,7 +386,12 @@ class DataFileWriter:
             view = view[written:]
             offset += written
 
-    def _write_all(self, writes: list[_Write]) -> None:
+    def _write_all(self, writes: list[_Write], copy_reach: int) -> None:
+        """Write ``writes``; one before ``copy_reach`` waits for the copy to pass it.
+
+        The copy never writes beyond ``copy_reach`` into a place that a new tensor takes:
+        it had seen the places when it started every chunk after that point.
+        """
         for write in writes:
             if self._stop.is_set():
                 raise _Cancelled
@@ -351,8 +400,8 @@ class DataFileWriter:
                 raise ValueError(
                     f"tensor {write.tensor.name!r} has {len(data)} bytes, expected {write.length}"
                 )
-            if write.offset < self._early_end:
-                # Its place is inside a copy: write over it only once the copy is there.
+            if write.offset < copy_reach:
+                # The copy may have written its place already: write over it once it has.
                 self._wait_for_copy(write.offset + write.length)
             self._pwrite(data, write.offset)
             del data
@@ -431,24 +480,27 @@ class DataFileWriter:
             swaps.append((holder, placed[id(tensor)]))
         self._grow(end_of_file)
         writes.sort(key=lambda w: w.offset)
-        self._skips = [(w.offset, w.offset + w.length) for w in writes if w.offset < self._early_end]
+        with self._condition:
+            self._skips = [(w.offset, w.offset + w.length) for w in writes if w.offset < self._early_end]
+            copy_reach = self._copy_reach
         with self._condition:
             self._total = self._early_end + sum(c.length for c in copies) + sum(w.length for w in writes)
         for copy in copies:
             self._copies.put(copy)
         self._copies.put(None)
         self._writer = threading.Thread(
-            target=self._run, args=(lambda: self._write_all(writes),), daemon=True
+            target=self._run, args=(lambda: self._write_all(writes, copy_reach),), daemon=True
         )
         self._writer.start()
         return swaps
 
     def _copied_offset(self, path: str, start: int, end: int) -> int | None:
         """Where the bytes ``[start, end)`` of ``path`` are in the output, if copied early."""
-        for copy in self._early_by_file.get(path, ()):
-            if copy.contains(path, start, end):
-                return copy.offset + start - copy.source_offset
-        return None
+        index = bisect.bisect_right(self._early_starts.get(path, []), start) - 1
+        if index < 0:
+            return None
+        copy = self._early_by_file[path][index]
+        return copy.offset + start - copy.source_offset if copy.contains(path, start, end) else None
 
     # -- the end ---------------------------------------------------------------------
 

@@ -279,7 +279,12 @@ class EarlyStaging:
         self._onnx_path = os.path.join(self._directory, os.path.basename(destination))
         try:
             ranges = _datafile.external_ranges(proto, base_dir, INLINE_THRESHOLD_BYTES)
-            self._writer = _datafile.DataFileWriter.start(self._onnx_path + ".data", ranges)
+            replaced = _datafile.external_ranges(
+                proto, base_dir, INLINE_THRESHOLD_BYTES, names=_pointwise_conv_weights(proto)
+            )
+            self._writer = _datafile.DataFileWriter.start(
+                self._onnx_path + ".data", ranges, last=frozenset(replaced)
+            )
         except BaseException:
             shutil.rmtree(self._directory, ignore_errors=True)
             raise
@@ -303,6 +308,23 @@ class EarlyStaging:
         if not self._finished:
             self._writer.cancel()
             shutil.rmtree(self._directory, ignore_errors=True)
+
+
+def _pointwise_conv_weights(proto: onnx.ModelProto) -> set[str]:
+    """Initializers that weigh a pointwise Conv of the main graph: the rewrite likely replaces them.
+
+    A guess from the protobuf, before the graph is built; it only orders the copy.
+    """
+    weights = {
+        node.input[1]
+        for node in proto.graph.node
+        if node.op_type == "Conv" and node.domain in ("", "ai.onnx") and len(node.input) > 1
+    }
+    return {
+        tensor.name
+        for tensor in proto.graph.initializer
+        if tensor.name in weights and len(tensor.dims) >= 3 and all(d == 1 for d in tensor.dims[2:])
+    }
 
 
 def run_checker(path: str, label: str | None = None) -> None:
