@@ -131,6 +131,8 @@ class Latency:
     ratio: float
     original_samples_ms: list[float]
     rewritten_samples_ms: list[float]
+    ratio_low: float  # 95% bootstrap interval of the ratio of medians
+    ratio_high: float
 
 
 @dataclasses.dataclass
@@ -314,16 +316,35 @@ def measure_latency(original: Path, rewritten: Path, runs: int) -> Latency:
             for _ in range(LATENCY_WARMUP):
                 session.run(None, feeds)
         times: list[list[float]] = [[], []]
-        for _ in range(runs):
-            for session, samples in zip(sessions, times, strict=True):
+        for index in range(runs):
+            # Pairs in alternating order (AB BA ...): neither model always runs first.
+            for which in (0, 1) if index % 2 == 0 else (1, 0):
                 start = time.perf_counter()
-                session.run(None, feeds)
-                samples.append((time.perf_counter() - start) * 1000)
+                sessions[which].run(None, feeds)
+                times[which].append((time.perf_counter() - start) * 1000)
     finally:
         del sessions
         gc.collect()
     original_ms, rewritten_ms = (statistics.median(samples) for samples in times)
-    return Latency(original_ms, rewritten_ms, rewritten_ms / original_ms, *times)
+    low, high = ratio_interval(times[0], times[1])
+    return Latency(
+        original_ms,
+        rewritten_ms,
+        rewritten_ms / original_ms,
+        original_samples_ms=times[0],
+        rewritten_samples_ms=times[1],
+        ratio_low=low,
+        ratio_high=high,
+    )
+
+
+def ratio_interval(original: list[float], rewritten: list[float], draws: int = 2000) -> tuple[float, float]:
+    """95% bootstrap interval of median(rewritten) / median(original), resampling the pairs."""
+    a, b = np.asarray(original), np.asarray(rewritten)
+    picks = np.random.default_rng(1).integers(0, len(a), size=(draws, len(a)))
+    ratios = np.median(b[picks], axis=1) / np.median(a[picks], axis=1)
+    low, high = np.percentile(ratios, [2.5, 97.5])
+    return float(low), float(high)
 
 
 # --------------------------------------------------------------------------- #
@@ -572,7 +593,8 @@ def render_export(export: ExportResult) -> str:
         lines.append(
             f"Latency (onnxruntime CPU, {LATENCY_THREADS} threads, B=1, T={LATENCY_FRAMES}, "
             f"median of {len(latency.original_samples_ms)}): original {latency.original_ms:.1f} ms, "
-            f"ours {latency.rewritten_ms:.1f} ms, ratio {latency.ratio:.3f}."
+            f"ours {latency.rewritten_ms:.1f} ms, ratio {latency.ratio:.3f} "
+            f"(95% bootstrap interval {latency.ratio_low:.3f}-{latency.ratio_high:.3f})."
         )
     else:
         lines.append(f"Latency: not measured ({cell(export.latency_error or 'our rewrite failed')}).")
