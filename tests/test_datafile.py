@@ -347,6 +347,33 @@ def test_places_of_converted_weights_are_not_copied(tmp_path: Path, monkeypatch:
     assert (tmp_path / "m.onnx.data").stat().st_size == 4 * 32 * 32 * 4 and sum(copied) == 0
 
 
+def test_new_weights_ahead_of_the_copy_do_not_wait_for_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the copy stuck in its first chunk, the transposed weights placed ahead of it are written."""
+    src, dst = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    onnx.save(_stack_model(channels=300), src, save_as_external_data=True, location="m.onnx.data")
+    real = datafile_mod.os.copy_file_range
+    original_write_all = datafile_mod.DataFileWriter._write_all
+    written = threading.Event()
+    waited: list[bool] = []
+
+    def stuck_first(*args: int) -> int:
+        if not waited:  # the first chunk: a bias, before the weights that are copied last
+            waited.append(written.wait(10))
+        return real(*args)
+
+    def write_all(self, writes, copy_reach):  # type: ignore[no-untyped-def]
+        original_write_all(self, writes, copy_reach)
+        written.set()
+
+    monkeypatch.setattr(datafile_mod.os, "copy_file_range", stuck_first)
+    monkeypatch.setattr(datafile_mod.DataFileWriter, "_write_all", write_all)
+    convert_file(src, dst)
+    assert waited == [True], "the new weights waited for the copy"
+    assert_equivalent(str(src), str(dst), _feeds(channels=300))
+
+
 def test_tensor_list_attribute_in_external_data_is_moved(tmp_path: Path) -> None:
     """A node's list of tensors kept in external data ends up in the output's data file too."""
     from onnx_conv2matmul import _io
