@@ -311,7 +311,7 @@ class EarlyStaging:
 
 
 def _pointwise_conv_weights(proto: onnx.ModelProto) -> set[str]:
-    """Initializers that weigh a pointwise Conv of the main graph: the rewrite likely replaces them.
+    """The weights of the pointwise Convs of the main graph: the rewrite likely replaces them.
 
     A guess from the protobuf, before the graph is built; it only orders the copy.
     """

@@ -18,7 +18,7 @@ from onnx_conv2matmul.verify import VerifyOptions, verify_models
 
 if TYPE_CHECKING:
     # onnx-ir and the rewrite are imported where used, so that convert_file has parsed its
-    # input and started copying its data file before importing them (0.1 s of start-up).
+    # input and started copying its data file before importing them (about 0.06 s sooner).
     import onnx_ir as ir
 
 FAILED_SUFFIX = ".verify-failed"
