@@ -221,6 +221,49 @@ def test_failure_while_rewriting_stops_the_copy(tmp_path: Path, monkeypatch: pyt
     assert not dst.exists() and _leftovers(tmp_path) == []
 
 
+def test_external_tensor_of_a_local_function_is_moved(tmp_path: Path) -> None:
+    """A Constant inside a model-local function whose tensor is external data moves with the rest."""
+    c = 32
+    weight = numpy_helper.from_array(RNG.standard_normal((c, c)).astype(np.float32), "k")
+    project = [
+        helper.make_node("Constant", [], ["k"], value=weight),
+        helper.make_node("MatMul", ["x", "k"], ["y"]),
+    ]
+    function = helper.make_function(
+        "local", "Proj", ["x"], ["y"], project, opset_imports=[helper.make_opsetid("", 17)]
+    )
+    conv = numpy_helper.from_array((RNG.standard_normal((c, c, 1)) / np.sqrt(c)).astype(np.float32), "w")
+    nodes = [
+        helper.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 1]),
+        helper.make_node("Conv", ["t", "w"], ["h"]),
+        helper.make_node("Transpose", ["h"], ["u"], perm=[0, 2, 1]),
+        helper.make_node("Proj", ["u"], ["y"], domain="local"),
+    ]
+    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["N", "T", c]) for n in ("x", "y")]
+    graph = helper.make_graph(nodes, "g", io[:1], io[1:], [conv])
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("local", 1)]
+    model = helper.make_model(graph, opset_imports=opsets, functions=[function])
+    src, dst = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    onnx.save(model, src, save_as_external_data=True, location="m.onnx.data", size_threshold=0)
+    # onnx.save leaves function tensors inline: move this one to the end of the data file.
+    tensor = model.functions[0].node[0].attribute[0].t
+    data_path = tmp_path / "m.onnx.data"
+    offset = data_path.stat().st_size
+    with data_path.open("ab") as handle:
+        handle.write(tensor.raw_data)
+    set_external_data(tensor, location="m.onnx.data", offset=offset, length=len(tensor.raw_data))
+    tensor.ClearField("raw_data")
+    tensor.data_location = TensorProto.EXTERNAL
+    proto = onnx.load(src, load_external_data=False)
+    proto.functions[0].CopyFrom(model.functions[0])
+    onnx.save(proto, src)
+    convert_file(src, dst)
+    assert_equivalent(str(src), str(dst), _feeds(channels=c))
+    moved = onnx.load(dst, load_external_data=False).functions[0].node[0].attribute[0].t
+    assert moved.data_location == TensorProto.EXTERNAL
+    assert {e.key: e.value for e in moved.external_data}["location"] == "o.onnx.data"
+
+
 def test_onnx_ir_is_imported_without_sympy() -> None:
     code = (
         "import sys, onnx_conv2matmul, onnx_ir as ir\n"

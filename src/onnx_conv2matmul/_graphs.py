@@ -80,8 +80,10 @@ class TensorHolder:
 
 
 def tensor_holders(model: ir.Model) -> Iterator[TensorHolder]:
-    """Every tensor of the model's graphs (initializers and node attributes, any depth)."""
-    for graph, _ in walk_graphs(model.graph):
+    """Every tensor of the model's graphs and local functions (initializers and node
+    attributes, any depth)."""
+    roots = [model.graph, *(function.graph for function in model.functions.values())]
+    for graph in (graph for root in roots for graph, _ in walk_graphs(root)):
         for value in graph.initializers.values():
             if value.const_value is not None:
                 yield TensorHolder(value=value)
