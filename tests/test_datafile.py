@@ -83,6 +83,12 @@ def test_copy_order_cuts_out_only_ranges_of_their_own() -> None:
     assert order == [("f", 100, 400), ("f", 0, 100), ("g", 0, 50)]
     assert [(c.offset, c.length) for c in copies] == [(0, 300), (300, 100), (400, 50)]
     assert sorted(inside) == sorted(ranges)
+    # A range inside another, and one listed twice: only the twins' own bytes are cut out.
+    ranges = [("f", 0, 100), ("f", 10, 20), ("f", 100, 200), ("f", 100, 200), ("f", 200, 300)]
+    last = frozenset({("f", 0, 100), ("f", 10, 20), ("f", 100, 200)})
+    copies, _ = datafile_mod._whole_file_copies(ranges, last)
+    order = [(c.source_offset, c.source_offset + c.length) for c in copies]
+    assert order == [(0, 100), (200, 300), (100, 200)]
 
 
 def _with_dead_bytes(path: Path, junk_share: float) -> None:
@@ -283,6 +289,13 @@ def test_onnx_ir_imported_after_sympy_is_the_plain_import() -> None:
         "assert type(sys.modules['onnx_ir._symbolic_shapes']).__name__ == 'module'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_package_lists_its_lazy_attributes() -> None:
+    import onnx_conv2matmul
+
+    assert {"convert", "convert_file", "ConvertOptions"} <= set(dir(onnx_conv2matmul))
+    assert onnx_conv2matmul.api.convert_file is onnx_conv2matmul.convert_file
 
 
 def test_the_copy_starts_before_onnx_ir_is_imported(tmp_path: Path) -> None:

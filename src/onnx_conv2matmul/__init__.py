@@ -6,6 +6,7 @@ a command can parse its input and start copying its data file first.
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from onnx_conv2matmul import _lazy
@@ -36,9 +37,19 @@ __all__ = [
 ]
 
 
+_LAZY = ("convert", "convert_file")
+_SUBMODULES = ("analysis", "api", "cleanup", "cli", "pipeline", "quantize", "render", "rewrite", "verify")
+
+
 def __getattr__(name: str) -> Any:
-    if name in ("convert", "convert_file"):
+    if name in _LAZY:
         from onnx_conv2matmul import api
 
         return getattr(api, name)
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

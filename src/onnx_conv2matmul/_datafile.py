@@ -30,6 +30,7 @@ import bisect
 import contextlib
 import dataclasses
 import errno
+import functools
 import math
 import os
 import queue
@@ -68,17 +69,25 @@ def _normalize(path: str) -> str:
     return os.path.normpath(os.path.abspath(path))
 
 
+@functools.lru_cache(maxsize=4096)
 def contained_location(base_dir: str, location: str) -> str | None:
     """The normalized path of external data ``location`` if it lies inside ``base_dir``.
 
     A location that is absolute or climbs out of the model's directory gives ``None``:
-    copying it would put a file that is not the model's into the output.
+    copying it would put a file that is not the model's into the output. So does one
+    that leaves it through a symbolic link, the rule onnx-ir applies when it reads.
     """
     base = _normalize(base_dir)
     path = os.path.normpath(os.path.join(base, location))
-    if os.path.isabs(location) or os.path.commonpath([base, path]) != base or path == base:
+    if os.path.isabs(location) or not _inside(base, path):
+        return None
+    if not _inside(os.path.realpath(base), os.path.realpath(path)):
         return None
     return path
+
+
+def _inside(base: str, path: str) -> bool:
+    return path != base and os.path.commonpath([base, path]) == base
 
 
 def _range(tensor: ir.ExternalTensor) -> tuple[str, int, int]:
@@ -194,7 +203,8 @@ def _whole_file_copies(
         if _union_bytes(used) < WHOLE_FILE_MIN_USE * (end - start):
             continue
         inside.extend((path, s, e) for s, e in used)
-        cut = sorted(r for r in set(used) if (path, *r) in last and not _shares_bytes(r, used))
+        shared = _sharing_bytes(used)
+        cut = sorted(r for r in set(used) if (path, *r) in last and r not in shared)
         for s, e in cut:
             if s > start:
                 first.append((path, start, s))
@@ -211,10 +221,17 @@ def _whole_file_copies(
     return copies, inside
 
 
-def _shares_bytes(tensor: tuple[int, int], used: list[tuple[int, int]]) -> bool:
-    """Whether another range of ``used`` overlaps ``tensor`` (then it is not cut out)."""
-    start, end = tensor
-    return any(s < end and start < e and (s, e) != tensor for s, e in used)
+def _sharing_bytes(used: list[tuple[int, int]]) -> set[tuple[int, int]]:
+    """The ranges of ``used`` that overlap another range of it (those are not cut out)."""
+    ranges = sorted(set(used))
+    shared: set[tuple[int, int]] = set()
+    reach = -1  # the furthest end of the ranges before the current one
+    for index, (start, end) in enumerate(ranges):
+        after = ranges[index + 1][0] if index + 1 < len(ranges) else end
+        if reach > start or after < end:
+            shared.add((start, end))
+        reach = max(reach, end)
+    return shared
 
 
 def _overlaps(candidate: tuple[str, int, int], ranges: set[tuple[str, int, int]]) -> bool:

@@ -67,7 +67,8 @@ class _DeferSympy:  # a meta path finder (importlib.abc costs 20 ms of start-up 
     ) -> importlib.machinery.ModuleSpec | None:
         if fullname != "onnx_ir":
             return None
-        uninstall()
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self)  # used once
         spec = importlib.util.find_spec("onnx_ir")
         if spec is None or spec.loader is None or "sympy" in sys.modules:
             return spec
@@ -104,11 +105,6 @@ def install() -> None:
     if "onnx_ir" in sys.modules or "sympy" in sys.modules or _FINDER in sys.meta_path:
         return
     sys.meta_path.insert(0, _FINDER)
-
-
-def uninstall() -> None:
-    with contextlib.suppress(ValueError):
-        sys.meta_path.remove(_FINDER)
 
 
 @contextlib.contextmanager
