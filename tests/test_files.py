@@ -219,7 +219,7 @@ def test_bad_input_is_one_clear_error(tmp_path: Path, case: str) -> None:
     assert _files(tmp_path) == before
 
 
-@pytest.mark.parametrize("where", ["parent", "absolute", "symlink"])
+@pytest.mark.parametrize("where", ["parent", "absolute", "symlink", "file-symlink"])
 @pytest.mark.parametrize("run_checker", [True, False])
 def test_external_data_outside_the_models_directory_is_refused(
     tmp_path: Path, where: str, run_checker: bool
@@ -228,8 +228,13 @@ def test_external_data_outside_the_models_directory_is_refused(
     outside = tmp_path / "ext.onnx"
     onnx.save(_stack_model(), outside, save_as_external_data=True, location="ext.onnx.data", size_threshold=0)
     proto = onnx.load(outside, load_external_data=False)
-    locations = {"parent": "../ext.onnx.data", "absolute": str(tmp_path / "ext.onnx.data")}
-    location = locations.get(where, "link/ext.onnx.data")  # a directory link that leads out
+    locations = {
+        "parent": "../ext.onnx.data",
+        "absolute": str(tmp_path / "ext.onnx.data"),
+        "symlink": "link/ext.onnx.data",  # through a link to a directory outside
+        "file-symlink": "link",  # a link to a file outside
+    }
+    location = locations[where]
     for tensor in proto.graph.initializer:
         for entry in tensor.external_data:
             if entry.key == "location":
@@ -238,10 +243,12 @@ def test_external_data_outside_the_models_directory_is_refused(
     model_dir.mkdir()
     if where == "symlink":
         (model_dir / "link").symlink_to(tmp_path, target_is_directory=True)
+    elif where == "file-symlink":
+        (model_dir / "link").symlink_to(tmp_path / "ext.onnx.data")
     onnx.save(proto, model_dir / "m.onnx")
     with pytest.raises(InputError, match="outside the model's directory"):
         convert_file(model_dir / "m.onnx", model_dir / "out.onnx", run_checker=run_checker)
-    assert _files(model_dir) == {"m.onnx"} | ({"link"} if where == "symlink" else set())
+    assert _files(model_dir) == {"m.onnx"} | ({"link"} if "symlink" in where else set())
 
 
 def test_bad_output_paths(tmp_path: Path) -> None:

@@ -81,9 +81,16 @@ def contained_location(base_dir: str, location: str) -> str | None:
     path = os.path.normpath(os.path.join(base, location))
     if os.path.isabs(location) or not _inside(base, path):
         return None
-    if not _inside(os.path.realpath(base), os.path.realpath(path)):
+    if os.path.dirname(path) == base and not os.path.islink(path):
+        return path  # a plain file in the model's directory (one lstat, not a realpath)
+    if not _inside(_realpath(base), os.path.realpath(path)):
         return None
     return path
+
+
+@functools.lru_cache(maxsize=64)
+def _realpath(path: str) -> str:
+    return os.path.realpath(path)
 
 
 def _inside(base: str, path: str) -> bool:
