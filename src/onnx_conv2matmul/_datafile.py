@@ -156,22 +156,17 @@ _ITEMSIZE = {
 }
 
 
-def external_ranges(
-    proto: onnx.ModelProto, base_dir: str, threshold: int, names: set[str] | None = None
-) -> list[tuple[str, int, int]]:
-    """(file, start, end) of every external initializer of the main graph above ``threshold`` bytes.
-
-    With ``names``, only of the initializers with those names.
+def external_ranges(proto: onnx.ModelProto, base_dir: str, threshold: int) -> dict[str, tuple[str, int, int]]:
+    """Initializer name -> (file, start, end) of every external initializer of the main graph
+    above ``threshold`` bytes.
 
     Read from the parsed protobuf, so the copy can start before the graph is built.
     Tensors of subgraphs and attributes are not listed: a file they share is then less
     likely to be copied whole, and their places are never reused, which is always safe.
     """
-    ranges = []
+    ranges = {}
     for tensor in proto.graph.initializer:
         if tensor.data_location != onnx.TensorProto.EXTERNAL:
-            continue
-        if names is not None and tensor.name not in names:
             continue
         info = {entry.key: entry.value for entry in tensor.external_data}
         itemsize = _ITEMSIZE.get(tensor.data_type)
@@ -183,7 +178,7 @@ def external_ranges(
         start = int(info.get("offset", 0))
         length = int(info["length"]) if "length" in info else math.prod(tensor.dims) * (itemsize or 0)
         if length > threshold:
-            ranges.append((path, start, start + length))
+            ranges[tensor.name] = (path, start, start + length)
     return ranges
 
 

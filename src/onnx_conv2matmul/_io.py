@@ -279,11 +279,9 @@ class EarlyStaging:
         self._onnx_path = os.path.join(self._directory, os.path.basename(destination))
         try:
             ranges = _datafile.external_ranges(proto, base_dir, INLINE_THRESHOLD_BYTES)
-            replaced = _datafile.external_ranges(
-                proto, base_dir, INLINE_THRESHOLD_BYTES, names=_pointwise_conv_weights(proto)
-            )
+            replaced = frozenset(ranges[name] for name in _pointwise_conv_weights(proto) if name in ranges)
             self._writer = _datafile.DataFileWriter.start(
-                self._onnx_path + ".data", ranges, last=frozenset(replaced)
+                self._onnx_path + ".data", list(ranges.values()), last=replaced
             )
         except BaseException:
             shutil.rmtree(self._directory, ignore_errors=True)
