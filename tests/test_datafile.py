@@ -12,6 +12,8 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 from onnx.external_data_helper import set_external_data
 
@@ -495,3 +497,17 @@ def test_written_bytes_are_those_of_tobytes(dtype: str) -> None:
     lazy = ir.LazyTensor(lambda: eager, dtype=ir_dtype, shape=eager.shape)
     for tensor in (eager, lazy):
         assert bytes(datafile_mod._payload(tensor)) == tensor.tobytes()
+
+
+_RANGE = st.tuples(st.sampled_from("ab"), st.integers(0, 60), st.integers(0, 15)).map(
+    lambda r: (r[0], r[1], r[1] + r[2])
+)
+
+
+@given(ranges=st.sets(_RANGE, max_size=8), probe=_RANGE)
+def test_range_index_finds_the_overlaps_a_scan_finds(
+    ranges: set[tuple[str, int, int]], probe: tuple[str, int, int]
+) -> None:
+    path, start, end = probe
+    expected = any(p == path and s < end and start < e for p, s, e in ranges)
+    assert datafile_mod._RangeIndex(ranges).overlaps(path, start, end) == expected

@@ -236,9 +236,21 @@ def _sharing_bytes(used: list[tuple[int, int]]) -> set[tuple[int, int]]:
     return shared
 
 
-def _overlaps(candidate: tuple[str, int, int], ranges: set[tuple[str, int, int]]) -> bool:
-    path, start, end = candidate
-    return any(p == path and s < end and start < e for p, s, e in ranges)
+class _RangeIndex:
+    """Byte ranges of files, sorted per file, to ask whether a range overlaps one of them."""
+
+    def __init__(self, ranges: set[tuple[str, int, int]]) -> None:
+        self._starts: dict[str, list[int]] = {}
+        self._reach: dict[str, list[int]] = {}  # the furthest end among ranges up to each one
+        for path, start, end in sorted(ranges):
+            starts = self._starts.setdefault(path, [])
+            reach = self._reach.setdefault(path, [])
+            starts.append(start)
+            reach.append(max(end, reach[-1]) if reach else end)
+
+    def overlaps(self, path: str, start: int, end: int) -> bool:
+        before = bisect.bisect_left(self._starts.get(path, []), end)  # ranges starting before `end`
+        return before > 0 and self._reach[path][before - 1] > start
 
 
 class DataFileWriter:
@@ -451,6 +463,7 @@ class DataFileWriter:
         base_dir = os.path.dirname(os.path.abspath(self.data_path))
         entries = [(holder, holder.get()) for holder in tensor_holders(model)]
         live = {_range(t) for _, t in entries if is_external(t) and int(t.nbytes) > threshold}
+        live_index = _RangeIndex(live)
         # Places inside the early copies that no tensor of the final model uses. Two dead
         # tensors may share bytes (an exporter that deduplicates weights): a place is given once.
         free: dict[int, list[int]] = {}
@@ -458,7 +471,7 @@ class DataFileWriter:
         for path, start, end in sorted(set(self._early_tensors)):
             if (path, start, end) in live or start < taken_until.get(path, 0):
                 continue
-            if _overlaps((path, start, end), live):
+            if live_index.overlaps(path, start, end):
                 continue
             taken_until[path] = end
             offset = self._copied_offset(path, start, end)
@@ -502,7 +515,6 @@ class DataFileWriter:
         with self._condition:
             self._skips = [(w.offset, w.offset + w.length) for w in writes if w.offset < self._early_end]
             copy_reach = self._copy_reach
-        with self._condition:
             self._total = self._early_end + sum(c.length for c in copies) + sum(w.length for w in writes)
         for copy in copies:
             self._copies.put(copy)
