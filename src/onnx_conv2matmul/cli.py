@@ -253,6 +253,13 @@ _VERIFY_OPTIONS = [
 ]
 
 
+_allow_added_transposes = click.option(
+    "--allow-added-transposes",
+    is_flag=True,
+    help="Also rewrite convs whose channels-last form adds Transpose nodes (between depthwise convs).",
+)
+
+
 def verify_options(func: Callable[..., Any]) -> Callable[..., Any]:
     for option in reversed(_VERIFY_OPTIONS):
         func = option(func)
@@ -306,11 +313,7 @@ def _verify_options_from(
     default=None,
     help="With --allow-non-unit-dilation, skip convs whose dilation is above N.",
 )
-@click.option(
-    "--allow-added-transposes",
-    is_flag=True,
-    help="Also rewrite convs whose channels-last form adds Transpose nodes (between depthwise convs).",
-)
+@_allow_added_transposes
 @click.option("--skip-checker", is_flag=True, help="Do not run the ONNX checker on input and output.")
 @click.option(
     "--report-json",
@@ -476,11 +479,7 @@ def verify_command(
 )
 @click.option("--no-dilation", is_flag=True, help="Do not rewrite convs with dilation > 1.")
 @click.option("--max-dilation", type=click.IntRange(min=1), default=None)
-@click.option(
-    "--allow-added-transposes",
-    is_flag=True,
-    help="Also rewrite convs whose channels-last form adds Transpose nodes.",
-)
+@_allow_added_transposes
 @click.option(
     "--min-cosine",
     type=click.FloatRange(-1, 1),
