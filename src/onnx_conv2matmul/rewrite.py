@@ -16,6 +16,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnx_conv2matmul._graphs import NameAllocator, is_external
+from onnx_conv2matmul._layout import channels_last_perms
 from onnx_conv2matmul.analysis import Plan
 
 _INT64_MAX = np.iinfo(np.int64).max
@@ -109,8 +110,7 @@ class Rewriter:
             )
             return out
 
-        perm_in = [0, *range(2, rank), 1]
-        perm_out = [0, rank - 1, *range(1, rank - 1)]
+        perm_in, perm_out = channels_last_perms(rank)
         h = add("Transpose", [x], {"perm": perm_in}, "channels_last")
         if any(plan.pads_begin) or any(plan.pads_end):
             pads = [0, *plan.pads_begin, 0, 0, *plan.pads_end, 0]
