@@ -170,7 +170,9 @@ def test_report_never_overwrites_a_model_file(tmp_path: Path) -> None:
     assert code == 2
 
 
-def test_written_files_get_the_usual_permissions(tmp_path: Path) -> None:
+def test_written_files_get_the_inputs_permissions(tmp_path: Path) -> None:
+    """The output's files take the input's permission bits (private weights stay private);
+    the report gets the usual bits of a new file."""
     import os
     import stat
 
@@ -178,13 +180,22 @@ def test_written_files_get_the_usual_permissions(tmp_path: Path) -> None:
     onnx.save(
         conv_model(spatial=1), src, save_as_external_data=True, location="m.onnx.data", size_threshold=0
     )
+    os.chmod(src, 0o644)
+    os.chmod(tmp_path / "m.onnx.data", 0o640)
     out, report = tmp_path / "o.onnx", tmp_path / "r.json"
     code, _, _ = invoke(str(src), str(out), "--report-json", str(report), "-q")
     assert code == 0
     mask = os.umask(0)
     os.umask(mask)
-    for path in (out, Path(str(out) + ".data"), report):
-        assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~mask, path
+    assert stat.S_IMODE(out.stat().st_mode) == 0o644
+    assert stat.S_IMODE(Path(str(out) + ".data").stat().st_mode) == 0o640
+    assert stat.S_IMODE(report.stat().st_mode) == 0o666 & ~mask
+    os.chmod(src, 0o600)
+    code, _, _ = invoke(str(src), "--inplace", "-q")
+    assert code == 0
+    assert stat.S_IMODE(src.stat().st_mode) == 0o600
+    (data,) = [p for p in tmp_path.iterdir() if p.name.startswith("m.onnx.") and p.name.endswith(".data")]
+    assert stat.S_IMODE(data.stat().st_mode) == 0o640
 
 
 def test_console_script_exit_codes(tmp_path: Path) -> None:

@@ -434,7 +434,7 @@ def test_new_weights_ahead_of_the_copy_do_not_wait_for_it(
 
 def test_tensor_list_attribute_in_external_data_is_moved(tmp_path: Path) -> None:
     """A node's list of tensors kept in external data ends up in the output's data file too."""
-    from onnx_conv2matmul import _io
+    from onnx_conv2matmul import _io, _publish
 
     values = [RNG.standard_normal(512).astype(np.float32) for _ in range(2)]
     node = helper.make_node(
@@ -459,8 +459,11 @@ def test_tensor_list_attribute_in_external_data_is_moved(tmp_path: Path) -> None
         convert_attribute=True,
     )
     loaded = _io.load_model(str(src))
-    with _io.stage_model(loaded.model, str(tmp_path / "o.onnx"), external=True) as staged:
-        staged.publish()
+    with (
+        _publish.Destination(tmp_path / "o.onnx") as destination,
+        _io.stage_model(loaded.model, destination, external=True) as staged,
+    ):
+        staged.publish(_io.output_modes(loaded))
     out = onnx.load(tmp_path / "o.onnx", load_external_data=False)
     items = out.graph.node[0].attribute[0].tensors
     assert [t.data_location for t in items] == [TensorProto.EXTERNAL] * 2

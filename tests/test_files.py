@@ -50,8 +50,10 @@ def _files(directory: Path) -> set[str]:
 
 
 def _size(path: Path) -> int:
-    data = Path(str(path) + ".data")
-    return path.stat().st_size + (data.stat().st_size if data.exists() else 0)
+    """The .onnx plus the data files it refers to."""
+    from onnx_conv2matmul._publish import referenced_files
+
+    return path.stat().st_size + sum(os.path.getsize(p) for p in referenced_files(str(path)) or ())
 
 
 def test_single_file_in_single_file_out(tmp_path: Path) -> None:
@@ -113,9 +115,14 @@ def test_rerun_replaces_data_file(tmp_path: Path) -> None:
     src, dst = tmp_path / "m.onnx", tmp_path / "o.onnx"
     onnx.save(_stack_model(), src, save_as_external_data=True, location="m.onnx.data", size_threshold=0)
     convert_file(src, dst)
-    first = _size(dst)
+    first = (tmp_path / "o.onnx.data").stat().st_size
+    assert _files(tmp_path) == {"m.onnx", "m.onnx.data", "o.onnx", "o.onnx.data"}
+    # The old o.onnx reads o.onnx.data until the new one is in place: the new data file
+    # takes a name of its own, and the old one goes once nothing refers to it.
     convert_file(src, dst)
-    assert _size(dst) == first, "the .data file is replaced, never appended to"
+    assert (tmp_path / "o.onnx.1.data").stat().st_size == first, "the data file is new, never appended to"
+    assert _files(tmp_path) == {"m.onnx", "m.onnx.data", "o.onnx", "o.onnx.1.data"}
+    convert_file(src, dst)
     assert _files(tmp_path) == {"m.onnx", "m.onnx.data", "o.onnx", "o.onnx.data"}
 
 
@@ -127,7 +134,7 @@ def test_inplace_with_external_data(tmp_path: Path) -> None:
     onnx.save(model, src, save_as_external_data=True, location="m.onnx.data", size_threshold=1024)
     report = convert_file(src, None, inplace=True)
     assert len(report.converted) == 4
-    assert _files(tmp_path) == {"m.onnx", "m.onnx.data", "ref.onnx"}
+    assert _files(tmp_path) == {"m.onnx", "m.onnx.1.data", "ref.onnx"}
     assert_equivalent(str(reference), str(src), _feeds())
 
 
@@ -305,10 +312,18 @@ def test_failure_in_the_middle_of_writing(
 
 
 def test_output_never_overwrites_the_inputs_data(tmp_path: Path) -> None:
-    """a.onnx keeps its weights in b.onnx.data: writing b.onnx (+ b.onnx.data) would destroy a.onnx."""
+    """a.onnx keeps its weights in b.onnx.data: writing b.onnx gives its data file another
+    name, and a later run replacing b.onnx does not remove a file a.onnx reads."""
     src = tmp_path / "a.onnx"
-    onnx.save(_stack_model(), src, save_as_external_data=True, location="b.onnx.data", size_threshold=0)
-    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
-    with pytest.raises(InputError, match="would overwrite a file the input model needs"):
+    model = _stack_model()
+    reference = tmp_path / "ref.onnx"
+    onnx.save(model, reference)
+    onnx.save(model, src, save_as_external_data=True, location="b.onnx.data", size_threshold=0)
+    before = (tmp_path / "b.onnx.data").read_bytes()
+    for _ in range(3):
         convert_file(src, tmp_path / "b.onnx")
-    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+        assert (tmp_path / "b.onnx.data").read_bytes() == before
+        assert_equivalent(str(reference), str(tmp_path / "b.onnx"), _feeds())
+    assert _files(tmp_path) == {"a.onnx", "b.onnx", "b.onnx.data", "b.onnx.1.data", "ref.onnx"}
+    with pytest.raises(InputError, match="would overwrite a file the input model needs"):
+        convert_file(src, tmp_path / "b.onnx.data")

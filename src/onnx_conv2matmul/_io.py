@@ -1,9 +1,9 @@
-"""Reading and writing model files: the only module that touches disk.
+"""Reading and staging model files.
 
 Loading parses only the ``.onnx`` protobuf; external data stays on disk and is
-memory-mapped by onnx-ir when a tensor is read. Saving writes into a temporary
-directory beside the destination and renames into place at the end, so a
-failure or a kill never leaves a half-written output or damages the input.
+memory-mapped by onnx-ir when a tensor is read. Saving writes into a staging
+directory beside the destination; :mod:`onnx_conv2matmul._publish` puts the files
+in place, so a failure or a kill never leaves a half-written output or damages the input.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import onnx
 from google.protobuf.message import DecodeError
 
-from onnx_conv2matmul import _datafile
+from onnx_conv2matmul import _datafile, _publish
 from onnx_conv2matmul._datafile import ProgressCallback
 from onnx_conv2matmul.errors import CheckerError, InputError
 
@@ -132,8 +132,9 @@ def load_model(path: str, on_parsed: Callable[[onnx.ModelProto, str], None] | No
 
 
 def check_not_overwriting_inputs(loaded: LoadedModel, destination: str) -> None:
-    """Refuse an output whose data file is one the input still reads from (or the input itself)."""
-    targets = {os.path.realpath(destination), os.path.realpath(destination + ".data")}
+    """Refuse an output ``.onnx`` that is a file the input reads (its data file never
+    takes an existing name, see :mod:`onnx_conv2matmul._publish`)."""
+    targets = {os.path.realpath(destination)}
     inputs = {os.path.realpath(p) for p in loaded.external_files}
     if os.path.realpath(destination) != os.path.realpath(loaded.path):
         inputs.add(os.path.realpath(loaded.path))
@@ -172,11 +173,22 @@ def write_text_atomic(path: str, text: str) -> None:
         raise
 
 
+def output_modes(loaded: LoadedModel) -> tuple[int, int]:
+    """Permission bits for the output's ``.onnx`` and data file: those of the input's.
+
+    The data file takes the bits of the input's first data file (or of its ``.onnx``
+    when it had none), so weights kept private stay private.
+    """
+    onnx_mode = os.stat(loaded.path).st_mode & 0o7777
+    data_mode = os.stat(loaded.external_files[0]).st_mode & 0o7777 if loaded.external_files else onnx_mode
+    return onnx_mode, data_mode
+
+
 @dataclasses.dataclass
 class StagedOutput:
-    """A model written to a temporary directory beside its destination."""
+    """A model written to a staging directory beside its destination."""
 
-    destination: str
+    destination: _publish.Destination
     directory: str
     onnx_path: str
     data_path: str | None
@@ -188,21 +200,20 @@ class StagedOutput:
             size += os.path.getsize(self.data_path)
         return size
 
-    def publish(self) -> None:
-        """Rename the staged files into place: the data first, then the .onnx that refers to it."""
-        if self.data_path is not None:
-            _usual_mode(self.data_path)
-            os.replace(self.data_path, self.destination + ".data")
-        _usual_mode(self.onnx_path)
-        os.replace(self.onnx_path, self.destination)
-        self.discard()
+    def publish(self, modes: tuple[int, int]) -> None:
+        """Put the model in place (see :mod:`onnx_conv2matmul._publish`)."""
+        self.destination.publish(self.directory, self.onnx_path, self.data_path, modes=modes)
+        self.directory = ""
 
-    def keep(self, directory: str) -> str:
+    def keep(self, directory: str, modes: tuple[int, int]) -> str:
         """Move the staged files into ``directory`` (replaced if it exists); return the model path."""
+        if os.path.lexists(directory) and not os.path.isdir(directory):
+            raise InputError(f"cannot keep the failed output: {directory} exists and is not a directory")
         if os.path.isdir(directory):
             shutil.rmtree(directory)
-        for name in os.listdir(self.directory):
-            _usual_mode(os.path.join(self.directory, name))
+        os.chmod(self.onnx_path, modes[0])
+        if self.data_path is not None:
+            os.chmod(self.data_path, modes[1])
         _usual_mode(self.directory, directory=True)
         os.replace(self.directory, directory)
         # The files now belong to the caller: nothing is left to discard.
@@ -221,37 +232,27 @@ class StagedOutput:
         self.discard()
 
 
-def staging_dir(destination: str) -> str:
-    """A new hidden temporary directory beside ``destination``, on the same filesystem."""
-    destination = os.path.abspath(destination)
-    return tempfile.mkdtemp(
-        prefix=f".{os.path.basename(destination)}.", suffix=".tmp", dir=os.path.dirname(destination)
-    )
-
-
 def stage_model(
     model: ir.Model,
-    destination: str,
+    destination: _publish.Destination,
     *,
     external: bool,
     progress: ProgressCallback | None = None,
 ) -> StagedOutput:
-    """Write ``model`` next to ``destination`` without touching ``destination``.
+    """Write ``model`` into a staging directory beside ``destination``, which is not touched.
 
-    With ``external``, tensors above :data:`INLINE_THRESHOLD_BYTES` go into one
-    ``<name>.data`` file; otherwise the model is one file.
+    With ``external``, tensors above :data:`INLINE_THRESHOLD_BYTES` go into one data file
+    named :attr:`~onnx_conv2matmul._publish.Destination.data_name`; otherwise the model is
+    one file.
     """
-    destination = os.path.abspath(destination)
-    directory = staging_dir(destination)
-    basename = os.path.basename(destination)
-    onnx_path = os.path.join(directory, basename)
+    directory = destination.staging_dir()
+    onnx_path = os.path.join(directory, destination.name)
     try:
         if external:
-            data_name = basename + ".data"
             _datafile.save_with_data_file(
-                model, onnx_path, data_name, threshold=INLINE_THRESHOLD_BYTES, progress=progress
+                model, onnx_path, destination.data_name, threshold=INLINE_THRESHOLD_BYTES, progress=progress
             )
-            data_path: str | None = os.path.join(directory, data_name)
+            data_path: str | None = os.path.join(directory, destination.data_name)
         else:
             import onnx_ir as ir
 
@@ -272,16 +273,15 @@ class EarlyStaging:
     before :meth:`finish` the copy stops and the directory is removed.
     """
 
-    def __init__(self, proto: onnx.ModelProto, base_dir: str, destination: str) -> None:
-        destination = os.path.abspath(destination)
+    def __init__(self, proto: onnx.ModelProto, base_dir: str, destination: _publish.Destination) -> None:
         self._destination = destination
-        self._directory = staging_dir(destination)
-        self._onnx_path = os.path.join(self._directory, os.path.basename(destination))
+        self._directory = destination.staging_dir()
+        self._onnx_path = os.path.join(self._directory, destination.name)
         try:
             ranges = _datafile.external_ranges(proto, base_dir, INLINE_THRESHOLD_BYTES)
             replaced = frozenset(ranges[name] for name in _pointwise_conv_weights(proto) if name in ranges)
             self._writer = _datafile.DataFileWriter.start(
-                self._onnx_path + ".data", list(ranges.values()), last=replaced
+                os.path.join(self._directory, destination.data_name), list(ranges.values()), last=replaced
             )
         except BaseException:
             shutil.rmtree(self._directory, ignore_errors=True)

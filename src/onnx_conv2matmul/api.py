@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Protocol, overload
 
 import onnx
 
-from onnx_conv2matmul import _io
+from onnx_conv2matmul import _io, _publish
 from onnx_conv2matmul.errors import CheckerError, InputError
 from onnx_conv2matmul.options import ConvertOptions
 from onnx_conv2matmul.report import ConvertReport
@@ -196,6 +196,21 @@ def _convert_file(
 ) -> ConvertReport:
     src = os.fspath(input_path)
     dst = check_paths(src, os.fspath(output_path) if output_path is not None else None, inplace=inplace)
+    with _publish.Destination(dst, source=None if inplace else src) as destination:
+        return _convert_to(src, destination, options, inplace, run_checker, verify, keep_on_failure, progress)
+
+
+def _convert_to(
+    src: str,
+    destination: _publish.Destination,
+    options: ConvertOptions,
+    inplace: bool,
+    run_checker: bool,
+    verify: VerifyOptions | None,
+    keep_on_failure: bool,
+    progress: Progress,
+) -> ConvertReport:
+    dst = destination.path
     timings: dict[str, float] = {}
     with contextlib.ExitStack() as stack:
         early: _io.EarlyStaging | None = None
@@ -205,7 +220,7 @@ def _convert_file(
             # is parsed, while it is checked and rewritten; removed again if anything fails.
             nonlocal early
             if _io.EarlyStaging.wanted(proto):
-                early = stack.enter_context(_io.EarlyStaging(proto, base_dir, dst))
+                early = stack.enter_context(_io.EarlyStaging(proto, base_dir, destination))
 
         loaded = load_input(
             src,
@@ -216,6 +231,9 @@ def _convert_file(
             timings=timings,
             on_parsed=start_output,
         )
+        if not inplace:
+            destination.protect(loaded.external_files)
+        modes = _io.output_modes(loaded)
         start = time.perf_counter()
         progress.phase("Rewriting")
         model, report = convert(loaded.model, options)
@@ -230,7 +248,7 @@ def _convert_file(
         else:
             # External data only in subgraphs or attributes, or none and too big for one file.
             external = loaded.has_external_data or _io.tensor_bytes(model) > _io.SINGLE_FILE_LIMIT_BYTES
-            staged = _io.stage_model(model, dst, external=external, progress=progress.advance)
+            staged = _io.stage_model(model, destination, external=external, progress=progress.advance)
     with staged:
         timings["save"] = time.perf_counter() - start
         if run_checker:
@@ -252,8 +270,9 @@ def _convert_file(
             report.verification = result.to_dict()
             if not result.passed:
                 # Nothing at the destination; with keep_on_failure the files go aside.
-                report.output_path = staged.keep(dst + FAILED_SUFFIX) if keep_on_failure else None
+                report.output_path = staged.keep(dst + FAILED_SUFFIX, modes) if keep_on_failure else None
                 return report
-        staged.publish()
+        progress.phase("Publishing")
+        staged.publish(modes)
     report.output_path = dst
     return report

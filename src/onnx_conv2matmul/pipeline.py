@@ -16,7 +16,7 @@ from typing import Any
 
 import onnx_ir as ir
 
-from onnx_conv2matmul import _io
+from onnx_conv2matmul import _datafile, _io, _publish
 from onnx_conv2matmul._graphs import count_op
 from onnx_conv2matmul._version import __version__
 from onnx_conv2matmul.api import NullProgress, Progress, check_paths, convert, load_input
@@ -137,44 +137,18 @@ def quantize_file(
         },
     )
     try:
-        loaded = load_input(src, dst, inplace=False, run_checker=run_checker, progress=progress, timings={})
-        report.input_bytes = loaded.total_bytes
-        model = loaded.model
-        report.weights_without_rewrite = weight_stats(model)
-        progress.phase("Rewriting")
-        model, rewrite = convert(model, convert_options)
-        report.rewrite = rewrite.totals()
-        report.weights_with_rewrite = weight_stats(model)
-        external = loaded.has_external_data or _io.tensor_bytes(model) > _io.SINGLE_FILE_LIMIT_BYTES
-        if int8:
-            staged = _int8_staged(model, dst, external, quantize_options, progress, report)
-        else:
-            progress.phase("Quantizing")
-            result = quantize_matmul_nbits(model, quantize_options)
-            report.matmuls = result.matmuls
-            report.quantized_nodes = result.quantized
-            report.excluded = result.excluded
-            if result.quantized == 0:
-                report.warnings.append(
-                    "no MatMul was quantized: check --include/--exclude against the node names"
-                )
-            progress.phase("Saving")
-            staged = _io.stage_model(model, dst, external=external, progress=progress.advance)
-        del model, loaded
-        report.peak_rss_quantize_bytes = _peak_rss_bytes()
-        with staged:
-            report.external_data = staged.data_path is not None
-            report.output_bytes = staged.size
-            if run_checker:
-                progress.phase("Checking the output")
-                _io.run_checker(staged.onnx_path, "the quantized model")
-            progress.phase("Measuring accuracy")
-            result_v = verify_models(src, staged.onnx_path, verify)
-            result_v.candidate = dst
-            report.verification = result_v.to_dict()
-            if result_v.passed:
-                staged.publish()
-                report.output_path = dst
+        with _publish.Destination(dst, source=src) as destination:
+            _quantize_to(
+                src,
+                destination,
+                convert_options,
+                quantize_options,
+                int8,
+                verify,
+                run_checker,
+                progress,
+                report,
+            )
     finally:
         progress.close()
     report.seconds = time.perf_counter() - started
@@ -182,33 +156,101 @@ def quantize_file(
     return report
 
 
+def _quantize_to(
+    src: str,
+    destination: _publish.Destination,
+    convert_options: ConvertOptions,
+    quantize_options: QuantizeOptions,
+    int8: bool,
+    verify: VerifyOptions,
+    run_checker: bool,
+    progress: Progress,
+    report: QuantizeReport,
+) -> None:
+    dst = destination.path
+    loaded = load_input(src, dst, inplace=False, run_checker=run_checker, progress=progress, timings={})
+    destination.protect(loaded.external_files)
+    modes = _io.output_modes(loaded)
+    report.input_bytes = loaded.total_bytes
+    model = loaded.model
+    report.weights_without_rewrite = weight_stats(model)
+    progress.phase("Rewriting")
+    model, rewrite = convert(model, convert_options)
+    report.rewrite = rewrite.totals()
+    report.weights_with_rewrite = weight_stats(model)
+    external = loaded.has_external_data or _io.tensor_bytes(model) > _io.SINGLE_FILE_LIMIT_BYTES
+    if int8:
+        staged = _int8_staged(model, destination, external, quantize_options, progress, report)
+    else:
+        progress.phase("Quantizing")
+        result = quantize_matmul_nbits(model, quantize_options)
+        report.matmuls = result.matmuls
+        report.quantized_nodes = result.quantized
+        report.excluded = result.excluded
+        if result.quantized == 0:
+            report.warnings.append(
+                "no MatMul was quantized: check --include/--exclude against the node names"
+            )
+        progress.phase("Saving")
+        staged = _io.stage_model(model, destination, external=external, progress=progress.advance)
+    del model, loaded
+    report.peak_rss_quantize_bytes = _peak_rss_bytes()
+    with staged:
+        report.external_data = staged.data_path is not None
+        report.output_bytes = staged.size
+        if run_checker:
+            progress.phase("Checking the output")
+            _io.run_checker(staged.onnx_path, "the quantized model")
+        progress.phase("Measuring accuracy")
+        result_v = verify_models(src, staged.onnx_path, verify)
+        result_v.candidate = dst
+        report.verification = result_v.to_dict()
+        if result_v.passed:
+            progress.phase("Publishing")
+            staged.publish(modes)
+            report.output_path = dst
+
+
 def _int8_staged(
     model: ir.Model,
-    dst: str,
+    destination: _publish.Destination,
     external: bool,
     quantize_options: QuantizeOptions,
     progress: Progress,
     report: QuantizeReport,
 ) -> _io.StagedOutput:
-    """Save the rewritten fp32 model aside, run ``quantize_dynamic`` into a staged output."""
-    progress.phase("Saving the rewritten model")
-    fp32_path = os.path.join(os.path.dirname(os.path.abspath(dst)), ".int8-input.onnx")
-    with _io.stage_model(model, fp32_path, external=external) as fp32:
+    """Save the rewritten fp32 model aside, run ``quantize_dynamic`` into a staged output.
+
+    onnxruntime names the data file after the ``.onnx`` it writes, so the staged
+    ``.onnx`` is named for the data file to get the destination's data-file name.
+    """
+    directory = destination.staging_dir()
+    try:
+        progress.phase("Saving the rewritten model")
+        fp32_dir = os.path.join(directory, "fp32")
+        os.mkdir(fp32_dir)
+        fp32_path = os.path.join(fp32_dir, "model.onnx")
+        if external:
+            _datafile.save_with_data_file(
+                model, fp32_path, "model.onnx.data", threshold=_io.INLINE_THRESHOLD_BYTES
+            )
+        else:
+            ir.save(model, fp32_path)
         progress.phase("Quantizing (int8 dynamic)")
-        directory = _io.staging_dir(dst)
-        out = os.path.join(directory, os.path.basename(dst))
-        try:
-            int8_dynamic(model, fp32.onnx_path, out, quantize_options, external_data=external)
-        except BaseException:
-            shutil.rmtree(directory, ignore_errors=True)
-            raise
+        name = destination.data_name.removesuffix(".data") if external else destination.name
+        out = os.path.join(directory, name)
+        int8_dynamic(model, fp32_path, out, quantize_options, external_data=external)
+        shutil.rmtree(fp32_dir)
+        quantized = ir.load(out)
+        report.matmuls = count_op(model, "MatMul")
+        report.quantized_nodes = sum(
+            count_op(quantized, op) for op in ("MatMulInteger", "DynamicQuantizeLSTM", "ConvInteger")
+        )
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
     data = out + ".data"
-    quantized = ir.load(out)
-    report.matmuls = count_op(model, "MatMul")
-    report.quantized_nodes = sum(
-        count_op(quantized, op) for op in ("MatMulInteger", "DynamicQuantizeLSTM", "ConvInteger")
-    )
-    return _io.StagedOutput(dst, directory, out, data if os.path.exists(data) else None)
+    return _io.StagedOutput(destination, directory, out, data if os.path.exists(data) else None)
 
 
 def bundle_sizes(directory: str) -> list[tuple[str, int, list[str]]]:

@@ -1,0 +1,287 @@
+"""Putting a staged model in place, so that no interruption can leave a mismatched model.
+
+The invariant: at every instant, every ``.onnx`` this tool writes or replaces refers to a
+complete data file that was written for it. Killing the process at any point leaves
+either the old model or the new one at the destination, and nothing but hidden
+staging directories beside it, which the next run for that destination removes.
+
+How :class:`Destination` keeps it:
+
+1. A lock on the destination (a hidden ``.<name>.lock`` beside it, held with ``flock``
+   for the whole run and removed at its end): a second writer to the same destination
+   is refused.
+2. The new data file never takes a name that exists: ``<name>.data`` when it is free,
+   else ``<name>.1.data``, ``<name>.2.data``, ... So the data file that the old
+   ``.onnx`` (or any other model) reads is never overwritten.
+3. Publishing: fsync the staged files; rename the data file into place, fsync the
+   directory; rename the ``.onnx`` into place (the switch), fsync the directory; only
+   then remove the data files that the replaced ``.onnx`` read and that were named
+   after it (``<name>.data``, ``<name>.N.data``). SIGINT and SIGTERM are held back
+   during these steps, so an interrupted run has either published or not.
+4. Before step 3 the names of those files, and the new data file's, are written to a
+   journal in the staging directory. A run killed between the renames leaves that
+   directory; the next run deletes the journal's files that its destination does not
+   read, then the directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import re
+import shutil
+import signal
+import tempfile
+import threading
+from collections.abc import Iterable, Iterator
+
+import onnx
+
+from onnx_conv2matmul.errors import InputError
+
+_JOURNAL = "obsolete.json"
+# The replaced .onnx is parsed to find the data files it reads only up to this size; a
+# larger one (a single-file model) keeps every data file named after it.
+_PARSE_LIMIT_BYTES = 256 * 2**20
+_HELD_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+# Destinations this process has put a new model at (a message after an interrupt says so).
+PUBLISHED: list[str] = []
+
+
+class DestinationBusy(InputError):
+    """Another process is writing the same destination."""
+
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def referenced_files(path: str) -> set[str] | None:
+    """Absolute paths of the external data files the model at ``path`` reads.
+
+    Every tensor counts: initializers, tensor attributes, subgraphs and functions.
+    ``None`` when the file is too large to parse cheaply or cannot be parsed.
+    """
+    try:
+        if os.path.getsize(path) > _PARSE_LIMIT_BYTES:
+            return None
+        proto = onnx.load(path, load_external_data=False)
+    except Exception:
+        return None
+    base = os.path.dirname(os.path.abspath(path))
+    files = set()
+    for tensor in _all_tensors(proto):
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                files.add(os.path.normpath(os.path.join(base, entry.value)))
+    return files
+
+
+def _all_tensors(proto: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
+    graphs = [proto.graph]
+    nodes: list[onnx.NodeProto] = [n for f in proto.functions for n in f.node]
+    while graphs or nodes:
+        if graphs:
+            graph = graphs.pop()
+            yield from graph.initializer
+            yield from (s.values for s in graph.sparse_initializer)
+            nodes.extend(graph.node)
+            continue
+        node = nodes.pop()
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+            if attr.HasField("g"):
+                graphs.append(attr.g)
+            graphs.extend(attr.graphs)
+
+
+class Destination:
+    """The place a model is written to, held for one run (a context manager).
+
+    Args:
+        path: The ``.onnx`` to write or replace.
+        source: The input model when it is not the destination: its files are never
+            removed, whatever their names (see also :meth:`protect`).
+
+    Raises:
+        DestinationBusy: another process holds the destination.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, source: str | None = None) -> None:
+        self.path = os.path.abspath(os.fspath(path))
+        self.directory, self.name = os.path.split(self.path)
+        self._source = source
+        self._keep = {os.path.realpath(source)} if source is not None else set()
+        self._lock_path = os.path.join(self.directory, f".{self.name}.lock")
+        self._lock_fd = _lock(self._lock_path, self.path)
+        try:
+            self._recover()
+            self.data_name = self._free_data_name()
+        except BaseException:
+            self.release()
+            raise
+
+    # -- names -----------------------------------------------------------------------
+
+    def _staging_pattern(self) -> re.Pattern[str]:
+        # What tempfile.mkdtemp(prefix=".<name>.", suffix=".tmp") makes: 8 random characters.
+        return re.compile(rf"\.{re.escape(self.name)}\.[a-z0-9_]{{8}}\.tmp")
+
+    def _is_own_data(self, path: str) -> bool:
+        """Whether ``path`` is a data file named after this destination."""
+        directory, name = os.path.split(path)
+        own = re.fullmatch(rf"{re.escape(self.name)}(\.\d+)?\.data", name)
+        return own is not None and os.path.realpath(directory) == os.path.realpath(self.directory)
+
+    def _free_data_name(self) -> str:
+        for index in range(1000):
+            name = f"{self.name}.data" if index == 0 else f"{self.name}.{index}.data"
+            if not os.path.lexists(os.path.join(self.directory, name)):
+                return name
+        raise InputError(
+            f"no free name for the data file of {self.path}: remove old {self.name}.N.data files"
+        )
+
+    def staging_dir(self) -> str:
+        """A new hidden directory beside the destination, on the same filesystem."""
+        return tempfile.mkdtemp(prefix=f".{self.name}.", suffix=".tmp", dir=self.directory)
+
+    # -- recovery ----------------------------------------------------------------------
+
+    def _recover(self) -> None:
+        """Remove what killed runs for this destination left (we hold the lock)."""
+        pattern = self._staging_pattern()
+        stale = [e for e in os.listdir(self.directory) if pattern.fullmatch(e)]
+        if not stale:
+            return
+        in_use = referenced_files(self.path) if os.path.exists(self.path) else set()
+        if self._source is not None:
+            source_files = referenced_files(self._source)
+            if source_files is None:
+                in_use = None  # cannot tell what the input reads: remove nothing
+            else:
+                self.protect(source_files)
+        for entry in stale:
+            directory = os.path.join(self.directory, entry)
+            for path in _read_journal(directory):
+                if in_use is not None and path not in in_use and self._removable(path):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(path)
+            shutil.rmtree(directory, ignore_errors=True)
+
+    def protect(self, paths: Iterable[str]) -> None:
+        """Never remove ``paths`` (the data files the input model reads)."""
+        self._keep.update(os.path.realpath(p) for p in paths)
+
+    def _removable(self, path: str) -> bool:
+        return self._is_own_data(path) and os.path.realpath(path) not in self._keep
+
+    # -- publishing --------------------------------------------------------------------
+
+    def publish(self, staging: str, onnx_path: str, data_path: str | None, *, modes: tuple[int, int]) -> None:
+        """Move the staged model into place (see the module docstring); remove ``staging``.
+
+        ``data_path`` must be named :attr:`data_name` (the ``.onnx`` refers to it by name).
+        ``modes`` are the permission bits of the ``.onnx`` and of the data file.
+        """
+        if data_path is not None and os.path.basename(data_path) != self.data_name:
+            raise ValueError(f"staged data file {data_path!r} is not named {self.data_name!r}")
+        new_data = os.path.join(self.directory, self.data_name) if data_path is not None else None
+        old = referenced_files(self.path) if os.path.exists(self.path) else set()
+        obsolete = sorted(p for p in (old or ()) if p != new_data and self._removable(p))
+        journal = obsolete + ([new_data] if new_data is not None else [])
+        with open(os.path.join(staging, _JOURNAL), "w", encoding="utf-8") as handle:
+            json.dump(journal, handle)
+        os.chmod(onnx_path, modes[0])
+        if data_path is not None:
+            os.chmod(data_path, modes[1])
+            _fsync(data_path)
+        _fsync(onnx_path)
+        with _signals_held():
+            if data_path is not None and new_data is not None:
+                os.rename(data_path, new_data)
+                _fsync(self.directory)
+            os.rename(onnx_path, self.path)
+            PUBLISHED.append(self.path)
+            _fsync(self.directory)
+            for path in obsolete:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+            shutil.rmtree(staging, ignore_errors=True)
+
+    # -- the lock ----------------------------------------------------------------------
+
+    def release(self) -> None:
+        """Remove the lock file and release the lock (in that order, see :func:`_lock`)."""
+        if self._lock_fd >= 0:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._lock_path)
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    def __enter__(self) -> Destination:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _read_journal(directory: str) -> list[str]:
+    try:
+        with open(os.path.join(directory, _JOURNAL), encoding="utf-8") as handle:
+            names = json.load(handle)
+    except (OSError, ValueError):
+        return []
+    return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
+
+
+def _lock(lock_path: str, destination: str) -> int:
+    """Hold ``lock_path`` with ``flock``; refuse at once when another process holds it.
+
+    The holder removes the file before releasing it, so a process that locked a file
+    which is no longer at ``lock_path`` (it opened it just before the removal) tries
+    again with a new one.
+    """
+    while True:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            os.close(fd)
+            if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise DestinationBusy(
+                    f"another run is writing {destination}; try again when it has finished"
+                ) from None
+            raise
+        try:
+            current = os.stat(lock_path)
+        except FileNotFoundError:
+            current = None
+        if current is not None and current.st_ino == os.fstat(fd).st_ino:
+            return fd
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Hold back SIGINT and SIGTERM (delivered when the block ends) in the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
