@@ -17,7 +17,7 @@ How :class:`Destination` keeps it:
    directory; rename the ``.onnx`` into place (the switch), fsync the directory; only
    then remove the data files that the replaced ``.onnx`` read and that were named
    after it (``<name>.data``, ``<name>.N.data``). SIGINT and SIGTERM are held back
-   during these steps, so an interrupted run has either published or not.
+   during these steps and delivered after them, so a run has published or not.
 4. Before step 3 the names of those files, and the new data file's, are written to a
    journal in the staging directory. A run killed between the renames leaves that
    directory; the next run deletes the journal's files that its destination does not
@@ -276,12 +276,25 @@ def _lock(lock_path: str, destination: str) -> int:
 
 @contextlib.contextmanager
 def _signals_held() -> Iterator[None]:
-    """Hold back SIGINT and SIGTERM (delivered when the block ends) in the main thread."""
+    """Hold back SIGINT and SIGTERM until the block ends, then deliver them.
+
+    The handlers are swapped for ones that only take note, and restored at the end;
+    masking the signals would not do, since any thread may receive them. Signal
+    handlers belong to the main thread: elsewhere nothing is held back.
+    """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD_SIGNALS)
+    pending: list[int] = []
+    previous = {}
+    for signum in _HELD_SIGNALS:
+        handler = signal.getsignal(signum)
+        if handler is not None:  # None: a handler installed outside Python, left alone
+            previous[signum] = signal.signal(signum, lambda number, _frame: pending.append(number))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for signum in pending:
+            signal.raise_signal(signum)

@@ -1,0 +1,221 @@
+"""Publishing: no kill, interrupt or second writer may leave a mismatched model."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from helpers import run
+from onnx_conv2matmul import InputError, convert_file
+from onnx_conv2matmul._publish import Destination, DestinationBusy, referenced_files
+
+RNG = np.random.default_rng(5)
+CHANNELS = 32
+
+# Runs the command line with a SIGKILL at the KILL_AT-th call of os.rename, os.replace,
+# os.unlink or os.fsync (counted over the whole process); prints the number of calls
+# when it gets to the end.
+_HARNESS = """
+import os, signal, sys
+kill_at = int(os.environ["KILL_AT"])
+calls = [0]
+def counted(real):
+    def call(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(*args, **kwargs)
+    return call
+for name in ("rename", "replace", "unlink", "fsync"):
+    setattr(os, name, counted(getattr(os, name)))
+from onnx_conv2matmul.cli import main
+try:
+    main(sys.argv[1:], standalone_mode=False)
+finally:
+    print("CALLS", calls[0], file=sys.stderr)
+"""
+
+
+def _model() -> onnx.ModelProto:
+    """Pointwise convs between Transposes; the middle one has stride 2, so it is converted
+    only in extended mode and the two modes lay out the data file differently."""
+    nodes = [helper.make_node("Transpose", ["x"], ["h0"], perm=[0, 2, 1])]
+    inits = []
+    for i in range(3):
+        w = (RNG.standard_normal((CHANNELS, CHANNELS, 1)) / np.sqrt(CHANNELS)).astype(np.float32)
+        inits.append(numpy_helper.from_array(w, f"w{i}"))
+        attrs = {"strides": [2]} if i == 1 else {}
+        nodes.append(helper.make_node("Conv", [f"h{i}", f"w{i}"], [f"c{i}"], name=f"pw{i}", **attrs))
+        nodes.append(helper.make_node("Relu", [f"c{i}"], [f"h{i + 1}"]))
+    nodes.append(helper.make_node("Transpose", ["h3"], ["y"], perm=[0, 2, 1]))
+    graph = helper.make_graph(
+        nodes,
+        "pw",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "T", CHANNELS])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "U", CHANNELS])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+FEEDS = [{"x": RNG.standard_normal((b, t, CHANNELS)).astype(np.float32)} for b, t in ((1, 7), (2, 40))]
+
+
+def _outputs(path: Path) -> list[np.ndarray]:
+    return [run(str(path), feeds)[0] for feeds in FEEDS]
+
+
+def _assert_computes(path: Path, expected: list[np.ndarray]) -> None:
+    for want, got in zip(expected, _outputs(path), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def _visible(directory: Path) -> set[str]:
+    return {p.name for p in directory.iterdir() if not p.name.startswith(".")}
+
+
+def _cli(*args: str, kill_at: int = 0) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "KILL_AT": str(kill_at)}
+    return subprocess.run(
+        [sys.executable, "-c", _HARNESS, *args], capture_output=True, text=True, env=env, check=False
+    )
+
+
+def _setup(directory: Path) -> tuple[Path, list[np.ndarray]]:
+    directory.mkdir()
+    model = _model()
+    src = directory / "m.onnx"
+    onnx.save(model, src, save_as_external_data=True, location="m.onnx.data", size_threshold=0)
+    return src, _outputs(src)
+
+
+@pytest.mark.parametrize("scenario", ["inplace", "overwrite"])
+def test_a_kill_at_any_rename_unlink_or_fsync_leaves_a_working_model(tmp_path: Path, scenario: str) -> None:
+    """Killed at every rename, unlink and fsync in turn, the destination always loads in
+    onnxruntime and computes the original's outputs; the next run leaves no trace of it."""
+    template, expected = _setup(tmp_path / "template")
+    if scenario == "overwrite":
+        # An earlier output made without extended mode: its data file is laid out differently.
+        assert _cli(str(template), str(tmp_path / "template" / "o.onnx"), "-q").returncode == 0
+    args_for = {
+        "inplace": lambda d: [str(d / "m.onnx"), "--inplace", "--extended-conv1x1"],
+        "overwrite": lambda d: [str(d / "m.onnx"), str(d / "o.onnx"), "--extended-conv1x1"],
+    }[scenario]
+    destination_name = "m.onnx" if scenario == "inplace" else "o.onnx"
+    kill_at, total = 1, None
+    while total is None or kill_at <= total:
+        work = tmp_path / f"kill{kill_at}"
+        shutil.copytree(tmp_path / "template", work)
+        result = _cli(*args_for(work), "-q", kill_at=kill_at)
+        if result.returncode == 0:
+            total = int(result.stderr.split("CALLS")[-1])
+            assert kill_at > total
+        else:
+            assert result.returncode == -9, result.stderr
+        destination = work / destination_name
+        _assert_computes(destination, expected)
+        # The next run takes over whatever the killed one left.
+        assert _cli(*args_for(work), "-q").returncode == 0
+        _assert_computes(destination, expected)
+        data = {Path(p).name for p in referenced_files(str(destination)) or ()}
+        assert len(data) == 1
+        kept = {"m.onnx"} if scenario == "inplace" else {"m.onnx", "m.onnx.data", "o.onnx"}
+        assert {p.name for p in work.iterdir()} == kept | data, f"killed at call {kill_at}"
+        shutil.rmtree(work)
+        kill_at += 1
+    assert total is not None and total >= 6  # fsyncs, renames and removals were all reached
+
+
+def test_a_second_writer_is_refused(tmp_path: Path) -> None:
+    src, expected = _setup(tmp_path / "m")
+    out = tmp_path / "m" / "o.onnx"
+    with Destination(out):
+        with pytest.raises(DestinationBusy, match="another run is writing"):
+            convert_file(src, out)
+        result = _cli(str(src), str(out), "-q")
+        assert result.returncode == 2
+        assert "another run is writing" in result.stderr and "Traceback" not in result.stderr
+        assert not out.exists()
+    convert_file(src, out)
+    _assert_computes(out, expected)
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(".")], "lock file removed"
+
+
+def test_a_stale_lock_file_does_not_block(tmp_path: Path) -> None:
+    """A killed run leaves its lock file, but not the lock: the next run proceeds."""
+    src, expected = _setup(tmp_path / "m")
+    (tmp_path / "m" / ".o.onnx.lock").write_text("")
+    convert_file(src, tmp_path / "m" / "o.onnx")
+    _assert_computes(tmp_path / "m" / "o.onnx", expected)
+
+
+def test_recovery_removes_what_a_killed_run_left(tmp_path: Path) -> None:
+    """A staging directory whose journal names data files: those the destination does not
+    read are removed with it; the one it reads stays."""
+    src, expected = _setup(tmp_path / "m")
+    directory = tmp_path / "m"
+    out = directory / "o.onnx"
+    convert_file(src, out)
+    (directory / "o.onnx.1.data").write_bytes(b"left by a killed run")
+    stale = directory / ".o.onnx.abcd1234.tmp"
+    stale.mkdir()
+    journal = [str(directory / "o.onnx.data"), str(directory / "o.onnx.1.data"), str(src)]
+    (stale / "obsolete.json").write_text(json.dumps(journal))
+    other = directory / ".o.onnx.x.abcd1234.tmp"  # another destination's (o.onnx.x) staging
+    other.mkdir()
+    with Destination(out) as destination:
+        assert destination.data_name == "o.onnx.1.data"
+    assert not stale.exists() and other.exists()
+    assert _visible(directory) == {"m.onnx", "m.onnx.data", "o.onnx", "o.onnx.data"}
+    _assert_computes(out, expected)
+
+
+def test_data_names_avoid_every_existing_file(tmp_path: Path) -> None:
+    out = tmp_path / "o.onnx"
+    for name in ("o.onnx.data", "o.onnx.1.data"):
+        (tmp_path / name).write_bytes(b"")
+    with Destination(out) as destination:
+        assert destination.data_name == "o.onnx.2.data"
+
+
+def test_interrupt_during_publish_is_held_until_the_model_is_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SIGINT that arrives between the two renames is delivered after the switch."""
+    import signal
+
+    from onnx_conv2matmul import _publish
+
+    src, expected = _setup(tmp_path / "m")
+    out = tmp_path / "m" / "o.onnx"
+    real_rename = os.rename
+    renames: list[str] = []
+
+    def rename(a: str, b: str) -> None:
+        real_rename(a, b)
+        renames.append(b)
+        if len(renames) == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(_publish.os, "rename", rename)
+    with pytest.raises(KeyboardInterrupt):
+        convert_file(src, out)
+    assert [Path(p).name for p in renames] == ["o.onnx.data", "o.onnx"]
+    assert str(out) in _publish.PUBLISHED
+    _assert_computes(out, expected)
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(".")]
+
+
+def test_output_that_is_an_input_data_file_is_refused(tmp_path: Path) -> None:
+    src, _ = _setup(tmp_path / "m")
+    with pytest.raises(InputError, match="would overwrite a file the input model needs"):
+        convert_file(src, tmp_path / "m" / "m.onnx.data")
