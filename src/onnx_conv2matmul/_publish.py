@@ -37,6 +37,7 @@ import signal
 import tempfile
 import threading
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import onnx
 
@@ -286,15 +287,14 @@ def _signals_held() -> Iterator[None]:
         yield
         return
     pending: list[int] = []
-    previous = {}
-    for signum in _HELD_SIGNALS:
-        handler = signal.getsignal(signum)
-        if handler is not None:  # None: a handler installed outside Python, left alone
-            previous[signum] = signal.signal(signum, lambda number, _frame: pending.append(number))
+    previous: dict[int, Any] = {}
+    for held in _HELD_SIGNALS:
+        if signal.getsignal(held) is not None:  # None: installed outside Python, left alone
+            previous[held] = signal.signal(held, lambda number, _frame: pending.append(number))
     try:
         yield
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-        for signum in pending:
-            signal.raise_signal(signum)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        for number in pending:
+            signal.raise_signal(number)
