@@ -4,6 +4,8 @@ For each encoder export in the cache that ``fastconformer.py cache`` builds (dyn
 external data file; legacy: one file per tensor), this script times, side by side:
 
 - ``cp`` of the model's files (after one untimed warm-up copy, so the page cache is warm),
+- ``cp`` followed by ``sync`` of the copied files: the copy made as durable as our output,
+  which is fsynced before it is renamed into place,
 - our rewrite with the checker on and with ``--skip-checker``,
 - the peer tool ``onnx-conv2matmul==0.1.1`` (installed into its own venv in the cache)
   with the same flags.
@@ -453,8 +455,17 @@ def bench_export(
 
     warm_up = Contender(RunResult("cp (warm-up)", copy_argv(Path("OUT"))), copy_argv, model.parent)
     run_once(warm_up, 1, 1, work_dir)
-    contenders = [Contender(RunResult("cp", copy_argv(Path("OUT"))), copy_argv, model.parent)]
-    rows = [contenders[0].result]  # table order; cp first
+
+    def durable_copy_argv(out_dir: Path) -> list[str]:
+        # The same copy, then fsync of every copied file: what our tool guarantees on disk.
+        script = 'out=$1; shift; cp --parents "$@" "$out" && cd "$out" && sync "$@"'
+        return ["sh", "-c", script, "sh", str(out_dir), *files]
+
+    contenders = [
+        Contender(RunResult("cp", copy_argv(Path("OUT"))), copy_argv, model.parent),
+        Contender(RunResult("cp + sync", durable_copy_argv(Path("OUT"))), durable_copy_argv, model.parent),
+    ]
+    rows = [c.result for c in contenders]  # table order; cp first
     for tool in tools:
         for skip_checker in (False, True):
             flags = [*REWRITE_FLAGS, *(["--skip-checker"] if skip_checker else [])]
