@@ -433,3 +433,49 @@ def test_output_index_is_checked_before_running(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setattr(verify_mod, "synthesise_inputs", lambda *a: pytest.fail("ran the model"))
     code, _, stderr = _invoke("verify", src, src, "--verify-output-index", "9")
     assert code == 2 and "out of range" in stderr
+
+
+def _channel_scale_model(factors: list[float]) -> onnx.ModelProto:
+    """y = x * k on x [N, C, T], k [C, 1]: a NaN or Inf factor makes that channel non-finite."""
+    k = np.array(factors, np.float32).reshape(-1, 1)
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "k"], ["y"])],
+        "scale",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", len(factors), "T"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", len(factors), "T"])],
+        [numpy_helper.from_array(k, "k")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _verify_scales(tmp_path: Path, reference: list[float], candidate: list[float]) -> bool:
+    ref = _save(_channel_scale_model(reference), tmp_path / "ref.onnx")
+    cand = _save(_channel_scale_model(candidate), tmp_path / "cand.onnx")
+    return verify_models(ref, cand, VerifyOptions(lengths=(16,), batch=2)).passed
+
+
+def test_nan_and_inf_at_the_same_places_pass(tmp_path: Path) -> None:
+    nan, inf = float("nan"), float("inf")
+    assert _verify_scales(tmp_path, [1.0, nan, 2.0], [1.0, nan, 2.0])
+    assert _verify_scales(tmp_path, [1.0, inf, nan], [1.0, inf, nan])
+
+
+def test_nan_or_inf_that_differ_fail(tmp_path: Path) -> None:
+    nan, inf = float("nan"), float("inf")
+    # NaN everywhere, or where the reference is finite: nothing finite is left to compare.
+    assert not _verify_scales(tmp_path, [1.0, 1.0, 1.0], [nan, nan, nan])
+    assert not _verify_scales(tmp_path, [1.0, 1.0, 2.0], [1.0, nan, 2.0])
+    # A finite value where the reference has NaN, and opposite infinities at the same place.
+    assert not _verify_scales(tmp_path, [1.0, nan, 2.0], [1.0, 1.0, 2.0])
+    assert not _verify_scales(tmp_path, [1.0, inf, 2.0], [1.0, -inf, 2.0])
+    # The finite part is still compared next to matching non-finite values.
+    assert not _verify_scales(tmp_path, [1.0, inf, 2.0], [1.0, inf, 2.02])
+
+
+def test_non_finite_mismatch_is_reported(tmp_path: Path) -> None:
+    nan = float("nan")
+    ref = _save(_channel_scale_model([1.0, 1.0]), tmp_path / "ref.onnx")
+    cand = _save(_channel_scale_model([1.0, nan]), tmp_path / "cand.onnx")
+    report = verify_models(ref, cand, VerifyOptions(lengths=(16,)))
+    failure = report.failures[0]
+    assert failure.mismatches == 16 and "NaN/Inf" in failure.note
