@@ -479,3 +479,43 @@ def test_non_finite_mismatch_is_reported(tmp_path: Path) -> None:
     report = verify_models(ref, cand, VerifyOptions(lengths=(16,)))
     failure = report.failures[0]
     assert failure.mismatches == 16 and "NaN/Inf" in failure.note
+
+
+def _loud_channel_model(quiet_gain: float = 1.0) -> onnx.ModelProto:
+    """A pointwise conv whose output channel 0 is 1000x larger than the others."""
+    model = conv_model(spatial=1, in_channels=6, out_channels=5)
+    init = next(t for t in model.graph.initializer if t.name == "W")
+    w = numpy_helper.to_array(init).copy()
+    w[0] *= 1000
+    w[3] *= np.float32(quiet_gain)
+    init.CopyFrom(numpy_helper.from_array(w, "W"))
+    return model
+
+
+def test_exact_rewrite_with_one_loud_channel_passes(tmp_path: Path) -> None:
+    src = _save(_loud_channel_model(), tmp_path / "m.onnx")
+    report = convert_file(src, tmp_path / "o.onnx", ALL, verify=VerifyOptions(batch=2))
+    v = report.verification
+    assert v is not None and v["passed"], v
+    assert min(r["max_ref"] for r in v["results"]) > 1000
+
+
+def test_error_in_a_quiet_channel_next_to_a_loud_one_fails(tmp_path: Path) -> None:
+    """0.25% off in one channel is caught although another channel is 1000x larger."""
+    src = _save(_loud_channel_model(), tmp_path / "m.onnx")
+    cand = _save(_loud_channel_model(quiet_gain=1.0025), tmp_path / "cand.onnx")
+    report = verify_models(src, cand)
+    assert not report.passed
+    assert all(r.max_abs > 1e-3 for r in report.results)
+
+
+def test_error_in_a_quiet_time_step_fails() -> None:
+    """The same for a slice along any other axis: one quiet time step among loud ones."""
+    from onnx_conv2matmul.verify import compare_arrays
+
+    ref = (RNG.standard_normal((1, 4, 50)) * 1000).astype(np.float32)
+    ref[:, :, 7] /= 1000
+    out = ref.copy()
+    out[:, :, 7] *= np.float32(1.0025)
+    assert compare_arrays(ref, ref.copy(), VerifyOptions(), length=50, name="y").passed
+    assert not compare_arrays(ref, out, VerifyOptions(), length=50, name="y").passed

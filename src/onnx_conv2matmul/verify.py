@@ -2,9 +2,15 @@
 
 Inputs are synthesised from each graph input's type and shape (see
 :func:`synthesise_inputs`); both sessions run with onnxruntime's graph
-optimizations off, so none of its fusions can hide a wrong rewrite. Differences
-are scaled by the reference output's magnitude, ``max(1, max|ref|)``, so deep
-models with large outputs are judged fairly; integer and bool outputs must match
+optimizations off, so none of its fusions can hide a wrong rewrite.
+
+Each float difference is divided by the magnitude of the quietest slice of the
+reference output that holds the element (see :func:`element_scales`): along every
+axis longer than 1, a slice's magnitude is ``max(1, max|ref|)`` over the slice. Deep
+models with large outputs are judged against their own magnitude, and a channel 1000x
+louder than the others does not hide an error confined to a quiet channel or time
+step. ``max_abs`` and ``mean_abs`` are taken over these scaled differences;
+``rel_err`` and ``cosine`` over the whole output. Integer and bool outputs must match
 exactly. NaN and Inf must sit at the same places with the same values in both
 models (NaN matches NaN, +Inf only +Inf); the finite rest is compared. Sessions are
 created from file paths and run one after the other, so external data is
@@ -56,7 +62,7 @@ class VerifyOptions:
         lengths: Each symbolic dim other than the batch takes these values in turn.
         batch: Value of the batch dim (the first symbolic dim of an input).
         seed: Seed of the random inputs.
-        max_abs: Largest allowed scaled absolute difference.
+        max_abs: Largest allowed scaled absolute difference (see :func:`element_scales`).
         mean_abs: Largest allowed mean scaled absolute difference.
         min_cosine: When set, the criterion is cosine similarity >= this (for
             quantized models), instead of the absolute thresholds.
@@ -155,7 +161,10 @@ class VerifyReport:
             "original": self.original,
             "candidate": self.candidate,
             "criterion": criterion,
-            "scaling": "differences divided by max(1, max|reference|) per output",
+            "scaling": (
+                "each difference divided by the smallest max(1, max|reference|) among the"
+                " slices of the output that hold it (one slice per index of every axis longer than 1)"
+            ),
             "options": self.options.to_dict(),
             "inputs": self.inputs,
             "results": [r.to_dict() for r in self.results],
@@ -352,6 +361,35 @@ def thresholds(dtype: np.dtype[Any], options: VerifyOptions) -> tuple[float, flo
     return max(options.max_abs, 4 * eps), max(options.mean_abs, 0.5 * eps)
 
 
+def element_scales(magnitude: np.ndarray) -> np.ndarray:
+    """What each element's difference is divided by: the magnitude of its quietest slice.
+
+    ``magnitude`` is ``|ref|`` with non-finite values set to 0. Along each axis of length
+    > 1, slice ``i`` (every element whose index on that axis is ``i``) has the scale
+    ``max(1, max magnitude in the slice)``; an element's scale is the smallest scale among
+    the slices that contain it (``max(1, max magnitude)`` when no axis is longer than 1).
+
+    So a difference is judged against the magnitude of the channel, time step or row it
+    lives in, whichever is quietest: a loud channel does not hide an error confined to a
+    quiet one, while a difference is never judged against less than the largest value of
+    a slice it belongs to, nor against less than 1.
+
+    Limit: an exact rewrite differs by rounding, about one machine epsilon of the terms
+    summed into an element. Where those terms are far larger than every value of the
+    element's quietest slice (heavy cancellation, e.g. a channel that a ReLU keeps near
+    zero although its inputs reach thousands), fp32 rounding can exceed the default
+    ``max_abs``; that happens once the terms are about 300x the slice's magnitude.
+    """
+    scale = np.full(magnitude.shape, max(1.0, float(magnitude.max(initial=0.0))))
+    for axis, size in enumerate(magnitude.shape):
+        if size < 2:
+            continue
+        others = tuple(a for a in range(magnitude.ndim) if a != axis)
+        per_slice = np.maximum(1.0, magnitude.max(axis=others, keepdims=True, initial=0.0))
+        np.minimum(scale, per_slice, out=scale)
+    return scale
+
+
 def _nonfinite_mismatches(ref: np.ndarray, out: np.ndarray) -> int:
     """How many elements are NaN or Inf in either array without being the same in both.
 
@@ -391,10 +429,10 @@ def compare_arrays(
     o = out.astype(np.float64)
     nonfinite_mismatches = _nonfinite_mismatches(r, o)
     mask = np.isfinite(r) & np.isfinite(o)
+    magnitude = np.where(np.isfinite(r), np.abs(r), 0.0)
     rf, of = r[mask], o[mask]
-    max_ref = float(np.abs(rf).max(initial=0.0))
-    scale = max(1.0, max_ref)
-    delta = np.abs(rf - of) / scale
+    max_ref = float(magnitude.max(initial=0.0))
+    delta = np.abs(rf - of) / element_scales(magnitude)[mask]
     max_abs = float(delta.max(initial=0.0))
     mean_abs = float(delta.mean()) if delta.size else 0.0
     norm_ref = float(np.linalg.norm(rf))
