@@ -519,3 +519,78 @@ def test_error_in_a_quiet_time_step_fails() -> None:
     out[:, :, 7] *= np.float32(1.0025)
     assert compare_arrays(ref, ref.copy(), VerifyOptions(), length=50, name="y").passed
     assert not compare_arrays(ref, out, VerifyOptions(), length=50, name="y").passed
+
+
+def _string_model(words: list[str]) -> onnx.ModelProto:
+    """x [N] float -> y = x, its text (Cast to string) and a constant string tensor."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("Identity", ["x"], ["y"]),
+            helper.make_node("Cast", ["x"], ["text"], to=TensorProto.STRING),
+            helper.make_node("Identity", ["words"], ["labels"]),
+        ],
+        "strings",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N"])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N"]),
+            helper.make_tensor_value_info("text", TensorProto.STRING, ["N"]),
+            helper.make_tensor_value_info("labels", TensorProto.STRING, [len(words)]),
+        ],
+        [helper.make_tensor("words", TensorProto.STRING, [len(words)], [w.encode() for w in words])],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_string_outputs_must_match_exactly(tmp_path: Path) -> None:
+    ref = _save(_string_model(["speech", "1"]), tmp_path / "ref.onnx")
+    report = verify_models(ref, ref, VerifyOptions(lengths=(8,)))
+    assert report.passed
+    assert [(r.output, r.dtype) for r in report.results] == [
+        ("y", "float32"),
+        ("text", "string"),
+        ("labels", "string"),
+    ]
+    # "1.0" is not "1", although both read as the same number.
+    cand = _save(_string_model(["speech", "1.0"]), tmp_path / "cand.onnx")
+    report = verify_models(ref, cand, VerifyOptions(lengths=(8,)))
+    assert [r.output for r in report.failures] == ["labels"]
+    failure = report.failures[0]
+    assert failure.mismatches == 1 and failure.max_abs == 1.0 and "exact" in failure.note
+
+
+def _sequence_model(gain: float = 1.0, split: list[int] | None = None) -> onnx.ModelProto:
+    """A pointwise conv, then SplitToSequence along the channels: a sequence output."""
+    model = conv_model(spatial=1, in_channels=6, out_channels=3)
+    init = next(t for t in model.graph.initializer if t.name == "W")
+    w = numpy_helper.to_array(init).copy()
+    w[2] *= np.float32(gain)
+    init.CopyFrom(numpy_helper.from_array(w, "W"))
+    graph = model.graph
+    inputs = ["y"]
+    if split is not None:
+        graph.initializer.append(numpy_helper.from_array(np.array(split, np.int64), "split"))
+        inputs.append("split")
+    graph.node.append(helper.make_node("SplitToSequence", inputs, ["parts"], axis=1))
+    graph.output.append(helper.make_tensor_sequence_value_info("parts", TensorProto.FLOAT, None))
+    return model
+
+
+def test_sequence_outputs_are_compared_element_by_element(tmp_path: Path) -> None:
+    src = _save(_sequence_model(), tmp_path / "m.onnx")
+    report = convert_file(src, tmp_path / "o.onnx", ALL, verify=VerifyOptions(lengths=(16, 33)))
+    v = report.verification
+    assert v is not None and v["passed"], v
+    parts = [r for r in v["results"] if r["output"] == "parts"]
+    assert [(r["dtype"], r["shape"]) for r in parts] == [("sequence(float32)", [3])] * 2
+    code, _, stderr = _invoke("verify", src, src, "--verify-lengths", "16")
+    assert code == 0 and "sequence of 3" in stderr
+    # 1% off in the last element only.
+    cand = _save(_sequence_model(gain=1.01), tmp_path / "cand.onnx")
+    report = verify_models(src, cand, VerifyOptions(lengths=(16,)))
+    assert {r.output for r in report.failures} == {"y", "parts"}
+    assert "element 2" in next(r.note for r in report.failures if r.output == "parts")
+    # A sequence of another length.
+    cand = _save(_sequence_model(split=[1, 2]), tmp_path / "two.onnx")
+    report = verify_models(src, cand, VerifyOptions(lengths=(16,)))
+    assert [r.output for r in report.failures] == ["parts"]
+    assert "2 elements" in report.failures[0].note and "reference 3" in report.failures[0].note

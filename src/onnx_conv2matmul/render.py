@@ -122,6 +122,14 @@ def _fmt(value: float | None) -> str:
     return f"{value:.3g}"
 
 
+def _shape_text(result: dict[str, Any]) -> str:
+    """A tensor's shape as 2x3x5; a sequence output as its number of tensors."""
+    if result["dtype"].startswith("sequence"):
+        count = result["shape"][0] if result["shape"] else "?"
+        return f"sequence of {count}"
+    return "x".join(map(str, result["shape"]))
+
+
 def verification_table(verification: dict[str, Any], *, cosine: bool = False) -> Table:
     criterion = verification["criterion"]
     if criterion.get("min_cosine") == REPORT_ONLY_COSINE:
@@ -145,7 +153,7 @@ def verification_table(verification: dict[str, Any], *, cosine: bool = False) ->
         row = [
             str(r["length"]),
             r["output"],
-            "x".join(map(str, r["shape"])),
+            _shape_text(r),
             _fmt(r["max_ref"]),
             _fmt(r["max_abs"]),
             _fmt(r["mean_abs"]),

@@ -10,10 +10,13 @@ axis longer than 1, a slice's magnitude is ``max(1, max|ref|)`` over the slice. 
 models with large outputs are judged against their own magnitude, and a channel 1000x
 louder than the others does not hide an error confined to a quiet channel or time
 step. ``max_abs`` and ``mean_abs`` are taken over these scaled differences;
-``rel_err`` and ``cosine`` over the whole output. Integer and bool outputs must match
-exactly. NaN and Inf must sit at the same places with the same values in both
-models (NaN matches NaN, +Inf only +Inf); the finite rest is compared. Sessions are
-created from file paths and run one after the other, so external data is
+``rel_err`` and ``cosine`` over the whole output. NaN and Inf must sit at the same
+places with the same values in both models (NaN matches NaN, +Inf only +Inf); the
+finite rest is compared. Integer, bool and string outputs must match exactly (strings
+as text). A sequence output must hold as many tensors as the reference's, each
+passing by these rules on its own.
+
+Sessions are created from file paths and run one after the other, so external data is
 memory-mapped by onnxruntime and only one model is loaded at a time.
 """
 
@@ -294,7 +297,7 @@ def synthesise_inputs(
 
 def _run_all(
     path: str, label: str, options: VerifyOptions, specs: list[_InputSpec] | None = None
-) -> tuple[list[_InputSpec], list[str], dict[int, list[np.ndarray]], dict[str, str]]:
+) -> tuple[list[_InputSpec], list[str], dict[int, list[Any]], dict[str, str]]:
     try:
         session = _session(path, options)
     except Exception as err:
@@ -309,7 +312,7 @@ def _run_all(
     for index in options.output_indices or ():
         if not 0 <= index < len(names):
             raise InputError(f"output index {index} out of range: the model has {len(names)} outputs")
-    outputs: dict[int, list[np.ndarray]] = {}
+    outputs: dict[int, list[Any]] = {}
     how: dict[str, str] = {}
     for length in options.lengths:
         feeds, how = synthesise_inputs(use, length, options)
@@ -401,73 +404,241 @@ def _nonfinite_mismatches(ref: np.ndarray, out: np.ndarray) -> int:
     return int(np.count_nonzero(odd & ~same))
 
 
-def compare_arrays(
-    ref: np.ndarray, out: np.ndarray, options: VerifyOptions, *, length: int, name: str
-) -> OutputComparison:
-    """Compare one output; the criterion depends on the options and the dtype."""
+@dataclasses.dataclass
+class _Tally:
+    """Sums and maxima over the compared elements of one tensor; a sequence adds its tensors'.
+
+    ``diff`` is the scaled absolute difference for floats (see :func:`element_scales`),
+    ``|ref - out|`` for numbers that must match exactly, and 0 or 1 for strings.
+    ``mismatches`` counts elements that differ where an exact match is required: every
+    element of an exact type, the NaN/Inf of a float type.
+    """
+
+    exact: bool
+    count: int = 0
+    max_diff: float = 0.0
+    sum_diff: float = 0.0
+    ref_sq: float = 0.0
+    out_sq: float = 0.0
+    diff_sq: float = 0.0
+    dot: float = 0.0
+    max_ref: float = 0.0
+    mismatches: int = 0
+
+    def add(self, other: _Tally) -> None:
+        self.count += other.count
+        self.max_diff = max(self.max_diff, other.max_diff)
+        self.sum_diff += other.sum_diff
+        self.ref_sq += other.ref_sq
+        self.out_sq += other.out_sq
+        self.diff_sq += other.diff_sq
+        self.dot += other.dot
+        self.max_ref = max(self.max_ref, other.max_ref)
+        self.mismatches += other.mismatches
+
+
+def _float_tally(ref: np.ndarray, out: np.ndarray) -> _Tally:
+    """Scaled differences over the places finite in both; NaN/Inf that differ are mismatches."""
+    r = ref.astype(np.float64)
+    o = out.astype(np.float64)
+    finite_ref = np.isfinite(r)
+    both = finite_ref & np.isfinite(o)
+    magnitude = np.where(finite_ref, np.abs(r), 0.0)
+    rf, of = r[both], o[both]
+    diff = rf - of
+    scaled = np.abs(diff) / element_scales(magnitude)[both]
+    return _Tally(
+        exact=False,
+        count=int(scaled.size),
+        max_diff=float(scaled.max(initial=0.0)),
+        sum_diff=float(scaled.sum()),
+        ref_sq=float(np.dot(rf, rf)),
+        out_sq=float(np.dot(of, of)),
+        diff_sq=float(np.dot(diff, diff)),
+        dot=float(np.dot(rf, of)),
+        max_ref=float(magnitude.max(initial=0.0)),
+        mismatches=_nonfinite_mismatches(r, o),
+    )
+
+
+def _exact_tally(ref: np.ndarray, out: np.ndarray) -> _Tally:
+    """Element-wise equality; strings are compared as text, never as numbers."""
+    differ = np.asarray(ref != out, dtype=bool)
+    if ref.dtype == object:
+        diff = differ.astype(np.float64)
+    else:
+        diff = np.abs(ref.astype(np.float64) - out.astype(np.float64))
+    return _Tally(
+        exact=True,
+        count=int(diff.size),
+        max_diff=float(diff.max(initial=0.0)),
+        sum_diff=float(diff.sum()),
+        mismatches=int(np.count_nonzero(differ)),
+    )
+
+
+def _type_name(array: np.ndarray) -> str:
+    """The element type as reported: onnxruntime gives string tensors as object arrays."""
+    return "string" if array.dtype == object else str(array.dtype)
+
+
+def _tensor_problem(ref: Any, out: Any) -> str | None:
+    """Why two values cannot be compared element-wise, or None when they can."""
+    if not isinstance(ref, np.ndarray) or not isinstance(out, np.ndarray):
+        return f"cannot compare a {type(ref).__name__} with a {type(out).__name__}"
     if ref.shape != out.shape or ref.dtype != out.dtype:
-        note = f"candidate gives {out.dtype}{list(out.shape)}, reference {ref.dtype}{list(ref.shape)}"
-        return OutputComparison.failure(length, name, note, str(ref.dtype), list(ref.shape))
-    if not np.issubdtype(ref.dtype, np.floating):
-        mismatches = int(np.count_nonzero(ref != out))
-        diff = float(np.abs(ref.astype(np.float64) - out.astype(np.float64)).max(initial=0.0))
+        given = f"{_type_name(out)}{list(out.shape)}"
+        return f"candidate gives {given}, reference {_type_name(ref)}{list(ref.shape)}"
+    return None
+
+
+def _tally(ref: np.ndarray, out: np.ndarray) -> _Tally:
+    if np.issubdtype(ref.dtype, np.floating):
+        return _float_tally(ref, out)
+    return _exact_tally(ref, out)
+
+
+def _comparison(
+    tally: _Tally,
+    dtype: np.dtype[Any],
+    options: VerifyOptions,
+    *,
+    length: int,
+    name: str,
+    type_name: str,
+    shape: list[int],
+) -> OutputComparison:
+    """The numbers and the verdict for one tensor (or a sequence's tensors together).
+
+    Floats: ``rel_err`` is ``|ref - out| / |ref|`` and ``cosine`` the cosine similarity,
+    both over the places finite in both. Exact types: ``rel_err`` is the share of
+    elements that differ and ``cosine`` is None.
+    """
+    mean_abs = tally.sum_diff / tally.count if tally.count else 0.0
+    if tally.exact:
+        rel_err = tally.mismatches / tally.count if tally.count else 0.0
+        passed = tally.mismatches == 0
+        note = "" if passed else f"{tally.mismatches} elements differ (exact match required)"
         return OutputComparison(
             length,
             name,
-            str(ref.dtype),
-            list(ref.shape),
-            diff,
-            diff if mismatches else 0.0,
-            0.0 if mismatches == 0 else 1.0,
+            type_name,
+            shape,
+            tally.max_diff,
+            mean_abs,
+            rel_err,
             None,
             0.0,
-            mismatches,
-            mismatches == 0,
-            note="" if mismatches == 0 else f"{mismatches} elements differ (exact match required)",
+            tally.mismatches,
+            passed,
+            note,
         )
-    r = ref.astype(np.float64)
-    o = out.astype(np.float64)
-    nonfinite_mismatches = _nonfinite_mismatches(r, o)
-    mask = np.isfinite(r) & np.isfinite(o)
-    magnitude = np.where(np.isfinite(r), np.abs(r), 0.0)
-    rf, of = r[mask], o[mask]
-    max_ref = float(magnitude.max(initial=0.0))
-    delta = np.abs(rf - of) / element_scales(magnitude)[mask]
-    max_abs = float(delta.max(initial=0.0))
-    mean_abs = float(delta.mean()) if delta.size else 0.0
-    norm_ref = float(np.linalg.norm(rf))
-    norm_diff = float(np.linalg.norm(rf - of))
+    norm_ref, norm_out, norm_diff = (float(np.sqrt(v)) for v in (tally.ref_sq, tally.out_sq, tally.diff_sq))
     rel_err = norm_diff / norm_ref if norm_ref > 0 else (0.0 if norm_diff == 0 else float("inf"))
-    norm_out = float(np.linalg.norm(of))
     if norm_ref > 0 and norm_out > 0:
-        cosine: float | None = float(np.dot(rf, of) / (norm_ref * norm_out))
+        cosine = tally.dot / (norm_ref * norm_out)
     else:
         cosine = 1.0 if norm_ref == norm_out else 0.0
     note = ""
-    if nonfinite_mismatches:
+    if tally.mismatches:
         passed = False
-        note = f"{nonfinite_mismatches} elements are NaN/Inf in one model and not the same in the other"
+        note = f"{tally.mismatches} elements are NaN/Inf in one model and not the same in the other"
     elif options.min_cosine is not None:
-        passed = cosine is not None and cosine >= options.min_cosine
+        passed = cosine >= options.min_cosine
     else:
-        max_limit, mean_limit = thresholds(ref.dtype, options)
-        passed = max_abs <= max_limit and mean_abs <= mean_limit
+        max_limit, mean_limit = thresholds(dtype, options)
+        passed = tally.max_diff <= max_limit and mean_abs <= mean_limit
         if not passed:
-            note = f"above the limits for {ref.dtype}: max_abs {max_limit:.3g}, mean_abs {mean_limit:.3g}"
+            note = f"above the limits for {dtype}: max_abs {max_limit:.3g}, mean_abs {mean_limit:.3g}"
     return OutputComparison(
         length,
         name,
-        str(ref.dtype),
-        list(ref.shape),
-        max_abs,
+        type_name,
+        shape,
+        tally.max_diff,
         mean_abs,
         rel_err,
         cosine,
-        max_ref,
-        nonfinite_mismatches,
+        tally.max_ref,
+        tally.mismatches,
         passed,
         note,
     )
+
+
+def compare_arrays(
+    ref: np.ndarray, out: np.ndarray, options: VerifyOptions, *, length: int, name: str
+) -> OutputComparison:
+    """Compare one tensor output: floats by the options' criterion, other types exactly.
+
+    A shape or type difference fails.
+    """
+    problem = _tensor_problem(ref, out)
+    if problem is not None:
+        return OutputComparison.failure(length, name, problem, _type_name(ref), list(ref.shape))
+    return _comparison(
+        _tally(ref, out),
+        ref.dtype,
+        options,
+        length=length,
+        name=name,
+        type_name=_type_name(ref),
+        shape=list(ref.shape),
+    )
+
+
+def compare_sequences(
+    ref: list[Any], out: list[Any], options: VerifyOptions, *, length: int, name: str
+) -> OutputComparison:
+    """Compare a sequence output: the same number of tensors, each passing on its own.
+
+    The row reports ``sequence(<type>)`` with the shape ``[number of tensors]``; its
+    numbers are taken over every tensor together, and the note names the first
+    tensor that fails.
+    """
+    kind = f"sequence({_type_name(ref[0])})" if ref and isinstance(ref[0], np.ndarray) else "sequence"
+    if len(ref) != len(out):
+        note = f"candidate sequence has {len(out)} elements, reference {len(ref)}"
+        return OutputComparison.failure(length, name, note, kind, [len(ref)])
+    for index, (r, o) in enumerate(zip(ref, out, strict=True)):
+        problem = _tensor_problem(r, o)
+        if problem is not None:
+            return OutputComparison.failure(length, name, f"element {index}: {problem}", kind, [len(ref)])
+    dtype = ref[0].dtype if ref else np.dtype(np.bool_)
+    total = _Tally(exact=not np.issubdtype(dtype, np.floating))
+    first_failure = ""
+    for index, (r, o) in enumerate(zip(ref, out, strict=True)):
+        tally = _tally(r, o)
+        total.add(tally)
+        part = _comparison(tally, dtype, options, length=length, name=name, type_name=kind, shape=[])
+        if not part.passed and not first_failure:
+            first_failure = f"element {index}: {part.note}"
+    row = _comparison(total, dtype, options, length=length, name=name, type_name=kind, shape=[len(ref)])
+    row.passed = not first_failure
+    row.note = first_failure
+    return row
+
+
+def compare_outputs(
+    ref: Any, out: Any, options: VerifyOptions, *, length: int, name: str
+) -> OutputComparison:
+    """Compare one output of both models: a tensor, or a sequence of tensors (a list)."""
+    if isinstance(ref, list) and isinstance(out, list):
+        return compare_sequences(ref, out, options, length=length, name=name)
+    if isinstance(ref, np.ndarray) and isinstance(out, np.ndarray):
+        return compare_arrays(ref, out, options, length=length, name=name)
+    ref_kind, out_kind = _value_kind(ref), _value_kind(out)
+    if ref_kind == out_kind:
+        note = f"cannot compare outputs of type {ref_kind} (tensors and sequences of tensors only)"
+    else:
+        note = f"candidate gives a {out_kind}, reference a {ref_kind}"
+    return OutputComparison.failure(length, name, note, ref_kind)
+
+
+def _value_kind(value: Any) -> str:
+    if isinstance(value, np.ndarray):
+        return "tensor"
+    return "sequence" if isinstance(value, list) else type(value).__name__
 
 
 def verify_models(original: str, candidate: str, options: VerifyOptions | None = None) -> VerifyReport:
@@ -496,7 +667,7 @@ def verify_models(original: str, candidate: str, options: VerifyOptions | None =
     for length in options.lengths:
         for index in indices:
             report.results.append(
-                compare_arrays(
+                compare_outputs(
                     ref_outputs[length][index],
                     cand_outputs[length][index],
                     options,
