@@ -594,3 +594,32 @@ def test_sequence_outputs_are_compared_element_by_element(tmp_path: Path) -> Non
     report = verify_models(src, cand, VerifyOptions(lengths=(16,)))
     assert [r.output for r in report.failures] == ["parts"]
     assert "2 elements" in report.failures[0].note and "reference 3" in report.failures[0].note
+
+
+def test_unknown_input_and_dim_names_are_refused(tmp_path: Path) -> None:
+    """A misspelt name would leave the input random (e.g. the wrong If branch checked)."""
+    from onnx_conv2matmul.errors import InputError
+
+    src = _save(_vad_model(), tmp_path / "vad.onnx")
+    with pytest.raises(InputError, match=r"'SR'.*audio, state, sr"):
+        verify_models(src, src, VerifyOptions(inputs={"SR": 16000}, lengths=(64,)))
+    with pytest.raises(InputError, match=r"'sample'.*batch, samples"):
+        verify_models(src, src, VerifyOptions(dims={"sample": 50}, lengths=(64,)))
+    with pytest.raises(InputError, match=r"'audio_len'.*audio, state, sr"):
+        verify_models(src, src, VerifyOptions(length_input="audio_len", lengths=(64,)))
+    assert verify_models(src, src, VerifyOptions(inputs={"sr": 8000}, dims={"samples": 50})).passed
+
+
+def test_cli_refuses_unknown_input_and_dim_names(tmp_path: Path) -> None:
+    src = _save(_vad_model(), tmp_path / "vad.onnx")
+    out = tmp_path / "o.onnx"
+    for args, names in (
+        (["--verify-input", "sR=16000"], "audio, state, sr"),
+        (["--verify-dim", "T=64"], "batch, samples"),
+    ):
+        code, _, stderr = _invoke(src, str(out), "--extended-conv1x1", "--verify", *args)
+        assert code == 2, stderr
+        assert len(stderr.strip().splitlines()) == 1 and names in stderr, stderr
+        assert not out.exists()
+        code, _, stderr = _invoke("verify", src, src, *args)
+        assert code == 2 and len(stderr.strip().splitlines()) == 1 and names in stderr, stderr

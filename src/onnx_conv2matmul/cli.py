@@ -65,7 +65,9 @@ def _errors() -> Iterator[None]:
         yield
     except click.ClickException as err:
         _fail(err.format_message(), EXIT_USAGE)
-    except (InputError, ModelRunError) as err:
+    except ModelRunError as err:
+        _fail(f"{err} (--verify-input, --verify-dim, --verify-lengths)", EXIT_USAGE)
+    except InputError as err:
         _fail(str(err), EXIT_USAGE)
     except CheckerError as err:
         _fail(str(err), EXIT_FAILED)

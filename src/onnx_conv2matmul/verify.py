@@ -308,6 +308,7 @@ def _run_all(
             f"the two models have different inputs: {_signature(specs)} vs {_signature(own_specs)}"
         )
     use = specs or own_specs
+    check_names(use, options)
     names = [o.name for o in session.get_outputs()]
     for index in options.output_indices or ():
         if not 0 <= index < len(names):
@@ -322,11 +323,51 @@ def _run_all(
             shapes = ", ".join(f"{k}{list(v.shape)}" for k, v in feeds.items())
             raise ModelRunError(
                 f"onnxruntime cannot run the {label} model at length {length} ({shapes}):"
-                f" {_first_line(err)}; fix the inputs with --verify-input / --verify-dim / --verify-lengths"
+                f" {_first_line(err)}; fix input values, dim values or lengths for this model"
             ) from err
     del session
     gc.collect()
     return use, names, outputs, how
+
+
+def _symbolic_dims(specs: Sequence[_InputSpec]) -> list[str]:
+    """The named symbolic dims of the inputs, in order of first appearance."""
+    names: dict[str, None] = {}
+    for spec in specs:
+        names.update((dim, None) for dim in spec.shape if isinstance(dim, str))
+    return list(names)
+
+
+def check_names(specs: Sequence[_InputSpec], options: VerifyOptions) -> None:
+    """Refuse option names that match no input or symbolic dim of the model.
+
+    A misspelt name would otherwise be ignored and the input synthesised as usual,
+    checking something other than what was asked for (e.g. the other branch of an If).
+
+    Raises:
+        InputError: one line naming every unknown name and the names that exist.
+    """
+    inputs = [spec.name for spec in specs]
+    dims = _symbolic_dims(specs)
+    known_inputs = f"(the model's inputs: {', '.join(inputs) or 'none'})"
+    known_dims = f"(the inputs' symbolic dims: {', '.join(dims) or 'none'})"
+    problems = []
+    unknown = [name for name in options.inputs if name not in inputs]
+    if unknown:
+        problems.append(f"unknown {_named('input', unknown)} {known_inputs}")
+    unknown = [name for name in options.dims if name not in dims]
+    if unknown:
+        problems.append(f"unknown {_named('dim', unknown)} {known_dims}")
+    for role, name in (("signal", options.signal_input), ("length", options.length_input)):
+        if name is not None and name not in inputs:
+            problems.append(f"unknown {role} input {name!r} {known_inputs}")
+    if problems:
+        raise InputError("; ".join(problems))
+
+
+def _named(noun: str, names: Sequence[str]) -> str:
+    """``input 'a'`` or ``inputs 'a', 'b'``."""
+    return f"{noun}{'s' if len(names) > 1 else ''} {', '.join(repr(name) for name in names)}"
 
 
 def _signature(specs: Sequence[_InputSpec]) -> str:
