@@ -623,3 +623,88 @@ def test_cli_refuses_unknown_input_and_dim_names(tmp_path: Path) -> None:
         assert not out.exists()
         code, _, stderr = _invoke("verify", src, src, *args)
         assert code == 2 and len(stderr.strip().splitlines()) == 1 and names in stderr, stderr
+
+
+def _detector_model(levels: int = 5) -> onnx.ModelProto:
+    """A YOLO-like net on images [N, 3, H, W]: ``levels`` stride-2 3x3 convs, a pointwise
+    lateral conv on the deepest features, Resize x2, Concat with the features one level up,
+    a pointwise head. H and W must be multiples of 2**levels for the Concat to fit."""
+    rng = np.random.default_rng(11)
+    nodes, inits = [], []
+    h, channels = "images", 3
+    for i in range(levels):
+        out = 8 * (i // 2 + 1)
+        w = (rng.standard_normal((out, channels, 3, 3)) / np.sqrt(9 * channels)).astype(np.float32)
+        inits.append(numpy_helper.from_array(w, f"down{i}_w"))
+        nodes.append(
+            helper.make_node("Conv", [h, f"down{i}_w"], [f"down{i}"], strides=[2, 2], pads=[1, 1, 1, 1])
+        )
+        nodes.append(helper.make_node("Relu", [f"down{i}"], [f"act{i}"]))
+        h, channels = f"act{i}", out
+    skip, skip_channels = f"act{levels - 2}", 8 * ((levels - 2) // 2 + 1)
+    inits += [
+        numpy_helper.from_array(rng.standard_normal((8, channels, 1, 1)).astype(np.float32), "lateral_w"),
+        numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales"),
+        numpy_helper.from_array(
+            rng.standard_normal((6, 8 + skip_channels, 1, 1)).astype(np.float32), "head_w"
+        ),
+        numpy_helper.from_array(rng.standard_normal(6).astype(np.float32), "head_b"),
+    ]
+    nodes += [
+        helper.make_node("Conv", [h, "lateral_w"], ["lateral"], name="lateral"),
+        helper.make_node("Resize", ["lateral", "", "scales"], ["up"], mode="nearest"),
+        helper.make_node("Concat", ["up", skip], ["merged"], axis=1),
+        helper.make_node("Conv", ["merged", "head_w", "head_b"], ["preds"], name="head"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "detector",
+        [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["N", 3, "H", "W"])],
+        [helper.make_tensor_value_info("preds", TensorProto.FLOAT, ["N", 6, "h", "w"])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_detector_verifies_with_default_options(tmp_path: Path) -> None:
+    """Image inputs take sizes that are multiples of 32 by default (80 does not fit stride 32)."""
+    src = _save(_detector_model(), tmp_path / "det.onnx")
+    report = convert_file(src, tmp_path / "o.onnx", ALL, verify=VerifyOptions())
+    v = report.verification
+    assert v is not None and v["passed"], v
+    assert len(report.converted) == 2
+    assert v["lengths"]["used"] == [64, 96, 128, 160] and v["lengths"]["not_run"] == []
+    assert "multiples of 32" in v["lengths"]["rule"]
+    assert [r["shape"] for r in v["results"]] == [[1, 6, n // 16, n // 16] for n in (64, 96, 128, 160)]
+    code, _, stderr = _invoke(src, str(tmp_path / "cli.onnx"), "--allow-added-transposes", "--verify")
+    assert code == 0 and "Verification PASSED" in stderr, stderr
+    assert "Lengths: 64, 96, 128, 160 (default for image inputs: multiples of 32" in stderr
+    code, _, stderr = _invoke("quantize", src, str(tmp_path / "q.onnx"))
+    assert code == 0 and (tmp_path / "q.onnx").exists(), stderr
+
+
+def test_lengths_the_original_cannot_run_are_replaced(tmp_path: Path) -> None:
+    """A stride-64 net fits 64 and 128 but not 96 or 160: spare sizes take their place."""
+    src = _save(_detector_model(levels=6), tmp_path / "det.onnx")
+    report = verify_models(src, src)
+    assert report.passed
+    data = report.to_dict()["lengths"]
+    assert data["used"] == [64, 128, 192, 256]
+    assert [entry["length"] for entry in data["not_run"]] == [96, 160]
+    assert all("Concat" in entry["error"] for entry in data["not_run"]), data
+    assert sorted({r.length for r in report.results}) == [64, 128, 192, 256]
+    # Lengths given by the user are used as given: no spares.
+    from onnx_conv2matmul.verify import ModelRunError
+
+    with pytest.raises(ModelRunError, match="at length 96"):
+        verify_models(src, src, VerifyOptions(lengths=(64, 96)))
+
+
+def test_sequence_inputs_keep_the_default_lengths(tmp_path: Path) -> None:
+    from onnx_conv2matmul.verify import DEFAULT_LENGTHS
+
+    src = _save(conv_model(spatial=1), tmp_path / "m.onnx")
+    lengths = verify_models(src, src).to_dict()["lengths"]
+    assert lengths["used"] == list(DEFAULT_LENGTHS) and lengths["rule"].startswith("default")
+    given = verify_models(src, src, VerifyOptions(lengths=(7, 5))).to_dict()["lengths"]
+    assert given == {"used": [7, 5], "rule": "given", "not_run": []}

@@ -2,7 +2,12 @@
 
 Inputs are synthesised from each graph input's type and shape (see
 :func:`synthesise_inputs`); both sessions run with onnxruntime's graph
-optimizations off, so none of its fusions can hide a wrong rewrite.
+optimizations off, so none of its fusions can hide a wrong rewrite. Each symbolic
+dim other than the batch takes a series of lengths in turn (see :func:`plan_lengths`):
+the given ones, or by default :data:`DEFAULT_LENGTHS`, or :data:`IMAGE_LENGTHS`
+(multiples of 32) when an input has a symbolic height and width; a default length the
+original model cannot run at is replaced by a spare one, and the report says which
+lengths were used.
 
 Each float difference is divided by the magnitude of the quietest slice of the
 reference output that holds the element (see :func:`element_scales`): along every
@@ -33,6 +38,14 @@ import numpy as np
 from onnx_conv2matmul.errors import Conv2MatMulError, InputError
 
 DEFAULT_LENGTHS = (64, 80, 97, 128, 191)
+# Image inputs: multiples of 32, the stride of the deepest features of most image networks
+# (detectors join them, upsampled, to shallower ones); 96 and 160 are odd multiples of 32,
+# the counterpart of the odd sequence lengths.
+IMAGE_LENGTHS = (64, 96, 128, 160)
+# Tried in turn when the original cannot run at a default length (networks of stride 64
+# or 128, or sequence models that need even or aligned lengths).
+IMAGE_SPARE_LENGTHS = (192, 256, 384, 512)
+SPARE_LENGTHS = (96, 160, 192, 256, 512)
 DEFAULT_MAX_ABS = 3e-5
 DEFAULT_MEAN_ABS = 2e-6
 # Quantizing is lossy: without --min-cosine the quantize command measures and reports only.
@@ -62,7 +75,9 @@ class VerifyOptions:
     """How inputs are synthesised and outputs judged.
 
     Attributes:
-        lengths: Each symbolic dim other than the batch takes these values in turn.
+        lengths: Each symbolic dim other than the batch takes these values in turn. None:
+            chosen from the model's inputs, with spares for lengths the original model
+            cannot run at (see :func:`plan_lengths`).
         batch: Value of the batch dim (the first symbolic dim of an input).
         seed: Seed of the random inputs.
         max_abs: Largest allowed scaled absolute difference (see :func:`element_scales`).
@@ -78,7 +93,7 @@ class VerifyOptions:
         deterministic: One thread, sequential execution, deterministic compute.
     """
 
-    lengths: tuple[int, ...] = DEFAULT_LENGTHS
+    lengths: tuple[int, ...] | None = None
     batch: int = 1
     seed: int = 0
     max_abs: float = DEFAULT_MAX_ABS
@@ -92,7 +107,7 @@ class VerifyOptions:
     deterministic: bool = False
 
     def __post_init__(self) -> None:
-        if not self.lengths or any(n < 1 for n in self.lengths):
+        if self.lengths is not None and (not self.lengths or any(n < 1 for n in self.lengths)):
             raise ValueError("verify lengths must be positive integers")
         if self.batch < 1:
             raise ValueError("verify batch must be >= 1")
@@ -140,6 +155,9 @@ class VerifyReport:
     options: VerifyOptions
     inputs: dict[str, str] = dataclasses.field(default_factory=dict)
     results: list[OutputComparison] = dataclasses.field(default_factory=list)
+    lengths: list[int] = dataclasses.field(default_factory=list)
+    lengths_rule: str = ""
+    lengths_not_run: list[tuple[int, str]] = dataclasses.field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -170,6 +188,11 @@ class VerifyReport:
             ),
             "options": self.options.to_dict(),
             "inputs": self.inputs,
+            "lengths": {
+                "used": self.lengths,
+                "rule": self.lengths_rule,
+                "not_run": [{"length": n, "error": error} for n, error in self.lengths_not_run],
+            },
             "results": [r.to_dict() for r in self.results],
             "failures": [
                 {
@@ -216,8 +239,9 @@ def _specs(session: Any) -> list[_InputSpec]:
     return specs
 
 
-def _resolve_dims(spec: _InputSpec, length: int, options: VerifyOptions, batch_names: set[str]) -> list[int]:
-    dims: list[int] = []
+def _dim_plan(spec: _InputSpec, options: VerifyOptions, batch_names: set[str]) -> list[int | None]:
+    """Each dim's value; None for the dims that take the length."""
+    dims: list[int | None] = []
     seen_batch = False
     for dim in spec.shape:
         if isinstance(dim, int) and dim > 0:
@@ -228,15 +252,19 @@ def _resolve_dims(spec: _InputSpec, length: int, options: VerifyOptions, batch_n
             # A rank-1 input is per batch row (lengths) only when its dim is a batch dim of
             # another input, or, unnamed, when it holds integers; otherwise it is a signal.
             per_row = name in batch_names if name is not None else np.issubdtype(spec.dtype, np.integer)
-            dims.append(options.batch if per_row else length)
+            dims.append(options.batch if per_row else None)
         elif name is not None and name in options.dims:
             dims.append(options.dims[name])
         elif (name is not None and name in batch_names) or not seen_batch:
             dims.append(options.batch)
         else:
-            dims.append(length)
+            dims.append(None)
         seen_batch = True
     return dims
+
+
+def _resolve_dims(spec: _InputSpec, length: int, options: VerifyOptions, batch_names: set[str]) -> list[int]:
+    return [length if dim is None else dim for dim in _dim_plan(spec, options, batch_names)]
 
 
 def _batch_names(specs: Sequence[_InputSpec]) -> set[str]:
@@ -295,9 +323,54 @@ def synthesise_inputs(
     return feeds, how
 
 
-def _run_all(
+@dataclasses.dataclass(frozen=True)
+class LengthPlan:
+    """The lengths a verification runs at.
+
+    Attributes:
+        wanted: The lengths to run at.
+        spares: Tried in order, one for each wanted length the original model cannot run
+            at; empty when the options give the lengths, which are then used as given.
+        rule: How the lengths were chosen, for the report.
+    """
+
+    wanted: tuple[int, ...]
+    spares: tuple[int, ...]
+    rule: str
+
+
+def plan_lengths(specs: Sequence[_InputSpec], options: VerifyOptions) -> LengthPlan:
+    """The options' lengths, or defaults that suit the model's inputs.
+
+    An input of rank 4 or more with two or more dims that take the length (an image:
+    height and width, NCHW or NHWC) gets :data:`IMAGE_LENGTHS`, multiples of 32, so that
+    a network of stride 32 whose upsampled features are joined to shallower ones can run;
+    any other model (sequences: [B, C, T] and the like) gets :data:`DEFAULT_LENGTHS`,
+    odd ones included. Default lengths come with spares; given ones are used as given.
+    """
+    if options.lengths is not None:
+        return LengthPlan(options.lengths, (), "given")
+    image = _image_input(specs, options)
+    if image is not None:
+        rule = f"default for image inputs: multiples of 32, as {image!r} has a symbolic height and width"
+        return LengthPlan(IMAGE_LENGTHS, IMAGE_SPARE_LENGTHS, rule)
+    return LengthPlan(DEFAULT_LENGTHS, SPARE_LENGTHS, "default")
+
+
+def _image_input(specs: Sequence[_InputSpec], options: VerifyOptions) -> str | None:
+    """The first input of rank >= 4 with two or more dims that take the length, if any."""
+    batch_names = _batch_names(specs)
+    for spec in specs:
+        if len(spec.shape) >= 4 and _dim_plan(spec, options, batch_names).count(None) >= 2:
+            return spec.name
+    return None
+
+
+def _open(
     path: str, label: str, options: VerifyOptions, specs: list[_InputSpec] | None = None
-) -> tuple[list[_InputSpec], list[str], dict[int, list[Any]], dict[str, str]]:
+) -> tuple[Any, list[_InputSpec], list[str]]:
+    """A session, the inputs (``specs`` when given: the other model's, checked to match) and
+    the output names; the options' names and output indices are checked against them."""
     try:
         session = _session(path, options)
     except Exception as err:
@@ -313,21 +386,60 @@ def _run_all(
     for index in options.output_indices or ():
         if not 0 <= index < len(names):
             raise InputError(f"output index {index} out of range: the model has {len(names)} outputs")
+    return session, use, names
+
+
+def _run_at(session: Any, specs: list[_InputSpec], length: int, options: VerifyOptions, label: str) -> Any:
+    """The outputs at one length; ModelRunError when onnxruntime cannot run the model."""
+    import onnxruntime as ort
+
+    feeds, _ = synthesise_inputs(specs, length, options)
+    quiet = ort.RunOptions()
+    quiet.log_severity_level = 4  # a failure is raised with its message; not logged as well
+    try:
+        return session.run(None, feeds, quiet)
+    except Exception as err:
+        shapes = ", ".join(f"{k}{list(v.shape)}" for k, v in feeds.items())
+        raise ModelRunError(
+            f"onnxruntime cannot run the {label} model at length {length} ({shapes}): {_first_line(err)}"
+        ) from err
+
+
+def _run_original(
+    session: Any, specs: list[_InputSpec], options: VerifyOptions, plan: LengthPlan
+) -> tuple[dict[int, list[Any]], list[tuple[int, str]]]:
+    """The original's outputs by length, and the lengths it could not run at (with why).
+
+    Each wanted length the model cannot run at is replaced by the next spare it runs at.
+
+    Raises:
+        ModelRunError: a given length cannot be run, or no length at all.
+    """
     outputs: dict[int, list[Any]] = {}
-    how: dict[str, str] = {}
-    for length in options.lengths:
-        feeds, how = synthesise_inputs(use, length, options)
+    not_run: list[tuple[int, str]] = []
+    first_error: ModelRunError | None = None
+    for length in _candidates(plan):
+        if len(outputs) == len(plan.wanted):
+            break
         try:
-            outputs[length] = session.run(None, feeds)
-        except Exception as err:
-            shapes = ", ".join(f"{k}{list(v.shape)}" for k, v in feeds.items())
-            raise ModelRunError(
-                f"onnxruntime cannot run the {label} model at length {length} ({shapes}):"
-                f" {_first_line(err)}; fix input values, dim values or lengths for this model"
-            ) from err
-    del session
-    gc.collect()
-    return use, names, outputs, how
+            outputs[length] = _run_at(session, specs, length, options, "original")
+        except ModelRunError as err:
+            if not plan.spares:
+                raise ModelRunError(f"{err}; fix input values, dim values or lengths") from err
+            first_error = first_error or err
+            not_run.append((length, _first_line(err.__cause__ or err)))
+    if not outputs:
+        tried = ", ".join(str(n) for n, _ in not_run)
+        raise ModelRunError(
+            f"{first_error}; it fails at every length tried ({tried}):"
+            " fix input values, dim values or lengths"
+        ) from first_error
+    return outputs, not_run
+
+
+def _candidates(plan: LengthPlan) -> list[int]:
+    """The wanted lengths, then the spares that are not among them."""
+    return list(plan.wanted) + [n for n in plan.spares if n not in plan.wanted]
 
 
 def _symbolic_dims(specs: Sequence[_InputSpec]) -> list[str]:
@@ -685,27 +797,27 @@ def _value_kind(value: Any) -> str:
 def verify_models(original: str, candidate: str, options: VerifyOptions | None = None) -> VerifyReport:
     """Run both models on the same synthesised inputs and compare their outputs.
 
+    The candidate runs at the lengths the original ran at (see :func:`plan_lengths`);
+    a candidate that onnxruntime cannot load or run gives a failed report.
+
     Raises:
-        ModelRunError: the original cannot be run on the synthesised inputs
-            (the inputs need fixing), or the candidate cannot be loaded.
-        InputError: the models' inputs differ.
+        ModelRunError: the original cannot be loaded, or run on the synthesised inputs
+            (the inputs need fixing).
+        InputError: an option names no input or dim of the model, an output index is
+            out of range, or the models' inputs or outputs differ.
     """
     options = options or VerifyOptions()
-    specs, names, ref_outputs, how = _run_all(original, "original", options)
+    specs, names, plan, ref_outputs, not_run = _reference_outputs(original, options)
+    lengths = list(ref_outputs) if options.lengths is not None else sorted(ref_outputs)
+    report = VerifyReport(original, candidate, options, _how(specs, lengths[0], options))
+    report.lengths, report.lengths_rule, report.lengths_not_run = lengths, plan.rule, not_run
     try:
-        _, cand_names, cand_outputs, _ = _run_all(candidate, "candidate", options, specs)
+        cand_outputs = _candidate_outputs(candidate, specs, names, lengths, options)
     except ModelRunError as err:
-        report = VerifyReport(original, candidate, options, how)
         report.results.append(OutputComparison.failure(0, "*", str(err)))
         return report
-    if cand_names != names:
-        raise InputError(f"the two models have different outputs: {names} vs {cand_names}")
     indices = list(options.output_indices) if options.output_indices else list(range(len(names)))
-    for index in indices:
-        if not 0 <= index < len(names):
-            raise InputError(f"output index {index} out of range: the model has {len(names)} outputs")
-    report = VerifyReport(original, candidate, options, how)
-    for length in options.lengths:
+    for length in lengths:
         for index in indices:
             report.results.append(
                 compare_outputs(
@@ -717,3 +829,39 @@ def verify_models(original: str, candidate: str, options: VerifyOptions | None =
                 )
             )
     return report
+
+
+def _reference_outputs(
+    path: str, options: VerifyOptions
+) -> tuple[list[_InputSpec], list[str], LengthPlan, dict[int, list[Any]], list[tuple[int, str]]]:
+    """The original's inputs, output names, length plan, outputs by length and the lengths
+    it could not run at; its session is closed before returning."""
+    session, specs, names = _open(path, "original", options)
+    plan = plan_lengths(specs, options)
+    outputs, not_run = _run_original(session, specs, options, plan)
+    del session
+    gc.collect()
+    return specs, names, plan, outputs, not_run
+
+
+def _candidate_outputs(
+    path: str, specs: list[_InputSpec], names: list[str], lengths: Sequence[int], options: VerifyOptions
+) -> dict[int, list[Any]]:
+    """The candidate's outputs at each length; its session is closed before returning.
+
+    Raises:
+        ModelRunError: onnxruntime cannot load or run the candidate.
+        InputError: its inputs or outputs differ from the original's.
+    """
+    session, _, cand_names = _open(path, "candidate", options, specs)
+    if cand_names != names:
+        raise InputError(f"the two models have different outputs: {names} vs {cand_names}")
+    outputs = {length: _run_at(session, specs, length, options, "candidate") for length in lengths}
+    del session
+    gc.collect()
+    return outputs
+
+
+def _how(specs: list[_InputSpec], length: int, options: VerifyOptions) -> dict[str, str]:
+    """How each input is synthesised (the same at every length)."""
+    return synthesise_inputs(specs, length, options)[1]
