@@ -123,6 +123,15 @@ class VerifyOptions:
 
 @dataclasses.dataclass
 class OutputComparison:
+    """One output of both models at one length.
+
+    ``max_abs`` and ``mean_abs`` are over the scaled differences for floats (see
+    :func:`element_scales`), over ``|ref - out|`` for integers and bools, and over 0 or 1
+    per element for strings. ``mismatches`` counts elements that must match exactly and
+    do not (NaN/Inf for floats; -1 when no comparison could be made). A sequence output
+    has the dtype ``sequence(<type>)`` and the shape ``[number of tensors]``.
+    """
+
     length: int
     output: str
     dtype: str
