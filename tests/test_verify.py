@@ -433,3 +433,278 @@ def test_output_index_is_checked_before_running(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setattr(verify_mod, "synthesise_inputs", lambda *a: pytest.fail("ran the model"))
     code, _, stderr = _invoke("verify", src, src, "--verify-output-index", "9")
     assert code == 2 and "out of range" in stderr
+
+
+def _channel_scale_model(factors: list[float]) -> onnx.ModelProto:
+    """y = x * k on x [N, C, T], k [C, 1]: a NaN or Inf factor makes that channel non-finite."""
+    k = np.array(factors, np.float32).reshape(-1, 1)
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "k"], ["y"])],
+        "scale",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", len(factors), "T"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", len(factors), "T"])],
+        [numpy_helper.from_array(k, "k")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _verify_scales(tmp_path: Path, reference: list[float], candidate: list[float]) -> bool:
+    ref = _save(_channel_scale_model(reference), tmp_path / "ref.onnx")
+    cand = _save(_channel_scale_model(candidate), tmp_path / "cand.onnx")
+    return verify_models(ref, cand, VerifyOptions(lengths=(16,), batch=2)).passed
+
+
+def test_nan_and_inf_at_the_same_places_pass(tmp_path: Path) -> None:
+    nan, inf = float("nan"), float("inf")
+    assert _verify_scales(tmp_path, [1.0, nan, 2.0], [1.0, nan, 2.0])
+    assert _verify_scales(tmp_path, [1.0, inf, nan], [1.0, inf, nan])
+
+
+def test_nan_or_inf_that_differ_fail(tmp_path: Path) -> None:
+    nan, inf = float("nan"), float("inf")
+    # NaN everywhere, or where the reference is finite: nothing finite is left to compare.
+    assert not _verify_scales(tmp_path, [1.0, 1.0, 1.0], [nan, nan, nan])
+    assert not _verify_scales(tmp_path, [1.0, 1.0, 2.0], [1.0, nan, 2.0])
+    # A finite value where the reference has NaN, and opposite infinities at the same place.
+    assert not _verify_scales(tmp_path, [1.0, nan, 2.0], [1.0, 1.0, 2.0])
+    assert not _verify_scales(tmp_path, [1.0, inf, 2.0], [1.0, -inf, 2.0])
+    # The finite part is still compared next to matching non-finite values.
+    assert not _verify_scales(tmp_path, [1.0, inf, 2.0], [1.0, inf, 2.02])
+
+
+def test_non_finite_mismatch_is_reported(tmp_path: Path) -> None:
+    nan = float("nan")
+    ref = _save(_channel_scale_model([1.0, 1.0]), tmp_path / "ref.onnx")
+    cand = _save(_channel_scale_model([1.0, nan]), tmp_path / "cand.onnx")
+    report = verify_models(ref, cand, VerifyOptions(lengths=(16,)))
+    failure = report.failures[0]
+    assert failure.mismatches == 16 and "NaN/Inf" in failure.note
+
+
+def _loud_channel_model(quiet_gain: float = 1.0) -> onnx.ModelProto:
+    """A pointwise conv whose output channel 0 is 1000x larger than the others."""
+    model = conv_model(spatial=1, in_channels=6, out_channels=5)
+    init = next(t for t in model.graph.initializer if t.name == "W")
+    w = numpy_helper.to_array(init).copy()
+    w[0] *= 1000
+    w[3] *= np.float32(quiet_gain)
+    init.CopyFrom(numpy_helper.from_array(w, "W"))
+    return model
+
+
+def test_exact_rewrite_with_one_loud_channel_passes(tmp_path: Path) -> None:
+    src = _save(_loud_channel_model(), tmp_path / "m.onnx")
+    report = convert_file(src, tmp_path / "o.onnx", ALL, verify=VerifyOptions(batch=2))
+    v = report.verification
+    assert v is not None and v["passed"], v
+    assert min(r["max_ref"] for r in v["results"]) > 1000
+
+
+def test_error_in_a_quiet_channel_next_to_a_loud_one_fails(tmp_path: Path) -> None:
+    """0.25% off in one channel is caught although another channel is 1000x larger."""
+    src = _save(_loud_channel_model(), tmp_path / "m.onnx")
+    cand = _save(_loud_channel_model(quiet_gain=1.0025), tmp_path / "cand.onnx")
+    report = verify_models(src, cand)
+    assert not report.passed
+    assert all(r.max_abs > 1e-3 for r in report.results)
+
+
+def test_error_in_a_quiet_time_step_fails() -> None:
+    """The same for a slice along any other axis: one quiet time step among loud ones."""
+    from onnx_conv2matmul.verify import compare_arrays
+
+    ref = (RNG.standard_normal((1, 4, 50)) * 1000).astype(np.float32)
+    ref[:, :, 7] /= 1000
+    out = ref.copy()
+    out[:, :, 7] *= np.float32(1.0025)
+    assert compare_arrays(ref, ref.copy(), VerifyOptions(), length=50, name="y").passed
+    assert not compare_arrays(ref, out, VerifyOptions(), length=50, name="y").passed
+
+
+def _string_model(words: list[str]) -> onnx.ModelProto:
+    """x [N] float -> y = x, its text (Cast to string) and a constant string tensor."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("Identity", ["x"], ["y"]),
+            helper.make_node("Cast", ["x"], ["text"], to=TensorProto.STRING),
+            helper.make_node("Identity", ["words"], ["labels"]),
+        ],
+        "strings",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N"])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N"]),
+            helper.make_tensor_value_info("text", TensorProto.STRING, ["N"]),
+            helper.make_tensor_value_info("labels", TensorProto.STRING, [len(words)]),
+        ],
+        [helper.make_tensor("words", TensorProto.STRING, [len(words)], [w.encode() for w in words])],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_string_outputs_must_match_exactly(tmp_path: Path) -> None:
+    ref = _save(_string_model(["speech", "1"]), tmp_path / "ref.onnx")
+    report = verify_models(ref, ref, VerifyOptions(lengths=(8,)))
+    assert report.passed
+    assert [(r.output, r.dtype) for r in report.results] == [
+        ("y", "float32"),
+        ("text", "string"),
+        ("labels", "string"),
+    ]
+    # "1.0" is not "1", although both read as the same number.
+    cand = _save(_string_model(["speech", "1.0"]), tmp_path / "cand.onnx")
+    report = verify_models(ref, cand, VerifyOptions(lengths=(8,)))
+    assert [r.output for r in report.failures] == ["labels"]
+    failure = report.failures[0]
+    assert failure.mismatches == 1 and failure.max_abs == 1.0 and "exact" in failure.note
+
+
+def _sequence_model(gain: float = 1.0, split: list[int] | None = None) -> onnx.ModelProto:
+    """A pointwise conv, then SplitToSequence along the channels: a sequence output."""
+    model = conv_model(spatial=1, in_channels=6, out_channels=3)
+    init = next(t for t in model.graph.initializer if t.name == "W")
+    w = numpy_helper.to_array(init).copy()
+    w[2] *= np.float32(gain)
+    init.CopyFrom(numpy_helper.from_array(w, "W"))
+    graph = model.graph
+    inputs = ["y"]
+    if split is not None:
+        graph.initializer.append(numpy_helper.from_array(np.array(split, np.int64), "split"))
+        inputs.append("split")
+    graph.node.append(helper.make_node("SplitToSequence", inputs, ["parts"], axis=1))
+    graph.output.append(helper.make_tensor_sequence_value_info("parts", TensorProto.FLOAT, None))
+    return model
+
+
+def test_sequence_outputs_are_compared_element_by_element(tmp_path: Path) -> None:
+    src = _save(_sequence_model(), tmp_path / "m.onnx")
+    report = convert_file(src, tmp_path / "o.onnx", ALL, verify=VerifyOptions(lengths=(16, 33)))
+    v = report.verification
+    assert v is not None and v["passed"], v
+    parts = [r for r in v["results"] if r["output"] == "parts"]
+    assert [(r["dtype"], r["shape"]) for r in parts] == [("sequence(float32)", [3])] * 2
+    code, _, stderr = _invoke("verify", src, src, "--verify-lengths", "16")
+    assert code == 0 and "sequence of 3" in stderr
+    # 1% off in the last element only.
+    cand = _save(_sequence_model(gain=1.01), tmp_path / "cand.onnx")
+    report = verify_models(src, cand, VerifyOptions(lengths=(16,)))
+    assert {r.output for r in report.failures} == {"y", "parts"}
+    assert "element 2" in next(r.note for r in report.failures if r.output == "parts")
+    # A sequence of another length.
+    cand = _save(_sequence_model(split=[1, 2]), tmp_path / "two.onnx")
+    report = verify_models(src, cand, VerifyOptions(lengths=(16,)))
+    assert [r.output for r in report.failures] == ["parts"]
+    assert "2 elements" in report.failures[0].note and "reference 3" in report.failures[0].note
+
+
+def test_unknown_input_and_dim_names_are_refused(tmp_path: Path) -> None:
+    """A misspelt name would leave the input random (e.g. the wrong If branch checked)."""
+    from onnx_conv2matmul.errors import InputError
+
+    src = _save(_vad_model(), tmp_path / "vad.onnx")
+    with pytest.raises(InputError, match=r"'SR'.*audio, state, sr"):
+        verify_models(src, src, VerifyOptions(inputs={"SR": 16000}, lengths=(64,)))
+    with pytest.raises(InputError, match=r"'sample'.*batch, samples"):
+        verify_models(src, src, VerifyOptions(dims={"sample": 50}, lengths=(64,)))
+    with pytest.raises(InputError, match=r"'audio_len'.*audio, state, sr"):
+        verify_models(src, src, VerifyOptions(length_input="audio_len", lengths=(64,)))
+    assert verify_models(src, src, VerifyOptions(inputs={"sr": 8000}, dims={"samples": 50})).passed
+
+
+def test_cli_refuses_unknown_input_and_dim_names(tmp_path: Path) -> None:
+    src = _save(_vad_model(), tmp_path / "vad.onnx")
+    out = tmp_path / "o.onnx"
+    for args, names in (
+        (["--verify-input", "sR=16000"], "audio, state, sr"),
+        (["--verify-dim", "T=64"], "batch, samples"),
+    ):
+        code, _, stderr = _invoke(src, str(out), "--extended-conv1x1", "--verify", *args)
+        assert code == 2, stderr
+        assert len(stderr.strip().splitlines()) == 1 and names in stderr, stderr
+        assert not out.exists()
+        code, _, stderr = _invoke("verify", src, src, *args)
+        assert code == 2 and len(stderr.strip().splitlines()) == 1 and names in stderr, stderr
+
+
+def _detector_model(levels: int = 5) -> onnx.ModelProto:
+    """A YOLO-like net on images [N, 3, H, W]: ``levels`` stride-2 3x3 convs, a pointwise
+    lateral conv on the deepest features, Resize x2, Concat with the features one level up,
+    a pointwise head. H and W must be multiples of 2**levels for the Concat to fit."""
+    rng = np.random.default_rng(11)
+    nodes, inits = [], []
+    h, channels = "images", 3
+    for i in range(levels):
+        out = 8 * (i // 2 + 1)
+        w = (rng.standard_normal((out, channels, 3, 3)) / np.sqrt(9 * channels)).astype(np.float32)
+        inits.append(numpy_helper.from_array(w, f"down{i}_w"))
+        nodes.append(
+            helper.make_node("Conv", [h, f"down{i}_w"], [f"down{i}"], strides=[2, 2], pads=[1, 1, 1, 1])
+        )
+        nodes.append(helper.make_node("Relu", [f"down{i}"], [f"act{i}"]))
+        h, channels = f"act{i}", out
+    skip, skip_channels = f"act{levels - 2}", 8 * ((levels - 2) // 2 + 1)
+    inits += [
+        numpy_helper.from_array(rng.standard_normal((8, channels, 1, 1)).astype(np.float32), "lateral_w"),
+        numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales"),
+        numpy_helper.from_array(
+            rng.standard_normal((6, 8 + skip_channels, 1, 1)).astype(np.float32), "head_w"
+        ),
+        numpy_helper.from_array(rng.standard_normal(6).astype(np.float32), "head_b"),
+    ]
+    nodes += [
+        helper.make_node("Conv", [h, "lateral_w"], ["lateral"], name="lateral"),
+        helper.make_node("Resize", ["lateral", "", "scales"], ["up"], mode="nearest"),
+        helper.make_node("Concat", ["up", skip], ["merged"], axis=1),
+        helper.make_node("Conv", ["merged", "head_w", "head_b"], ["preds"], name="head"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "detector",
+        [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["N", 3, "H", "W"])],
+        [helper.make_tensor_value_info("preds", TensorProto.FLOAT, ["N", 6, "h", "w"])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_detector_verifies_with_default_options(tmp_path: Path) -> None:
+    """Image inputs take sizes that are multiples of 32 by default (80 does not fit stride 32)."""
+    src = _save(_detector_model(), tmp_path / "det.onnx")
+    report = convert_file(src, tmp_path / "o.onnx", ALL, verify=VerifyOptions())
+    v = report.verification
+    assert v is not None and v["passed"], v
+    assert len(report.converted) == 2
+    assert v["lengths"]["used"] == [64, 96, 128, 160] and v["lengths"]["not_run"] == []
+    assert "multiples of 32" in v["lengths"]["rule"]
+    assert [r["shape"] for r in v["results"]] == [[1, 6, n // 16, n // 16] for n in (64, 96, 128, 160)]
+    code, _, stderr = _invoke(src, str(tmp_path / "cli.onnx"), "--allow-added-transposes", "--verify")
+    assert code == 0 and "Verification PASSED" in stderr, stderr
+    assert "Lengths: 64, 96, 128, 160 (default for image inputs: multiples of 32" in stderr
+    code, _, stderr = _invoke("quantize", src, str(tmp_path / "q.onnx"))
+    assert code == 0 and (tmp_path / "q.onnx").exists(), stderr
+
+
+def test_lengths_the_original_cannot_run_are_replaced(tmp_path: Path) -> None:
+    """A stride-64 net fits 64 and 128 but not 96 or 160: spare sizes take their place."""
+    src = _save(_detector_model(levels=6), tmp_path / "det.onnx")
+    report = verify_models(src, src)
+    assert report.passed
+    data = report.to_dict()["lengths"]
+    assert data["used"] == [64, 128, 192, 256]
+    assert [entry["length"] for entry in data["not_run"]] == [96, 160]
+    assert all("Concat" in entry["error"] for entry in data["not_run"]), data
+    assert sorted({r.length for r in report.results}) == [64, 128, 192, 256]
+    # Lengths given by the user are used as given: no spares.
+    from onnx_conv2matmul.verify import ModelRunError
+
+    with pytest.raises(ModelRunError, match="at length 96"):
+        verify_models(src, src, VerifyOptions(lengths=(64, 96)))
+
+
+def test_sequence_inputs_keep_the_default_lengths(tmp_path: Path) -> None:
+    from onnx_conv2matmul.verify import DEFAULT_LENGTHS
+
+    src = _save(conv_model(spatial=1), tmp_path / "m.onnx")
+    lengths = verify_models(src, src).to_dict()["lengths"]
+    assert lengths["used"] == list(DEFAULT_LENGTHS) and lengths["rule"].startswith("default")
+    given = verify_models(src, src, VerifyOptions(lengths=(7, 5))).to_dict()["lengths"]
+    assert given == {"used": [7, 5], "rule": "given", "not_run": []}

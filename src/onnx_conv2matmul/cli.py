@@ -19,6 +19,7 @@ from onnx_conv2matmul.verify import (
     DEFAULT_LENGTHS,
     DEFAULT_MAX_ABS,
     DEFAULT_MEAN_ABS,
+    IMAGE_LENGTHS,
     ModelRunError,
     VerifyOptions,
     verify_models,
@@ -65,7 +66,9 @@ def _errors() -> Iterator[None]:
         yield
     except click.ClickException as err:
         _fail(err.format_message(), EXIT_USAGE)
-    except (InputError, ModelRunError) as err:
+    except ModelRunError as err:
+        _fail(f"{err} (--verify-input, --verify-dim, --verify-lengths)", EXIT_USAGE)
+    except InputError as err:
         _fail(str(err), EXIT_USAGE)
     except CheckerError as err:
         _fail(str(err), EXIT_FAILED)
@@ -173,7 +176,9 @@ def _parse_pairs(values: tuple[str, ...], option: str, kind: type) -> dict[str, 
     return pairs
 
 
-def _parse_lengths(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[int, ...]:
+def _parse_lengths(_ctx: click.Context, _param: click.Parameter, value: str | None) -> tuple[int, ...] | None:
+    if value is None:
+        return None
     try:
         lengths = tuple(int(v) for v in value.split(",") if v.strip())
     except ValueError:
@@ -191,10 +196,14 @@ _VERIFY_OPTIONS = [
     ),
     click.option(
         "--verify-lengths",
-        default=",".join(map(str, DEFAULT_LENGTHS)),
+        default=None,
         callback=_parse_lengths,
-        show_default=True,
-        help="Values each symbolic non-batch dim takes in turn.",
+        help=(
+            "Values each symbolic non-batch dim takes in turn, used as given. Default:"
+            f" {','.join(map(str, DEFAULT_LENGTHS))}; {','.join(map(str, IMAGE_LENGTHS))} (multiples"
+            " of 32) when an input has a symbolic height and width; a length the original"
+            " cannot run at is replaced by another."
+        ),
     ),
     click.option(
         "--verify-batch",

@@ -122,6 +122,14 @@ def _fmt(value: float | None) -> str:
     return f"{value:.3g}"
 
 
+def _shape_text(result: dict[str, Any]) -> str:
+    """A tensor's shape as 2x3x5; a sequence output as its number of tensors."""
+    if result["dtype"].startswith("sequence"):
+        count = result["shape"][0] if result["shape"] else "?"
+        return f"sequence of {count}"
+    return "x".join(map(str, result["shape"]))
+
+
 def verification_table(verification: dict[str, Any], *, cosine: bool = False) -> Table:
     criterion = verification["criterion"]
     if criterion.get("min_cosine") == REPORT_ONLY_COSINE:
@@ -145,7 +153,7 @@ def verification_table(verification: dict[str, Any], *, cosine: bool = False) ->
         row = [
             str(r["length"]),
             r["output"],
-            "x".join(map(str, r["shape"])),
+            _shape_text(r),
             _fmt(r["max_ref"]),
             _fmt(r["max_abs"]),
             _fmt(r["mean_abs"]),
@@ -158,11 +166,28 @@ def verification_table(verification: dict[str, Any], *, cosine: bool = False) ->
     return table
 
 
+def _lengths_lines(lengths: dict[str, Any] | None) -> list[str]:
+    """Which lengths were used and why; which ones the original could not run at."""
+    if not lengths or not lengths["used"]:
+        return []
+    lines = [f"Lengths: {', '.join(map(str, lengths['used']))} ({lengths['rule']})"]
+    not_run = lengths["not_run"]
+    if not_run:
+        skipped = ", ".join(str(entry["length"]) for entry in not_run)
+        lines.append(
+            f"The original model cannot run at {skipped}; other lengths took their place"
+            f" (at {not_run[0]['length']}: {not_run[0]['error']})"
+        )
+    return lines
+
+
 def print_verification(console: Console, verification: dict[str, Any], *, cosine: bool = False) -> None:
     console.print(verification_table(verification, cosine=cosine))
     inputs = ", ".join(f"{k}: {v}" for k, v in verification["inputs"].items())
     if inputs:
         console.print(f"Inputs: {inputs}", highlight=False, soft_wrap=True)
+    for line in _lengths_lines(verification.get("lengths")):
+        console.print(line, highlight=False, soft_wrap=True)
     if verification["criterion"].get("min_cosine") == REPORT_ONLY_COSINE:
         console.print("Accuracy measured; set --min-cosine to make it a pass/fail criterion.")
     elif verification["passed"]:

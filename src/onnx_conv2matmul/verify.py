@@ -2,11 +2,27 @@
 
 Inputs are synthesised from each graph input's type and shape (see
 :func:`synthesise_inputs`); both sessions run with onnxruntime's graph
-optimizations off, so none of its fusions can hide a wrong rewrite. Differences
-are scaled by the reference output's magnitude, ``max(1, max|ref|)``, so deep
-models with large outputs are judged fairly; integer and bool outputs must match
-exactly. Sessions are created from file paths and run one after the other, so
-external data is memory-mapped by onnxruntime and only one model is loaded at a time.
+optimizations off, so none of its fusions can hide a wrong rewrite. Each symbolic
+dim other than the batch takes a series of lengths in turn (see :func:`plan_lengths`):
+the given ones, or by default :data:`DEFAULT_LENGTHS`, or :data:`IMAGE_LENGTHS`
+(multiples of 32) when an input has a symbolic height and width; a default length the
+original model cannot run at is replaced by a spare one, and the report says which
+lengths were used.
+
+Each float difference is divided by the magnitude of the quietest slice of the
+reference output that holds the element (see :func:`element_scales`): along every
+axis longer than 1, a slice's magnitude is ``max(1, max|ref|)`` over the slice. Deep
+models with large outputs are judged against their own magnitude, and a channel 1000x
+louder than the others does not hide an error confined to a quiet channel or time
+step. ``max_abs`` and ``mean_abs`` are taken over these scaled differences;
+``rel_err`` and ``cosine`` over the whole output. NaN and Inf must sit at the same
+places with the same values in both models (NaN matches NaN, +Inf only +Inf); the
+finite rest is compared. Integer, bool and string outputs must match exactly (strings
+as text). A sequence output must hold as many tensors as the reference's, each
+passing by these rules on its own.
+
+Sessions are created from file paths and run one after the other, so external data is
+memory-mapped by onnxruntime and only one model is loaded at a time.
 """
 
 from __future__ import annotations
@@ -22,6 +38,14 @@ import numpy as np
 from onnx_conv2matmul.errors import Conv2MatMulError, InputError
 
 DEFAULT_LENGTHS = (64, 80, 97, 128, 191)
+# Image inputs: multiples of 32, the stride of the deepest features of most image networks
+# (detectors join them, upsampled, to shallower ones); 96 and 160 are odd multiples of 32,
+# the counterpart of the odd sequence lengths.
+IMAGE_LENGTHS = (64, 96, 128, 160)
+# Tried in turn when the original cannot run at a default length (networks of stride 64
+# or 128, or sequence models that need even or aligned lengths).
+IMAGE_SPARE_LENGTHS = (192, 256, 384, 512)
+SPARE_LENGTHS = (96, 160, 192, 256, 512)
 DEFAULT_MAX_ABS = 3e-5
 DEFAULT_MEAN_ABS = 2e-6
 # Quantizing is lossy: without --min-cosine the quantize command measures and reports only.
@@ -51,10 +75,12 @@ class VerifyOptions:
     """How inputs are synthesised and outputs judged.
 
     Attributes:
-        lengths: Each symbolic dim other than the batch takes these values in turn.
+        lengths: Each symbolic dim other than the batch takes these values in turn. None:
+            chosen from the model's inputs, with spares for lengths the original model
+            cannot run at (see :func:`plan_lengths`).
         batch: Value of the batch dim (the first symbolic dim of an input).
         seed: Seed of the random inputs.
-        max_abs: Largest allowed scaled absolute difference.
+        max_abs: Largest allowed scaled absolute difference (see :func:`element_scales`).
         mean_abs: Largest allowed mean scaled absolute difference.
         min_cosine: When set, the criterion is cosine similarity >= this (for
             quantized models), instead of the absolute thresholds.
@@ -67,7 +93,7 @@ class VerifyOptions:
         deterministic: One thread, sequential execution, deterministic compute.
     """
 
-    lengths: tuple[int, ...] = DEFAULT_LENGTHS
+    lengths: tuple[int, ...] | None = None
     batch: int = 1
     seed: int = 0
     max_abs: float = DEFAULT_MAX_ABS
@@ -81,7 +107,7 @@ class VerifyOptions:
     deterministic: bool = False
 
     def __post_init__(self) -> None:
-        if not self.lengths or any(n < 1 for n in self.lengths):
+        if self.lengths is not None and (not self.lengths or any(n < 1 for n in self.lengths)):
             raise ValueError("verify lengths must be positive integers")
         if self.batch < 1:
             raise ValueError("verify batch must be >= 1")
@@ -97,6 +123,15 @@ class VerifyOptions:
 
 @dataclasses.dataclass
 class OutputComparison:
+    """One output of both models at one length.
+
+    ``max_abs`` and ``mean_abs`` are over the scaled differences for floats (see
+    :func:`element_scales`), over ``|ref - out|`` for integers and bools, and over 0 or 1
+    per element for strings. ``mismatches`` counts elements that must match exactly and
+    do not (NaN/Inf for floats; -1 when no comparison could be made). A sequence output
+    has the dtype ``sequence(<type>)`` and the shape ``[number of tensors]``.
+    """
+
     length: int
     output: str
     dtype: str
@@ -129,6 +164,9 @@ class VerifyReport:
     options: VerifyOptions
     inputs: dict[str, str] = dataclasses.field(default_factory=dict)
     results: list[OutputComparison] = dataclasses.field(default_factory=list)
+    lengths: list[int] = dataclasses.field(default_factory=list)
+    lengths_rule: str = ""
+    lengths_not_run: list[tuple[int, str]] = dataclasses.field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -153,9 +191,17 @@ class VerifyReport:
             "original": self.original,
             "candidate": self.candidate,
             "criterion": criterion,
-            "scaling": "differences divided by max(1, max|reference|) per output",
+            "scaling": (
+                "each difference divided by the smallest max(1, max|reference|) among the"
+                " slices of the output that hold it (one slice per index of every axis longer than 1)"
+            ),
             "options": self.options.to_dict(),
             "inputs": self.inputs,
+            "lengths": {
+                "used": self.lengths,
+                "rule": self.lengths_rule,
+                "not_run": [{"length": n, "error": error} for n, error in self.lengths_not_run],
+            },
             "results": [r.to_dict() for r in self.results],
             "failures": [
                 {
@@ -202,8 +248,9 @@ def _specs(session: Any) -> list[_InputSpec]:
     return specs
 
 
-def _resolve_dims(spec: _InputSpec, length: int, options: VerifyOptions, batch_names: set[str]) -> list[int]:
-    dims: list[int] = []
+def _dim_plan(spec: _InputSpec, options: VerifyOptions, batch_names: set[str]) -> list[int | None]:
+    """Each dim's value; None for the dims that take the length."""
+    dims: list[int | None] = []
     seen_batch = False
     for dim in spec.shape:
         if isinstance(dim, int) and dim > 0:
@@ -214,15 +261,19 @@ def _resolve_dims(spec: _InputSpec, length: int, options: VerifyOptions, batch_n
             # A rank-1 input is per batch row (lengths) only when its dim is a batch dim of
             # another input, or, unnamed, when it holds integers; otherwise it is a signal.
             per_row = name in batch_names if name is not None else np.issubdtype(spec.dtype, np.integer)
-            dims.append(options.batch if per_row else length)
+            dims.append(options.batch if per_row else None)
         elif name is not None and name in options.dims:
             dims.append(options.dims[name])
         elif (name is not None and name in batch_names) or not seen_batch:
             dims.append(options.batch)
         else:
-            dims.append(length)
+            dims.append(None)
         seen_batch = True
     return dims
+
+
+def _resolve_dims(spec: _InputSpec, length: int, options: VerifyOptions, batch_names: set[str]) -> list[int]:
+    return [length if dim is None else dim for dim in _dim_plan(spec, options, batch_names)]
 
 
 def _batch_names(specs: Sequence[_InputSpec]) -> set[str]:
@@ -281,9 +332,54 @@ def synthesise_inputs(
     return feeds, how
 
 
-def _run_all(
+@dataclasses.dataclass(frozen=True)
+class LengthPlan:
+    """The lengths a verification runs at.
+
+    Attributes:
+        wanted: The lengths to run at.
+        spares: Tried in order, one for each wanted length the original model cannot run
+            at; empty when the options give the lengths, which are then used as given.
+        rule: How the lengths were chosen, for the report.
+    """
+
+    wanted: tuple[int, ...]
+    spares: tuple[int, ...]
+    rule: str
+
+
+def plan_lengths(specs: Sequence[_InputSpec], options: VerifyOptions) -> LengthPlan:
+    """The options' lengths, or defaults that suit the model's inputs.
+
+    An input of rank 4 or more with two or more dims that take the length (an image:
+    height and width, NCHW or NHWC) gets :data:`IMAGE_LENGTHS`, multiples of 32, so that
+    a network of stride 32 whose upsampled features are joined to shallower ones can run;
+    any other model (sequences: [B, C, T] and the like) gets :data:`DEFAULT_LENGTHS`,
+    odd ones included. Default lengths come with spares; given ones are used as given.
+    """
+    if options.lengths is not None:
+        return LengthPlan(options.lengths, (), "given")
+    image = _image_input(specs, options)
+    if image is not None:
+        rule = f"default for image inputs: multiples of 32, as {image!r} has a symbolic height and width"
+        return LengthPlan(IMAGE_LENGTHS, IMAGE_SPARE_LENGTHS, rule)
+    return LengthPlan(DEFAULT_LENGTHS, SPARE_LENGTHS, "default")
+
+
+def _image_input(specs: Sequence[_InputSpec], options: VerifyOptions) -> str | None:
+    """The first input of rank >= 4 with two or more dims that take the length, if any."""
+    batch_names = _batch_names(specs)
+    for spec in specs:
+        if len(spec.shape) >= 4 and _dim_plan(spec, options, batch_names).count(None) >= 2:
+            return spec.name
+    return None
+
+
+def _open(
     path: str, label: str, options: VerifyOptions, specs: list[_InputSpec] | None = None
-) -> tuple[list[_InputSpec], list[str], dict[int, list[np.ndarray]], dict[str, str]]:
+) -> tuple[Any, list[_InputSpec], list[str]]:
+    """A session, the inputs (``specs`` when given: the other model's, checked to match) and
+    the output names; the options' names and output indices are checked against them."""
     try:
         session = _session(path, options)
     except Exception as err:
@@ -294,25 +390,105 @@ def _run_all(
             f"the two models have different inputs: {_signature(specs)} vs {_signature(own_specs)}"
         )
     use = specs or own_specs
+    check_names(use, options)
     names = [o.name for o in session.get_outputs()]
     for index in options.output_indices or ():
         if not 0 <= index < len(names):
             raise InputError(f"output index {index} out of range: the model has {len(names)} outputs")
-    outputs: dict[int, list[np.ndarray]] = {}
-    how: dict[str, str] = {}
-    for length in options.lengths:
-        feeds, how = synthesise_inputs(use, length, options)
+    return session, use, names
+
+
+def _run_at(session: Any, specs: list[_InputSpec], length: int, options: VerifyOptions, label: str) -> Any:
+    """The outputs at one length; ModelRunError when onnxruntime cannot run the model."""
+    import onnxruntime as ort
+
+    feeds, _ = synthesise_inputs(specs, length, options)
+    quiet = ort.RunOptions()
+    quiet.log_severity_level = 4  # a failure is raised with its message; not logged as well
+    try:
+        return session.run(None, feeds, quiet)
+    except Exception as err:
+        shapes = ", ".join(f"{k}{list(v.shape)}" for k, v in feeds.items())
+        raise ModelRunError(
+            f"onnxruntime cannot run the {label} model at length {length} ({shapes}): {_first_line(err)}"
+        ) from err
+
+
+def _run_original(
+    session: Any, specs: list[_InputSpec], options: VerifyOptions, plan: LengthPlan
+) -> tuple[dict[int, list[Any]], list[tuple[int, str]]]:
+    """The original's outputs by length, and the lengths it could not run at (with why).
+
+    Each wanted length the model cannot run at is replaced by the next spare it runs at.
+
+    Raises:
+        ModelRunError: a given length cannot be run, or no length at all.
+    """
+    outputs: dict[int, list[Any]] = {}
+    not_run: list[tuple[int, str]] = []
+    first_error: ModelRunError | None = None
+    for length in _candidates(plan):
+        if len(outputs) == len(plan.wanted):
+            break
         try:
-            outputs[length] = session.run(None, feeds)
-        except Exception as err:
-            shapes = ", ".join(f"{k}{list(v.shape)}" for k, v in feeds.items())
-            raise ModelRunError(
-                f"onnxruntime cannot run the {label} model at length {length} ({shapes}):"
-                f" {_first_line(err)}; fix the inputs with --verify-input / --verify-dim / --verify-lengths"
-            ) from err
-    del session
-    gc.collect()
-    return use, names, outputs, how
+            outputs[length] = _run_at(session, specs, length, options, "original")
+        except ModelRunError as err:
+            if not plan.spares:
+                raise ModelRunError(f"{err}; fix input values, dim values or lengths") from err
+            first_error = first_error or err
+            not_run.append((length, _first_line(err.__cause__ or err)))
+    if not outputs:
+        tried = ", ".join(str(n) for n, _ in not_run)
+        raise ModelRunError(
+            f"{first_error}; it fails at every length tried ({tried}):"
+            " fix input values, dim values or lengths"
+        ) from first_error
+    return outputs, not_run
+
+
+def _candidates(plan: LengthPlan) -> list[int]:
+    """The wanted lengths, then the spares that are not among them."""
+    return list(plan.wanted) + [n for n in plan.spares if n not in plan.wanted]
+
+
+def _symbolic_dims(specs: Sequence[_InputSpec]) -> list[str]:
+    """The named symbolic dims of the inputs, in order of first appearance."""
+    names: dict[str, None] = {}
+    for spec in specs:
+        names.update((dim, None) for dim in spec.shape if isinstance(dim, str))
+    return list(names)
+
+
+def check_names(specs: Sequence[_InputSpec], options: VerifyOptions) -> None:
+    """Refuse option names that match no input or symbolic dim of the model.
+
+    A misspelt name would otherwise be ignored and the input synthesised as usual,
+    checking something other than what was asked for (e.g. the other branch of an If).
+
+    Raises:
+        InputError: one line naming every unknown name and the names that exist.
+    """
+    inputs = [spec.name for spec in specs]
+    dims = _symbolic_dims(specs)
+    known_inputs = f"(the model's inputs: {', '.join(inputs) or 'none'})"
+    known_dims = f"(the inputs' symbolic dims: {', '.join(dims) or 'none'})"
+    problems = []
+    unknown = [name for name in options.inputs if name not in inputs]
+    if unknown:
+        problems.append(f"unknown {_named('input', unknown)} {known_inputs}")
+    unknown = [name for name in options.dims if name not in dims]
+    if unknown:
+        problems.append(f"unknown {_named('dim', unknown)} {known_dims}")
+    for role, name in (("signal", options.signal_input), ("length", options.length_input)):
+        if name is not None and name not in inputs:
+            problems.append(f"unknown {role} input {name!r} {known_inputs}")
+    if problems:
+        raise InputError("; ".join(problems))
+
+
+def _named(noun: str, names: Sequence[str]) -> str:
+    """``input 'a'`` or ``inputs 'a', 'b'``."""
+    return f"{noun}{'s' if len(names) > 1 else ''} {', '.join(repr(name) for name in names)}"
 
 
 def _signature(specs: Sequence[_InputSpec]) -> str:
@@ -350,106 +526,310 @@ def thresholds(dtype: np.dtype[Any], options: VerifyOptions) -> tuple[float, flo
     return max(options.max_abs, 4 * eps), max(options.mean_abs, 0.5 * eps)
 
 
-def compare_arrays(
-    ref: np.ndarray, out: np.ndarray, options: VerifyOptions, *, length: int, name: str
-) -> OutputComparison:
-    """Compare one output; the criterion depends on the options and the dtype."""
+def element_scales(magnitude: np.ndarray) -> np.ndarray:
+    """What each element's difference is divided by: the magnitude of its quietest slice.
+
+    ``magnitude`` is ``|ref|`` with non-finite values set to 0. Along each axis of length
+    > 1, slice ``i`` (every element whose index on that axis is ``i``) has the scale
+    ``max(1, max magnitude in the slice)``; an element's scale is the smallest scale among
+    the slices that contain it (``max(1, max magnitude)`` when no axis is longer than 1).
+
+    So a difference is judged against the magnitude of the channel, time step or row it
+    lives in, whichever is quietest: a loud channel does not hide an error confined to a
+    quiet one, while a difference is never judged against less than the largest value of
+    a slice it belongs to, nor against less than 1.
+
+    Limit: an exact rewrite differs by rounding, about one machine epsilon of the terms
+    summed into an element. Where those terms are far larger than every value of the
+    element's quietest slice (heavy cancellation, e.g. a channel that a ReLU keeps near
+    zero although its inputs reach thousands), fp32 rounding can exceed the default
+    ``max_abs``; that happens once the terms are about 300x the slice's magnitude.
+    """
+    scale = np.full(magnitude.shape, max(1.0, float(magnitude.max(initial=0.0))))
+    for axis, size in enumerate(magnitude.shape):
+        if size < 2:
+            continue
+        others = tuple(a for a in range(magnitude.ndim) if a != axis)
+        per_slice = np.maximum(1.0, magnitude.max(axis=others, keepdims=True, initial=0.0))
+        np.minimum(scale, per_slice, out=scale)
+    return scale
+
+
+def _nonfinite_mismatches(ref: np.ndarray, out: np.ndarray) -> int:
+    """How many elements are NaN or Inf in either array without being the same in both.
+
+    NaN matches NaN and an infinity matches the infinity of the same sign; a finite
+    value matches no NaN or Inf.
+    """
+    odd = ~(np.isfinite(ref) & np.isfinite(out))
+    same = (ref == out) | (np.isnan(ref) & np.isnan(out))
+    return int(np.count_nonzero(odd & ~same))
+
+
+@dataclasses.dataclass
+class _Tally:
+    """Sums and maxima over the compared elements of one tensor; a sequence adds its tensors'.
+
+    ``diff`` is the scaled absolute difference for floats (see :func:`element_scales`),
+    ``|ref - out|`` for numbers that must match exactly, and 0 or 1 for strings.
+    ``mismatches`` counts elements that differ where an exact match is required: every
+    element of an exact type, the NaN/Inf of a float type.
+    """
+
+    exact: bool
+    count: int = 0
+    max_diff: float = 0.0
+    sum_diff: float = 0.0
+    ref_sq: float = 0.0
+    out_sq: float = 0.0
+    diff_sq: float = 0.0
+    dot: float = 0.0
+    max_ref: float = 0.0
+    mismatches: int = 0
+
+    def add(self, other: _Tally) -> None:
+        self.count += other.count
+        self.max_diff = max(self.max_diff, other.max_diff)
+        self.sum_diff += other.sum_diff
+        self.ref_sq += other.ref_sq
+        self.out_sq += other.out_sq
+        self.diff_sq += other.diff_sq
+        self.dot += other.dot
+        self.max_ref = max(self.max_ref, other.max_ref)
+        self.mismatches += other.mismatches
+
+
+def _float_tally(ref: np.ndarray, out: np.ndarray) -> _Tally:
+    """Scaled differences over the places finite in both; NaN/Inf that differ are mismatches."""
+    r = ref.astype(np.float64)
+    o = out.astype(np.float64)
+    finite_ref = np.isfinite(r)
+    both = finite_ref & np.isfinite(o)
+    magnitude = np.where(finite_ref, np.abs(r), 0.0)
+    rf, of = r[both], o[both]
+    diff = rf - of
+    scaled = np.abs(diff) / element_scales(magnitude)[both]
+    return _Tally(
+        exact=False,
+        count=int(scaled.size),
+        max_diff=float(scaled.max(initial=0.0)),
+        sum_diff=float(scaled.sum()),
+        ref_sq=float(np.dot(rf, rf)),
+        out_sq=float(np.dot(of, of)),
+        diff_sq=float(np.dot(diff, diff)),
+        dot=float(np.dot(rf, of)),
+        max_ref=float(magnitude.max(initial=0.0)),
+        mismatches=_nonfinite_mismatches(r, o),
+    )
+
+
+def _exact_tally(ref: np.ndarray, out: np.ndarray) -> _Tally:
+    """Element-wise equality; strings are compared as text, never as numbers."""
+    differ = np.asarray(ref != out, dtype=bool)
+    if ref.dtype == object:
+        diff = differ.astype(np.float64)
+    else:
+        diff = np.abs(ref.astype(np.float64) - out.astype(np.float64))
+    return _Tally(
+        exact=True,
+        count=int(diff.size),
+        max_diff=float(diff.max(initial=0.0)),
+        sum_diff=float(diff.sum()),
+        mismatches=int(np.count_nonzero(differ)),
+    )
+
+
+def _type_name(array: np.ndarray) -> str:
+    """The element type as reported: onnxruntime gives string tensors as object arrays."""
+    return "string" if array.dtype == object else str(array.dtype)
+
+
+def _tensor_problem(ref: Any, out: Any) -> str | None:
+    """Why two values cannot be compared element-wise, or None when they can."""
+    if not isinstance(ref, np.ndarray) or not isinstance(out, np.ndarray):
+        return f"cannot compare a {type(ref).__name__} with a {type(out).__name__}"
     if ref.shape != out.shape or ref.dtype != out.dtype:
-        note = f"candidate gives {out.dtype}{list(out.shape)}, reference {ref.dtype}{list(ref.shape)}"
-        return OutputComparison.failure(length, name, note, str(ref.dtype), list(ref.shape))
-    if not np.issubdtype(ref.dtype, np.floating):
-        mismatches = int(np.count_nonzero(ref != out))
-        diff = float(np.abs(ref.astype(np.float64) - out.astype(np.float64)).max(initial=0.0))
+        given = f"{_type_name(out)}{list(out.shape)}"
+        return f"candidate gives {given}, reference {_type_name(ref)}{list(ref.shape)}"
+    return None
+
+
+def _tally(ref: np.ndarray, out: np.ndarray) -> _Tally:
+    if np.issubdtype(ref.dtype, np.floating):
+        return _float_tally(ref, out)
+    return _exact_tally(ref, out)
+
+
+def _comparison(
+    tally: _Tally,
+    dtype: np.dtype[Any],
+    options: VerifyOptions,
+    *,
+    length: int,
+    name: str,
+    type_name: str,
+    shape: list[int],
+) -> OutputComparison:
+    """The numbers and the verdict for one tensor (or a sequence's tensors together).
+
+    Floats: ``rel_err`` is ``|ref - out| / |ref|`` and ``cosine`` the cosine similarity,
+    both over the places finite in both. Exact types: ``rel_err`` is the share of
+    elements that differ and ``cosine`` is None.
+    """
+    mean_abs = tally.sum_diff / tally.count if tally.count else 0.0
+    if tally.exact:
+        rel_err = tally.mismatches / tally.count if tally.count else 0.0
+        passed = tally.mismatches == 0
+        note = "" if passed else f"{tally.mismatches} elements differ (exact match required)"
         return OutputComparison(
             length,
             name,
-            str(ref.dtype),
-            list(ref.shape),
-            diff,
-            diff if mismatches else 0.0,
-            0.0 if mismatches == 0 else 1.0,
+            type_name,
+            shape,
+            tally.max_diff,
+            mean_abs,
+            rel_err,
             None,
             0.0,
-            mismatches,
-            mismatches == 0,
-            note="" if mismatches == 0 else f"{mismatches} elements differ (exact match required)",
+            tally.mismatches,
+            passed,
+            note,
         )
-    r = ref.astype(np.float64)
-    o = out.astype(np.float64)
-    finite = bool(np.isfinite(r).all() and np.isfinite(o).all())
-    same_nonfinite = bool(
-        np.array_equal(~np.isfinite(r), ~np.isfinite(o))
-        and np.array_equal(r[~np.isfinite(r)], o[~np.isfinite(o)])
-    )
-    mask = np.isfinite(r) & np.isfinite(o)
-    rf, of = r[mask], o[mask]
-    max_ref = float(np.abs(rf).max(initial=0.0))
-    scale = max(1.0, max_ref)
-    delta = np.abs(rf - of) / scale
-    max_abs = float(delta.max(initial=0.0))
-    mean_abs = float(delta.mean()) if delta.size else 0.0
-    norm_ref = float(np.linalg.norm(rf))
-    norm_diff = float(np.linalg.norm(rf - of))
+    norm_ref, norm_out, norm_diff = (float(np.sqrt(v)) for v in (tally.ref_sq, tally.out_sq, tally.diff_sq))
     rel_err = norm_diff / norm_ref if norm_ref > 0 else (0.0 if norm_diff == 0 else float("inf"))
-    norm_out = float(np.linalg.norm(of))
     if norm_ref > 0 and norm_out > 0:
-        cosine: float | None = float(np.dot(rf, of) / (norm_ref * norm_out))
+        cosine = tally.dot / (norm_ref * norm_out)
     else:
         cosine = 1.0 if norm_ref == norm_out else 0.0
     note = ""
-    if not finite and not same_nonfinite:
+    if tally.mismatches:
         passed = False
-        note = "NaN/Inf where the reference has none (or the other way round)"
+        note = f"{tally.mismatches} elements are NaN/Inf in one model and not the same in the other"
     elif options.min_cosine is not None:
-        passed = cosine is not None and cosine >= options.min_cosine
+        passed = cosine >= options.min_cosine
     else:
-        max_limit, mean_limit = thresholds(ref.dtype, options)
-        passed = max_abs <= max_limit and mean_abs <= mean_limit
+        max_limit, mean_limit = thresholds(dtype, options)
+        passed = tally.max_diff <= max_limit and mean_abs <= mean_limit
         if not passed:
-            note = f"above the limits for {ref.dtype}: max_abs {max_limit:.3g}, mean_abs {mean_limit:.3g}"
+            note = f"above the limits for {dtype}: max_abs {max_limit:.3g}, mean_abs {mean_limit:.3g}"
     return OutputComparison(
         length,
         name,
-        str(ref.dtype),
-        list(ref.shape),
-        max_abs,
+        type_name,
+        shape,
+        tally.max_diff,
         mean_abs,
         rel_err,
         cosine,
-        max_ref,
-        0,
+        tally.max_ref,
+        tally.mismatches,
         passed,
         note,
     )
 
 
+def compare_arrays(
+    ref: np.ndarray, out: np.ndarray, options: VerifyOptions, *, length: int, name: str
+) -> OutputComparison:
+    """Compare one tensor output: floats by the options' criterion, other types exactly.
+
+    A shape or type difference fails.
+    """
+    problem = _tensor_problem(ref, out)
+    if problem is not None:
+        return OutputComparison.failure(length, name, problem, _type_name(ref), list(ref.shape))
+    return _comparison(
+        _tally(ref, out),
+        ref.dtype,
+        options,
+        length=length,
+        name=name,
+        type_name=_type_name(ref),
+        shape=list(ref.shape),
+    )
+
+
+def compare_sequences(
+    ref: list[Any], out: list[Any], options: VerifyOptions, *, length: int, name: str
+) -> OutputComparison:
+    """Compare a sequence output: the same number of tensors, each passing on its own.
+
+    The row reports ``sequence(<type>)`` with the shape ``[number of tensors]``; its
+    numbers are taken over every tensor together, and the note names the first
+    tensor that fails.
+    """
+    kind = f"sequence({_type_name(ref[0])})" if ref and isinstance(ref[0], np.ndarray) else "sequence"
+    if len(ref) != len(out):
+        note = f"candidate sequence has {len(out)} elements, reference {len(ref)}"
+        return OutputComparison.failure(length, name, note, kind, [len(ref)])
+    for index, (r, o) in enumerate(zip(ref, out, strict=True)):
+        problem = _tensor_problem(r, o)
+        if problem is not None:
+            return OutputComparison.failure(length, name, f"element {index}: {problem}", kind, [len(ref)])
+    dtype = ref[0].dtype if ref else np.dtype(np.bool_)
+    total = _Tally(exact=not np.issubdtype(dtype, np.floating))
+    first_failure = ""
+    for index, (r, o) in enumerate(zip(ref, out, strict=True)):
+        tally = _tally(r, o)
+        total.add(tally)
+        part = _comparison(tally, dtype, options, length=length, name=name, type_name=kind, shape=[])
+        if not part.passed and not first_failure:
+            first_failure = f"element {index}: {part.note}"
+    row = _comparison(total, dtype, options, length=length, name=name, type_name=kind, shape=[len(ref)])
+    row.passed = not first_failure
+    row.note = first_failure
+    return row
+
+
+def compare_outputs(
+    ref: Any, out: Any, options: VerifyOptions, *, length: int, name: str
+) -> OutputComparison:
+    """Compare one output of both models: a tensor, or a sequence of tensors (a list)."""
+    if isinstance(ref, list) and isinstance(out, list):
+        return compare_sequences(ref, out, options, length=length, name=name)
+    if isinstance(ref, np.ndarray) and isinstance(out, np.ndarray):
+        return compare_arrays(ref, out, options, length=length, name=name)
+    ref_kind, out_kind = _value_kind(ref), _value_kind(out)
+    if ref_kind == out_kind:
+        note = f"cannot compare outputs of type {ref_kind} (tensors and sequences of tensors only)"
+    else:
+        note = f"candidate gives a {out_kind}, reference a {ref_kind}"
+    return OutputComparison.failure(length, name, note, ref_kind)
+
+
+def _value_kind(value: Any) -> str:
+    if isinstance(value, np.ndarray):
+        return "tensor"
+    return "sequence" if isinstance(value, list) else type(value).__name__
+
+
 def verify_models(original: str, candidate: str, options: VerifyOptions | None = None) -> VerifyReport:
     """Run both models on the same synthesised inputs and compare their outputs.
 
+    The candidate runs at the lengths the original ran at (see :func:`plan_lengths`);
+    a candidate that onnxruntime cannot load or run gives a failed report.
+
     Raises:
-        ModelRunError: the original cannot be run on the synthesised inputs
-            (the inputs need fixing), or the candidate cannot be loaded.
-        InputError: the models' inputs differ.
+        ModelRunError: the original cannot be loaded, or run on the synthesised inputs
+            (the inputs need fixing).
+        InputError: an option names no input or dim of the model, an output index is
+            out of range, or the models' inputs or outputs differ.
     """
     options = options or VerifyOptions()
-    specs, names, ref_outputs, how = _run_all(original, "original", options)
+    specs, names, plan, ref_outputs, not_run = _reference_outputs(original, options)
+    lengths = list(ref_outputs) if options.lengths is not None else sorted(ref_outputs)
+    report = VerifyReport(original, candidate, options, _how(specs, lengths[0], options))
+    report.lengths, report.lengths_rule, report.lengths_not_run = lengths, plan.rule, not_run
     try:
-        _, cand_names, cand_outputs, _ = _run_all(candidate, "candidate", options, specs)
+        cand_outputs = _candidate_outputs(candidate, specs, names, lengths, options)
     except ModelRunError as err:
-        report = VerifyReport(original, candidate, options, how)
         report.results.append(OutputComparison.failure(0, "*", str(err)))
         return report
-    if cand_names != names:
-        raise InputError(f"the two models have different outputs: {names} vs {cand_names}")
     indices = list(options.output_indices) if options.output_indices else list(range(len(names)))
-    for index in indices:
-        if not 0 <= index < len(names):
-            raise InputError(f"output index {index} out of range: the model has {len(names)} outputs")
-    report = VerifyReport(original, candidate, options, how)
-    for length in options.lengths:
+    for length in lengths:
         for index in indices:
             report.results.append(
-                compare_arrays(
+                compare_outputs(
                     ref_outputs[length][index],
                     cand_outputs[length][index],
                     options,
@@ -458,3 +838,39 @@ def verify_models(original: str, candidate: str, options: VerifyOptions | None =
                 )
             )
     return report
+
+
+def _reference_outputs(
+    path: str, options: VerifyOptions
+) -> tuple[list[_InputSpec], list[str], LengthPlan, dict[int, list[Any]], list[tuple[int, str]]]:
+    """The original's inputs, output names, length plan, outputs by length and the lengths
+    it could not run at; its session is closed before returning."""
+    session, specs, names = _open(path, "original", options)
+    plan = plan_lengths(specs, options)
+    outputs, not_run = _run_original(session, specs, options, plan)
+    del session
+    gc.collect()
+    return specs, names, plan, outputs, not_run
+
+
+def _candidate_outputs(
+    path: str, specs: list[_InputSpec], names: list[str], lengths: Sequence[int], options: VerifyOptions
+) -> dict[int, list[Any]]:
+    """The candidate's outputs at each length; its session is closed before returning.
+
+    Raises:
+        ModelRunError: onnxruntime cannot load or run the candidate.
+        InputError: its inputs or outputs differ from the original's.
+    """
+    session, _, cand_names = _open(path, "candidate", options, specs)
+    if cand_names != names:
+        raise InputError(f"the two models have different outputs: {names} vs {cand_names}")
+    outputs = {length: _run_at(session, specs, length, options, "candidate") for length in lengths}
+    del session
+    gc.collect()
+    return outputs
+
+
+def _how(specs: list[_InputSpec], length: int, options: VerifyOptions) -> dict[str, str]:
+    """How each input is synthesised (the same at every length)."""
+    return synthesise_inputs(specs, length, options)[1]
