@@ -136,14 +136,26 @@ def load_input(
 
 
 def check_report_path(report_path: str, *, inputs: list[str], outputs: list[str]) -> None:
-    """The JSON report must not replace a model file, its data or the output being written."""
+    """Refuse, before any work, a JSON report path that would replace a
+    model file: an input, a file an input reads (its external data, however named), or an
+    output being written (with its ``.data``).
+
+    The inputs are parsed (one protobuf parse each, no tensor data) only when the report
+    path is an existing regular file: nothing else can be a file a model reads.
+    """
     _io.check_output_path(report_path, what="report")
     protected = {os.path.realpath(p) for p in inputs}
     for out in outputs:
         protected.update({os.path.realpath(out), os.path.realpath(out + ".data")})
     for path in inputs:
         protected.add(os.path.realpath(path + ".data"))
-    if os.path.realpath(report_path) in protected:
+    target = os.path.realpath(report_path)
+    if target not in protected and os.path.isfile(report_path):
+        from onnx_conv2matmul._paths import files_read_by
+
+        for path in inputs:
+            protected |= files_read_by(path)
+    if target in protected:
         raise InputError(f"the report would overwrite a model file: {report_path}")
 
 
