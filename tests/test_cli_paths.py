@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import onnx
@@ -11,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from helpers import conv_model
+from onnx_conv2matmul import _io
 from onnx_conv2matmul.cli import main
 
 
@@ -129,3 +133,193 @@ def test_files_read_by_lists_subgraph_tensors(tmp_path: Path) -> None:
     from onnx_conv2matmul._paths import files_read_by
 
     assert files_read_by(str(src)) == {os.path.realpath(src), os.path.realpath(tmp_path / "branch.bin")}
+
+
+# ---- 2. devices, FIFOs and links to them are never replaced ------------------------------------
+
+
+def _special(tmp_path: Path, kind: str) -> Path:
+    if kind == "fifo":
+        os.mkfifo(tmp_path / "special")
+    else:
+        _char_device(tmp_path / "special")
+    return tmp_path / "special"
+
+
+def _is_special(path: Path, kind: str) -> bool:
+    mode = os.stat(path).st_mode
+    return stat.S_ISFIFO(mode) if kind == "fifo" else stat.S_ISCHR(mode)
+
+
+@pytest.mark.parametrize("via_link", [False, True], ids=["direct", "symlink"])
+@pytest.mark.parametrize("kind", ["fifo", "char-device"])
+@pytest.mark.parametrize("command", ["convert", "quantize"])
+def test_model_output_that_is_not_a_regular_file_is_refused(
+    tmp_path: Path, kind: str, via_link: bool, command: str
+) -> None:
+    src = tmp_path / "m.onnx"
+    onnx.save(conv_model(), src)
+    target = _special(tmp_path, kind)
+    out = target
+    if via_link:
+        out = tmp_path / "link.onnx"
+        out.symlink_to(target)
+    before = snapshot(tmp_path)
+    args = [str(src), str(out)] if command == "convert" else ["quantize", str(src), str(out)]
+    code, _, stderr = invoke(*args)
+    assert code == 2, stderr
+    assert "not a regular file" in stderr and len(stderr.strip().splitlines()) == 1
+    assert snapshot(tmp_path) == before
+    assert _is_special(out, kind)
+
+
+def test_model_output_data_file_that_is_a_fifo_is_refused(tmp_path: Path) -> None:
+    src = tmp_path / "m.onnx"
+    onnx.save(conv_model(), src, save_as_external_data=True, location="m.onnx.data", size_threshold=0)
+    os.mkfifo(tmp_path / "o.onnx.data")
+    code, _, stderr = invoke(str(src), str(tmp_path / "o.onnx"))
+    assert code == 2 and "not a regular file" in stderr
+    assert stat.S_ISFIFO(os.lstat(tmp_path / "o.onnx.data").st_mode)
+    assert not (tmp_path / "o.onnx").exists()
+
+
+@pytest.mark.parametrize("via_link", [False, True], ids=["direct", "symlink"])
+def test_report_to_a_fifo_is_written_through(tmp_path: Path, via_link: bool) -> None:
+    src = tmp_path / "m.onnx"
+    onnx.save(conv_model(), src)
+    fifo = _special(tmp_path, "fifo")
+    report = fifo
+    if via_link:
+        report = tmp_path / "r.json"
+        report.symlink_to(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # so the writer's open does not wait
+    try:
+        code, stdout, stderr = invoke(
+            str(src), str(tmp_path / "o.onnx"), "--report-json", str(report), "--report-json-stdout", "-q"
+        )
+        assert code == 0, stderr
+        received = os.read(reader, 1 << 20).decode()
+    finally:
+        os.close(reader)
+    assert json.loads(received) == json.loads(stdout)
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert os.path.islink(report) == via_link
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_report_to_a_character_device_is_written_through(tmp_path: Path) -> None:
+    src = tmp_path / "m.onnx"
+    onnx.save(conv_model(), src)
+    null = _special(tmp_path, "char-device")
+    link = tmp_path / "r.json"
+    link.symlink_to(null)
+    for report in (null, link):
+        code, _, stderr = invoke(str(src), str(tmp_path / "o.onnx"), "--report-json", str(report), "-q")
+        assert code == 0, stderr
+        assert stat.S_ISCHR(os.lstat(null).st_mode) and link.is_symlink()
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_stdout_link_is_never_replaced(tmp_path: Path) -> None:
+    """A link to /proc/self/fd/1 (what /dev/stdout is): the model is refused, the report goes to stdout."""
+    src = tmp_path / "m.onnx"
+    onnx.save(conv_model(), src)
+    link = tmp_path / "stdout"
+    link.symlink_to("/proc/self/fd/1")
+    captured = tmp_path / "captured.txt"
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        with open(captured, "w") as stdout:  # stdout a regular file: the link resolves to it
+            return subprocess.run(
+                [sys.executable, "-m", "onnx_conv2matmul", *args],
+                stdout=stdout,
+                stderr=subprocess.PIPE,
+                text=True,
+                check=False,
+            )
+
+    refused = run(str(src), str(link))
+    assert refused.returncode == 2 and "not a regular file" in refused.stderr, refused.stderr
+    assert link.is_symlink()
+    written = run(str(src), str(tmp_path / "o.onnx"), "--report-json", str(link), "-q")
+    assert written.returncode == 0, written.stderr
+    assert link.is_symlink()
+    assert json.loads(captured.read_text())["return_code"] == 0
+
+
+def test_write_text_atomic_keeps_a_character_device(tmp_path: Path) -> None:
+    null = _char_device(tmp_path / "null")
+    _io.write_text_atomic(str(null), "{}\n")
+    assert stat.S_ISCHR(os.lstat(null).st_mode)
+    assert {p.name for p in tmp_path.iterdir()} == {"null"}
+
+
+def test_report_to_a_block_device_or_socket_is_refused(tmp_path: Path) -> None:
+    import socket
+
+    src = tmp_path / "m.onnx"
+    onnx.save(conv_model(), src)
+    sock = socket.socket(socket.AF_UNIX)
+    try:
+        sock.bind(str(tmp_path / "sock"))
+        before = snapshot(tmp_path)
+        code, _, stderr = invoke(str(src), str(tmp_path / "o.onnx"), "--report-json", str(tmp_path / "sock"))
+    finally:
+        sock.close()
+    assert code == 2 and "report is not a regular file" in stderr
+    assert snapshot(tmp_path) == before
+
+
+# ---- 3. empty output paths and paths naming a directory ----------------------------------------
+
+
+@pytest.mark.parametrize("command", ["convert", "quantize"])
+def test_empty_output_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str) -> None:
+    src = tmp_path / "m.onnx"
+    onnx.save(conv_model(), src)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    before = snapshot(tmp_path)
+    args = [str(src), ""] if command == "convert" else ["quantize", str(src), ""]
+    code, _, stderr = invoke(*args)
+    assert code == 2 and "output path is empty" in stderr, stderr
+    assert len(stderr.strip().splitlines()) == 1
+    assert snapshot(tmp_path) == before and not list(work.iterdir())
+
+
+def test_empty_report_path(tmp_path: Path) -> None:
+    src = tmp_path / "m.onnx"
+    onnx.save(conv_model(), src)
+    before = snapshot(tmp_path)
+    code, _, stderr = invoke(str(src), str(tmp_path / "o.onnx"), "--report-json", "")
+    assert code == 2 and "report path is empty" in stderr
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("what", ["output", "report"])
+def test_path_ending_in_a_slash_names_a_directory(tmp_path: Path, what: str) -> None:
+    src = tmp_path / "m.onnx"
+    onnx.save(conv_model(), src)
+    before = snapshot(tmp_path)
+    missing = str(tmp_path / "nodir") + "/"
+    if what == "output":
+        code, _, stderr = invoke(str(src), missing)
+    else:
+        code, _, stderr = invoke(str(src), str(tmp_path / "o.onnx"), "--report-json", missing)
+    assert code == 2, stderr
+    assert f"{what} path ends with '/'" in stderr and len(stderr.strip().splitlines()) == 1
+    assert snapshot(tmp_path) == before
+
+
+def test_check_output_path_contract(tmp_path: Path) -> None:
+    from onnx_conv2matmul import InputError
+
+    with pytest.raises(InputError, match="output path is empty"):
+        _io.check_output_path("")
+    with pytest.raises(InputError, match="ends with '/'"):
+        _io.check_output_path(str(tmp_path / "x") + "/")
+    (tmp_path / "d").mkdir()
+    with pytest.raises(InputError, match="is a directory"):
+        _io.check_output_path(str(tmp_path / "d") + "/")
+    _io.check_output_path(str(tmp_path / "new.onnx"))

@@ -104,6 +104,7 @@ def check_paths(input_path: str, output_path: str | None, *, inplace: bool, inpl
         hint = "; use --inplace to replace the input" if inplace_hint else ""
         raise InputError(f"output is the input{hint}")
     _io.check_output_path(output)
+    _io.check_replaceable(output + ".data", what="output data file")
     return output
 
 
@@ -136,14 +137,14 @@ def load_input(
 
 
 def check_report_path(report_path: str, *, inputs: list[str], outputs: list[str]) -> None:
-    """Refuse, before any work, a JSON report path that would replace a
+    """Refuse, before any work, a JSON report path that cannot be written or would replace a
     model file: an input, a file an input reads (its external data, however named), or an
     output being written (with its ``.data``).
 
     The inputs are parsed (one protobuf parse each, no tensor data) only when the report
     path is an existing regular file: nothing else can be a file a model reads.
     """
-    _io.check_output_path(report_path, what="report")
+    _io.check_report_path(report_path)
     protected = {os.path.realpath(p) for p in inputs}
     for out in outputs:
         protected.update({os.path.realpath(out), os.path.realpath(out + ".data")})
