@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from helpers import conv_model
-from onnx_conv2matmul import _io
+from onnx_conv2matmul import _io, api
 from onnx_conv2matmul.cli import main
 
 
@@ -323,3 +323,35 @@ def test_check_output_path_contract(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="is a directory"):
         _io.check_output_path(str(tmp_path / "d") + "/")
     _io.check_output_path(str(tmp_path / "new.onnx"))
+
+
+# ---- 4. --keep-on-failure and an existing OUTPUT.verify-failed that is not a directory ----------
+
+
+@pytest.mark.parametrize("kind", ["file", "link-to-directory"])
+def test_keep_on_failure_target_must_be_a_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    src = tmp_path / "m.onnx"
+    onnx.save(conv_model(), src)
+    kept = tmp_path / "o.onnx.verify-failed"
+    if kind == "file":
+        kept.write_text("notes")
+    else:
+        (tmp_path / "elsewhere").mkdir()
+        kept.symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    before = snapshot(tmp_path)
+
+    def no_work(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(api, "load_input", no_work)
+    code, _, stderr = invoke(str(src), str(tmp_path / "o.onnx"), "--verify", "--keep-on-failure")
+    assert code == 2, stderr
+    assert "o.onnx.verify-failed" in stderr and "not a directory" in stderr
+    assert len(stderr.strip().splitlines()) == 1
+    assert snapshot(tmp_path) == before
+    with pytest.raises(api.InputError, match="not a directory"):
+        api.convert_file(
+            src, tmp_path / "o.onnx", verify=api.VerifyOptions(), keep_on_failure=True, run_checker=False
+        )

@@ -117,6 +117,19 @@ def check_report_path(path: str) -> None:
         raise InputError(f"report exists and is not writable: {path}")
 
 
+def check_kept_path(path: str) -> None:
+    """Refuse a ``--keep-on-failure`` destination that is not a directory.
+
+    A failed output is moved to directory ``path``; a directory already there is replaced,
+    anything else (a file, a link) is refused before any work.
+    """
+    why = "--keep-on-failure moves a failed output there"
+    if os.path.islink(path):
+        raise InputError(f"{path} is a symbolic link, not a directory ({why})")
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise InputError(f"{path} exists and is not a directory ({why})")
+
+
 def _check_path_text(path: str, what: str) -> None:
     if not path:
         raise InputError(f"{what} path is empty")

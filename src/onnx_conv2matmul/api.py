@@ -183,11 +183,16 @@ def convert_file(
     which moves the files to ``<output>.verify-failed/``.
 
     Raises:
-        InputError: bad paths or input file (nothing is written).
+        InputError: bad paths or input file, or with ``keep_on_failure`` a
+            ``<output>.verify-failed`` that is not a directory (nothing is written).
         CheckerError: the ONNX checker rejected the result (nothing is written).
         ModelRunError: the input model cannot run on the synthesised inputs.
     """
     options = options or ConvertOptions()
+    if keep_on_failure and verify is not None:
+        output = None if output_path is None else os.fspath(output_path)
+        dst = check_paths(os.fspath(input_path), output, inplace=inplace)
+        _io.check_kept_path(dst + FAILED_SUFFIX)
     progress = progress or NullProgress()
     try:
         return _convert_file(
