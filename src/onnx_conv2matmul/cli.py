@@ -448,7 +448,7 @@ def verify_command(
     type=int,
     default=64,
     show_default=True,
-    help="MatMulNBits block size: a power of 2, >= 16.",
+    help="MatMulNBits block size: 16, 32, 64, 128 or 256.",
 )
 @click.option(
     "--symmetric/--asymmetric", default=False, show_default=True, help="MatMulNBits without/with zero points."

@@ -1,0 +1,54 @@
+"""Options and inputs that cannot work are refused before any work, with exit 2 and one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+import pytest
+from click.testing import CliRunner
+
+from helpers import matmul_model
+from onnx_conv2matmul.cli import main
+from onnx_conv2matmul.quantize import QuantizeOptions
+
+
+def invoke(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    return result.exit_code, result.stdout, result.stderr
+
+
+def one_line(stderr: str) -> bool:
+    return len(stderr.strip().splitlines()) == 1
+
+
+# ---- 5. --block-size: what MatMulNBits supports ------------------------------------------------
+
+
+@pytest.mark.parametrize("block_size", [8, 48, 512, 1024])
+def test_block_size_outside_what_matmulnbits_supports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, block_size: int
+) -> None:
+    src = tmp_path / "m.onnx"
+    onnx.save(matmul_model(), src)
+
+    def no_work(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr("onnx_conv2matmul.pipeline.load_input", no_work)
+    code, _, stderr = invoke("quantize", str(src), str(tmp_path / "q.onnx"), "--block-size", str(block_size))
+    assert code == 2, stderr
+    assert "16, 32, 64, 128 or 256" in stderr and one_line(stderr)
+    assert {p.name for p in tmp_path.iterdir()} == {"m.onnx"}
+    with pytest.raises(ValueError, match="16, 32, 64, 128 or 256"):
+        QuantizeOptions(block_size=block_size)
+
+
+def test_every_supported_block_size_quantizes(tmp_path: Path) -> None:
+    src = tmp_path / "m.onnx"
+    onnx.save(matmul_model(), src)
+    for block_size in (16, 32, 64, 128, 256):
+        code, _, stderr = invoke(
+            "quantize", str(src), str(tmp_path / "q.onnx"), "--block-size", str(block_size)
+        )
+        assert code == 0, stderr
