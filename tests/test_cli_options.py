@@ -7,6 +7,7 @@ from pathlib import Path
 import onnx
 import pytest
 from click.testing import CliRunner
+from onnx import TensorProto, helper
 
 from helpers import matmul_model
 from onnx_conv2matmul.cli import main
@@ -52,3 +53,27 @@ def test_every_supported_block_size_quantizes(tmp_path: Path) -> None:
             "quantize", str(src), str(tmp_path / "q.onnx"), "--block-size", str(block_size)
         )
         assert code == 0, stderr
+
+
+# ---- 6. --int8-dynamic on a float16 model -------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["input-and-weight", "weight-only"])
+def test_int8_dynamic_refuses_float16(tmp_path: Path, where: str) -> None:
+    model = matmul_model(TensorProto.FLOAT16)
+    if where == "weight-only":  # float32 in and out, a float16 weight behind a Cast
+        model.graph.input[0].type.tensor_type.elem_type = TensorProto.FLOAT
+        model.graph.output[0].type.tensor_type.elem_type = TensorProto.FLOAT
+        model.graph.node.insert(0, helper.make_node("Cast", ["x"], ["x16"], to=TensorProto.FLOAT16))
+        model.graph.node[1].input[0] = "x16"
+        model.graph.node[1].output[0] = "y16"
+        model.graph.node.append(helper.make_node("Cast", ["y16"], ["y"], to=TensorProto.FLOAT))
+    src = tmp_path / "m.onnx"
+    onnx.save(model, src)
+    code, _, stderr = invoke("quantize", str(src), str(tmp_path / "q.onnx"), "--int8-dynamic")
+    assert code == 2, stderr
+    assert "float16" in stderr and "--int8-dynamic" in stderr and one_line(stderr)
+    assert "--min-cosine" not in stderr
+    assert {p.name for p in tmp_path.iterdir()} == {"m.onnx"}
+    code, _, stderr = invoke("quantize", str(src), str(tmp_path / "q.onnx"), "-q")
+    assert code == 0, "MatMulNBits takes float16"

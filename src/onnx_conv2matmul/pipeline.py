@@ -26,6 +26,7 @@ from onnx_conv2matmul.quantize import (
     QuantizeOptions,
     WeightStats,
     int8_dynamic,
+    int8_dynamic_obstacle,
     quantize_matmul_nbits,
     weight_stats,
 )
@@ -140,6 +141,8 @@ def quantize_file(
         loaded = load_input(src, dst, inplace=False, run_checker=run_checker, progress=progress, timings={})
         report.input_bytes = loaded.total_bytes
         model = loaded.model
+        if int8:
+            _check_int8_dynamic(model)
         report.weights_without_rewrite = weight_stats(model)
         progress.phase("Rewriting")
         model, rewrite = convert(model, convert_options)
@@ -180,6 +183,16 @@ def quantize_file(
     report.seconds = time.perf_counter() - started
     report.peak_rss_bytes = _peak_rss_bytes()
     return report
+
+
+def _check_int8_dynamic(model: ir.Model) -> None:
+    """Refuse, before the rewrite, a model ``quantize_dynamic`` would turn into one that does not load."""
+    obstacle = int8_dynamic_obstacle(model)
+    if obstacle is not None:
+        raise InputError(
+            f"--int8-dynamic needs a float32 model: {obstacle}"
+            " (onnxruntime's quantize_dynamic takes float32 only; the default MatMulNBits mode takes it)"
+        )
 
 
 def _int8_staged(

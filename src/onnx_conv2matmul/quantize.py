@@ -258,6 +258,29 @@ def _quiet_quantizer_logs() -> Iterator[None]:
         logger.setLevel(level)
 
 
+# Float types onnxruntime's quantize_dynamic cannot take: it inserts DynamicQuantizeLinear,
+# which reads float32 only, and writes a model that does not load.
+_NOT_INT8_DYNAMIC = frozenset({ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
+
+
+def int8_dynamic_obstacle(model: ir.Model) -> str | None:
+    """Why ``quantize_dynamic`` cannot take ``model``, or ``None``.
+
+    Names the first graph input, output or tensor (initializer or node attribute, in any
+    scope) of a 16-bit float type.
+    """
+    from onnx_conv2matmul._graphs import tensor_holders
+
+    for value in (*model.graph.inputs, *model.graph.outputs):
+        if value.dtype in _NOT_INT8_DYNAMIC:
+            return f"graph input or output {value.name!r} is {value.dtype.name.lower()}"
+    for holder in tensor_holders(model):
+        tensor = holder.get()
+        if tensor.dtype in _NOT_INT8_DYNAMIC:
+            return f"tensor {tensor.name!r} is {tensor.dtype.name.lower()}"
+    return None
+
+
 def int8_dynamic(
     model: ir.Model, input_path: str, output_path: str, options: QuantizeOptions, *, external_data: bool
 ) -> None:
