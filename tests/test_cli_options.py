@@ -77,3 +77,14 @@ def test_int8_dynamic_refuses_float16(tmp_path: Path, where: str) -> None:
     assert {p.name for p in tmp_path.iterdir()} == {"m.onnx"}
     code, _, stderr = invoke("quantize", str(src), str(tmp_path / "q.onnx"), "-q")
     assert code == 0, "MatMulNBits takes float16"
+
+
+# ---- 9. bundle on a directory without models ----------------------------------------------------
+
+
+def test_bundle_of_a_directory_without_models(tmp_path: Path) -> None:
+    (tmp_path / "vocab.txt").write_text("a\n")
+    (tmp_path / "sub.onnx").mkdir()  # a directory is not a model
+    code, stdout, stderr = invoke("bundle", str(tmp_path))
+    assert code == 2 and stdout == ""
+    assert "no .onnx models in" in stderr and one_line(stderr)

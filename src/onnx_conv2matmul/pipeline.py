@@ -228,16 +228,20 @@ def bundle_sizes(directory: str) -> list[tuple[str, int, list[str]]]:
     """Each model in ``directory``: (file name, bytes with its external data, data files).
 
     Each model goes through the same loader as the rewrite, so missing or short external
-    data is an error here too.
+    data is an error here too, and so is a directory without any ``.onnx`` file.
     """
     if not os.path.isdir(directory):
         raise InputError(f"not a directory: {directory}")
+    names = [
+        name
+        for name in sorted(os.listdir(directory))
+        if name.endswith(".onnx") and os.path.isfile(os.path.join(directory, name))
+    ]
+    if not names:
+        raise InputError(f"no .onnx models in {directory}")
     models = []
-    for name in sorted(os.listdir(directory)):
-        path = os.path.join(directory, name)
-        if not name.endswith(".onnx") or not os.path.isfile(path):
-            continue
-        loaded = _io.load_model(path)
+    for name in names:
+        loaded = _io.load_model(os.path.join(directory, name))
         data = sorted(os.path.relpath(f, directory) for f in loaded.external_files)
         models.append((name, loaded.total_bytes, data))
     return models
