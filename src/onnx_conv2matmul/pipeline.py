@@ -163,9 +163,9 @@ def quantize_file(
                 )
             progress.phase("Saving")
             staged = _io.stage_model(model, dst, external=external, progress=progress.advance)
-        del model, loaded
-        report.peak_rss_quantize_bytes = _peak_rss_bytes()
-        with staged:
+        with staged:  # at once: from here on any error or interrupt removes the staged output
+            del model, loaded
+            report.peak_rss_quantize_bytes = _peak_rss_bytes()
             report.external_data = staged.data_path is not None
             report.output_bytes = staged.size
             if run_checker:
@@ -203,24 +203,29 @@ def _int8_staged(
     progress: Progress,
     report: QuantizeReport,
 ) -> _io.StagedOutput:
-    """Save the rewritten fp32 model aside, run ``quantize_dynamic`` into a staged output."""
+    """Save the rewritten fp32 model aside, run ``quantize_dynamic`` into a staged output.
+
+    On any error or interrupt the staged output is removed before the exception goes on.
+    """
     progress.phase("Saving the rewritten model")
     fp32_path = os.path.join(os.path.dirname(os.path.abspath(dst)), ".int8-input.onnx")
-    with _io.stage_model(model, fp32_path, external=external) as fp32:
-        progress.phase("Quantizing (int8 dynamic)")
-        directory = _io.staging_dir(dst)
-        out = os.path.join(directory, os.path.basename(dst))
-        try:
+    directory: str | None = None
+    try:
+        with _io.stage_model(model, fp32_path, external=external) as fp32:
+            progress.phase("Quantizing (int8 dynamic)")
+            directory = _io.staging_dir(dst)
+            out = os.path.join(directory, os.path.basename(dst))
             int8_dynamic(model, fp32.onnx_path, out, quantize_options, external_data=external)
-        except BaseException:
+        quantized = ir.load(out)
+        report.matmuls = count_op(model, "MatMul")
+        report.quantized_nodes = sum(
+            count_op(quantized, op) for op in ("MatMulInteger", "DynamicQuantizeLSTM", "ConvInteger")
+        )
+    except BaseException:
+        if directory is not None:
             shutil.rmtree(directory, ignore_errors=True)
-            raise
+        raise
     data = out + ".data"
-    quantized = ir.load(out)
-    report.matmuls = count_op(model, "MatMul")
-    report.quantized_nodes = sum(
-        count_op(quantized, op) for op in ("MatMulInteger", "DynamicQuantizeLSTM", "ConvInteger")
-    )
     return _io.StagedOutput(dst, directory, out, data if os.path.exists(data) else None)
 
 
