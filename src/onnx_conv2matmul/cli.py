@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -12,7 +11,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
-from onnx_conv2matmul import _io, api
+from onnx_conv2matmul import _entry, _io, api
 from onnx_conv2matmul._version import __version__
 from onnx_conv2matmul.errors import Conv2MatMulError, InputError
 from onnx_conv2matmul.options import ConvertOptions
@@ -41,7 +40,8 @@ class _Outcome:
 
     With ``--report-json-stdout`` stdout gets exactly one JSON object: the command's report,
     or, when the command ends without one (an error, a usage error, an interrupt), an object
-    with ``return_code`` and ``error``.
+    with ``return_code`` and ``error``. On an interrupt, the paths the command may write are
+    compared with what they were when it started, to say truthfully what was written.
     """
 
     def __init__(self) -> None:
@@ -53,6 +53,22 @@ class _Outcome:
         self.command: str | None = None
         self.error: str | None = None
         self._printed = False
+        self._watched: dict[str, tuple[int, ...] | None] = {}
+
+    def watch(self, *paths: str | None) -> None:
+        """Remember the state of ``paths`` (those the command may write) from now on."""
+        for path in paths:
+            if path:
+                self._watched.setdefault(path, _fingerprint(path))
+
+    def written(self) -> list[str]:
+        """The watched paths that changed since they were first watched."""
+        return [path for path, before in self._watched.items() if _fingerprint(path) != before]
+
+    def interrupted_detail(self) -> str:
+        """What an interrupt leaves behind: nothing, or the watched paths written so far."""
+        written = self.written()
+        return f"already written: {', '.join(written)}" if written else _entry.NOTHING_WRITTEN
 
     def print_json(self, text: str) -> None:
         """Print the command's JSON report on stdout, when asked for and not printed yet."""
@@ -60,29 +76,23 @@ class _Outcome:
             self._printed = True
             click.echo(text)
 
+    def print_error_json(self, code: int, error: str) -> None:
+        """Print the error object instead of a report, when asked for and nothing printed yet."""
+        self.print_json(_entry.error_json(self.command, code, error))
+
     def finish(self, code: int) -> None:
         """The exit: a failure that printed no report prints the error object instead."""
         if code != 0:
             with contextlib.suppress(OSError):  # a closed pipe: nothing more to say
-                self.print_json(_error_json(self.command, code, self.error or f"exit code {code}"))
+                self.print_error_json(code, self.error or f"exit code {code}")
 
 
-def _asks_for_json(argv: Sequence[str]) -> bool:
-    """Whether ``--report-json-stdout`` is among the options (before any ``--``)."""
-    options = argv[: list(argv).index("--")] if "--" in argv else argv
-    return "--report-json-stdout" in options
-
-
-def _error_json(command: str | None, return_code: int, error: str | None) -> str:
-    """The one JSON object printed on stdout when a command ends without its report."""
-    data = {
-        "tool": "onnx-conv2matmul",
-        "version": __version__,
-        "command": command,
-        "return_code": return_code,
-        "error": error,
-    }
-    return json.dumps(data, indent=2)
+def _fingerprint(path: str) -> tuple[int, ...] | None:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 _OUTCOME = _Outcome()
@@ -97,7 +107,7 @@ class _DefaultGroup(click.Group):
     """
 
     def main(self, args: Sequence[str] | None = None, *rest: Any, **kwargs: Any) -> Any:
-        _OUTCOME.reset(json_stdout=_asks_for_json(sys.argv[1:] if args is None else list(args)))
+        _OUTCOME.reset(json_stdout=_entry.asks_for_json(sys.argv[1:] if args is None else list(args)))
         try:
             return super().main(args, *rest, **kwargs)
         except SystemExit as exit_:
@@ -147,7 +157,7 @@ def _errors(*, click_shows_usage: bool = False) -> Iterator[None]:
 
     2: usage and input errors, and system errors (OSError such as a full disk, out of
     memory); 1: the checker rejected the output (and other deliberate errors of this
-    package); 130: interrupted; 3: any other exception,
+    package); 128 + signal: interrupted (130 Ctrl-C, 143 SIGTERM); 3: any other exception,
     a bug (ONNX_CONV2MATMUL_DEBUG=1 re-raises it for a traceback). With
     ``click_shows_usage`` click's usage errors go on to click, which prints the usage too.
     """
@@ -164,8 +174,9 @@ def _errors(*, click_shows_usage: bool = False) -> Iterator[None]:
         _fail(str(err), EXIT_USAGE)
     except Conv2MatMulError as err:  # CheckerError included
         _fail(str(err), EXIT_FAILED)
-    except KeyboardInterrupt:
-        _fail("interrupted; nothing was written", 130)
+    except KeyboardInterrupt as interrupt:
+        message = _entry.interrupted_message(interrupt, _OUTCOME.interrupted_detail())
+        _fail(message, _entry.exit_code(interrupt))
     except MemoryError:
         _fail("out of memory", EXIT_USAGE)
     except OSError as err:
@@ -466,7 +477,8 @@ def convert_command(
             max_dilation=max_dilation,
             allow_added_transposes=allow_added_transposes,
         )
-        api.check_paths(input_path, output_path, inplace=inplace)
+        output = api.check_paths(input_path, output_path, inplace=inplace)
+        _OUTCOME.watch(output, output + ".data", output + api.FAILED_SUFFIX, report_json)
         if report_json is not None:
             api.check_report_path(
                 report_json,
@@ -537,6 +549,7 @@ def verify_command(
             _io.check_input_path(path)
         if report_json is not None:
             api.check_report_path(report_json, inputs=[original, candidate], outputs=[])
+        _OUTCOME.watch(report_json)
         result = verify_models(original, candidate, options)
         verification = result.to_dict()
         render.print_verification(console, verification, cosine=cosine)
@@ -664,6 +677,7 @@ def quantize_command(
         v_options = _build_verify_options(verify_kwargs, min_cosine)
         if report_json is not None:
             api.check_report_path(report_json, inputs=[input_path], outputs=[output_path])
+        _OUTCOME.watch(output_path, output_path + ".data", report_json)
         report = quantize_file(
             input_path,
             output_path,
@@ -709,12 +723,15 @@ if __name__ == "__main__":  # pragma: no cover
 
 
 def run() -> None:
-    """The console entry point: :func:`main`, then a quick exit.
+    """The console entry point: :func:`main` with SIGINT and SIGTERM handled, then a quick exit.
 
-    Once the command has finished (every file written and closed, every thread joined),
-    the process ends without the interpreter's teardown, which frees a large graph object
-    by object (0.1 s after rewriting an encoder) and has nothing left to flush.
+    Both signals unwind like Ctrl-C (staging directories removed) and exit 128 + signal
+    (see :mod:`onnx_conv2matmul._entry`, which installs the handlers before this module is
+    imported). Once the command has finished (every file written and closed, every thread
+    joined), the process ends without the interpreter's teardown, which frees a large graph
+    object by object (0.1 s after rewriting an encoder) and has nothing left to flush.
     """
+    _entry.install_signal_handlers()
     code = 0
     try:
         main()
@@ -722,6 +739,8 @@ def run() -> None:
         if exit_.code is not None and not isinstance(exit_.code, int):
             raise  # a message for the interpreter to print
         code = exit_.code or 0
+    except KeyboardInterrupt as interrupt:  # a signal while the end of the run was reported
+        _entry.exit_interrupted(interrupt, _OUTCOME.interrupted_detail(), _OUTCOME.print_error_json)
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError):  # a closed pipe: nothing more to say
             stream.flush()
