@@ -77,6 +77,22 @@ def conv_model(
     return model
 
 
+def matmul_model(dtype: int = TensorProto.FLOAT) -> onnx.ModelProto:
+    """One MatMul with a 64x32 weight: something both quantizers take."""
+    np_type = np.float16 if dtype == TensorProto.FLOAT16 else np.float32
+    weight = np.random.default_rng(0).standard_normal((64, 32)).astype(np_type)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")],
+        "g",
+        [helper.make_tensor_value_info("x", dtype, ["N", 64])],
+        [helper.make_tensor_value_info("y", dtype, ["N", 32])],
+        [numpy_helper.from_array(weight, "W")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
 def session(model: onnx.ModelProto | str) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
-from helpers import all_nodes, session
+from helpers import all_nodes, matmul_model, session
 from onnx_conv2matmul import ConvertOptions, convert
 from onnx_conv2matmul.cli import main
 from onnx_conv2matmul.quantize import QuantizeOptions, quantize_matmul_nbits
@@ -237,3 +237,44 @@ def test_int8_patterns_and_an_include_that_matches_nothing(tmp_path: Path) -> No
     )
     data = json.loads(stdout)
     assert data["quantized_nodes"] == 0 and data["warnings"] and "warning" in stderr
+
+
+def _staging(directory: Path) -> list[str]:
+    return [p.name for p in directory.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_int8_failure_after_quantize_dynamic_leaves_no_staging(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An error while the quantized model is read back removes its staging directory."""
+    from onnx_conv2matmul import pipeline
+
+    src = tmp_path / "m.onnx"
+    onnx.save(matmul_model(), src)
+
+    def unreadable(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("cannot read it back")
+
+    monkeypatch.setattr(pipeline.ir, "load", unreadable)
+    with pytest.raises(RuntimeError, match="cannot read it back"):
+        pipeline.quantize_file(src, tmp_path / "q.onnx", int8=True)
+    assert _staging(tmp_path) == [] and not (tmp_path / "q.onnx").exists()
+
+
+@pytest.mark.parametrize("int8", [False, True], ids=["matmulnbits", "int8-dynamic"])
+def test_interrupt_right_after_staging_leaves_no_staging(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, int8: bool
+) -> None:
+    """Ctrl-C between staging the output and measuring it: the staged output is removed."""
+    from onnx_conv2matmul import pipeline
+
+    src = tmp_path / "m.onnx"
+    onnx.save(matmul_model(), src)
+
+    def interrupted() -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline, "_peak_rss_bytes", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        pipeline.quantize_file(src, tmp_path / "q.onnx", int8=int8)
+    assert _staging(tmp_path) == [] and not (tmp_path / "q.onnx").exists()

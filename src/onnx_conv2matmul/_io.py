@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
@@ -45,6 +46,8 @@ class LoadedModel:
 
 
 def check_input_path(path: str) -> None:
+    if not path:
+        raise InputError("input path is empty")
     if not os.path.exists(path):
         raise InputError(f"input not found: {path}")
     if os.path.isdir(path):
@@ -56,6 +59,16 @@ def check_input_path(path: str) -> None:
 
 
 def check_output_path(path: str, *, what: str = "output") -> None:
+    """Refuse, before any work, a path that a new file cannot be renamed onto.
+
+    Raises:
+        InputError: an empty path, one ending in ``/`` (a directory's name), a missing or
+            unwritable directory, an existing directory, an existing file that is not
+            writable, or anything existing that is not a regular file (a device, FIFO or
+            socket, a link to one, or a file descriptor such as ``/dev/stdout``): renaming
+            onto it would replace it instead of writing to it.
+    """
+    _check_path_text(path, what)
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
         raise InputError(f"{what} directory does not exist: {directory}")
@@ -63,8 +76,101 @@ def check_output_path(path: str, *, what: str = "output") -> None:
         raise InputError(f"{what} directory is not writable: {directory}")
     if os.path.isdir(path):
         raise InputError(f"{what} is a directory: {path}")
+    check_replaceable(path, what=what)
     if os.path.exists(path) and not os.access(path, os.W_OK):
         raise InputError(f"{what} exists and is not writable: {path}")
+
+
+def check_replaceable(path: str, *, what: str = "output") -> None:
+    """Refuse an existing ``path`` that is not a regular file (see :func:`check_output_path`).
+
+    A missing path or a broken link passes: there is nothing to replace.
+    """
+    if not os.path.exists(path):
+        return
+    if not stat.S_ISREG(os.stat(path).st_mode) or _leads_into_proc(path):
+        raise InputError(
+            f"{what} is not a regular file: {path} (a device, FIFO or socket, or a link to one"
+            " or to a file descriptor; it would be replaced, not written to)"
+        )
+
+
+def check_report_path(path: str) -> None:
+    """Refuse, before any work, a report path :func:`write_text_atomic` cannot write.
+
+    A symbolic link, a character device or a FIFO is written through, so it must lead to
+    a writable regular file, character device or FIFO (not a directory, a block device or
+    a socket); any other path must pass :func:`check_output_path`.
+    """
+    _check_path_text(path, "report")
+    if not _written_through(path):
+        check_output_path(path, what="report")
+        return
+    if not os.path.exists(path):
+        raise InputError(f"report is a broken symbolic link: {path}")
+    mode = os.stat(path).st_mode
+    if stat.S_ISDIR(mode):
+        raise InputError(f"report is a directory: {path}")
+    if not (stat.S_ISREG(mode) or stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)):
+        raise InputError(f"report is not a regular file, a character device or a FIFO: {path}")
+    if not os.access(path, os.W_OK):
+        raise InputError(f"report exists and is not writable: {path}")
+
+
+def check_kept_path(path: str) -> None:
+    """Refuse a ``--keep-on-failure`` destination that is not a directory.
+
+    A failed output is moved to directory ``path``; a directory already there is replaced,
+    anything else (a file, a link) is refused before any work.
+    """
+    why = "--keep-on-failure moves a failed output there"
+    if os.path.islink(path):
+        raise InputError(f"{path} is a symbolic link, not a directory ({why})")
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise InputError(f"{path} exists and is not a directory ({why})")
+
+
+def _check_path_text(path: str, what: str) -> None:
+    if not path:
+        raise InputError(f"{what} path is empty")
+    if path.endswith(("/", os.sep)):
+        if os.path.isdir(path):
+            raise InputError(f"{what} is a directory: {path}")
+        raise InputError(f"{what} path ends with '/', the name of a directory: {path}")
+
+
+def _written_through(path: str) -> bool:
+    """Whether :func:`write_text_atomic` writes into ``path`` instead of replacing it."""
+    if os.path.islink(path):
+        return True
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
+
+
+def _leads_into_proc(path: str) -> bool:
+    """Whether ``path`` or a link on its way leads into /proc.
+
+    ``/dev/stdout`` and ``/dev/fd/1`` lead to ``/proc/self/fd/1``: a descriptor of this
+    process, which looks like a regular file when the output is redirected to one.
+    """
+    current = os.path.abspath(path)
+    for _ in range(40):  # the kernel's limit on links followed
+        directory = os.path.realpath(os.path.dirname(current))
+        if _in_proc(directory):
+            return True
+        if not os.path.islink(current):
+            return False
+        current = os.path.normpath(os.path.join(directory, os.readlink(current)))
+        if _in_proc(current):
+            return True
+    return False
+
+
+def _in_proc(path: str) -> bool:
+    return path == "/proc" or path.startswith("/proc/")
 
 
 def _iter_tensors(model: ir.Model) -> Iterator[ir.TensorProtocol]:
@@ -159,7 +265,17 @@ def _usual_mode(path: str, *, directory: bool = False) -> None:
 
 
 def write_text_atomic(path: str, text: str) -> None:
-    """Write a text file (a report) through a temporary file renamed into place."""
+    """Write a text file (a report) that a reader never sees half written.
+
+    A new path or a regular file gets a temporary file renamed into place. A symbolic link,
+    a character device or a FIFO is written through instead (opened and written, never
+    replaced): ``/dev/stdout``, ``/dev/null``, a pipe, or a link to the file meant; a FIFO
+    waits for a reader.
+    """
+    if _written_through(path):
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        return
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
     try:

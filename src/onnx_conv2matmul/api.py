@@ -104,6 +104,7 @@ def check_paths(input_path: str, output_path: str | None, *, inplace: bool, inpl
         hint = "; use --inplace to replace the input" if inplace_hint else ""
         raise InputError(f"output is the input{hint}")
     _io.check_output_path(output)
+    _io.check_replaceable(output + ".data", what="output data file")
     return output
 
 
@@ -136,14 +137,26 @@ def load_input(
 
 
 def check_report_path(report_path: str, *, inputs: list[str], outputs: list[str]) -> None:
-    """The JSON report must not replace a model file, its data or the output being written."""
-    _io.check_output_path(report_path, what="report")
+    """Refuse, before any work, a JSON report path that cannot be written or would replace a
+    model file: an input, a file an input reads (its external data, however named), or an
+    output being written (with its ``.data``).
+
+    The inputs are parsed (one protobuf parse each, no tensor data) only when the report
+    path is an existing regular file: nothing else can be a file a model reads.
+    """
+    _io.check_report_path(report_path)
     protected = {os.path.realpath(p) for p in inputs}
     for out in outputs:
         protected.update({os.path.realpath(out), os.path.realpath(out + ".data")})
     for path in inputs:
         protected.add(os.path.realpath(path + ".data"))
-    if os.path.realpath(report_path) in protected:
+    target = os.path.realpath(report_path)
+    if target not in protected and os.path.isfile(report_path):
+        from onnx_conv2matmul._paths import files_read_by
+
+        for path in inputs:
+            protected |= files_read_by(path)
+    if target in protected:
         raise InputError(f"the report would overwrite a model file: {report_path}")
 
 
@@ -170,11 +183,16 @@ def convert_file(
     which moves the files to ``<output>.verify-failed/``.
 
     Raises:
-        InputError: bad paths or input file (nothing is written).
+        InputError: bad paths or input file, or with ``keep_on_failure`` a
+            ``<output>.verify-failed`` that is not a directory (nothing is written).
         CheckerError: the ONNX checker rejected the result (nothing is written).
         ModelRunError: the input model cannot run on the synthesised inputs.
     """
     options = options or ConvertOptions()
+    if keep_on_failure and verify is not None:
+        output = None if output_path is None else os.fspath(output_path)
+        dst = check_paths(os.fspath(input_path), output, inplace=inplace)
+        _io.check_kept_path(dst + FAILED_SUFFIX)
     progress = progress or NullProgress()
     try:
         return _convert_file(

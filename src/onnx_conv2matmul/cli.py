@@ -5,15 +5,15 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
-from onnx_conv2matmul import _io, api
+from onnx_conv2matmul import _entry, _io, api
 from onnx_conv2matmul._version import __version__
-from onnx_conv2matmul.errors import CheckerError, Conv2MatMulError, InputError
+from onnx_conv2matmul.errors import Conv2MatMulError, InputError
 from onnx_conv2matmul.options import ConvertOptions
 from onnx_conv2matmul.verify import (
     DEFAULT_LENGTHS,
@@ -28,18 +28,110 @@ from onnx_conv2matmul.verify import (
 if TYPE_CHECKING:
     from rich.console import Console
 
-EXIT_FAILED = 1
-EXIT_USAGE = 2
+    from onnx_conv2matmul.report import ConvertReport
+
+EXIT_FAILED = 1  # verification or accuracy failed, or the checker rejected the output
+EXIT_USAGE = 2  # usage, input or system error (OSError, out of memory)
+EXIT_INTERNAL = 3  # an unexpected exception: a bug
 PROGRESS_MIN_BYTES = 100 * 2**20
 
 
+class _Outcome:
+    """How this run ends, so that every exit says the same things.
+
+    With ``--report-json-stdout`` stdout gets exactly one JSON object: the command's report,
+    or, when the command ends without one (an error, a usage error, an interrupt), an object
+    with ``return_code`` and ``error``. On an interrupt, the paths the command may write are
+    compared with what they were when it started, to say truthfully what was written.
+    """
+
+    def __init__(self) -> None:
+        self.reset(json_stdout=False)
+
+    def reset(self, *, json_stdout: bool) -> None:
+        """Start a run (``main`` may be called more than once in one process, as tests do)."""
+        self.json_stdout = json_stdout
+        self.command: str | None = None
+        self.error: str | None = None
+        self._printed = False
+        self._watched: dict[str, tuple[int, ...] | None] = {}
+
+    def watch(self, *paths: str | None) -> None:
+        """Remember the state of ``paths`` (those the command may write) from now on."""
+        for path in paths:
+            if path:
+                self._watched.setdefault(path, _fingerprint(path))
+
+    def written(self) -> list[str]:
+        """The watched paths that changed since they were first watched."""
+        return [path for path, before in self._watched.items() if _fingerprint(path) != before]
+
+    def interrupted_detail(self) -> str:
+        """What an interrupt leaves behind: nothing, or the watched paths written so far."""
+        written = self.written()
+        return f"already written: {', '.join(written)}" if written else _entry.NOTHING_WRITTEN
+
+    def print_json(self, text: str) -> None:
+        """Print the command's JSON report on stdout, when asked for and not printed yet."""
+        if self.json_stdout and not self._printed:
+            self._printed = True
+            click.echo(text)
+
+    def print_error_json(self, code: int, error: str) -> None:
+        """Print the error object instead of a report, when asked for and nothing printed yet."""
+        self.print_json(_entry.error_json(self.command, code, error))
+
+    def finish(self, code: int) -> None:
+        """The exit: a failure that printed no report prints the error object instead."""
+        if code != 0:
+            with contextlib.suppress(OSError):  # a closed pipe: nothing more to say
+                self.print_error_json(code, self.error or f"exit code {code}")
+
+
+def _fingerprint(path: str) -> tuple[int, ...] | None:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+_OUTCOME = _Outcome()
+
+
 class _DefaultGroup(click.Group):
-    """A group whose default command is ``convert``: ``onnx-conv2matmul IN OUT`` works."""
+    """A group whose default command is ``convert``: ``onnx-conv2matmul IN OUT`` works.
+
+    It also ends every run the same way: errors become one line and an exit code (see
+    :func:`_errors`), and with ``--report-json-stdout`` stdout gets one JSON object
+    whatever happens, click's usage errors included (see :class:`_Outcome`).
+    """
+
+    def main(self, args: Sequence[str] | None = None, *rest: Any, **kwargs: Any) -> Any:
+        _OUTCOME.reset(json_stdout=_entry.asks_for_json(sys.argv[1:] if args is None else list(args)))
+        try:
+            return super().main(args, *rest, **kwargs)
+        except SystemExit as exit_:
+            code = exit_.code
+            _OUTCOME.finish(code if isinstance(code, int) else 0 if code is None else EXIT_FAILED)
+            raise
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):
             args = ["convert", *args]
-        return super().parse_args(ctx, args)
+        with _errors(click_shows_usage=True):
+            return super().parse_args(ctx, args)
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        name, command, rest = super().resolve_command(ctx, args)
+        _OUTCOME.command = command.name if command is not None else name
+        return name, command, rest
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with _errors(click_shows_usage=True):
+            return super().invoke(ctx)
 
 
 def _stderr_console(quiet: bool) -> Console:
@@ -49,10 +141,11 @@ def _stderr_console(quiet: bool) -> Console:
     return Console(stderr=True, quiet=quiet, width=None if sys.stderr.isatty() else 160)
 
 
-def _fail(message: str, code: int) -> None:
+def _fail(message: str, code: int) -> NoReturn:
     from rich.console import Console
     from rich.markup import escape
 
+    _OUTCOME.error = message
     Console(stderr=True).print(
         f"[bold red]error:[/bold red] {escape(message)}", highlight=False, soft_wrap=True
     )
@@ -60,41 +153,63 @@ def _fail(message: str, code: int) -> None:
 
 
 @contextmanager
-def _errors() -> Iterator[None]:
-    """Map errors to one line on stderr and an exit code; never a traceback."""
+def _errors(*, click_shows_usage: bool = False) -> Iterator[None]:
+    """Map every exception to one line on stderr and an exit code; never a traceback.
+
+    2: usage and input errors, and system errors (OSError such as a full disk, out of
+    memory); 1: the checker rejected the output (and other deliberate errors of this
+    package); 128 + signal: interrupted (130 Ctrl-C, 143 SIGTERM); 3: any other exception,
+    a bug (ONNX_CONV2MATMUL_DEBUG=1 re-raises it for a traceback). With
+    ``click_shows_usage`` click's usage errors go on to click, which prints the usage too.
+    """
     try:
         yield
+    except (click.exceptions.Exit, click.Abort):
+        raise  # --help, --version: click ends the run
     except click.ClickException as err:
+        if click_shows_usage:
+            _OUTCOME.error = err.format_message()
+            raise
         _fail(err.format_message(), EXIT_USAGE)
     except ModelRunError as err:
         _fail(f"{err} (--verify-input, --verify-dim, --verify-lengths)", EXIT_USAGE)
     except InputError as err:
         _fail(str(err), EXIT_USAGE)
-    except CheckerError as err:
+    except Conv2MatMulError as err:  # CheckerError included
         _fail(str(err), EXIT_FAILED)
-    except Conv2MatMulError as err:
-        _fail(str(err), EXIT_FAILED)
-    except KeyboardInterrupt:
-        _fail("interrupted; nothing was written", 130)
+    except KeyboardInterrupt as interrupt:
+        message = _entry.interrupted_message(interrupt, _OUTCOME.interrupted_detail())
+        _fail(message, _entry.exit_code(interrupt))
     except MemoryError:
-        _fail("out of memory", EXIT_FAILED)
+        _fail("out of memory", EXIT_USAGE)
     except OSError as err:
-        _fail(f"{err.strerror or err}: {err.filename or ''}".rstrip(": "), EXIT_FAILED)
+        _fail(f"{err.strerror or err}: {err.filename or ''}".rstrip(": "), EXIT_USAGE)
     except Exception as err:
         if os.environ.get("ONNX_CONV2MATMUL_DEBUG"):
             raise
-        _fail(
-            f"unexpected {err.__class__.__name__}: {err} (set ONNX_CONV2MATMUL_DEBUG=1 for a traceback)",
-            EXIT_FAILED,
-        )
+        _fail(_internal_error(err), EXIT_INTERNAL)
 
 
-def _emit_json(text: str, path: str | None, to_stdout: bool) -> None:
-    """The JSON report to a file (atomically) and/or alone on stdout."""
+def _internal_error(err: Exception) -> str:
+    text = str(err).strip()
+    first = text.splitlines()[0] if text else ""
+    return (
+        f"internal error: {err.__class__.__name__}: {first} -- a bug in onnx-conv2matmul {__version__},"
+        " please report it (set ONNX_CONV2MATMUL_DEBUG=1 for a traceback)"
+    )
+
+
+def _emit_report(data: dict[str, Any], path: str | None, error: str | None) -> None:
+    """The JSON report, with ``error`` (None on success), to ``path`` and/or stdout.
+
+    Called last, after the tables: nothing may follow the object on stdout.
+    """
+    from onnx_conv2matmul import render
+
+    text = render.dump({**data, "error": error})
     if path is not None:
         _io.write_text_atomic(path, text + "\n")
-    if to_stdout:
-        click.echo(text)
+    _OUTCOME.print_json(text)
 
 
 class _RichProgress:
@@ -361,6 +476,7 @@ def convert_command(
 ) -> None:
     """Rewrite INPUT into OUTPUT (or INPUT itself with --inplace)."""
     # Off a terminal the console is made after the rewrite: importing rich would delay its start.
+    _OUTCOME.json_stdout = report_json_stdout
     console = _stderr_console(quiet) if sys.stderr.isatty() else None
     with _errors():
         verify_opts = _build_verify_options(verify_kwargs) if verify else None
@@ -370,7 +486,8 @@ def convert_command(
             max_dilation=max_dilation,
             allow_added_transposes=allow_added_transposes,
         )
-        api.check_paths(input_path, output_path, inplace=inplace)
+        output = api.check_paths(input_path, output_path, inplace=inplace)
+        _OUTCOME.watch(output, output + ".data", output + api.FAILED_SUFFIX, report_json)
         if report_json is not None:
             api.check_report_path(
                 report_json,
@@ -389,9 +506,16 @@ def convert_command(
         )
         from onnx_conv2matmul import render
 
-        _emit_json(render.report_json(report), report_json, report_json_stdout)
         render.print_convert_report(console or _stderr_console(quiet), report)
+        _emit_report(report.to_dict(), report_json, _convert_error(report))
     sys.exit(report.return_code)
+
+
+def _convert_error(report: ConvertReport) -> str | None:
+    if report.return_code == 0:
+        return None
+    kept = f"the output was kept in {report.output_path}" if report.output_path else "nothing was written"
+    return f"verification failed: the output differs from the input; {kept}"
 
 
 @main.command("verify")
@@ -424,20 +548,28 @@ def verify_command(
     **verify_kwargs: Any,
 ) -> None:
     """Compare two models with the same inputs and outputs in onnxruntime."""
-    console = _stderr_console(quiet)
-    from onnx_conv2matmul import render
-
+    _OUTCOME.json_stdout = report_json_stdout
     with _errors():
+        console = _stderr_console(quiet)
+        from onnx_conv2matmul import render
+
         options = _build_verify_options(verify_kwargs, min_cosine)
         for path in (original, candidate):
             _io.check_input_path(path)
         if report_json is not None:
             api.check_report_path(report_json, inputs=[original, candidate], outputs=[])
+        _OUTCOME.watch(report_json)
         result = verify_models(original, candidate, options)
         verification = result.to_dict()
-        data = {"tool": "onnx-conv2matmul", "version": __version__, "verification": verification}
-        _emit_json(render.dump(data), report_json, report_json_stdout)
         render.print_verification(console, verification, cosine=cosine)
+        data = {
+            "tool": "onnx-conv2matmul",
+            "version": __version__,
+            "verification": verification,
+            "return_code": result.return_code,
+        }
+        error = None if result.passed else "verification failed: the models differ"
+        _emit_report(data, report_json, error)
     sys.exit(result.return_code)
 
 
@@ -457,7 +589,7 @@ def verify_command(
     type=int,
     default=64,
     show_default=True,
-    help="MatMulNBits block size: a power of 2, >= 16.",
+    help="MatMulNBits block size: 16, 32, 64, 128 or 256.",
 )
 @click.option(
     "--symmetric/--asymmetric", default=False, show_default=True, help="MatMulNBits without/with zero points."
@@ -526,13 +658,14 @@ def quantize_command(
     Default: MatMulNBits, 4 bits, block 64, asymmetric, accuracy level 0. The result is
     compared with INPUT on synthesised inputs (cosine similarity, relative error).
     """
-    from onnx_conv2matmul.pipeline import quantize_file
-    from onnx_conv2matmul.quantize import QuantizeOptions
-
-    console = _stderr_console(quiet)
-    from onnx_conv2matmul import render
-
+    _OUTCOME.json_stdout = report_json_stdout
     with _errors():
+        from onnx_conv2matmul.pipeline import quantize_file
+        from onnx_conv2matmul.quantize import QuantizeOptions
+
+        console = _stderr_console(quiet)
+        from onnx_conv2matmul import render
+
         try:
             q_options = QuantizeOptions(
                 bits=int(bits),
@@ -553,6 +686,7 @@ def quantize_command(
         v_options = _build_verify_options(verify_kwargs, min_cosine)
         if report_json is not None:
             api.check_report_path(report_json, inputs=[input_path], outputs=[output_path])
+        _OUTCOME.watch(output_path, output_path + ".data", report_json)
         report = quantize_file(
             input_path,
             output_path,
@@ -564,8 +698,9 @@ def quantize_command(
             progress=_progress(console, input_path, quiet) if os.path.isfile(input_path) else None,
         )
         data = report.to_dict()
-        _emit_json(render.dump(data), report_json, report_json_stdout)
         render.print_quantize_report(console, data)
+        error = None if report.passed else "accuracy below --min-cosine; nothing was written"
+        _emit_report(data, report_json, error)
     sys.exit(report.return_code)
 
 
@@ -574,24 +709,22 @@ def quantize_command(
 @click.option("--report-json-stdout", is_flag=True, help="Print the sizes as JSON on stdout.")
 def bundle_command(directory: str, report_json_stdout: bool) -> None:
     """List the models in DIRECTORY with their external data, sizes and the total."""
-    from onnx_conv2matmul.pipeline import bundle_sizes
-
-    console = _stderr_console(False)
-    from onnx_conv2matmul import render
-
+    _OUTCOME.json_stdout = report_json_stdout
     with _errors():
+        from onnx_conv2matmul.pipeline import bundle_sizes
+
+        console = _stderr_console(False)
+        from onnx_conv2matmul import render
+
         models = bundle_sizes(directory)
-        if report_json_stdout:
-            click.echo(
-                render.dump(
-                    {
-                        "directory": directory,
-                        "models": [{"model": m, "bytes": b, "external_data": d} for m, b, d in models],
-                        "total_bytes": sum(b for _, b, _ in models),
-                    }
-                )
-            )
         console.print(render.bundle_table(directory, models))
+        data = {
+            "directory": directory,
+            "models": [{"model": m, "bytes": b, "external_data": d} for m, b, d in models],
+            "total_bytes": sum(b for _, b, _ in models),
+            "return_code": 0,
+        }
+        _emit_report(data, None, None)
 
 
 if __name__ == "__main__":  # pragma: no cover
@@ -599,19 +732,25 @@ if __name__ == "__main__":  # pragma: no cover
 
 
 def run() -> None:
-    """The console entry point: :func:`main`, then a quick exit.
+    """The console entry point: :func:`main` with SIGINT and SIGTERM handled, then a quick exit.
 
-    Once the command has finished (every file written and closed, every thread joined),
-    the process ends without the interpreter's teardown, which frees a large graph object
-    by object (0.1 s after rewriting an encoder) and has nothing left to flush.
+    Both signals unwind like Ctrl-C (staging directories removed) and exit 128 + signal
+    (see :mod:`onnx_conv2matmul._entry`, which installs the handlers before this module is
+    imported). Once the command has finished (every file written and closed, every thread
+    joined), the process ends without the interpreter's teardown, which frees a large graph
+    object by object (0.1 s after rewriting an encoder) and has nothing left to flush.
     """
+    _entry.install_signal_handlers()
+    code = 0
     try:
         main()
     except SystemExit as exit_:
-        code = exit_.code
-        if code is not None and not isinstance(code, int):
+        if exit_.code is not None and not isinstance(exit_.code, int):
             raise  # a message for the interpreter to print
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(OSError):  # a closed pipe: nothing more to say
-                stream.flush()
-        os._exit(code or 0)
+        code = exit_.code or 0
+    except KeyboardInterrupt as interrupt:  # a signal while the end of the run was reported
+        _entry.exit_interrupted(interrupt, _OUTCOME.interrupted_detail(), _OUTCOME.print_error_json)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError):  # a closed pipe: nothing more to say
+            stream.flush()
+    os._exit(code)

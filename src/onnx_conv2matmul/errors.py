@@ -13,3 +13,15 @@ class InputError(Conv2MatMulError):
 
 class CheckerError(Conv2MatMulError):
     """The ONNX checker rejected the rewritten model."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM arrived while the console entry point ran.
+
+    Raised by the handler :func:`onnx_conv2matmul._entry.install_signal_handlers` installs,
+    so a SIGTERM unwinds like Ctrl-C and every cleanup runs; the exit code is 128 + ``signum``.
+    """
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum

@@ -26,6 +26,7 @@ from onnx_conv2matmul.quantize import (
     QuantizeOptions,
     WeightStats,
     int8_dynamic,
+    int8_dynamic_obstacle,
     quantize_matmul_nbits,
     weight_stats,
 )
@@ -173,6 +174,8 @@ def _quantize_to(
     modes = _io.output_modes(loaded)
     report.input_bytes = loaded.total_bytes
     model = loaded.model
+    if int8:
+        _check_int8_dynamic(model)
     report.weights_without_rewrite = weight_stats(model)
     progress.phase("Rewriting")
     model, rewrite = convert(model, convert_options)
@@ -193,9 +196,9 @@ def _quantize_to(
             )
         progress.phase("Saving")
         staged = _io.stage_model(model, destination, external=external, progress=progress.advance)
-    del model, loaded
-    report.peak_rss_quantize_bytes = _peak_rss_bytes()
-    with staged:
+    with staged:  # at once: from here on any error or interrupt removes the staged output
+        del model, loaded
+        report.peak_rss_quantize_bytes = _peak_rss_bytes()
         report.external_data = staged.data_path is not None
         report.output_bytes = staged.size
         if run_checker:
@@ -209,6 +212,16 @@ def _quantize_to(
             progress.phase("Publishing")
             staged.publish(modes)
             report.output_path = dst
+
+
+def _check_int8_dynamic(model: ir.Model) -> None:
+    """Refuse, before the rewrite, a model ``quantize_dynamic`` would turn into one that does not load."""
+    obstacle = int8_dynamic_obstacle(model)
+    if obstacle is not None:
+        raise InputError(
+            f"--int8-dynamic needs a float32 model: {obstacle}"
+            " (onnxruntime's quantize_dynamic takes float32 only; the default MatMulNBits mode takes it)"
+        )
 
 
 def _int8_staged(
@@ -257,16 +270,20 @@ def bundle_sizes(directory: str) -> list[tuple[str, int, list[str]]]:
     """Each model in ``directory``: (file name, bytes with its external data, data files).
 
     Each model goes through the same loader as the rewrite, so missing or short external
-    data is an error here too.
+    data is an error here too, and so is a directory without any ``.onnx`` file.
     """
     if not os.path.isdir(directory):
         raise InputError(f"not a directory: {directory}")
+    names = [
+        name
+        for name in sorted(os.listdir(directory))
+        if name.endswith(".onnx") and os.path.isfile(os.path.join(directory, name))
+    ]
+    if not names:
+        raise InputError(f"no .onnx models in {directory}")
     models = []
-    for name in sorted(os.listdir(directory)):
-        path = os.path.join(directory, name)
-        if not name.endswith(".onnx") or not os.path.isfile(path):
-            continue
-        loaded = _io.load_model(path)
+    for name in names:
+        loaded = _io.load_model(os.path.join(directory, name))
         data = sorted(os.path.relpath(f, directory) for f in loaded.external_files)
         models.append((name, loaded.total_bytes, data))
     return models

@@ -25,6 +25,8 @@ import onnx_ir as ir
 from onnx_conv2matmul._graphs import NameAllocator, is_external, used_names, walk_graphs
 
 _FLOATS = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
+# The block sizes onnxruntime's MatMulNBits quantizer (MlasQuantizeBlockwise) accepts.
+BLOCK_SIZES = (16, 32, 64, 128, 256)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,7 +35,7 @@ class QuantizeOptions:
 
     Attributes:
         bits: 4 or 8 (``bits``).
-        block_size: Power of 2, >= 16 (``block_size``).
+        block_size: One of :data:`BLOCK_SIZES`, 16 to 256 (``block_size``).
         symmetric: Symmetric quantization without zero points (``is_symmetric``).
         accuracy_level: 0-4 (``accuracy_level``); 0 leaves the attribute out.
         exclude: Glob patterns of MatMul node names to leave in float.
@@ -50,8 +52,11 @@ class QuantizeOptions:
     def __post_init__(self) -> None:
         if self.bits not in (4, 8):
             raise ValueError(f"bits must be 4 or 8, got {self.bits}")
-        if self.block_size < 16 or self.block_size & (self.block_size - 1):
-            raise ValueError(f"block size must be a power of 2 >= 16, got {self.block_size}")
+        if self.block_size not in BLOCK_SIZES:
+            sizes = ", ".join(map(str, BLOCK_SIZES[:-1])) + f" or {BLOCK_SIZES[-1]}"
+            raise ValueError(
+                f"block size must be a power of 2 that MatMulNBits supports ({sizes}), got {self.block_size}"
+            )
         if not 0 <= self.accuracy_level <= 4:
             raise ValueError(f"accuracy level must be 0-4, got {self.accuracy_level}")
 
@@ -251,6 +256,29 @@ def _quiet_quantizer_logs() -> Iterator[None]:
         yield
     finally:
         logger.setLevel(level)
+
+
+# Float types onnxruntime's quantize_dynamic cannot take: it inserts DynamicQuantizeLinear,
+# which reads float32 only, and writes a model that does not load.
+_NOT_INT8_DYNAMIC = frozenset({ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
+
+
+def int8_dynamic_obstacle(model: ir.Model) -> str | None:
+    """Why ``quantize_dynamic`` cannot take ``model``, or ``None``.
+
+    Names the first graph input, output or tensor (initializer or node attribute, in any
+    scope) of a 16-bit float type.
+    """
+    from onnx_conv2matmul._graphs import tensor_holders
+
+    for value in (*model.graph.inputs, *model.graph.outputs):
+        if value.dtype in _NOT_INT8_DYNAMIC:
+            return f"graph input or output {value.name!r} is {value.dtype.name.lower()}"
+    for holder in tensor_holders(model):
+        tensor = holder.get()
+        if tensor.dtype in _NOT_INT8_DYNAMIC:
+            return f"tensor {tensor.name!r} is {tensor.dtype.name.lower()}"
+    return None
 
 
 def int8_dynamic(

@@ -28,10 +28,6 @@ def human_bytes(size: int | None) -> str:
     return f"{value:.1f} GiB"
 
 
-def report_json(report: ConvertReport) -> str:
-    return json.dumps(report.to_dict(), indent=2)
-
-
 def summary_table(report: ConvertReport) -> Table:
     table = Table(title="Pointwise Conv -> MatMul", title_justify="left")
     table.add_column("status / reason")

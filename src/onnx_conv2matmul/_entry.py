@@ -1,0 +1,113 @@
+"""The console entry point: signal handling first, then the command line.
+
+This module imports nothing heavy, so SIGINT and SIGTERM are handled before click,
+onnx and the rest are imported: a Ctrl-C at start-up is one line and exit 130, never a
+traceback. A library import never changes signal handling: only :func:`run` (and
+``cli.run``) install the handlers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from types import FrameType
+from typing import NoReturn
+
+from onnx_conv2matmul._version import __version__
+from onnx_conv2matmul.errors import Interrupted
+
+JSON_STDOUT_FLAG = "--report-json-stdout"
+NOTHING_WRITTEN = "nothing was written"
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def install_signal_handlers() -> None:
+    """Make SIGINT and SIGTERM raise :class:`Interrupted` in the main thread.
+
+    Cleanups (staging directories, copy threads) then run for SIGTERM (``timeout``,
+    ``docker stop``) exactly as for Ctrl-C. A signal the parent process set to be
+    ignored (``nohup``, background jobs) stays ignored. Call from the main thread.
+    """
+    for signum in _SIGNALS:
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, _raise_interrupted)
+
+
+def _raise_interrupted(signum: int, _frame: FrameType | None) -> None:
+    raise Interrupted(signum)
+
+
+def exit_code(interrupt: KeyboardInterrupt) -> int:
+    """128 + the signal number: 130 for SIGINT (a plain KeyboardInterrupt), 143 for SIGTERM."""
+    return 128 + getattr(interrupt, "signum", signal.SIGINT)
+
+
+def interrupted_message(interrupt: KeyboardInterrupt, detail: str) -> str:
+    """``interrupted; <detail>``, naming the signal unless it is Ctrl-C."""
+    signum = getattr(interrupt, "signum", signal.SIGINT)
+    name = "" if signum == signal.SIGINT else f" ({signal.Signals(signum).name})"
+    return f"interrupted{name}; {detail}"
+
+
+def asks_for_json(argv: Sequence[str]) -> bool:
+    """Whether ``--report-json-stdout`` is among the options (before any ``--``)."""
+    options = argv[: list(argv).index("--")] if "--" in argv else argv
+    return JSON_STDOUT_FLAG in options
+
+
+def error_json(command: str | None, return_code: int, error: str | None) -> str:
+    """The one JSON object printed on stdout when a command ends without its report."""
+    data = {
+        "tool": "onnx-conv2matmul",
+        "version": __version__,
+        "command": command,
+        "return_code": return_code,
+        "error": error,
+    }
+    return json.dumps(data, indent=2)
+
+
+def run() -> None:
+    """Install the signal handlers, then import and run the command line (``cli.run``)."""
+    install_signal_handlers()
+    started = False
+    try:
+        from onnx_conv2matmul import cli
+
+        started = True
+        cli.run()
+    except KeyboardInterrupt as interrupt:
+        if not started:  # while importing: nothing was written
+            exit_interrupted(interrupt, NOTHING_WRITTEN, _print_json_if_asked)
+        # A second signal while cli.run reported the first one: that report says the rest.
+        exit_interrupted(interrupt, "exiting")
+
+
+def exit_interrupted(
+    interrupt: KeyboardInterrupt, detail: str, print_json: Callable[[int, str], None] | None = None
+) -> NoReturn:
+    """Exit 128 + signal at once, after one line on stderr and ``print_json(code, message)``.
+
+    Further signals are ignored from here on: the exit itself is not interrupted.
+    """
+    for signum in _SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+    code = exit_code(interrupt)
+    message = interrupted_message(interrupt, detail)
+    try:
+        if print_json is not None:
+            print_json(code, message)
+        sys.stdout.flush()
+        sys.stderr.write(f"error: {message}\n")
+        sys.stderr.flush()
+    except OSError:  # a closed pipe: nothing more to say
+        pass
+    os._exit(code)
+
+
+def _print_json_if_asked(code: int, message: str) -> None:
+    if asks_for_json(sys.argv[1:]):
+        sys.stdout.write(error_json(None, code, message) + "\n")
