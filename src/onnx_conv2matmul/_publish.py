@@ -49,9 +49,6 @@ _JOURNAL = "obsolete.json"
 _PARSE_LIMIT_BYTES = 256 * 2**20
 _HELD_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
-# Destinations this process has put a new model at (a message after an interrupt says so).
-PUBLISHED: list[str] = []
-
 
 class DestinationBusy(InputError):
     """Another process is writing the same destination."""
@@ -127,6 +124,7 @@ class Destination:
         self._keep = {os.path.realpath(source)} if source is not None else set()
         self._lock_path = os.path.join(self.directory, f".{self.name}.lock")
         self._lock_fd = _lock(self._lock_path, self.path)
+        self._staging: list[str] = []
         try:
             self._recover()
             self.data_name = self._free_data_name()
@@ -156,8 +154,13 @@ class Destination:
         )
 
     def staging_dir(self) -> str:
-        """A new hidden directory beside the destination, on the same filesystem."""
-        return tempfile.mkdtemp(prefix=f".{self.name}.", suffix=".tmp", dir=self.directory)
+        """A new hidden directory beside the destination, on the same filesystem.
+
+        It is removed when the destination is released, unless it was published or moved.
+        """
+        path = tempfile.mkdtemp(prefix=f".{self.name}.", suffix=".tmp", dir=self.directory)
+        self._staging.append(path)
+        return path
 
     # -- recovery ----------------------------------------------------------------------
 
@@ -215,7 +218,6 @@ class Destination:
                 os.rename(data_path, new_data)
                 _fsync(self.directory)
             os.rename(onnx_path, self.path)
-            PUBLISHED.append(self.path)
             _fsync(self.directory)
             for path in obsolete:
                 with contextlib.suppress(FileNotFoundError):
@@ -225,7 +227,11 @@ class Destination:
     # -- the lock ----------------------------------------------------------------------
 
     def release(self) -> None:
-        """Remove the lock file and release the lock (in that order, see :func:`_lock`)."""
+        """Remove what is left of the staging directories, then the lock file, then release
+        the lock (in that order, see :func:`_lock`)."""
+        for path in self._staging:
+            shutil.rmtree(path, ignore_errors=True)
+        self._staging.clear()
         if self._lock_fd >= 0:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self._lock_path)
