@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ import onnx
 import pytest
 from click.testing import CliRunner
 
+import unwritable
 from helpers import conv_model
 from onnx_conv2matmul import __version__
 from onnx_conv2matmul.cli import main
@@ -114,6 +116,37 @@ def test_bad_input_exit_2_one_line_nothing_written(
     assert message in stderr
     assert "Traceback" not in stderr
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def _tree(root: Path) -> dict[str, bytes | None]:
+    """Every path under ``root`` with its bytes (``None`` for a directory)."""
+    return {str(p.relative_to(root)): None if p.is_dir() else p.read_bytes() for p in root.rglob("*")}
+
+
+@pytest.mark.parametrize("kind", unwritable.KINDS)
+@pytest.mark.parametrize(
+    ("command", "target"), [("convert", "output"), ("convert", "report"), ("quantize", "output")]
+)
+def test_unwritable_directory_exit_2_one_line_nothing_written(
+    model_path: Path, tmp_path: Path, kind: str, command: str, target: str
+) -> None:
+    """An output or report directory nobody can create files in (root included, as CI runs)."""
+    with unwritable.unwritable_directory(kind, tmp_path) as directory:
+        listing = sorted(os.listdir(directory))
+        before = _tree(tmp_path)
+        args = [command, str(model_path)]
+        if target == "output":
+            args.append(str(directory / "o.onnx"))
+        else:
+            args += [str(tmp_path / "o.onnx"), "--report-json", str(directory / "r.json")]
+        code, stdout, stderr = invoke(*args)
+        assert code == 2
+        assert stdout == ""
+        lines = stderr.strip().splitlines()
+        assert len(lines) == 1 and f"{target} directory is not writable: {directory}" in lines[0]
+        assert "Traceback" not in stderr
+        assert _tree(tmp_path) == before
+        assert sorted(os.listdir(directory)) == listing
 
 
 def test_console_script_runs_as_a_process(model_path: Path, tmp_path: Path) -> None:
