@@ -111,6 +111,7 @@ def _write_atomically(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
+        os.fchmod(fd, 0o644)  # as a plainly written file, not mkstemp's 0600
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, path)
@@ -124,6 +125,15 @@ def _last_line(text: str) -> str:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     errors = [line for line in lines if line.startswith("ERROR")]
     return (errors or lines or ["(no output)"])[-1][:300]
+
+
+def _connection_failure(stderr: str) -> str | None:
+    """What pip said about a connection that failed, if it said so."""
+    lines = [line.strip() for line in stderr.splitlines() if _UNREACHABLE.search(line)]
+    if not lines:
+        return None
+    detail = lines[-1].split("after connection broken by ", 1)[-1]
+    return detail[:200]
 
 
 class Fetcher:
@@ -249,10 +259,17 @@ class Fetcher:
             self.downloads += 1
             returncode, stderr = self._run(item, argv)
             if returncode != 0:
-                reason = f"cannot download {item.requirement} (pip exit {returncode}): {_last_line(stderr)}"
-                if _UNREACHABLE.search(stderr):
-                    self._unreachable = f"the registry could not be reached earlier ({_last_line(stderr)})"
-                self._skip(item, reason)
+                connection = _connection_failure(stderr)
+                if connection is not None:
+                    self._unreachable = f"the registry could not be reached earlier ({connection})"
+                    self._skip(
+                        item,
+                        f"cannot download {item.requirement} (pip exit {returncode}): "
+                        f"the registry cannot be reached ({connection})",
+                    )
+                self._skip(
+                    item, f"cannot download {item.requirement} (pip exit {returncode}): {_last_line(stderr)}"
+                )
             found = sorted(scratch.glob("*.whl"))
             if len(found) != 1:
                 self._skip(item, f"pip download {item.requirement} left {len(found)} wheels, not one")

@@ -105,7 +105,7 @@ def test_download_extracts_the_model_once(tmp_path: Path, fake_pip: Path) -> Non
     ("mode", "reason"),
     [
         ("gone", "(pip exit 1): ERROR: No matching distribution found for some-pkg==1.2.3"),
-        ("unreachable", "(pip exit 1): ERROR: No matching distribution found"),
+        ("unreachable", "(pip exit 1): the registry cannot be reached ('NewConnectionError("),
         ("truncated", "the downloaded wheel of some-pkg==1.2.3 is not readable"),
         ("no-wheel", "left 0 wheels, not one"),
     ],
