@@ -230,7 +230,9 @@ class _RichProgress:
         self._progress.start()
 
     def phase(self, name: str) -> None:
-        self._progress.update(self._task, description=name, total=None, completed=0)
+        # A new task per phase: rich's update() cannot set a known total back to unknown.
+        self._progress.remove_task(self._task)
+        self._task = self._progress.add_task(name, total=None)
 
     def advance(self, done: int, total: int) -> None:
         self._progress.update(self._task, completed=done, total=total)
