@@ -62,35 +62,19 @@ def test_converted_weights_take_the_places_of_the_originals(tmp_path: Path) -> N
     assert (tmp_path / "o.onnx.data").stat().st_size == (tmp_path / "m.onnx.data").stat().st_size
 
 
-def test_likely_converted_weights_are_copied_last(tmp_path: Path) -> None:
-    """Pointwise conv weights are cut out of the whole-file copy and laid out after the rest."""
-    src, dst = tmp_path / "m.onnx", tmp_path / "o.onnx"
-    onnx.save(_stack_model(channels=300), src, save_as_external_data=True, location="m.onnx.data")
-    convert_file(src, dst)
-    assert_equivalent(str(src), str(dst), _feeds(channels=300))
-    after = _locations(dst)
-    weights = set(_matmul_weights(dst).values())
-    biases = [offset for name, (_, offset, _) in after.items() if name not in weights]
-    assert len(weights) == 4 and len(biases) == 4  # the biases are above the inline threshold
-    assert min(after[name][1] for name in weights) > max(biases)
-    assert (tmp_path / "o.onnx.data").stat().st_size == (tmp_path / "m.onnx.data").stat().st_size
-
-
-def test_copy_order_cuts_out_only_ranges_of_their_own() -> None:
-    """A likely-replaced range that shares bytes with another tensor stays in place."""
-    ranges = [("f", 0, 100), ("f", 100, 300), ("f", 200, 300), ("f", 300, 400), ("g", 0, 50)]
-    last = frozenset({("f", 0, 100), ("f", 100, 300), ("g", 0, 50)})
-    copies, inside = datafile_mod._whole_file_copies(ranges, last)
-    order = [(c.source, c.source_offset, c.source_offset + c.length) for c in copies]
-    assert order == [("f", 100, 400), ("f", 0, 100), ("g", 0, 50)]
-    assert [(c.offset, c.length) for c in copies] == [(0, 300), (300, 100), (400, 50)]
+def test_whole_file_copies_keep_the_file_order() -> None:
+    """A file the tensors use almost entirely is copied in one piece, from its first used
+    byte to its last, each copy of a megabyte or more starting on a page boundary."""
+    ranges = [("f", 0, 100), ("f", 100, 300), ("f", 200, 300), ("f", 300, 400), ("g", 0, 2**20)]
+    copies, inside = datafile_mod._whole_file_copies(ranges)
+    assert [(c.source, c.source_offset, c.length, c.offset) for c in copies] == [
+        ("f", 0, 400, 0),
+        ("g", 0, 2**20, 4096),
+    ]
     assert sorted(inside) == sorted(ranges)
-    # A range inside another, and one listed twice: only the twins' own bytes are cut out.
-    ranges = [("f", 0, 100), ("f", 10, 20), ("f", 100, 200), ("f", 100, 200), ("f", 200, 300)]
-    last = frozenset({("f", 0, 100), ("f", 10, 20), ("f", 100, 200)})
-    copies, _ = datafile_mod._whole_file_copies(ranges, last)
-    order = [(c.source_offset, c.source_offset + c.length) for c in copies]
-    assert order == [(0, 100), (200, 300), (100, 200)]
+    # A file used at half its bytes is not copied whole.
+    copies, inside = datafile_mod._whole_file_copies([("h", 0, 100), ("h", 200, 300)])
+    assert copies == [] and inside == []
 
 
 def _with_dead_bytes(path: Path, junk_share: float) -> None:
@@ -408,25 +392,29 @@ def test_places_of_converted_weights_are_not_copied(tmp_path: Path, monkeypatch:
 def test_new_weights_ahead_of_the_copy_do_not_wait_for_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With the copy stuck in its first chunk, the transposed weights placed ahead of it are written."""
+    """With the copy stuck in its first chunk, the transposed weights placed beyond it are
+    written without waiting for it (the last weight is written before the copy moves on)."""
     src, dst = tmp_path / "m.onnx", tmp_path / "o.onnx"
     onnx.save(_stack_model(channels=300), src, save_as_external_data=True, location="m.onnx.data")
-    real = datafile_mod.os.copy_file_range
-    original_write_all = datafile_mod.DataFileWriter._write_all
+    monkeypatch.setattr(datafile_mod, "CHUNK_BYTES", 4096)  # the first chunk: part of w0
+    real_copy, real_pwrite = datafile_mod.os.copy_file_range, datafile_mod.os.pwrite
+    last_weight = max(offset for name, (_, offset, _) in _locations(src).items() if name.startswith("w"))
     written = threading.Event()
     waited: list[bool] = []
 
     def stuck_first(*args: int) -> int:
-        if not waited:  # the first chunk: a bias, before the weights that are copied last
+        if not waited:
             waited.append(written.wait(10))
-        return real(*args)
+        return real_copy(*args)
 
-    def write_all(self, writes, copy_reach):  # type: ignore[no-untyped-def]
-        original_write_all(self, writes, copy_reach)
-        written.set()
+    def pwrite(fd: int, data: bytes, offset: int) -> int:
+        done = real_pwrite(fd, data, offset)
+        if offset >= last_weight:
+            written.set()
+        return done
 
     monkeypatch.setattr(datafile_mod.os, "copy_file_range", stuck_first)
-    monkeypatch.setattr(datafile_mod.DataFileWriter, "_write_all", write_all)
+    monkeypatch.setattr(datafile_mod.os, "pwrite", pwrite)
     convert_file(src, dst)
     assert waited == [True], "the new weights waited for the copy"
     assert_equivalent(str(src), str(dst), _feeds(channels=300))
@@ -434,7 +422,7 @@ def test_new_weights_ahead_of_the_copy_do_not_wait_for_it(
 
 def test_tensor_list_attribute_in_external_data_is_moved(tmp_path: Path) -> None:
     """A node's list of tensors kept in external data ends up in the output's data file too."""
-    from onnx_conv2matmul import _io, _publish
+    from onnx_conv2matmul import _io, _output
 
     values = [RNG.standard_normal(512).astype(np.float32) for _ in range(2)]
     node = helper.make_node(
@@ -460,10 +448,10 @@ def test_tensor_list_attribute_in_external_data_is_moved(tmp_path: Path) -> None
     )
     loaded = _io.load_model(str(src))
     with (
-        _publish.Destination(tmp_path / "o.onnx") as destination,
-        _io.stage_model(loaded.model, destination, external=True) as staged,
+        _output.Output(tmp_path / "o.onnx") as output,
+        output.stage(loaded.model, external=True) as staged,
     ):
-        staged.publish(_io.output_modes(loaded))
+        staged.publish(_output.file_modes(loaded.path, loaded.external_files))
     out = onnx.load(tmp_path / "o.onnx", load_external_data=False)
     items = out.graph.node[0].attribute[0].tensors
     assert [t.data_location for t in items] == [TensorProto.EXTERNAL] * 2
@@ -514,3 +502,25 @@ def test_range_index_finds_the_overlaps_a_scan_finds(
     path, start, end = probe
     expected = any(p == path and s < end and start < e for p, s, e in ranges)
     assert datafile_mod._RangeIndex(ranges).overlaps(path, start, end) == expected
+
+
+def test_layout_invariants_are_checked() -> None:
+    """_check_layout accepts a sound layout and refuses each broken invariant."""
+    import onnx_ir as ir
+
+    def tensor(name: str, offset: int, length: int) -> ir.ExternalTensor:
+        return ir.ExternalTensor("d", offset, length, ir.DataType.UINT8, shape=ir.Shape([length]), name=name)
+
+    check = datafile_mod._check_layout
+    new = datafile_mod._Write(tensor("new", 0, 100), 100, 100)  # in a dead tensor's place
+    late = datafile_mod._Copy("f", 0, 1024, 50)
+    sound = [tensor("kept", 0, 100), tensor("new", 100, 100), tensor("late", 1024, 50)]
+    check([late], [new], sound, 1000, 1074)
+    with pytest.raises(AssertionError, match="overlaps what comes before"):
+        check([datafile_mod._Copy("f", 0, 900, 50)], [], [], 1000, 1074)
+    with pytest.raises(AssertionError, match="overlaps another write"):
+        check([], [new, datafile_mod._Write(tensor("other", 0, 100), 150, 100)], [], 1000, 1000)
+    with pytest.raises(AssertionError, match="outside the file"):
+        check([], [], [tensor("far", 1000, 100)], 1000, 1000)
+    with pytest.raises(AssertionError, match="written over 'kept'"):
+        check([], [new], [tensor("kept", 50, 100), tensor("new", 100, 100)], 1000, 1000)

@@ -12,16 +12,20 @@ each transposed weight written over the place of the weight it replaces.
 - When the model is final, :meth:`DataFileWriter.finish` places every tensor: an
   unchanged one where its copy is; a new one in the place of a dead tensor of the same
   size (the copy then leaves those old bytes out if it has not reached them), or else
-  at the end. A second thread materializes new tensors one at a time and writes each
-  once the copy has passed its place, so memory stays bounded by the largest tensor.
-  Meanwhile the calling thread serializes the ``.onnx``.
+  at the end; :func:`_check_layout` asserts that no two placements collide. A second
+  thread materializes new tensors one at a time and writes each (those the copy has not
+  reached first, the others once it has passed them), so memory stays bounded by the
+  largest tensor. Meanwhile the calling thread serializes the ``.onnx``.
+- Writeback to disk is started as each chunk is written, and the file is fsynced at the
+  end, so an output is durable before it is published.
 - A data file with more than 1% of its bytes unused by the input model is not copied
   whole; its tensors are copied in runs once the model is final, so the output does
   not inherit dead bytes. :func:`save_with_data_file` lays out a final model this way
   from the start (the quantizer, which replaces most weights, uses it).
 
 The ``.onnx`` refers to the data file as ``onnx_ir.save(..., external_data=...)``
-would write it, and the in-memory model is left as it was.
+would write it, and the in-memory model is left as it was. Only
+:mod:`onnx_conv2matmul._output` uses this module.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import bisect
 import contextlib
 import dataclasses
 import errno
-import functools
+import itertools
 import math
 import os
 import queue
@@ -41,6 +45,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
+
+from onnx_conv2matmul._paths import contained_location
 
 if TYPE_CHECKING:  # imported where used: the copy starts before onnx-ir is imported
     import onnx_ir as ir
@@ -62,39 +68,12 @@ _ALIGN_FROM_BYTES = 2**20
 _PROGRESS_SECONDS = 0.1
 _INFINITY = float("inf")
 # Errors that mean "the kernel cannot copy between these files", not "the copy failed".
+_HAS_FADVISE = sys.platform.startswith("linux") and hasattr(os, "posix_fadvise")
 _NO_KERNEL_COPY = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EPERM}
 
 
 def _normalize(path: str) -> str:
     return os.path.normpath(os.path.abspath(path))
-
-
-@functools.lru_cache(maxsize=4096)
-def contained_location(base_dir: str, location: str) -> str | None:
-    """The normalized path of external data ``location`` if it lies inside ``base_dir``.
-
-    A location that is absolute or climbs out of the model's directory gives ``None``:
-    copying it would put a file that is not the model's into the output. So does one
-    that leaves it through a symbolic link, the rule onnx-ir applies when it reads.
-    """
-    base = _normalize(base_dir)
-    path = os.path.normpath(os.path.join(base, location))
-    if os.path.isabs(location) or not _inside(base, path):
-        return None
-    if os.path.dirname(path) == base and not os.path.islink(path):
-        return path  # a plain file in the model's directory (one lstat, not a realpath)
-    if not _inside(_realpath(base), os.path.realpath(path)):
-        return None
-    return path
-
-
-@functools.lru_cache(maxsize=64)
-def _realpath(path: str) -> str:
-    return os.path.realpath(path)
-
-
-def _inside(base: str, path: str) -> bool:
-    return path != base and os.path.commonpath([base, path]) == base
 
 
 def _range(tensor: ir.ExternalTensor) -> tuple[str, int, int]:
@@ -182,58 +161,25 @@ def external_ranges(proto: onnx.ModelProto, base_dir: str, threshold: int) -> di
     return ranges
 
 
-def _whole_file_copies(
-    ranges: list[tuple[str, int, int]],
-    last: frozenset[tuple[str, int, int]] = frozenset(),
-) -> tuple[list[_Copy], list[tuple[str, int, int]]]:
-    """Copies of the files that ``ranges`` cover almost entirely, in order of first use.
-
-    The ranges in ``last`` (the weights the rewrite will likely replace) are cut out
-    and copied after everything else, so the rewrite has usually placed their
-    replacements before the copy gets there, and their old bytes are never copied.
-    Also returns the ranges inside the copies.
-    """
+def _whole_file_copies(ranges: list[tuple[str, int, int]]) -> tuple[list[_Copy], list[tuple[str, int, int]]]:
+    """Copies of the files that ``ranges`` cover almost entirely, in order of first use,
+    each from its first used byte to its last. Also returns the ranges inside the copies."""
     by_file: dict[str, list[tuple[int, int]]] = {}
     for path, start, end in ranges:
         by_file.setdefault(path, []).append((start, end))
-    first: list[tuple[str, int, int]] = []
-    later: list[tuple[str, int, int]] = []
+    copies: list[_Copy] = []
     inside: list[tuple[str, int, int]] = []
+    offset = 0
     for path, used in by_file.items():
         start = min(s for s, _ in used)
         end = max(e for _, e in used)
         if _union_bytes(used) < WHOLE_FILE_MIN_USE * (end - start):
             continue
         inside.extend((path, s, e) for s, e in used)
-        shared = _sharing_bytes(used)
-        cut = sorted(r for r in set(used) if (path, *r) in last and r not in shared)
-        for s, e in cut:
-            if s > start:
-                first.append((path, start, s))
-            later.append((path, s, e))
-            start = e
-        if end > start:
-            first.append((path, start, end))
-    copies: list[_Copy] = []
-    offset = 0
-    for path, start, end in first + later:
         offset = _align(offset, end - start)
         copies.append(_Copy(path, start, offset, end - start))
         offset += end - start
     return copies, inside
-
-
-def _sharing_bytes(used: list[tuple[int, int]]) -> set[tuple[int, int]]:
-    """The ranges of ``used`` that overlap another range of it (those are not cut out)."""
-    ranges = sorted(set(used))
-    shared: set[tuple[int, int]] = set()
-    reach = -1  # the furthest end of the ranges before the current one
-    for index, (start, end) in enumerate(ranges):
-        after = ranges[index + 1][0] if index + 1 < len(ranges) else end
-        if reach > start or after < end:
-            shared.add((start, end))
-        reach = max(reach, end)
-    return shared
 
 
 class _RangeIndex:
@@ -304,17 +250,9 @@ class DataFileWriter:
         self._copier.start()
 
     @classmethod
-    def start(
-        cls,
-        data_path: str,
-        ranges: list[tuple[str, int, int]],
-        last: frozenset[tuple[str, int, int]] = frozenset(),
-    ) -> DataFileWriter:
-        """Start copying the files that the tensors at ``ranges`` use almost entirely.
-
-        The ranges in ``last`` are copied after the rest (see :func:`_whole_file_copies`).
-        """
-        return cls(data_path, *_whole_file_copies(ranges, last))
+    def start(cls, data_path: str, ranges: list[tuple[str, int, int]]) -> DataFileWriter:
+        """Start copying the files that the tensors at ``ranges`` use almost entirely."""
+        return cls(data_path, *_whole_file_copies(ranges))
 
     def _grow(self, size: int) -> None:
         """Extend the file to ``size`` (never shrink it: on ext4, truncating a file to 0 makes
@@ -397,6 +335,7 @@ class DataFileWriter:
                 moved = self._copy_buffered(source, copy.source_offset + done, copy.offset + done, size)
             if moved == 0:
                 raise OSError(errno.EIO, f"external data file ended early: {copy.source}")
+            _start_writeback(self._fd, copy.offset + done, moved)
             done += moved
             self._advance(moved, copied_until=copy.offset + done)
 
@@ -418,12 +357,15 @@ class DataFileWriter:
             offset += written
 
     def _write_all(self, writes: list[_Write], copy_reach: int) -> None:
-        """Write ``writes``; one before ``copy_reach`` waits for the copy to pass it.
+        """Write ``writes``: first those at or beyond ``copy_reach``, at once, then the others,
+        each once the copy has passed it.
 
         The copy never writes beyond ``copy_reach`` into a place that a new tensor takes:
         it had seen the places when it started every chunk after that point.
         """
-        for write in writes:
+        ahead = [w for w in writes if w.offset >= copy_reach]
+        behind = [w for w in writes if w.offset < copy_reach]
+        for write in ahead + behind:
             if self._stop.is_set():
                 raise _Cancelled
             data = _payload(write.tensor)
@@ -435,6 +377,7 @@ class DataFileWriter:
                 # The copy may have written its place already: write over it once it has.
                 self._wait_for_copy(write.offset + write.length)
             self._pwrite(data, write.offset)
+            _start_writeback(self._fd, write.offset, write.length)
             del data
             self._advance(write.length)
 
@@ -512,6 +455,7 @@ class DataFileWriter:
             swaps.append((holder, placed[id(tensor)]))
         self._grow(end_of_file)
         writes.sort(key=lambda w: w.offset)
+        _check_layout(copies, writes, list(placed.values()), self._early_end, end_of_file)
         with self._condition:
             self._skips = [(w.offset, w.offset + w.length) for w in writes if w.offset < self._early_end]
             copy_reach = self._copy_reach
@@ -570,10 +514,11 @@ class DataFileWriter:
             if progress is not None:
                 with self._condition:
                     progress(self._done, self._total)
-        os.close(self._fd)
-        self._fd = -1
         if self._errors:
             raise self._errors[0]
+        os.fsync(self._fd)  # little is left to write: see _start_writeback
+        os.close(self._fd)
+        self._fd = -1
 
     def cancel(self) -> None:
         """Stop both threads and wait for them (their errors are dropped)."""
@@ -588,6 +533,55 @@ class DataFileWriter:
             with contextlib.suppress(OSError):
                 os.close(self._fd)
             self._fd = -1
+
+
+def _check_layout(
+    copies: list[_Copy],
+    writes: list[_Write],
+    placed: list[ir.ExternalTensor],
+    early_end: int,
+    end_of_file: int,
+) -> None:
+    """Assert the layout's invariants; a failure is a bug of this module.
+
+    1. The late copies lie after the early ones, in increasing order, without overlap.
+    2. No two writes overlap, and none overlaps a late copy.
+    3. A write inside the early copies takes the place of a dead tensor, so no tensor of
+       the final model other than itself lies there.
+    4. Every placed tensor lies inside the file.
+    """
+    reach = early_end
+    for copy in copies:
+        assert copy.offset >= reach, f"late copy at {copy.offset} overlaps what comes before {reach}"
+        reach = copy.offset + copy.length
+    spans = sorted(
+        [(w.offset, w.offset + w.length) for w in writes] + [(c.offset, c.offset + c.length) for c in copies]
+    )
+    for (_, end), (start, _) in itertools.pairwise(spans):
+        assert end <= start, f"a write overlaps another write or a copy at {start}"
+    own = {(w.offset, w.length) for w in writes}
+    for tensor in placed:
+        start, end = int(tensor.offset or 0), int(tensor.offset or 0) + int(tensor.length or 0)
+        assert start >= 0 and end <= end_of_file, f"tensor {tensor.name!r} lies outside the file"
+        if (start, end - start) in own:
+            continue
+        index = bisect.bisect_right(spans, (start, _INFINITY))
+        for span_start, span_end in spans[max(0, index - 1) : index + 1]:
+            if (span_start, span_end - span_start) in own:
+                assert span_end <= start or end <= span_start, f"a new tensor is written over {tensor.name!r}"
+
+
+def _start_writeback(fd: int, offset: int, length: int) -> None:
+    """Have the kernel start writing ``length`` bytes at ``offset`` to disk, without waiting.
+
+    The data file is fsynced before it is published; started as each chunk is written,
+    the writeback runs alongside the copy instead of all at the end. On Linux,
+    ``POSIX_FADV_DONTNEED`` starts the writeback of dirty pages (and drops only pages
+    already clean). Elsewhere this does nothing.
+    """
+    if _HAS_FADVISE and length > 0:
+        with contextlib.suppress(OSError):
+            os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
 
 
 def _payload(tensor: ir.TensorProtocol) -> bytes | memoryview:

@@ -1,26 +1,22 @@
-"""Reading and staging model files.
+"""Reading model files and checking paths before any work.
 
 Loading parses only the ``.onnx`` protobuf; external data stays on disk and is
-memory-mapped by onnx-ir when a tensor is read. Saving writes into a staging
-directory beside the destination; :mod:`onnx_conv2matmul._publish` puts the files
-in place, so a failure or a kill never leaves a half-written output or damages the input.
+memory-mapped by onnx-ir when a tensor is read. Writing is :mod:`onnx_conv2matmul._output`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 import stat
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import onnx
 from google.protobuf.message import DecodeError
 
-from onnx_conv2matmul import _datafile, _publish
-from onnx_conv2matmul._datafile import ProgressCallback
+from onnx_conv2matmul._paths import contained_location
 from onnx_conv2matmul.errors import CheckerError, InputError
 
 if TYPE_CHECKING:  # imported where used: loading parses and starts the copy before importing onnx-ir
@@ -179,15 +175,11 @@ def _iter_tensors(model: ir.Model) -> Iterator[ir.TensorProtocol]:
     return (holder.get() for holder in tensor_holders(model))
 
 
-def load_model(path: str, on_parsed: Callable[[onnx.ModelProto, str], None] | None = None) -> LoadedModel:
-    """Parse ``path`` and check its external data without reading it.
-
-    ``on_parsed(proto, base_dir)`` is called once the protobuf is parsed and before the
-    graph is built (the output's data file starts copying there).
+def parse_model(path: str) -> onnx.ModelProto:
+    """Parse the ``.onnx`` at ``path`` without reading external data.
 
     Raises:
-        InputError: missing, empty, truncated or non-ONNX file; missing,
-            unreadable or short external data, or external data outside the model's directory.
+        InputError: missing, empty, truncated or non-ONNX file.
     """
     check_input_path(path)
     try:
@@ -198,9 +190,23 @@ def load_model(path: str, on_parsed: Callable[[onnx.ModelProto, str], None] | No
         raise InputError(f"not a valid ONNX file (cannot be parsed): {path}") from err
     if not proto.HasField("graph") or proto.ir_version <= 0 or not proto.opset_import:
         raise InputError(f"not a valid ONNX file (no graph, IR version or opset; truncated?): {path}")
+    return proto
+
+
+def load_model(path: str) -> LoadedModel:
+    """Parse ``path`` and build its graph (see :func:`build_model`)."""
+    return build_model(parse_model(path), path)
+
+
+def build_model(proto: onnx.ModelProto, path: str) -> LoadedModel:
+    """Build the graph of ``proto``, parsed from ``path``; check its external data without
+    reading it. ``proto`` is consumed: the graph takes its tensors.
+
+    Raises:
+        InputError: an invalid model; missing, unreadable or short external data, or
+            external data outside the model's directory.
+    """
     base_dir = os.path.dirname(os.path.abspath(path))
-    if on_parsed is not None:
-        on_parsed(proto, base_dir)
     import onnx_ir as ir
 
     from onnx_conv2matmul._graphs import is_external
@@ -215,7 +221,7 @@ def load_model(path: str, on_parsed: Callable[[onnx.ModelProto, str], None] | No
         if not is_external(tensor):
             continue
         tensor.base_dir = base_dir  # what ir.external_data.set_base_dir does, without its slow type checks
-        location = _datafile.contained_location(base_dir, str(tensor.location))
+        location = contained_location(base_dir, str(tensor.location))
         if location is None:
             raise InputError(
                 f"external data location {str(tensor.location)!r} of tensor {tensor.name!r}"
@@ -287,158 +293,6 @@ def write_text_atomic(path: str, text: str) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-
-
-def output_modes(loaded: LoadedModel) -> tuple[int, int]:
-    """Permission bits for the output's ``.onnx`` and data file: those of the input's.
-
-    The data file takes the bits of the input's first data file (or of its ``.onnx``
-    when it had none), so weights kept private stay private.
-    """
-    onnx_mode = os.stat(loaded.path).st_mode & 0o7777
-    data_mode = os.stat(loaded.external_files[0]).st_mode & 0o7777 if loaded.external_files else onnx_mode
-    return onnx_mode, data_mode
-
-
-@dataclasses.dataclass
-class StagedOutput:
-    """A model written to a staging directory beside its destination."""
-
-    destination: _publish.Destination
-    directory: str
-    onnx_path: str
-    data_path: str | None
-
-    @property
-    def size(self) -> int:
-        size = os.path.getsize(self.onnx_path)
-        if self.data_path is not None:
-            size += os.path.getsize(self.data_path)
-        return size
-
-    def publish(self, modes: tuple[int, int]) -> None:
-        """Put the model in place (see :mod:`onnx_conv2matmul._publish`)."""
-        self.destination.publish(self.directory, self.onnx_path, self.data_path, modes=modes)
-        self.directory = ""
-
-    def keep(self, directory: str, modes: tuple[int, int]) -> str:
-        """Move the staged files into ``directory`` (replaced if it exists); return the model path."""
-        if os.path.lexists(directory) and not os.path.isdir(directory):
-            raise InputError(f"cannot keep the failed output: {directory} exists and is not a directory")
-        if os.path.isdir(directory):
-            shutil.rmtree(directory)
-        os.chmod(self.onnx_path, modes[0])
-        if self.data_path is not None:
-            os.chmod(self.data_path, modes[1])
-        _usual_mode(self.directory, directory=True)
-        os.replace(self.directory, directory)
-        # The files now belong to the caller: nothing is left to discard.
-        self.directory = ""
-        return os.path.join(directory, os.path.basename(self.onnx_path))
-
-    def discard(self) -> None:
-        if not self.directory:
-            return
-        shutil.rmtree(self.directory, ignore_errors=True)
-
-    def __enter__(self) -> StagedOutput:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.discard()
-
-
-def stage_model(
-    model: ir.Model,
-    destination: _publish.Destination,
-    *,
-    external: bool,
-    progress: ProgressCallback | None = None,
-) -> StagedOutput:
-    """Write ``model`` into a staging directory beside ``destination``, which is not touched.
-
-    With ``external``, tensors above :data:`INLINE_THRESHOLD_BYTES` go into one data file
-    named :attr:`~onnx_conv2matmul._publish.Destination.data_name`; otherwise the model is
-    one file.
-    """
-    directory = destination.staging_dir()
-    onnx_path = os.path.join(directory, destination.name)
-    try:
-        if external:
-            _datafile.save_with_data_file(
-                model, onnx_path, destination.data_name, threshold=INLINE_THRESHOLD_BYTES, progress=progress
-            )
-            data_path: str | None = os.path.join(directory, destination.data_name)
-        else:
-            import onnx_ir as ir
-
-            ir.save(model, onnx_path)
-            data_path = None
-    except BaseException:
-        shutil.rmtree(directory, ignore_errors=True)
-        raise
-    return StagedOutput(destination, directory, onnx_path, data_path)
-
-
-class EarlyStaging:
-    """An output being staged while its model is still being loaded and changed.
-
-    The input's data files start copying into the staging directory at once (see
-    :class:`~onnx_conv2matmul._datafile.DataFileWriter`); :meth:`finish` places the final
-    model's tensors and writes the ``.onnx``. Use as a context manager: on an error
-    before :meth:`finish` the copy stops and the directory is removed.
-    """
-
-    def __init__(self, proto: onnx.ModelProto, base_dir: str, destination: _publish.Destination) -> None:
-        self._destination = destination
-        self._directory = destination.staging_dir()
-        self._onnx_path = os.path.join(self._directory, destination.name)
-        try:
-            ranges = _datafile.external_ranges(proto, base_dir, INLINE_THRESHOLD_BYTES)
-            replaced = frozenset(ranges[name] for name in _pointwise_conv_weights(proto) if name in ranges)
-            self._writer = _datafile.DataFileWriter.start(
-                os.path.join(self._directory, destination.data_name), list(ranges.values()), last=replaced
-            )
-        except BaseException:
-            shutil.rmtree(self._directory, ignore_errors=True)
-            raise
-        self._finished = False
-
-    @staticmethod
-    def wanted(proto: onnx.ModelProto) -> bool:
-        """Whether the model keeps weights in external data (then so does the output)."""
-        return any(t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer)
-
-    def finish(self, model: ir.Model, progress: ProgressCallback | None = None) -> StagedOutput:
-        """Write ``model``; the returned output owns the staging directory."""
-        self._writer.finish(model, self._onnx_path, threshold=INLINE_THRESHOLD_BYTES, progress=progress)
-        self._finished = True
-        return StagedOutput(self._destination, self._directory, self._onnx_path, self._writer.data_path)
-
-    def __enter__(self) -> EarlyStaging:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if not self._finished:
-            self._writer.cancel()
-            shutil.rmtree(self._directory, ignore_errors=True)
-
-
-def _pointwise_conv_weights(proto: onnx.ModelProto) -> set[str]:
-    """The weights of the pointwise Convs of the main graph: the rewrite likely replaces them.
-
-    A guess from the protobuf, before the graph is built; it only orders the copy.
-    """
-    weights = {
-        node.input[1]
-        for node in proto.graph.node
-        if node.op_type == "Conv" and node.domain in ("", "ai.onnx") and len(node.input) > 1
-    }
-    return {
-        tensor.name
-        for tensor in proto.graph.initializer
-        if tensor.name in weights and len(tensor.dims) >= 3 and all(d == 1 for d in tensor.dims[2:])
-    }
 
 
 def run_checker(path: str, label: str | None = None) -> None:

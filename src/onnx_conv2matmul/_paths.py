@@ -1,4 +1,4 @@
-"""Which files a model reads: its ``.onnx`` and every external data file it names.
+"""Which files a model reads, and where its external data may lie.
 
 Read from the protobuf alone (no tensor data, no onnx-ir), so a command can refuse a
 path that would replace one of them before any work starts.
@@ -6,10 +6,59 @@ path that would replace one of them before any work starts.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterable, Iterator
 
 import onnx
+
+
+def _normalize(path: str) -> str:
+    return os.path.normpath(os.path.abspath(path))
+
+
+@functools.lru_cache(maxsize=4096)
+def contained_location(base_dir: str, location: str) -> str | None:
+    """The normalized path of external data ``location`` if it lies inside ``base_dir``.
+
+    A location that is absolute or climbs out of the model's directory gives ``None``:
+    copying it would put a file that is not the model's into the output. So does one
+    that leaves it through a symbolic link, the rule onnx-ir applies when it reads.
+    """
+    base = _normalize(base_dir)
+    path = os.path.normpath(os.path.join(base, location))
+    if os.path.isabs(location) or not _inside(base, path):
+        return None
+    if os.path.dirname(path) == base and not os.path.islink(path):
+        return path  # a plain file in the model's directory (one lstat, not a realpath)
+    if not _inside(_realpath(base), os.path.realpath(path)):
+        return None
+    return path
+
+
+@functools.lru_cache(maxsize=64)
+def _realpath(path: str) -> str:
+    return os.path.realpath(path)
+
+
+def _inside(base: str, path: str) -> bool:
+    return path != base and os.path.commonpath([base, path]) == base
+
+
+def data_files(proto: onnx.ModelProto, base_dir: str) -> set[str]:
+    """The normalized paths of the external data files ``proto``'s tensors name.
+
+    Tensors of the main graph, of subgraphs at any depth, of node attributes (Constant
+    values) and of local functions count; locations are taken relative to ``base_dir``.
+    """
+    files = set()
+    for tensor in _tensors(proto):
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        for entry in tensor.external_data:
+            if entry.key == "location" and entry.value:
+                files.add(os.path.normpath(os.path.join(base_dir, entry.value)))
+    return files
 
 
 def files_read_by(model_path: str) -> set[str]:
@@ -26,13 +75,7 @@ def files_read_by(model_path: str) -> set[str]:
     except Exception:  # not an ONNX file: nothing more it could read
         return files
     base_dir = os.path.dirname(os.path.abspath(model_path))
-    for tensor in _tensors(proto):
-        if tensor.data_location != onnx.TensorProto.EXTERNAL:
-            continue
-        for entry in tensor.external_data:
-            if entry.key == "location" and entry.value:
-                files.add(os.path.realpath(os.path.join(base_dir, entry.value)))
-    return files
+    return files | {os.path.realpath(p) for p in data_files(proto, base_dir)}
 
 
 def _tensors(proto: onnx.ModelProto) -> Iterator[onnx.TensorProto]:

@@ -41,6 +41,7 @@ from typing import Any
 
 import onnx
 
+from onnx_conv2matmul._paths import data_files
 from onnx_conv2matmul.errors import InputError
 
 _JOURNAL = "obsolete.json"
@@ -63,9 +64,8 @@ def _fsync(path: str) -> None:
 
 
 def referenced_files(path: str) -> set[str] | None:
-    """Absolute paths of the external data files the model at ``path`` reads.
+    """Normalized paths of the external data files the model at ``path`` reads.
 
-    Every tensor counts: initializers, tensor attributes, subgraphs and functions.
     ``None`` when the file is too large to parse cheaply or cannot be parsed.
     """
     try:
@@ -74,35 +74,7 @@ def referenced_files(path: str) -> set[str] | None:
         proto = onnx.load(path, load_external_data=False)
     except Exception:
         return None
-    base = os.path.dirname(os.path.abspath(path))
-    files = set()
-    for tensor in _all_tensors(proto):
-        if tensor.data_location != onnx.TensorProto.EXTERNAL:
-            continue
-        for entry in tensor.external_data:
-            if entry.key == "location":
-                files.add(os.path.normpath(os.path.join(base, entry.value)))
-    return files
-
-
-def _all_tensors(proto: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
-    graphs = [proto.graph]
-    nodes: list[onnx.NodeProto] = [n for f in proto.functions for n in f.node]
-    while graphs or nodes:
-        if graphs:
-            graph = graphs.pop()
-            yield from graph.initializer
-            yield from (s.values for s in graph.sparse_initializer)
-            nodes.extend(graph.node)
-            continue
-        node = nodes.pop()
-        for attr in node.attribute:
-            if attr.HasField("t"):
-                yield attr.t
-            yield from attr.tensors
-            if attr.HasField("g"):
-                graphs.append(attr.g)
-            graphs.extend(attr.graphs)
+    return data_files(proto, os.path.dirname(os.path.abspath(path)))
 
 
 class Destination:

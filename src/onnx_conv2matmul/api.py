@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol, overload
 
 import onnx
 
-from onnx_conv2matmul import _io, _publish
+from onnx_conv2matmul import _io, _output
 from onnx_conv2matmul.errors import CheckerError, InputError
 from onnx_conv2matmul.options import ConvertOptions
 from onnx_conv2matmul.report import ConvertReport
@@ -116,14 +114,23 @@ def load_input(
     run_checker: bool,
     progress: Progress,
     timings: dict[str, float],
-    on_parsed: Callable[[onnx.ModelProto, str], None] | None = None,
+    output: _output.Output | None = None,
 ) -> _io.LoadedModel:
-    """Load the input and check it before any heavy work (shared by the commands that write)."""
+    """Load the input and check it before any heavy work (shared by the commands that write).
+
+    With ``output``, its data file starts copying as soon as the input is parsed.
+    """
     start = time.perf_counter()
     progress.phase("Loading")
-    loaded = _io.load_model(src, on_parsed)
+    proto = _io.parse_model(src)
+    if output is not None:
+        output.prefetch(proto, os.path.dirname(os.path.abspath(src)))
+    loaded = _io.build_model(proto, src)
+    del proto
     if not inplace:
         _io.check_not_overwriting_inputs(loaded, dst)
+        if output is not None:
+            output.protect(loaded.external_files)
     timings["load"] = time.perf_counter() - start
     if run_checker:
         progress.phase("Checking the input")
@@ -214,13 +221,13 @@ def _convert_file(
 ) -> ConvertReport:
     src = os.fspath(input_path)
     dst = check_paths(src, os.fspath(output_path) if output_path is not None else None, inplace=inplace)
-    with _publish.Destination(dst, source=None if inplace else src) as destination:
-        return _convert_to(src, destination, options, inplace, run_checker, verify, keep_on_failure, progress)
+    with _output.Output(dst, source=None if inplace else src) as output:
+        return _convert_to(src, output, options, inplace, run_checker, verify, keep_on_failure, progress)
 
 
 def _convert_to(
     src: str,
-    destination: _publish.Destination,
+    output: _output.Output,
     options: ConvertOptions,
     inplace: bool,
     run_checker: bool,
@@ -228,46 +235,24 @@ def _convert_to(
     keep_on_failure: bool,
     progress: Progress,
 ) -> ConvertReport:
-    dst = destination.path
+    dst = output.path
     timings: dict[str, float] = {}
-    with contextlib.ExitStack() as stack:
-        early: _io.EarlyStaging | None = None
-
-        def start_output(proto: onnx.ModelProto, base_dir: str) -> None:
-            # With external data the output's data file starts copying as soon as the input
-            # is parsed, while it is checked and rewritten; removed again if anything fails.
-            nonlocal early
-            if _io.EarlyStaging.wanted(proto):
-                early = stack.enter_context(_io.EarlyStaging(proto, base_dir, destination))
-
-        loaded = load_input(
-            src,
-            dst,
-            inplace=inplace,
-            run_checker=run_checker,
-            progress=progress,
-            timings=timings,
-            on_parsed=start_output,
-        )
-        if not inplace:
-            destination.protect(loaded.external_files)
-        modes = _io.output_modes(loaded)
-        start = time.perf_counter()
-        progress.phase("Rewriting")
-        model, report = convert(loaded.model, options)
-        timings["rewrite"] = time.perf_counter() - start
-        report.input_path = src
-        report.input_bytes = loaded.total_bytes
-        report.timings = timings  # filled in as the steps run
-        start = time.perf_counter()
-        progress.phase("Saving")
-        if early is not None:
-            staged = early.finish(model, progress=progress.advance)
-        else:
-            # External data only in subgraphs or attributes, or none and too big for one file.
-            external = loaded.has_external_data or _io.tensor_bytes(model) > _io.SINGLE_FILE_LIMIT_BYTES
-            staged = _io.stage_model(model, destination, external=external, progress=progress.advance)
-    with staged:
+    loaded = load_input(
+        src, dst, inplace=inplace, run_checker=run_checker, progress=progress, timings=timings, output=output
+    )
+    modes = _output.file_modes(loaded.path, loaded.external_files)
+    start = time.perf_counter()
+    progress.phase("Rewriting")
+    model, report = convert(loaded.model, options)
+    timings["rewrite"] = time.perf_counter() - start
+    report.input_path = src
+    report.input_bytes = loaded.total_bytes
+    report.timings = timings  # filled in as the steps run
+    start = time.perf_counter()
+    progress.phase("Saving")
+    # External data when the input had it, or when the model is too big for one file.
+    external = loaded.has_external_data or _io.tensor_bytes(model) > _io.SINGLE_FILE_LIMIT_BYTES
+    with output.stage(model, external=external, progress=progress.advance) as staged:
         timings["save"] = time.perf_counter() - start
         if run_checker:
             progress.phase("Checking the output")

@@ -16,7 +16,7 @@ from typing import Any
 
 import onnx_ir as ir
 
-from onnx_conv2matmul import _datafile, _io, _publish
+from onnx_conv2matmul import _io, _output
 from onnx_conv2matmul._graphs import count_op
 from onnx_conv2matmul._version import __version__
 from onnx_conv2matmul.api import NullProgress, Progress, check_paths, convert, load_input
@@ -138,10 +138,10 @@ def quantize_file(
         },
     )
     try:
-        with _publish.Destination(dst, source=src) as destination:
+        with _output.Output(dst, source=src) as output:
             _quantize_to(
                 src,
-                destination,
+                output,
                 convert_options,
                 quantize_options,
                 int8,
@@ -159,7 +159,7 @@ def quantize_file(
 
 def _quantize_to(
     src: str,
-    destination: _publish.Destination,
+    output: _output.Output,
     convert_options: ConvertOptions,
     quantize_options: QuantizeOptions,
     int8: bool,
@@ -168,10 +168,10 @@ def _quantize_to(
     progress: Progress,
     report: QuantizeReport,
 ) -> None:
-    dst = destination.path
+    dst = output.path
     loaded = load_input(src, dst, inplace=False, run_checker=run_checker, progress=progress, timings={})
-    destination.protect(loaded.external_files)
-    modes = _io.output_modes(loaded)
+    output.protect(loaded.external_files)
+    modes = _output.file_modes(loaded.path, loaded.external_files)
     report.input_bytes = loaded.total_bytes
     model = loaded.model
     if int8:
@@ -183,7 +183,7 @@ def _quantize_to(
     report.weights_with_rewrite = weight_stats(model)
     external = loaded.has_external_data or _io.tensor_bytes(model) > _io.SINGLE_FILE_LIMIT_BYTES
     if int8:
-        staged = _int8_staged(model, destination, external, quantize_options, progress, report)
+        staged = _int8_staged(model, output, external, quantize_options, progress, report)
     else:
         progress.phase("Quantizing")
         result = quantize_matmul_nbits(model, quantize_options)
@@ -195,7 +195,7 @@ def _quantize_to(
                 "no MatMul was quantized: check --include/--exclude against the node names"
             )
         progress.phase("Saving")
-        staged = _io.stage_model(model, destination, external=external, progress=progress.advance)
+        staged = output.stage(model, external=external, progress=progress.advance)
     with staged:  # at once: from here on any error or interrupt removes the staged output
         del model, loaded
         report.peak_rss_quantize_bytes = _peak_rss_bytes()
@@ -226,31 +226,26 @@ def _check_int8_dynamic(model: ir.Model) -> None:
 
 def _int8_staged(
     model: ir.Model,
-    destination: _publish.Destination,
+    output: _output.Output,
     external: bool,
     quantize_options: QuantizeOptions,
     progress: Progress,
     report: QuantizeReport,
-) -> _io.StagedOutput:
+) -> _output.Staged:
     """Save the rewritten fp32 model aside, run ``quantize_dynamic`` into a staged output.
 
     onnxruntime names the data file after the ``.onnx`` it writes, so the staged
     ``.onnx`` is named for the data file to get the destination's data-file name.
     """
-    directory = destination.staging_dir()
-    try:
+
+    def write(directory: str) -> str:
         progress.phase("Saving the rewritten model")
         fp32_dir = os.path.join(directory, "fp32")
         os.mkdir(fp32_dir)
         fp32_path = os.path.join(fp32_dir, "model.onnx")
-        if external:
-            _datafile.save_with_data_file(
-                model, fp32_path, "model.onnx.data", threshold=_io.INLINE_THRESHOLD_BYTES
-            )
-        else:
-            ir.save(model, fp32_path)
+        _output.save(model, fp32_path, "model.onnx.data" if external else None)
         progress.phase("Quantizing (int8 dynamic)")
-        name = destination.data_name.removesuffix(".data") if external else destination.name
+        name = output.data_name.removesuffix(".data") if external else os.path.basename(output.path)
         out = os.path.join(directory, name)
         int8_dynamic(model, fp32_path, out, quantize_options, external_data=external)
         shutil.rmtree(fp32_dir)
@@ -259,11 +254,9 @@ def _int8_staged(
         report.quantized_nodes = sum(
             count_op(quantized, op) for op in ("MatMulInteger", "DynamicQuantizeLSTM", "ConvInteger")
         )
-    except BaseException:
-        shutil.rmtree(directory, ignore_errors=True)
-        raise
-    data = out + ".data"
-    return _io.StagedOutput(destination, directory, out, data if os.path.exists(data) else None)
+        return out
+
+    return output.stage_with(write)
 
 
 def bundle_sizes(directory: str) -> list[tuple[str, int, list[str]]]:
