@@ -17,7 +17,7 @@ from types import FrameType
 from typing import NoReturn
 
 from onnx_conv2matmul._version import __version__
-from onnx_conv2matmul.errors import Interrupted
+from onnx_conv2matmul.errors import Interrupted, exit_code_for
 
 JSON_STDOUT_FLAG = "--report-json-stdout"
 NOTHING_WRITTEN = "nothing was written"
@@ -42,7 +42,7 @@ def _raise_interrupted(signum: int, _frame: FrameType | None) -> None:
 
 def exit_code(interrupt: KeyboardInterrupt) -> int:
     """128 + the signal number: 130 for SIGINT (a plain KeyboardInterrupt), 143 for SIGTERM."""
-    return 128 + getattr(interrupt, "signum", signal.SIGINT)
+    return exit_code_for(interrupt)
 
 
 def interrupted_message(interrupt: KeyboardInterrupt, detail: str) -> str:

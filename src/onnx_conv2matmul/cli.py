@@ -13,14 +13,13 @@ import click
 
 from onnx_conv2matmul import _entry, _io, api
 from onnx_conv2matmul._version import __version__
-from onnx_conv2matmul.errors import Conv2MatMulError, InputError
+from onnx_conv2matmul.errors import Conv2MatMulError, ExitCode, Hint, InputError, exit_code_for
 from onnx_conv2matmul.options import ConvertOptions
 from onnx_conv2matmul.verify import (
     DEFAULT_LENGTHS,
     DEFAULT_MAX_ABS,
     DEFAULT_MEAN_ABS,
     IMAGE_LENGTHS,
-    ModelRunError,
     VerifyOptions,
     verify_models,
 )
@@ -30,10 +29,19 @@ if TYPE_CHECKING:
 
     from onnx_conv2matmul.report import ConvertReport
 
-EXIT_FAILED = 1  # verification or accuracy failed, or the checker rejected the output
-EXIT_USAGE = 2  # usage, input or system error (OSError, out of memory)
-EXIT_INTERNAL = 3  # an unexpected exception: a bug
 PROGRESS_MIN_BYTES = 100 * 2**20
+
+# How the command line words each hint an error carries: the option it names (a hint is
+# shown only by a command that has that option) and the text appended to the message.
+_HINTS: dict[Hint, tuple[str, str]] = {
+    Hint.OUTPUT_IS_INPUT: ("inplace", "use --inplace to replace the input"),
+    Hint.NO_OUTPUT: ("inplace", "--inplace replaces the input"),
+    Hint.OUTPUT_AND_INPLACE: ("inplace", "give OUTPUT or --inplace, not both"),
+    Hint.SKIP_INPUT_CHECKER: ("skip_checker", "--skip-checker skips this check"),
+    Hint.VERIFY_INPUTS: ("verify_inputs", "--verify-input, --verify-dim, --verify-lengths"),
+    Hint.NOT_INT8_DYNAMIC: ("int8_dynamic", "without --int8-dynamic, the default MatMulNBits mode takes it"),
+    Hint.KEPT_PATH: ("keep_on_failure", "--keep-on-failure moves a failed output there"),
+}
 
 
 class _Outcome:
@@ -113,7 +121,7 @@ class _DefaultGroup(click.Group):
             return super().main(args, *rest, **kwargs)
         except SystemExit as exit_:
             code = exit_.code
-            _OUTCOME.finish(code if isinstance(code, int) else 0 if code is None else EXIT_FAILED)
+            _OUTCOME.finish(code if isinstance(code, int) else 0 if code is None else ExitCode.FAILED)
             raise
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
@@ -156,11 +164,11 @@ def _fail(message: str, code: int) -> NoReturn:
 def _errors(*, click_shows_usage: bool = False) -> Iterator[None]:
     """Map every exception to one line on stderr and an exit code; never a traceback.
 
-    2: usage and input errors, and system errors (OSError such as a full disk, out of
-    memory); 1: the checker rejected the output (and other deliberate errors of this
-    package); 128 + signal: interrupted (130 Ctrl-C, 143 SIGTERM); 3: any other exception,
-    a bug (ONNX_CONV2MATMUL_DEBUG=1 re-raises it for a traceback). With
-    ``click_shows_usage`` click's usage errors go on to click, which prints the usage too.
+    The exit code is :func:`onnx_conv2matmul.errors.exit_code_for`'s (click's usage errors:
+    2); an internal error (3) is re-raised for a traceback with ONNX_CONV2MATMUL_DEBUG=1.
+    The message of an error of this package gets the flag its hint names (see
+    :data:`_HINTS`). With ``click_shows_usage`` click's usage errors go on to click, which
+    prints the usage too.
     """
     try:
         yield
@@ -170,24 +178,30 @@ def _errors(*, click_shows_usage: bool = False) -> Iterator[None]:
         if click_shows_usage:
             _OUTCOME.error = err.format_message()
             raise
-        _fail(err.format_message(), EXIT_USAGE)
-    except ModelRunError as err:
-        _fail(f"{err} (--verify-input, --verify-dim, --verify-lengths)", EXIT_USAGE)
-    except InputError as err:
-        _fail(str(err), EXIT_USAGE)
-    except Conv2MatMulError as err:  # CheckerError included
-        _fail(str(err), EXIT_FAILED)
+        _fail(err.format_message(), ExitCode.USAGE)
+    except Conv2MatMulError as err:
+        _fail(_with_hint(str(err), err.hint), exit_code_for(err))
     except KeyboardInterrupt as interrupt:
-        message = _entry.interrupted_message(interrupt, _OUTCOME.interrupted_detail())
-        _fail(message, _entry.exit_code(interrupt))
-    except MemoryError:
-        _fail("out of memory", EXIT_USAGE)
+        _fail(_entry.interrupted_message(interrupt, _OUTCOME.interrupted_detail()), exit_code_for(interrupt))
+    except MemoryError as err:
+        _fail("out of memory", exit_code_for(err))
     except OSError as err:
-        _fail(f"{err.strerror or err}: {err.filename or ''}".rstrip(": "), EXIT_USAGE)
+        _fail(f"{err.strerror or err}: {err.filename or ''}".rstrip(": "), exit_code_for(err))
     except Exception as err:
         if os.environ.get("ONNX_CONV2MATMUL_DEBUG"):
             raise
-        _fail(_internal_error(err), EXIT_INTERNAL)
+        _fail(_internal_error(err), exit_code_for(err))
+
+
+def _with_hint(message: str, hint: Hint | None) -> str:
+    """``message (hint)``, the hint worded with the flag it names, when this command has that flag."""
+    if hint is None:
+        return message
+    option, text = _HINTS[hint]
+    ctx = click.get_current_context(silent=True)
+    if ctx is None or option not in {param.name for param in ctx.command.params}:
+        return message
+    return f"{message} ({text})"
 
 
 def _internal_error(err: Exception) -> str:

@@ -20,7 +20,7 @@ from onnx_conv2matmul import _datafile, _io, _publish
 from onnx_conv2matmul._graphs import count_op
 from onnx_conv2matmul._version import __version__
 from onnx_conv2matmul.api import NullProgress, Progress, check_paths, convert, load_input
-from onnx_conv2matmul.errors import InputError
+from onnx_conv2matmul.errors import Hint, InputError
 from onnx_conv2matmul.options import ConvertOptions
 from onnx_conv2matmul.quantize import (
     QuantizeOptions,
@@ -128,7 +128,7 @@ def quantize_file(
         verify = dataclasses.replace(verify, min_cosine=REPORT_ONLY_COSINE)
     progress = progress or NullProgress()
     src = os.fspath(input_path)
-    dst = check_paths(src, os.fspath(output_path), inplace=False, inplace_hint=False)
+    dst = check_paths(src, os.fspath(output_path), inplace=False)
     report = QuantizeReport(
         mode="int8_dynamic" if int8 else "matmul_nbits",
         input_path=src,
@@ -192,7 +192,7 @@ def _quantize_to(
         report.excluded = result.excluded
         if result.quantized == 0:
             report.warnings.append(
-                "no MatMul was quantized: check --include/--exclude against the node names"
+                "no MatMul was quantized: check the include and exclude patterns against the node names"
             )
         progress.phase("Saving")
         staged = _io.stage_model(model, destination, external=external, progress=progress.advance)
@@ -219,8 +219,9 @@ def _check_int8_dynamic(model: ir.Model) -> None:
     obstacle = int8_dynamic_obstacle(model)
     if obstacle is not None:
         raise InputError(
-            f"--int8-dynamic needs a float32 model: {obstacle}"
-            " (onnxruntime's quantize_dynamic takes float32 only; the default MatMulNBits mode takes it)"
+            f"int8 dynamic quantization needs a float32 model: {obstacle}"
+            " (onnxruntime's quantize_dynamic takes float32 only)",
+            hint=Hint.NOT_INT8_DYNAMIC,
         )
 
 

@@ -35,7 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from onnx_conv2matmul.errors import Conv2MatMulError, InputError
+from onnx_conv2matmul.errors import InputError
+from onnx_conv2matmul.errors import ModelRunError as ModelRunError  # its home before errors.py
 
 DEFAULT_LENGTHS = (64, 80, 97, 128, 191)
 # Image inputs: multiples of 32, the stride of the deepest features of most image networks
@@ -64,10 +65,6 @@ _ORT_TYPES: dict[str, Any] = {
     "tensor(uint8)": np.uint8,
     "tensor(bool)": np.bool_,
 }
-
-
-class ModelRunError(Conv2MatMulError):
-    """onnxruntime could not load or run a model on the synthesised inputs."""
 
 
 @dataclasses.dataclass(frozen=True)
