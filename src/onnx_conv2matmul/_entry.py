@@ -16,7 +16,6 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import NoReturn
 
-from onnx_conv2matmul._version import __version__
 from onnx_conv2matmul.errors import Interrupted, exit_code_for
 
 JSON_STDOUT_FLAG = "--report-json-stdout"
@@ -58,16 +57,11 @@ def asks_for_json(argv: Sequence[str]) -> bool:
     return JSON_STDOUT_FLAG in options
 
 
-def error_json(command: str | None, return_code: int, error: str | None) -> str:
+def error_json(command: str | None, return_code: int, error: str) -> str:
     """The one JSON object printed on stdout when a command ends without its report."""
-    data = {
-        "tool": "onnx-conv2matmul",
-        "version": __version__,
-        "command": command,
-        "return_code": return_code,
-        "error": error,
-    }
-    return json.dumps(data, indent=2)
+    from onnx_conv2matmul.report import ErrorReport
+
+    return json.dumps(ErrorReport(command, return_code, error).to_dict(), indent=2)
 
 
 def run() -> None:

@@ -292,7 +292,7 @@ def _convert_to(
             result = verify_models(src, staged.onnx_path, verify)
             timings["verify"] = time.perf_counter() - start
             result.candidate = dst
-            report.verification = result.to_dict()
+            report.verification = result
             if not result.passed:
                 # Nothing at the destination; with keep_on_failure the files go aside.
                 report.output_path = staged.keep(dst + FAILED_SUFFIX, modes) if keep_on_failure else None
