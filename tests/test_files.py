@@ -16,6 +16,7 @@ import unwritable
 from helpers import assert_equivalent, conv_model
 from onnx_conv2matmul import ConvertOptions, InputError, convert_file
 from onnx_conv2matmul import _io as io_mod
+from onnx_conv2matmul.errors import Hint
 
 RNG = np.random.default_rng(11)
 
@@ -265,8 +266,9 @@ def test_bad_output_paths(tmp_path: Path) -> None:
     onnx.save(conv_model(), src)
     with pytest.raises(InputError, match="directory does not exist"):
         convert_file(src, tmp_path / "nope" / "o.onnx")
-    with pytest.raises(InputError, match="use --inplace"):
+    with pytest.raises(InputError, match="output is the input") as raised:
         convert_file(src, src)
+    assert raised.value.hint is Hint.OUTPUT_IS_INPUT
     with pytest.raises(InputError, match="cannot be used together"):
         convert_file(src, tmp_path / "o.onnx", inplace=True)
     with pytest.raises(ValueError, match="max_dilation"):

@@ -113,7 +113,7 @@ def test_real_model_rewrite_is_exact(model: RealModel, tmp_path: Path) -> None:
             source, output, ConvertOptions(allow_added_transposes=True, extended=True), verify=verify
         )
         assert report.verification is not None
-        assert report.return_code == 0, report.verification["failures"]
+        assert report.return_code == 0, report.verification.failures
         if index == 0:
             assert len(report.converted) == model.converted
             assert report.skip_counts == {r.value: n for r, n in model.skipped.items()}

@@ -125,9 +125,9 @@ def test_correct_rewrites_pass(tmp_path: Path, spatial: int) -> None:
     )
     assert report.return_code == 0
     verification = report.verification
-    assert verification is not None and verification["passed"]
-    assert {r["length"] for r in verification["results"]} == {5, 16, 33}
-    assert all(r["shape"][0] == 2 for r in verification["results"])
+    assert verification is not None and verification.passed
+    assert {r.length for r in verification.results} == {5, 16, 33}
+    assert all(r.shape[0] == 2 for r in verification.results)
 
 
 def test_several_inputs_state_and_sample_rate(tmp_path: Path) -> None:
@@ -144,12 +144,12 @@ def test_several_inputs_state_and_sample_rate(tmp_path: Path) -> None:
         assert len(report.converted) == 2  # the k=3 front conv stays
         v = report.verification
         assert v is not None
-        assert v["inputs"] == {
+        assert v.inputs == {
             "audio": "standard normal",
             "state": "zeros (state)",
             "sr": f"fixed {sr}",
         }
-        assert [r["output"] for r in v["results"]][:2] == ["output", "stateN"]
+        assert [r.output for r in v.results][:2] == ["output", "stateN"]
 
 
 def test_fp16_passes_with_default_thresholds(tmp_path: Path) -> None:
@@ -179,8 +179,8 @@ def test_deep_model_with_large_outputs_passes(tmp_path: Path) -> None:
     src = _save(_deep_model(), tmp_path / "deep.onnx")
     report = convert_file(src, tmp_path / "o.onnx", verify=VerifyOptions(batch=2))
     v = report.verification
-    assert v is not None and v["passed"], v
-    assert max(r["max_ref"] for r in v["results"]) > 8, "the model is meant to reach ~10"
+    assert v is not None and v.passed, v
+    assert max(r.max_ref for r in v.results) > 8, "the model is meant to reach ~10"
 
 
 def _perturbed_candidate(tmp_path: Path, delta: str) -> tuple[str, str]:
@@ -496,8 +496,8 @@ def test_exact_rewrite_with_one_loud_channel_passes(tmp_path: Path) -> None:
     src = _save(_loud_channel_model(), tmp_path / "m.onnx")
     report = convert_file(src, tmp_path / "o.onnx", ALL, verify=VerifyOptions(batch=2))
     v = report.verification
-    assert v is not None and v["passed"], v
-    assert min(r["max_ref"] for r in v["results"]) > 1000
+    assert v is not None and v.passed, v
+    assert min(r.max_ref for r in v.results) > 1000
 
 
 def test_error_in_a_quiet_channel_next_to_a_loud_one_fails(tmp_path: Path) -> None:
@@ -579,9 +579,9 @@ def test_sequence_outputs_are_compared_element_by_element(tmp_path: Path) -> Non
     src = _save(_sequence_model(), tmp_path / "m.onnx")
     report = convert_file(src, tmp_path / "o.onnx", ALL, verify=VerifyOptions(lengths=(16, 33)))
     v = report.verification
-    assert v is not None and v["passed"], v
-    parts = [r for r in v["results"] if r["output"] == "parts"]
-    assert [(r["dtype"], r["shape"]) for r in parts] == [("sequence(float32)", [3])] * 2
+    assert v is not None and v.passed, v
+    parts = [r for r in v.results if r.output == "parts"]
+    assert [(r.dtype, r.shape) for r in parts] == [("sequence(float32)", [3])] * 2
     code, _, stderr = _invoke("verify", src, src, "--verify-lengths", "16")
     assert code == 0 and "sequence of 3" in stderr
     # 1% off in the last element only.
@@ -671,11 +671,11 @@ def test_detector_verifies_with_default_options(tmp_path: Path) -> None:
     src = _save(_detector_model(), tmp_path / "det.onnx")
     report = convert_file(src, tmp_path / "o.onnx", ALL, verify=VerifyOptions())
     v = report.verification
-    assert v is not None and v["passed"], v
+    assert v is not None and v.passed, v
     assert len(report.converted) == 2
-    assert v["lengths"]["used"] == [64, 96, 128, 160] and v["lengths"]["not_run"] == []
-    assert "multiples of 32" in v["lengths"]["rule"]
-    assert [r["shape"] for r in v["results"]] == [[1, 6, n // 16, n // 16] for n in (64, 96, 128, 160)]
+    assert v.lengths == [64, 96, 128, 160] and v.lengths_not_run == []
+    assert "multiples of 32" in v.lengths_rule
+    assert [r.shape for r in v.results] == [[1, 6, n // 16, n // 16] for n in (64, 96, 128, 160)]
     code, _, stderr = _invoke(src, str(tmp_path / "cli.onnx"), "--allow-added-transposes", "--verify")
     assert code == 0 and "Verification PASSED" in stderr, stderr
     assert "Lengths: 64, 96, 128, 160 (default for image inputs: multiples of 32" in stderr

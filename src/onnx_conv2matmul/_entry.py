@@ -16,8 +16,7 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import NoReturn
 
-from onnx_conv2matmul._version import __version__
-from onnx_conv2matmul.errors import Interrupted
+from onnx_conv2matmul.errors import Interrupted, exit_code_for
 
 JSON_STDOUT_FLAG = "--report-json-stdout"
 NOTHING_WRITTEN = "nothing was written"
@@ -42,7 +41,7 @@ def _raise_interrupted(signum: int, _frame: FrameType | None) -> None:
 
 def exit_code(interrupt: KeyboardInterrupt) -> int:
     """128 + the signal number: 130 for SIGINT (a plain KeyboardInterrupt), 143 for SIGTERM."""
-    return 128 + getattr(interrupt, "signum", signal.SIGINT)
+    return exit_code_for(interrupt)
 
 
 def interrupted_message(interrupt: KeyboardInterrupt, detail: str) -> str:
@@ -58,16 +57,11 @@ def asks_for_json(argv: Sequence[str]) -> bool:
     return JSON_STDOUT_FLAG in options
 
 
-def error_json(command: str | None, return_code: int, error: str | None) -> str:
+def error_json(command: str | None, return_code: int, error: str) -> str:
     """The one JSON object printed on stdout when a command ends without its report."""
-    data = {
-        "tool": "onnx-conv2matmul",
-        "version": __version__,
-        "command": command,
-        "return_code": return_code,
-        "error": error,
-    }
-    return json.dumps(data, indent=2)
+    from onnx_conv2matmul.report import ErrorReport
+
+    return json.dumps(ErrorReport(command, return_code, error).to_dict(), indent=2)
 
 
 def run() -> None:

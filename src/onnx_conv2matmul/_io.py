@@ -17,7 +17,7 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from onnx_conv2matmul._paths import contained_location
-from onnx_conv2matmul.errors import CheckerError, InputError
+from onnx_conv2matmul.errors import CheckerError, Hint, InputError
 
 if TYPE_CHECKING:  # imported where used: loading parses and starts the copy before importing onnx-ir
     import onnx_ir as ir
@@ -114,16 +114,20 @@ def check_report_path(path: str) -> None:
 
 
 def check_kept_path(path: str) -> None:
-    """Refuse a ``--keep-on-failure`` destination that is not a directory.
+    """Refuse a destination for a failed output (``keep_on_failure``) that is not a directory.
 
     A failed output is moved to directory ``path``; a directory already there is replaced,
     anything else (a file, a link) is refused before any work.
     """
-    why = "--keep-on-failure moves a failed output there"
     if os.path.islink(path):
-        raise InputError(f"{path} is a symbolic link, not a directory ({why})")
+        raise InputError(
+            f"cannot keep a failed output in {path}: it is a symbolic link, not a directory",
+            hint=Hint.KEPT_PATH,
+        )
     if os.path.lexists(path) and not os.path.isdir(path):
-        raise InputError(f"{path} exists and is not a directory ({why})")
+        raise InputError(
+            f"cannot keep a failed output in {path}: it exists and is not a directory", hint=Hint.KEPT_PATH
+        )
 
 
 def _check_path_text(path: str, what: str) -> None:

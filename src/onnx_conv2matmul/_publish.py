@@ -42,17 +42,13 @@ from typing import Any
 import onnx
 
 from onnx_conv2matmul._paths import data_files
-from onnx_conv2matmul.errors import InputError
+from onnx_conv2matmul.errors import DestinationBusy, InputError
 
 _JOURNAL = "obsolete.json"
 # The replaced .onnx is parsed to find the data files it reads only up to this size; a
 # larger one (a single-file model) keeps every data file named after it.
 _PARSE_LIMIT_BYTES = 256 * 2**20
 _HELD_SIGNALS = {signal.SIGINT, signal.SIGTERM}
-
-
-class DestinationBusy(InputError):
-    """Another process is writing the same destination."""
 
 
 def _fsync(path: str) -> None:

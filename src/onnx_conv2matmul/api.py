@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Protocol, overload
 import onnx
 
 from onnx_conv2matmul import _io, _output
-from onnx_conv2matmul.errors import CheckerError, InputError
+from onnx_conv2matmul.errors import CheckerError, Hint, InputError
 from onnx_conv2matmul.options import ConvertOptions
 from onnx_conv2matmul.report import ConvertReport
 from onnx_conv2matmul.verify import VerifyOptions, verify_models
@@ -89,18 +89,25 @@ def convert(
     return model, _convert_ir(model, options)
 
 
-def check_paths(input_path: str, output_path: str | None, *, inplace: bool, inplace_hint: bool = True) -> str:
-    """Validate the paths before any heavy work; return the output path."""
+def check_paths(input_path: str, output_path: str | None, *, inplace: bool) -> str:
+    """Validate the paths before any heavy work; return the output path.
+
+    Raises:
+        InputError: a bad input or output path; an output path together with ``inplace``,
+            none without it, or one that is the input.
+    """
     _io.check_input_path(input_path)
     if inplace and output_path is not None:
-        raise InputError("--inplace and an output path cannot be used together")
+        raise InputError(
+            "an output path and replacing the input in place cannot be used together",
+            hint=Hint.OUTPUT_AND_INPLACE,
+        )
     if not inplace and output_path is None:
-        raise InputError("give an output path, or --inplace to replace the input")
+        raise InputError("give an output path, or replace the input in place", hint=Hint.NO_OUTPUT)
     output = input_path if inplace else output_path
     assert output is not None
     if not inplace and os.path.abspath(output) == os.path.abspath(input_path):
-        hint = "; use --inplace to replace the input" if inplace_hint else ""
-        raise InputError(f"output is the input{hint}")
+        raise InputError("output is the input", hint=Hint.OUTPUT_IS_INPUT)
     _io.check_output_path(output)
     _io.check_replaceable(output + ".data", what="output data file")
     return output
@@ -138,7 +145,7 @@ def load_input(
         try:
             _io.run_checker(src, "the input")
         except CheckerError as err:
-            raise InputError(f"{err} (--skip-checker skips this check)") from err
+            raise InputError(str(err), hint=Hint.SKIP_INPUT_CHECKER) from err
         timings["checker_input"] = time.perf_counter() - start
     return loaded
 
@@ -270,7 +277,7 @@ def _convert_to(
             result = verify_models(src, staged.onnx_path, verify)
             timings["verify"] = time.perf_counter() - start
             result.candidate = dst
-            report.verification = result.to_dict()
+            report.verification = result
             if not result.passed:
                 # Nothing at the destination; with keep_on_failure the files go aside.
                 report.output_path = staged.keep(dst + FAILED_SUFFIX, modes) if keep_on_failure else None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -13,14 +14,15 @@ import click
 
 from onnx_conv2matmul import _entry, _io, api
 from onnx_conv2matmul._version import __version__
-from onnx_conv2matmul.errors import Conv2MatMulError, InputError
+from onnx_conv2matmul.errors import Conv2MatMulError, ExitCode, Hint, InputError, exit_code_for
 from onnx_conv2matmul.options import ConvertOptions
+from onnx_conv2matmul.report import CommandReport, ErrorReport, VerifyCommandReport
 from onnx_conv2matmul.verify import (
     DEFAULT_LENGTHS,
     DEFAULT_MAX_ABS,
     DEFAULT_MEAN_ABS,
     IMAGE_LENGTHS,
-    ModelRunError,
+    Criterion,
     VerifyOptions,
     verify_models,
 )
@@ -28,12 +30,21 @@ from onnx_conv2matmul.verify import (
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from onnx_conv2matmul.report import ConvertReport
+    from onnx_conv2matmul.report import QuantizeReport
 
-EXIT_FAILED = 1  # verification or accuracy failed, or the checker rejected the output
-EXIT_USAGE = 2  # usage, input or system error (OSError, out of memory)
-EXIT_INTERNAL = 3  # an unexpected exception: a bug
 PROGRESS_MIN_BYTES = 100 * 2**20
+
+# How the command line words each hint an error carries: the option it names (a hint is
+# shown only by a command that has that option) and the text appended to the message.
+_HINTS: dict[Hint, tuple[str, str]] = {
+    Hint.OUTPUT_IS_INPUT: ("inplace", "use --inplace to replace the input"),
+    Hint.NO_OUTPUT: ("inplace", "--inplace replaces the input"),
+    Hint.OUTPUT_AND_INPLACE: ("inplace", "give OUTPUT or --inplace, not both"),
+    Hint.SKIP_INPUT_CHECKER: ("skip_checker", "--skip-checker skips this check"),
+    Hint.VERIFY_INPUTS: ("verify_inputs", "--verify-input, --verify-dim, --verify-lengths"),
+    Hint.NOT_INT8_DYNAMIC: ("int8_dynamic", "without --int8-dynamic, the default MatMulNBits mode takes it"),
+    Hint.KEPT_PATH: ("keep_on_failure", "--keep-on-failure moves a failed output there"),
+}
 
 
 class _Outcome:
@@ -52,6 +63,7 @@ class _Outcome:
         """Start a run (``main`` may be called more than once in one process, as tests do)."""
         self.json_stdout = json_stdout
         self.command: str | None = None
+        self.inputs: str | list[str] | None = None
         self.error: str | None = None
         self._printed = False
         self._watched: dict[str, tuple[int, ...] | None] = {}
@@ -77,9 +89,14 @@ class _Outcome:
             self._printed = True
             click.echo(text)
 
+    def start(self, json_stdout: bool, inputs: str | list[str]) -> None:
+        """A command starts: whether it prints its JSON on stdout, and its input(s) for the error object."""
+        self.json_stdout = json_stdout
+        self.inputs = inputs
+
     def print_error_json(self, code: int, error: str) -> None:
         """Print the error object instead of a report, when asked for and nothing printed yet."""
-        self.print_json(_entry.error_json(self.command, code, error))
+        self.print_json(json.dumps(ErrorReport(self.command, code, error, self.inputs).to_dict(), indent=2))
 
     def finish(self, code: int) -> None:
         """The exit: a failure that printed no report prints the error object instead."""
@@ -113,7 +130,7 @@ class _DefaultGroup(click.Group):
             return super().main(args, *rest, **kwargs)
         except SystemExit as exit_:
             code = exit_.code
-            _OUTCOME.finish(code if isinstance(code, int) else 0 if code is None else EXIT_FAILED)
+            _OUTCOME.finish(code if isinstance(code, int) else 0 if code is None else ExitCode.FAILED)
             raise
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
@@ -156,11 +173,11 @@ def _fail(message: str, code: int) -> NoReturn:
 def _errors(*, click_shows_usage: bool = False) -> Iterator[None]:
     """Map every exception to one line on stderr and an exit code; never a traceback.
 
-    2: usage and input errors, and system errors (OSError such as a full disk, out of
-    memory); 1: the checker rejected the output (and other deliberate errors of this
-    package); 128 + signal: interrupted (130 Ctrl-C, 143 SIGTERM); 3: any other exception,
-    a bug (ONNX_CONV2MATMUL_DEBUG=1 re-raises it for a traceback). With
-    ``click_shows_usage`` click's usage errors go on to click, which prints the usage too.
+    The exit code is :func:`onnx_conv2matmul.errors.exit_code_for`'s (click's usage errors:
+    2); an internal error (3) is re-raised for a traceback with ONNX_CONV2MATMUL_DEBUG=1.
+    The message of an error of this package gets the flag its hint names (see
+    :data:`_HINTS`). With ``click_shows_usage`` click's usage errors go on to click, which
+    prints the usage too.
     """
     try:
         yield
@@ -170,24 +187,30 @@ def _errors(*, click_shows_usage: bool = False) -> Iterator[None]:
         if click_shows_usage:
             _OUTCOME.error = err.format_message()
             raise
-        _fail(err.format_message(), EXIT_USAGE)
-    except ModelRunError as err:
-        _fail(f"{err} (--verify-input, --verify-dim, --verify-lengths)", EXIT_USAGE)
-    except InputError as err:
-        _fail(str(err), EXIT_USAGE)
-    except Conv2MatMulError as err:  # CheckerError included
-        _fail(str(err), EXIT_FAILED)
+        _fail(err.format_message(), ExitCode.USAGE)
+    except Conv2MatMulError as err:
+        _fail(_with_hint(str(err), err.hint), exit_code_for(err))
     except KeyboardInterrupt as interrupt:
-        message = _entry.interrupted_message(interrupt, _OUTCOME.interrupted_detail())
-        _fail(message, _entry.exit_code(interrupt))
-    except MemoryError:
-        _fail("out of memory", EXIT_USAGE)
+        _fail(_entry.interrupted_message(interrupt, _OUTCOME.interrupted_detail()), exit_code_for(interrupt))
+    except MemoryError as err:
+        _fail("out of memory", exit_code_for(err))
     except OSError as err:
-        _fail(f"{err.strerror or err}: {err.filename or ''}".rstrip(": "), EXIT_USAGE)
+        _fail(f"{err.strerror or err}: {err.filename or ''}".rstrip(": "), exit_code_for(err))
     except Exception as err:
         if os.environ.get("ONNX_CONV2MATMUL_DEBUG"):
             raise
-        _fail(_internal_error(err), EXIT_INTERNAL)
+        _fail(_internal_error(err), exit_code_for(err))
+
+
+def _with_hint(message: str, hint: Hint | None) -> str:
+    """``message (hint)``, the hint worded with the flag it names, when this command has that flag."""
+    if hint is None:
+        return message
+    option, text = _HINTS[hint]
+    ctx = click.get_current_context(silent=True)
+    if ctx is None or option not in {param.name for param in ctx.command.params}:
+        return message
+    return f"{message} ({text})"
 
 
 def _internal_error(err: Exception) -> str:
@@ -199,14 +222,14 @@ def _internal_error(err: Exception) -> str:
     )
 
 
-def _emit_report(data: dict[str, Any], path: str | None, error: str | None) -> None:
-    """The JSON report, with ``error`` (None on success), to ``path`` and/or stdout.
+def _emit_report(report: CommandReport, path: str | None, error: str | None = None) -> None:
+    """The JSON report to ``path`` and/or stdout; ``error`` words a failure (default: the report's).
 
     Called last, after the tables: nothing may follow the object on stdout.
     """
     from onnx_conv2matmul import render
 
-    text = render.dump({**data, "error": error})
+    text = render.report_json(report, error=error)
     if path is not None:
         _io.write_text_atomic(path, text + "\n")
     _OUTCOME.print_json(text)
@@ -478,7 +501,7 @@ def convert_command(
 ) -> None:
     """Rewrite INPUT into OUTPUT (or INPUT itself with --inplace)."""
     # Off a terminal the console is made after the rewrite: importing rich would delay its start.
-    _OUTCOME.json_stdout = report_json_stdout
+    _OUTCOME.start(report_json_stdout, input_path)
     console = _stderr_console(quiet) if sys.stderr.isatty() else None
     with _errors():
         verify_opts = _build_verify_options(verify_kwargs) if verify else None
@@ -509,15 +532,8 @@ def convert_command(
         from onnx_conv2matmul import render
 
         render.print_convert_report(console or _stderr_console(quiet), report)
-        _emit_report(report.to_dict(), report_json, _convert_error(report))
+        _emit_report(report, report_json)
     sys.exit(report.return_code)
-
-
-def _convert_error(report: ConvertReport) -> str | None:
-    if report.return_code == 0:
-        return None
-    kept = f"the output was kept in {report.output_path}" if report.output_path else "nothing was written"
-    return f"verification failed: the output differs from the input; {kept}"
 
 
 @main.command("verify")
@@ -550,7 +566,7 @@ def verify_command(
     **verify_kwargs: Any,
 ) -> None:
     """Compare two models with the same inputs and outputs in onnxruntime."""
-    _OUTCOME.json_stdout = report_json_stdout
+    _OUTCOME.start(report_json_stdout, [original, candidate])
     with _errors():
         console = _stderr_console(quiet)
         from onnx_conv2matmul import render
@@ -561,18 +577,10 @@ def verify_command(
         if report_json is not None:
             api.check_report_path(report_json, inputs=[original, candidate], outputs=[])
         _OUTCOME.watch(report_json)
-        result = verify_models(original, candidate, options)
-        verification = result.to_dict()
-        render.print_verification(console, verification, cosine=cosine)
-        data = {
-            "tool": "onnx-conv2matmul",
-            "version": __version__,
-            "verification": verification,
-            "return_code": result.return_code,
-        }
-        error = None if result.passed else "verification failed: the models differ"
-        _emit_report(data, report_json, error)
-    sys.exit(result.return_code)
+        report = VerifyCommandReport(verify_models(original, candidate, options))
+        render.print_verification(console, report.verification, cosine=cosine)
+        _emit_report(report, report_json)
+    sys.exit(report.return_code)
 
 
 @main.command("quantize")
@@ -660,7 +668,7 @@ def quantize_command(
     Default: MatMulNBits, 4 bits, block 64, asymmetric, accuracy level 0. The result is
     compared with INPUT on synthesised inputs (cosine similarity, relative error).
     """
-    _OUTCOME.json_stdout = report_json_stdout
+    _OUTCOME.start(report_json_stdout, input_path)
     with _errors():
         from onnx_conv2matmul.pipeline import quantize_file
         from onnx_conv2matmul.quantize import QuantizeOptions
@@ -699,11 +707,17 @@ def quantize_command(
             run_checker=not skip_checker,
             progress=_progress(console, input_path, quiet) if os.path.isfile(input_path) else None,
         )
-        data = report.to_dict()
-        render.print_quantize_report(console, data)
-        error = None if report.passed else "accuracy below --min-cosine; nothing was written"
-        _emit_report(data, report_json, error)
+        render.print_quantize_report(console, report)
+        _emit_report(report, report_json, _quantize_error(report))
     sys.exit(report.return_code)
+
+
+def _quantize_error(report: QuantizeReport) -> str | None:
+    """The report's failure, naming --min-cosine when that was the criterion."""
+    verification = report.verification
+    if report.passed or verification is None or verification.options.criterion is not Criterion.MIN_COSINE:
+        return None
+    return f"accuracy below --min-cosine {verification.options.min_cosine:g}; nothing was written"
 
 
 @main.command("bundle")
@@ -711,22 +725,16 @@ def quantize_command(
 @click.option("--report-json-stdout", is_flag=True, help="Print the sizes as JSON on stdout.")
 def bundle_command(directory: str, report_json_stdout: bool) -> None:
     """List the models in DIRECTORY with their external data, sizes and the total."""
-    _OUTCOME.json_stdout = report_json_stdout
+    _OUTCOME.start(report_json_stdout, directory)
     with _errors():
-        from onnx_conv2matmul.pipeline import bundle_sizes
+        from onnx_conv2matmul.pipeline import bundle_report
 
         console = _stderr_console(False)
         from onnx_conv2matmul import render
 
-        models = bundle_sizes(directory)
-        console.print(render.bundle_table(directory, models))
-        data = {
-            "directory": directory,
-            "models": [{"model": m, "bytes": b, "external_data": d} for m, b, d in models],
-            "total_bytes": sum(b for _, b, _ in models),
-            "return_code": 0,
-        }
-        _emit_report(data, None, None)
+        report = bundle_report(directory)
+        console.print(render.bundle_table(report))
+        _emit_report(report, None)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,14 +1,78 @@
-"""The few exceptions the package raises on purpose."""
+"""Every exception the package raises on purpose, and the exit code each one ends a command with.
+
+The mapping from exception to exit code lives here only (:func:`exit_code_for`, over
+:data:`EXIT_CODES`); the command line asks it. Messages are worded for any caller and name no
+command-line flag: an error that the user can fix by changing an option carries a :class:`Hint`,
+which a front end words in its own terms (the CLI names its flags).
+
+This module imports nothing heavy: the console entry point uses it before anything else.
+"""
 
 from __future__ import annotations
 
+import enum
+import signal
+
+
+class ExitCode(enum.IntEnum):
+    """The command line's exit codes, except 128 + signal for an interrupt (:func:`exit_code_for`)."""
+
+    OK = 0
+    """Success."""
+    FAILED = 1
+    """Verification or the accuracy check failed, or the ONNX checker rejected the output."""
+    USAGE = 2
+    """Usage, input or system error (a bad path or option, a full disk, out of memory)."""
+    INTERNAL = 3
+    """Any other exception: a bug."""
+
+
+INTERRUPTED_BASE = 128
+"""An interrupt exits with this plus the signal number: 130 for SIGINT, 143 for SIGTERM."""
+
+
+class Hint(enum.Enum):
+    """What the user can change to get past an error, named in the library's terms.
+
+    A front end words each hint itself; the command line names the flag (and shows the hint
+    only for a command that has that flag).
+    """
+
+    OUTPUT_IS_INPUT = "replace the input in place instead of naming it as the output"
+    NO_OUTPUT = "give an output path, or replace the input in place"
+    OUTPUT_AND_INPLACE = "give an output path or replace the input in place, not both"
+    SKIP_INPUT_CHECKER = "skip the ONNX checker (run_checker=False)"
+    VERIFY_INPUTS = "fix the synthesised inputs: input values, dim values or lengths (VerifyOptions)"
+    NOT_INT8_DYNAMIC = "use MatMulNBits quantization, which takes the model"
+    KEPT_PATH = "remove what is at the path where a failed output is kept"
+
 
 class Conv2MatMulError(Exception):
-    """Base class of this package's errors."""
+    """Base class of this package's errors.
+
+    Attributes:
+        hint: What the user can change to fix it, when an option can (``None`` otherwise).
+    """
+
+    default_hint: Hint | None = None
+
+    def __init__(self, message: str, *, hint: Hint | None = None) -> None:
+        super().__init__(message)
+        self.hint = hint if hint is not None else self.default_hint
 
 
 class InputError(Conv2MatMulError):
-    """Bad input, output path or option: the user can fix it (CLI exit code 2)."""
+    """Bad input, output path or option: the user can fix it."""
+
+
+class DestinationBusy(InputError):
+    """Another process is writing the same destination."""
+
+
+class ModelRunError(Conv2MatMulError):
+    """onnxruntime could not load or run a model on the synthesised inputs."""
+
+    default_hint = Hint.VERIFY_INPUTS
 
 
 class CheckerError(Conv2MatMulError):
@@ -25,3 +89,31 @@ class Interrupted(KeyboardInterrupt):
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
         self.signum = signum
+
+
+EXIT_CODES: tuple[tuple[type[BaseException], ExitCode], ...] = (
+    (InputError, ExitCode.USAGE),  # DestinationBusy included
+    (ModelRunError, ExitCode.USAGE),
+    (CheckerError, ExitCode.FAILED),
+    (Conv2MatMulError, ExitCode.FAILED),
+    (MemoryError, ExitCode.USAGE),
+    (OSError, ExitCode.USAGE),
+)
+"""Exception class to exit code, first match wins; an interrupt and anything else: see
+:func:`exit_code_for`."""
+
+
+def exit_code_for(error: BaseException) -> int:
+    """The exit code a command ends with when ``error`` ends it.
+
+    128 + signal for an interrupt (:class:`Interrupted`, or a plain ``KeyboardInterrupt``
+    taken as SIGINT); the first match in :data:`EXIT_CODES`; otherwise
+    :attr:`ExitCode.INTERNAL`. A command-line usage error (the parser's) is
+    :attr:`ExitCode.USAGE`; the command line maps those itself, as this module knows no parser.
+    """
+    if isinstance(error, KeyboardInterrupt):
+        return INTERRUPTED_BASE + getattr(error, "signum", signal.SIGINT)
+    for kind, code in EXIT_CODES:
+        if isinstance(error, kind):
+            return int(code)
+    return int(ExitCode.INTERNAL)

@@ -12,92 +12,24 @@ import os
 import resource
 import shutil
 import time
-from typing import Any
 
 import onnx_ir as ir
 
 from onnx_conv2matmul import _io, _output
 from onnx_conv2matmul._graphs import count_op
-from onnx_conv2matmul._version import __version__
 from onnx_conv2matmul.api import NullProgress, Progress, check_paths, convert, load_input
-from onnx_conv2matmul.errors import InputError
+from onnx_conv2matmul.errors import Hint, InputError
 from onnx_conv2matmul.options import ConvertOptions
 from onnx_conv2matmul.quantize import (
     QuantizeOptions,
-    WeightStats,
     int8_dynamic,
     int8_dynamic_obstacle,
     quantize_matmul_nbits,
     weight_stats,
 )
-
-# Quantizing is lossy: without --min-cosine the accuracy is measured and reported only.
-from onnx_conv2matmul.verify import REPORT_ONLY_COSINE, VerifyOptions, verify_models
-
-
-@dataclasses.dataclass
-class QuantizeReport:
-    """What ``quantize`` did, as data; ``return_code`` is the CLI's exit code."""
-
-    mode: str
-    input_path: str
-    output_path: str | None = None
-    options: dict[str, Any] = dataclasses.field(default_factory=dict)
-    rewrite: dict[str, Any] = dataclasses.field(default_factory=dict)
-    matmuls: int = 0
-    quantized_nodes: int = 0
-    excluded: list[str] = dataclasses.field(default_factory=list)
-    weights_without_rewrite: WeightStats | None = None
-    weights_with_rewrite: WeightStats | None = None
-    input_bytes: int = 0
-    output_bytes: int = 0
-    external_data: bool = False
-    seconds: float = 0.0
-    peak_rss_bytes: int = 0
-    peak_rss_quantize_bytes: int = 0
-    verification: dict[str, Any] | None = None
-    warnings: list[str] = dataclasses.field(default_factory=list)
-
-    @property
-    def passed(self) -> bool:
-        return self.verification is None or bool(self.verification["passed"])
-
-    @property
-    def return_code(self) -> int:
-        return 0 if self.passed else 1
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "tool": "onnx-conv2matmul",
-            "version": __version__,
-            "command": "quantize",
-            "mode": self.mode,
-            "input": self.input_path,
-            "output": self.output_path,
-            "options": self.options,
-            "rewrite": self.rewrite,
-            "matmuls": self.matmuls,
-            "quantized_nodes": self.quantized_nodes,
-            "excluded": self.excluded,
-            "weights_without_rewrite": (
-                self.weights_without_rewrite.to_dict() if self.weights_without_rewrite else None
-            ),
-            "weights_with_rewrite": (
-                self.weights_with_rewrite.to_dict() if self.weights_with_rewrite else None
-            ),
-            "files": {
-                "input_bytes": self.input_bytes,
-                "output_bytes": self.output_bytes,
-                "ratio": round(self.output_bytes / self.input_bytes, 4) if self.input_bytes else None,
-                "external_data": self.external_data,
-            },
-            "seconds": round(self.seconds, 2),
-            "peak_rss_bytes": self.peak_rss_bytes,
-            "peak_rss_quantize_bytes": self.peak_rss_quantize_bytes,
-            "verification": self.verification,
-            "warnings": self.warnings,
-            "return_code": self.return_code,
-        }
+from onnx_conv2matmul.report import BundleModel, BundleReport
+from onnx_conv2matmul.report import QuantizeReport as QuantizeReport  # its home before report.py
+from onnx_conv2matmul.verify import VerifyOptions, verify_models
 
 
 def _peak_rss_bytes() -> int:
@@ -117,18 +49,19 @@ def quantize_file(
 ) -> QuantizeReport:
     """Rewrite pointwise convs, quantize, compare with the fp32 input, then publish.
 
-    ``verify`` holds the input synthesis and the pass criterion (``min_cosine``);
-    without one, accuracy is measured on default inputs and reported only.
+    ``verify`` holds the input synthesis and the pass criterion (``min_cosine``).
+    Quantizing is lossy: without ``min_cosine`` (or without ``verify``) the accuracy is
+    measured and reported only (``report_only``).
     """
     started = time.perf_counter()
     convert_options = convert_options or ConvertOptions(extended=True, allow_non_unit_dilation=True)
     quantize_options = quantize_options or QuantizeOptions()
-    verify = verify or VerifyOptions(min_cosine=REPORT_ONLY_COSINE)
+    verify = verify or VerifyOptions()
     if verify.min_cosine is None:
-        verify = dataclasses.replace(verify, min_cosine=REPORT_ONLY_COSINE)
+        verify = dataclasses.replace(verify, report_only=True)
     progress = progress or NullProgress()
     src = os.fspath(input_path)
-    dst = check_paths(src, os.fspath(output_path), inplace=False, inplace_hint=False)
+    dst = check_paths(src, os.fspath(output_path), inplace=False)
     report = QuantizeReport(
         mode="int8_dynamic" if int8 else "matmul_nbits",
         input_path=src,
@@ -192,7 +125,7 @@ def _quantize_to(
         report.excluded = result.excluded
         if result.quantized == 0:
             report.warnings.append(
-                "no MatMul was quantized: check --include/--exclude against the node names"
+                "no MatMul was quantized: check the include and exclude patterns against the node names"
             )
         progress.phase("Saving")
         staged = output.stage(model, external=external, progress=progress.advance)
@@ -207,7 +140,7 @@ def _quantize_to(
         progress.phase("Measuring accuracy")
         result_v = verify_models(src, staged.onnx_path, verify)
         result_v.candidate = dst
-        report.verification = result_v.to_dict()
+        report.verification = result_v
         if result_v.passed:
             progress.phase("Publishing")
             staged.publish(modes)
@@ -219,8 +152,9 @@ def _check_int8_dynamic(model: ir.Model) -> None:
     obstacle = int8_dynamic_obstacle(model)
     if obstacle is not None:
         raise InputError(
-            f"--int8-dynamic needs a float32 model: {obstacle}"
-            " (onnxruntime's quantize_dynamic takes float32 only; the default MatMulNBits mode takes it)"
+            f"int8 dynamic quantization needs a float32 model: {obstacle}"
+            " (onnxruntime's quantize_dynamic takes float32 only)",
+            hint=Hint.NOT_INT8_DYNAMIC,
         )
 
 
@@ -280,3 +214,8 @@ def bundle_sizes(directory: str) -> list[tuple[str, int, list[str]]]:
         data = sorted(os.path.relpath(f, directory) for f in loaded.external_files)
         models.append((name, loaded.total_bytes, data))
     return models
+
+
+def bundle_report(directory: str) -> BundleReport:
+    """The bundle command's report: :func:`bundle_sizes` as typed data."""
+    return BundleReport(directory, [BundleModel(*model) for model in bundle_sizes(directory)])

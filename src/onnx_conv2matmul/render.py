@@ -1,4 +1,7 @@
-"""Turn reports into terminal tables and JSON. Nothing here computes figures."""
+"""Turn typed reports (``report.py``, ``verify.py``) into terminal tables and JSON.
+
+Nothing here computes figures. This is the command line's view: it names its flags.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +14,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from onnx_conv2matmul.reasons import SkipReason
-from onnx_conv2matmul.report import ConvertReport
-from onnx_conv2matmul.verify import REPORT_ONLY_COSINE
+from onnx_conv2matmul.report import BundleReport, CommandReport, ConvertReport, QuantizeReport
+from onnx_conv2matmul.verify import Criterion, OutputComparison, VerifyReport
 
 MAX_SKIPPED_ROWS = 25
 
@@ -84,7 +87,7 @@ def print_convert_report(console: Console, report: ConvertReport) -> None:
         f"Transpose nodes: {report.transposes_before} -> {report.transposes_after}"
         f" ({report.transposes_cancelled} cancelled), nodes: {report.nodes_before} -> {report.nodes_after}",
     ]
-    failed = report.verification is not None and not report.verification["passed"]
+    failed = report.verification_passed is False
     if failed:
         lines.append(
             f"Verification failed: output kept for inspection at {report.output_path}"
@@ -110,6 +113,11 @@ def dump(data: Any) -> str:
     return json.dumps(data, indent=2)
 
 
+def report_json(report: CommandReport, *, error: str | None = None) -> str:
+    """A report as JSON text (see :meth:`CommandReport.to_dict` for ``error``)."""
+    return dump(report.to_dict(error=error))
+
+
 def _fmt(value: float | None) -> str:
     if value is None:
         return "-"
@@ -118,26 +126,25 @@ def _fmt(value: float | None) -> str:
     return f"{value:.3g}"
 
 
-def _shape_text(result: dict[str, Any]) -> str:
+def _shape_text(result: OutputComparison) -> str:
     """A tensor's shape as 2x3x5; a sequence output as its number of tensors."""
-    if result["dtype"].startswith("sequence"):
-        count = result["shape"][0] if result["shape"] else "?"
+    if result.dtype.startswith("sequence"):
+        count = result.shape[0] if result.shape else "?"
         return f"sequence of {count}"
-    return "x".join(map(str, result["shape"]))
+    return "x".join(map(str, result.shape))
 
 
-def verification_table(verification: dict[str, Any], *, cosine: bool = False) -> Table:
-    criterion = verification["criterion"]
-    if criterion.get("min_cosine") == REPORT_ONLY_COSINE:
+def verification_table(verification: VerifyReport, *, cosine: bool = False) -> Table:
+    options = verification.options
+    criterion = options.criterion
+    if criterion is Criterion.REPORT_ONLY:
         title = "Accuracy against the original (reported only: no --min-cosine)"
         cosine = True
-    elif "min_cosine" in criterion:
-        title = f"Verification: cosine >= {criterion['min_cosine']}"
+    elif criterion is Criterion.MIN_COSINE:
+        title = f"Verification: cosine >= {options.min_cosine}"
         cosine = True
     else:
-        title = (
-            f"Verification: scaled max_abs <= {criterion['max_abs']:g}, mean_abs <= {criterion['mean_abs']:g}"
-        )
+        title = f"Verification: scaled max_abs <= {options.max_abs:g}, mean_abs <= {options.mean_abs:g}"
     table = Table(title=title, title_justify="left")
     columns = ["length", "output", "shape", "max |ref|", "max_abs", "mean_abs", "rel_err"]
     if cosine:
@@ -145,107 +152,109 @@ def verification_table(verification: dict[str, Any], *, cosine: bool = False) ->
     columns.append("result")
     for column in columns:
         table.add_column(column, justify="left" if column in ("output", "shape", "result") else "right")
-    for r in verification["results"]:
+    for r in verification.results:
         row = [
-            str(r["length"]),
-            r["output"],
+            str(r.length),
+            r.output,
             _shape_text(r),
-            _fmt(r["max_ref"]),
-            _fmt(r["max_abs"]),
-            _fmt(r["mean_abs"]),
-            _fmt(r["rel_err"]),
+            _fmt(r.max_ref),
+            _fmt(r.max_abs),
+            _fmt(r.mean_abs),
+            _fmt(r.rel_err),
         ]
         if cosine:
-            row.append("-" if r["cosine"] is None else f"{r['cosine']:.6f}")
-        row.append("[green]ok[/green]" if r["passed"] else f"[red]FAIL[/red] {escape(r['note'])}")
+            row.append("-" if r.cosine is None else f"{r.cosine:.6f}")
+        row.append("[green]ok[/green]" if r.passed else f"[red]FAIL[/red] {escape(r.note)}")
         table.add_row(*row)
     return table
 
 
-def _lengths_lines(lengths: dict[str, Any] | None) -> list[str]:
+def _lengths_lines(verification: VerifyReport) -> list[str]:
     """Which lengths were used and why; which ones the original could not run at."""
-    if not lengths or not lengths["used"]:
+    if not verification.lengths:
         return []
-    lines = [f"Lengths: {', '.join(map(str, lengths['used']))} ({lengths['rule']})"]
-    not_run = lengths["not_run"]
+    lines = [f"Lengths: {', '.join(map(str, verification.lengths))} ({verification.lengths_rule})"]
+    not_run = verification.lengths_not_run
     if not_run:
-        skipped = ", ".join(str(entry["length"]) for entry in not_run)
+        skipped = ", ".join(str(length) for length, _ in not_run)
         lines.append(
             f"The original model cannot run at {skipped}; other lengths took their place"
-            f" (at {not_run[0]['length']}: {not_run[0]['error']})"
+            f" (at {not_run[0][0]}: {not_run[0][1]})"
         )
     return lines
 
 
-def print_verification(console: Console, verification: dict[str, Any], *, cosine: bool = False) -> None:
+def print_verification(console: Console, verification: VerifyReport, *, cosine: bool = False) -> None:
     console.print(verification_table(verification, cosine=cosine))
-    inputs = ", ".join(f"{k}: {v}" for k, v in verification["inputs"].items())
+    inputs = ", ".join(f"{k}: {v}" for k, v in verification.inputs.items())
     if inputs:
         console.print(f"Inputs: {inputs}", highlight=False, soft_wrap=True)
-    for line in _lengths_lines(verification.get("lengths")):
+    for line in _lengths_lines(verification):
         console.print(line, highlight=False, soft_wrap=True)
-    if verification["criterion"].get("min_cosine") == REPORT_ONLY_COSINE:
+    if verification.options.criterion is Criterion.REPORT_ONLY:
         console.print("Accuracy measured; set --min-cosine to make it a pass/fail criterion.")
-    elif verification["passed"]:
+    elif verification.passed:
         console.print("[bold green]Verification PASSED[/bold green]")
     else:
-        worst = verification["failures"][0] if verification["failures"] else None
+        worst = verification.failures[0] if verification.failures else None
         if worst is not None:
             console.print(
-                f"First failure: output {worst['output']!r} at length {worst['length']}:"
-                f" max_abs {_fmt(worst['max_abs'])}, mean_abs {_fmt(worst['mean_abs'])},"
-                f" rel_err {_fmt(worst['rel_err'])} {escape(worst['note'])}",
+                f"First failure: output {worst.output!r} at length {worst.length}:"
+                f" max_abs {_fmt(worst.max_abs)}, mean_abs {_fmt(worst.mean_abs)},"
+                f" rel_err {_fmt(worst.rel_err)} {escape(worst.note)}",
                 highlight=False,
                 soft_wrap=True,
             )
         console.print("[bold red]Verification FAILED[/bold red]")
 
 
-def print_quantize_report(console: Console, data: dict[str, Any]) -> None:
-    """The quantize command's summary; ``data`` is ``QuantizeReport.to_dict()``."""
-    table = Table(title=f"Quantize ({data['mode']})", title_justify="left")
+def print_quantize_report(console: Console, report: QuantizeReport) -> None:
+    """The quantize command's summary."""
+    table = Table(title=f"Quantize ({report.mode})", title_justify="left")
     table.add_column("")
     table.add_column("value", justify="right")
-    rewrite = data["rewrite"]
+    rewrite = report.rewrite
     table.add_row("pointwise convs rewritten", f"{rewrite.get('converted', 0)} of {rewrite.get('convs', 0)}")
-    if data["mode"] == "matmul_nbits":
-        table.add_row("MatMul -> MatMulNBits", f"{data['quantized_nodes']} of {data['matmuls']}")
-        if data["excluded"]:
-            table.add_row("excluded by pattern", str(len(data["excluded"])))
-        before, after = data["weights_without_rewrite"], data["weights_with_rewrite"]
+    if report.mode == "matmul_nbits":
+        table.add_row("MatMul -> MatMulNBits", f"{report.quantized_nodes} of {report.matmuls}")
+        if report.excluded:
+            table.add_row("excluded by pattern", str(len(report.excluded)))
+        before, after = report.weights_without_rewrite, report.weights_with_rewrite
         if before and after:
-            table.add_row("quantizable weight share without the rewrite", f"{before['share']:.1%}")
-            table.add_row("quantizable weight share with the rewrite", f"{after['share']:.1%}")
+            table.add_row("quantizable weight share without the rewrite", f"{before.share:.1%}")
+            table.add_row("quantizable weight share with the rewrite", f"{after.share:.1%}")
     else:
-        table.add_row("int8 dynamic nodes", str(data["quantized_nodes"]))
-    files = data["files"]
-    table.add_row("size before", human_bytes(files["input_bytes"]))
-    ratio = f" ({files['ratio']:.3f}x)" if files["ratio"] else ""
-    table.add_row("size after", human_bytes(files["output_bytes"]) + ratio)
-    table.add_row("time", f"{data['seconds']:.1f} s")
-    table.add_row("peak memory (RSS) until saved", human_bytes(data["peak_rss_quantize_bytes"]))
-    table.add_row("peak memory (RSS) with the accuracy check", human_bytes(data["peak_rss_bytes"]))
+        table.add_row("int8 dynamic nodes", str(report.quantized_nodes))
+    table.add_row("size before", human_bytes(report.input_bytes))
+    ratio = f" ({report.ratio:.3f}x)" if report.ratio else ""
+    table.add_row("size after", human_bytes(report.output_bytes) + ratio)
+    table.add_row("time", f"{report.seconds:.1f} s")
+    table.add_row("peak memory (RSS) until saved", human_bytes(report.peak_rss_quantize_bytes))
+    table.add_row("peak memory (RSS) with the accuracy check", human_bytes(report.peak_rss_bytes))
     console.print(table)
-    for warning in data["warnings"]:
+    for warning in report.warnings:
         console.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False, soft_wrap=True)
-    verification = data["verification"]
+    verification = report.verification
     if verification is not None:
         print_verification(console, verification, cosine=True)
-    if data["output"]:
-        console.print(f"Wrote {data['output']}", highlight=False, soft_wrap=True)
-    else:
+    if report.output_path:
+        console.print(f"Wrote {report.output_path}", highlight=False, soft_wrap=True)
+    elif verification is not None and verification.options.criterion is Criterion.MIN_COSINE:
         console.print("Accuracy below --min-cosine: nothing was written.", highlight=False)
+    else:
+        console.print("Outputs that must match differ: nothing was written.", highlight=False)
 
 
-def bundle_table(directory: str, models: list[tuple[str, int, list[str]]]) -> Table:
-    table = Table(title=f"Bundle {directory}", title_justify="left")
+def bundle_table(report: BundleReport) -> Table:
+    table = Table(title=f"Bundle {report.directory}", title_justify="left")
     table.add_column("model")
     table.add_column("external data")
     table.add_column("size", justify="right")
     table.add_column("MB", justify="right")
-    for name, size, data in models:
+    for model in report.models:
+        data = model.external_data
         shown = ", ".join(data[:3]) + (f" (+{len(data) - 3} files)" if len(data) > 3 else "")
-        table.add_row(name, shown or "-", human_bytes(size), f"{size / 1e6:.1f}")
-    total = sum(size for _, size, _ in models)
+        table.add_row(model.name, shown or "-", human_bytes(model.size), f"{model.size / 1e6:.1f}")
+    total = report.total_bytes
     table.add_row("[bold]total[/bold]", "", human_bytes(total), f"{total / 1e6:.1f}")
     return table

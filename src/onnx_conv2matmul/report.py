@@ -1,16 +1,145 @@
-"""The report of a rewrite: plain data, rendered elsewhere (``render.py``)."""
+"""The commands' reports: typed data sharing one JSON envelope, rendered elsewhere (``render.py``).
+
+Every JSON object the command line prints or writes comes from :func:`envelope`: a command's
+report (:class:`CommandReport`: convert, verify, quantize, bundle) or, when a command ends
+without one, an :class:`ErrorReport`. ``schema/report.schema.json`` in the source tree
+describes them all.
+
+This module imports nothing heavy (the console entry point may use it before anything else):
+the types of other modules it names are for type checking only.
+"""
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import enum
 from collections import Counter
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from onnx_conv2matmul._version import __version__
+from onnx_conv2matmul.errors import ExitCode
 from onnx_conv2matmul.reasons import SkipReason
 
-SCHEMA_VERSION = 1
+if TYPE_CHECKING:
+    from onnx_conv2matmul.quantize import WeightStats
+    from onnx_conv2matmul.verify import VerifyReport
+
+SCHEMA_VERSION = 2
+TOOL = "onnx-conv2matmul"
+
+
+class Command(str, enum.Enum):
+    """The commands that print a report."""
+
+    CONVERT = "convert"
+    VERIFY = "verify"
+    QUANTIZE = "quantize"
+    BUNDLE = "bundle"
+
+
+# The commands that take several inputs: their envelope has ``inputs`` (a list), not ``input``.
+_SEVERAL_INPUTS = frozenset({Command.VERIFY.value})
+_ENVELOPE_KEYS = ("schema_version", "tool", "version", "command", "input", "inputs", "return_code", "error")
+
+
+def envelope(
+    command: Command | str | None,
+    *,
+    inputs: str | list[str] | None,
+    return_code: int,
+    error: str | None,
+    body: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The one JSON object of a command: the envelope, then the command's own ``body``.
+
+    The envelope is ``schema_version``, ``tool``, ``version``, ``command`` (None when not
+    known), ``input`` (or, for ``verify``, ``inputs``: a list; None when not known),
+    ``return_code`` and ``error``.
+
+    Raises:
+        ValueError: ``error`` is None while ``return_code`` is not 0, or the other way round
+            (``error`` is null exactly when the command succeeded); ``inputs`` does not suit
+            the command; or ``body`` repeats an envelope key.
+    """
+    if (error is None) != (return_code == ExitCode.OK):
+        raise ValueError(f"error must be null exactly when return_code is 0: {return_code}, {error!r}")
+    name = command.value if isinstance(command, Command) else command
+    several = name in _SEVERAL_INPUTS
+    if inputs is not None and isinstance(inputs, list) != several:
+        raise ValueError(f"command {name!r} takes {'a list of inputs' if several else 'one input'}")
+    data: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "tool": TOOL,
+        "version": __version__,
+        "command": name,
+        "inputs" if several else "input": inputs,
+        "return_code": return_code,
+        "error": error,
+    }
+    clash = [key for key in body or {} if key in _ENVELOPE_KEYS]
+    if clash:
+        raise ValueError(f"the body repeats envelope keys: {clash}")
+    data.update(body or {})
+    return data
+
+
+class CommandReport(abc.ABC):
+    """What a command did, as data; :meth:`to_dict` is its JSON object.
+
+    ``return_code`` is the command line's exit code; ``failure`` says why it is not 0 (None
+    exactly when it is 0), in words that name no command-line flag.
+    """
+
+    COMMAND: ClassVar[Command]
+
+    @property
+    @abc.abstractmethod
+    def return_code(self) -> int: ...
+
+    @property
+    @abc.abstractmethod
+    def failure(self) -> str | None: ...
+
+    @property
+    @abc.abstractmethod
+    def inputs(self) -> str | list[str] | None:
+        """The envelope's ``input`` (or ``inputs`` for ``verify``)."""
+
+    @abc.abstractmethod
+    def body(self) -> dict[str, Any]:
+        """The command's own keys, after the envelope."""
+
+    def to_dict(self, *, error: str | None = None) -> dict[str, Any]:
+        """The report as one JSON object (see :func:`envelope`).
+
+        ``error``: the message of a failed run in the caller's words (the command line
+        names its flags); by default :attr:`failure`.
+        """
+        return envelope(
+            self.COMMAND,
+            inputs=self.inputs,
+            return_code=self.return_code,
+            error=self.failure if error is None else error,
+            body=self.body(),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class ErrorReport:
+    """The object printed instead of a report when a command ends without one.
+
+    An error, a usage error or an interrupt: the envelope alone, ``return_code`` not 0.
+    """
+
+    command: str | None
+    return_code: int
+    error: str
+    inputs: str | list[str] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return envelope(self.command, inputs=self.inputs, return_code=self.return_code, error=self.error)
 
 
 class Status(str, enum.Enum):
@@ -61,11 +190,15 @@ class ConvEntry:
 
 
 @dataclasses.dataclass
-class ConvertReport:
+class ConvertReport(CommandReport):
     """Everything a rewrite did, as data.
 
-    ``return_code`` is the exit code the CLI uses.
+    ``input_path`` and ``output_path`` are None for a model rewritten in memory
+    (:func:`onnx_conv2matmul.convert`); ``output_path`` is also None when verification failed
+    and nothing was written, or the directory the output was kept in.
     """
+
+    COMMAND: ClassVar[Command] = Command.CONVERT
 
     entries: list[ConvEntry] = dataclasses.field(default_factory=list)
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -82,7 +215,7 @@ class ConvertReport:
     output_bytes: int | None = None
     external_data: bool | None = None
     checker: str | None = None
-    verification: dict[str, Any] | None = None
+    verification: VerifyReport | None = None
     timings: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
@@ -108,14 +241,23 @@ class ConvertReport:
 
     @property
     def verification_passed(self) -> bool | None:
-        if self.verification is None:
-            return None
-        return bool(self.verification.get("passed"))
+        return None if self.verification is None else self.verification.passed
 
     @property
     def return_code(self) -> int:
         """0 on success, 1 when verification failed."""
-        return 1 if self.verification_passed is False else 0
+        return int(ExitCode.FAILED if self.verification_passed is False else ExitCode.OK)
+
+    @property
+    def failure(self) -> str | None:
+        if self.return_code == ExitCode.OK:
+            return None
+        kept = f"the output was kept in {self.output_path}" if self.output_path else "nothing was written"
+        return f"verification failed: the output differs from the input; {kept}"
+
+    @property
+    def inputs(self) -> str | None:
+        return self.input_path
 
     def totals(self) -> dict[str, Any]:
         return {
@@ -133,12 +275,8 @@ class ConvertReport:
             "nodes_after": self.nodes_after,
         }
 
-    def to_dict(self) -> dict[str, Any]:
+    def body(self) -> dict[str, Any]:
         return {
-            "schema_version": SCHEMA_VERSION,
-            "tool": "onnx-conv2matmul",
-            "version": __version__,
-            "input": self.input_path,
             "output": self.output_path,
             "options": self.options,
             "opset": self.opset,
@@ -150,7 +288,155 @@ class ConvertReport:
             "checker": self.checker,
             "totals": self.totals(),
             "nodes": [e.to_dict() for e in self.entries],
-            "verification": self.verification,
+            "verification": None if self.verification is None else self.verification.to_dict(),
             "timings_s": {k: round(v, 3) for k, v in self.timings.items()},
-            "return_code": self.return_code,
+        }
+
+
+@dataclasses.dataclass
+class VerifyCommandReport(CommandReport):
+    """The verify command's report: one comparison of two models (``verification``)."""
+
+    COMMAND: ClassVar[Command] = Command.VERIFY
+
+    verification: VerifyReport
+
+    @property
+    def return_code(self) -> int:
+        return int(ExitCode.OK if self.verification.passed else ExitCode.FAILED)
+
+    @property
+    def failure(self) -> str | None:
+        return None if self.verification.passed else "verification failed: the models differ"
+
+    @property
+    def inputs(self) -> list[str]:
+        return [self.verification.original, self.verification.candidate]
+
+    def body(self) -> dict[str, Any]:
+        return {"verification": self.verification.to_dict()}
+
+
+@dataclasses.dataclass
+class QuantizeReport(CommandReport):
+    """What ``quantize`` did, as data.
+
+    ``mode`` is ``matmul_nbits`` or ``int8_dynamic``; ``output_path`` is None when the
+    accuracy check failed and nothing was written.
+    """
+
+    COMMAND: ClassVar[Command] = Command.QUANTIZE
+
+    mode: str
+    input_path: str
+    output_path: str | None = None
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    rewrite: dict[str, Any] = dataclasses.field(default_factory=dict)
+    matmuls: int = 0
+    quantized_nodes: int = 0
+    excluded: list[str] = dataclasses.field(default_factory=list)
+    weights_without_rewrite: WeightStats | None = None
+    weights_with_rewrite: WeightStats | None = None
+    input_bytes: int = 0
+    output_bytes: int = 0
+    external_data: bool = False
+    seconds: float = 0.0
+    peak_rss_bytes: int = 0
+    peak_rss_quantize_bytes: int = 0
+    verification: VerifyReport | None = None
+    warnings: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return self.verification is None or self.verification.passed
+
+    @property
+    def return_code(self) -> int:
+        return int(ExitCode.OK if self.passed else ExitCode.FAILED)
+
+    @property
+    def failure(self) -> str | None:
+        if self.passed:
+            return None
+        assert self.verification is not None
+        min_cosine = self.verification.options.min_cosine
+        if min_cosine is not None:
+            return f"accuracy below the minimum cosine similarity {min_cosine:g}; nothing was written"
+        return "the outputs differ where they must match; nothing was written"
+
+    @property
+    def inputs(self) -> str:
+        return self.input_path
+
+    @property
+    def ratio(self) -> float | None:
+        """Output bytes over input bytes (None when the input size is unknown)."""
+        return self.output_bytes / self.input_bytes if self.input_bytes else None
+
+    def body(self) -> dict[str, Any]:
+        without, with_ = self.weights_without_rewrite, self.weights_with_rewrite
+        return {
+            "mode": self.mode,
+            "output": self.output_path,
+            "options": self.options,
+            "rewrite": self.rewrite,
+            "matmuls": self.matmuls,
+            "quantized_nodes": self.quantized_nodes,
+            "excluded": self.excluded,
+            "weights_without_rewrite": without.to_dict() if without else None,
+            "weights_with_rewrite": with_.to_dict() if with_ else None,
+            "files": {
+                "input_bytes": self.input_bytes,
+                "output_bytes": self.output_bytes,
+                "ratio": None if self.ratio is None else round(self.ratio, 4),
+                "external_data": self.external_data,
+            },
+            "seconds": round(self.seconds, 2),
+            "peak_rss_bytes": self.peak_rss_bytes,
+            "peak_rss_quantize_bytes": self.peak_rss_quantize_bytes,
+            "verification": None if self.verification is None else self.verification.to_dict(),
+            "warnings": self.warnings,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class BundleModel:
+    """One model of a bundle: its file name, its size with its external data, and those files."""
+
+    name: str
+    size: int
+    external_data: list[str]
+
+
+@dataclasses.dataclass
+class BundleReport(CommandReport):
+    """The models in a directory (``input``), each with its external data, and the total size."""
+
+    COMMAND: ClassVar[Command] = Command.BUNDLE
+
+    directory: str
+    models: list[BundleModel] = dataclasses.field(default_factory=list)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(m.size for m in self.models)
+
+    @property
+    def return_code(self) -> int:
+        return int(ExitCode.OK)
+
+    @property
+    def failure(self) -> None:
+        return None
+
+    @property
+    def inputs(self) -> str:
+        return self.directory
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "models": [
+                {"model": m.name, "bytes": m.size, "external_data": m.external_data} for m in self.models
+            ],
+            "total_bytes": self.total_bytes,
         }

@@ -28,6 +28,7 @@ memory-mapped by onnxruntime and only one model is loaded at a time.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import gc
 import re
 from collections.abc import Mapping, Sequence
@@ -35,7 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from onnx_conv2matmul.errors import Conv2MatMulError, InputError
+from onnx_conv2matmul.errors import InputError
+from onnx_conv2matmul.errors import ModelRunError as ModelRunError  # its home before errors.py
 
 DEFAULT_LENGTHS = (64, 80, 97, 128, 191)
 # Image inputs: multiples of 32, the stride of the deepest features of most image networks
@@ -48,8 +50,6 @@ IMAGE_SPARE_LENGTHS = (192, 256, 384, 512)
 SPARE_LENGTHS = (96, 160, 192, 256, 512)
 DEFAULT_MAX_ABS = 3e-5
 DEFAULT_MEAN_ABS = 2e-6
-# Quantizing is lossy: without --min-cosine the quantize command measures and reports only.
-REPORT_ONLY_COSINE = -1.0
 
 _STATE_NAME = re.compile(r"(state|cache|hidden|memory|^h0?$|^c0?$|^h_|^c_)", re.IGNORECASE)
 _LENGTH_NAME = re.compile(r"(^|_)(len|length|lengths|seq_len|n_frames)s?($|_)", re.IGNORECASE)
@@ -66,8 +66,19 @@ _ORT_TYPES: dict[str, Any] = {
 }
 
 
-class ModelRunError(Conv2MatMulError):
-    """onnxruntime could not load or run a model on the synthesised inputs."""
+class Criterion(str, enum.Enum):
+    """How float outputs are judged (integer, bool and string outputs always match exactly).
+
+    In every criterion an output fails when it cannot be compared (shape, type, a candidate
+    that does not run) or when its NaN/Inf differ.
+    """
+
+    SCALED_DIFFERENCE = "scaled_difference"
+    """``max_abs`` and ``mean_abs`` of the scaled differences at most the options' limits."""
+    MIN_COSINE = "min_cosine"
+    """Cosine similarity at least the options' ``min_cosine`` (quantized models)."""
+    REPORT_ONLY = "report_only"
+    """Measured and reported; any cosine similarity and difference pass."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +95,8 @@ class VerifyOptions:
         mean_abs: Largest allowed mean scaled absolute difference.
         min_cosine: When set, the criterion is cosine similarity >= this (for
             quantized models), instead of the absolute thresholds.
+        report_only: Measure float outputs without judging them (see
+            :attr:`Criterion.REPORT_ONLY`); excludes ``min_cosine``.
         signal_input: Name of the main signal input (random normal; others may be zero).
         length_input: Name of the length input (gets the length per batch row);
             by default an integer input of rank 1 whose name says length.
@@ -105,14 +118,35 @@ class VerifyOptions:
     inputs: Mapping[str, float] = dataclasses.field(default_factory=dict)
     dims: Mapping[str, int] = dataclasses.field(default_factory=dict)
     deterministic: bool = False
+    report_only: bool = False
 
     def __post_init__(self) -> None:
+        if self.report_only and self.min_cosine is not None:
+            raise ValueError("a report-only verification takes no minimum cosine similarity")
         if self.lengths is not None and (not self.lengths or any(n < 1 for n in self.lengths)):
             raise ValueError("verify lengths must be positive integers")
         if self.batch < 1:
             raise ValueError("verify batch must be >= 1")
         if any(v < 1 for v in self.dims.values()):
             raise ValueError("verify dims must be >= 1")
+
+    @property
+    def criterion(self) -> Criterion:
+        """How float outputs are judged: report only, minimum cosine, or scaled differences."""
+        if self.report_only:
+            return Criterion.REPORT_ONLY
+        if self.min_cosine is not None:
+            return Criterion.MIN_COSINE
+        return Criterion.SCALED_DIFFERENCE
+
+    def criterion_dict(self) -> dict[str, Any]:
+        """The criterion for the report: its ``kind`` and the limits it uses."""
+        criterion = self.criterion
+        if criterion is Criterion.MIN_COSINE:
+            return {"kind": criterion.value, "min_cosine": self.min_cosine}
+        if criterion is Criterion.SCALED_DIFFERENCE:
+            return {"kind": criterion.value, "max_abs": self.max_abs, "mean_abs": self.mean_abs}
+        return {"kind": criterion.value}
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -159,6 +193,13 @@ class OutputComparison:
 
 @dataclasses.dataclass
 class VerifyReport:
+    """Two models compared: the options, how inputs were made, one row per output and length.
+
+    ``passed`` when there is at least one row and every row passed; ``to_dict()`` is the
+    ``verification`` section of a report (the verify command's report wraps it, see
+    :class:`onnx_conv2matmul.report.VerifyCommandReport`).
+    """
+
     original: str
     candidate: str
     options: VerifyOptions
@@ -181,16 +222,11 @@ class VerifyReport:
         return 0 if self.passed else 1
 
     def to_dict(self) -> dict[str, Any]:
-        criterion: dict[str, Any] = (
-            {"min_cosine": self.options.min_cosine}
-            if self.options.min_cosine is not None
-            else {"max_abs": self.options.max_abs, "mean_abs": self.options.mean_abs}
-        )
         return {
             "passed": self.passed,
             "original": self.original,
             "candidate": self.candidate,
-            "criterion": criterion,
+            "criterion": self.options.criterion_dict(),
             "scaling": (
                 "each difference divided by the smallest max(1, max|reference|) among the"
                 " slices of the output that hold it (one slice per index of every axis longer than 1)"
@@ -705,6 +741,8 @@ def _comparison(
     if tally.mismatches:
         passed = False
         note = f"{tally.mismatches} elements are NaN/Inf in one model and not the same in the other"
+    elif options.criterion is Criterion.REPORT_ONLY:
+        passed = True
     elif options.min_cosine is not None:
         passed = cosine >= options.min_cosine
     else:
