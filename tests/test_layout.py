@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnx_ir as ir
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from helpers import assert_equivalent
+from helpers import assert_equivalent, examples
 from onnx_conv2matmul import ConvertOptions, SkipReason, Status, convert
 from onnx_conv2matmul._layout import added_transposes
 from onnx_conv2matmul.analysis import analyze
@@ -163,7 +163,7 @@ def test_a_chain_of_pointwise_convs_removes_transposes() -> None:
 _STEPS = st.sampled_from(["pointwise", "depthwise", "transpose", "relu", "sigmoid", "residual"])
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60))
 @given(
     steps=st.lists(_STEPS, min_size=1, max_size=9),
     channels_last_input=st.booleans(),

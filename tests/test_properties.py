@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import assert_close, conv_model, op_types, run
+from helpers import assert_close, conv_model, examples, op_types, run
 from onnx_conv2matmul import ConvertOptions, Status, convert
 
 EVERYTHING = ConvertOptions(allow_added_transposes=True, extended=True, allow_non_unit_dilation=True)
@@ -42,7 +42,7 @@ def conv_configs(draw: st.DrawFn) -> dict[str, object]:
     }
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60))
 @given(conv_configs())
 def test_any_pointwise_conv_rewrites_exactly(config: dict[str, object]) -> None:
     dims = config.pop("dims")
