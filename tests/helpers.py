@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 import onnx
 import onnxruntime as ort
+from hypothesis import settings
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_conv2matmul import ConvertOptions
@@ -185,3 +186,9 @@ def assert_matmul_weights_2d(model: onnx.ModelProto, expected_matmuls: int) -> N
     for node in matmuls:
         assert node.input[1] in inits, f"{node.name}: B {node.input[1]} is not an initializer"
         assert len(inits[node.input[1]].dims) == 2
+
+
+def examples(count: int) -> int:
+    """``count`` hypothesis examples in the default profile, scaled by the loaded profile's
+    ``max_examples`` (conftest.py: ``HYPOTHESIS_PROFILE=large`` runs 20 times as many)."""
+    return max(1, count * settings().max_examples // 100)

@@ -1,6 +1,14 @@
-"""Every skip reason: the node is left exactly as it was and the reason is reported."""
+"""Every skip reason: the reason is reported and the model is left exactly as it was.
+
+``EXAMPLES`` holds, for every member of :class:`SkipReason`, small models whose only
+conv is skipped for that reason (and for no other), with the options that make it so.
+"""
 
 from __future__ import annotations
+
+import dataclasses
+import pathlib
+from collections.abc import Callable
 
 import numpy as np
 import onnx
@@ -10,151 +18,403 @@ from onnx import TensorProto, helper, numpy_helper
 from helpers import ALL, conv_model, op_types
 from onnx_conv2matmul import ConvertOptions, SkipReason, Status, convert
 
-
-def _skip(model: onnx.ModelProto, options: ConvertOptions, reason: SkipReason) -> str:
-    before = [(n.op_type, list(n.input), list(n.output)) for n in model.graph.node]
-    rewritten, report = convert(model, options)
-    convs = [e for e in report.entries if e.op_type != "Constant"]
-    assert [e.status for e in convs] == [Status.SKIPPED]
-    assert convs[0].reason is reason
-    after = [(n.op_type, list(n.input), list(n.output)) for n in rewritten.graph.node]
-    assert after == before, "a skipped node must stay untouched"
-    assert {i.name for i in rewritten.graph.initializer} == {i.name for i in model.graph.initializer}
-    return convs[0].detail
+EXTENDED = ConvertOptions(allow_added_transposes=True, extended=True)
+DILATED = ConvertOptions(allow_added_transposes=True, extended=True, allow_non_unit_dilation=True)
 
 
-def test_kernel_not_pointwise() -> None:
-    detail = _skip(
-        conv_model(spatial=1, kernel=[3]),
-        ConvertOptions(allow_added_transposes=True),
-        SkipReason.KERNEL_NOT_POINTWISE,
+@dataclasses.dataclass
+class Example:
+    id: str
+    build: Callable[[], onnx.ModelProto]
+    options: ConvertOptions = ALL
+    detail: str = ""  # a part of the entry's detail
+
+
+def _with_weight(model: onnx.ModelProto, array: np.ndarray) -> onnx.ModelProto:
+    model.graph.initializer[0].CopyFrom(numpy_helper.from_array(array, "W"))
+    return model
+
+
+def _weight(model: onnx.ModelProto) -> np.ndarray:
+    return numpy_helper.to_array(model.graph.initializer[0])
+
+
+def _retyped(op_type: str, domain: str) -> onnx.ModelProto:
+    model = conv_model(spatial=1, bias=False)
+    model.graph.node[0].op_type = op_type
+    if domain:
+        model.graph.node[0].domain = domain
+        model.opset_import.append(helper.make_opsetid(domain, 1))
+    return model
+
+
+def _conv_integer() -> onnx.ModelProto:
+    """A valid ConvInteger (uint8 data, int8 weight): pointwise, still not a Conv."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.integers(-8, 8, (5, 6, 1), dtype=np.int8), "W")
+    graph = helper.make_graph(
+        [helper.make_node("ConvInteger", ["x", "W"], ["y"], name="pw")],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.UINT8, ["N", 6, "T"])],
+        [helper.make_tensor_value_info("y", TensorProto.INT32, ["N", 5, "T"])],
+        [w],
     )
-    assert "[3]" in detail
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def test_kernel_2d_partly_pointwise() -> None:
-    _skip(
-        conv_model(spatial=2, kernel=[1, 3]),
-        ConvertOptions(allow_added_transposes=True),
-        SkipReason.KERNEL_NOT_POINTWISE,
-    )
-
-
-def test_grouped() -> None:
-    model = conv_model(spatial=1, in_channels=3, out_channels=6, attrs={"group": 2})
-    _skip(model, ConvertOptions(allow_added_transposes=True), SkipReason.GROUPED)
-
-
-def test_depthwise_k9_is_kernel_not_pointwise() -> None:
-    model = conv_model(spatial=1, in_channels=1, out_channels=6, kernel=[9], attrs={"group": 6})
-    _skip(model, ConvertOptions(allow_added_transposes=True), SkipReason.KERNEL_NOT_POINTWISE)
-
-
-def test_weight_not_constant() -> None:
-    _skip(
-        conv_model(spatial=1, weight_source="input"),
-        ConvertOptions(allow_added_transposes=True),
-        SkipReason.WEIGHT_NOT_CONSTANT,
-    )
-
-
-def test_weight_overridable() -> None:
-    model = conv_model(spatial=1, weight_source="input_initializer")
-    _skip(model, ConvertOptions(allow_added_transposes=True), SkipReason.WEIGHT_OVERRIDABLE)
-
-
-def test_weight_computed_at_run_time() -> None:
+def _weight_through_identity() -> onnx.ModelProto:
     model = conv_model(spatial=1)
-    # W -> Identity -> Conv: not a constant the rewrite can see through.
     model.graph.node.insert(0, helper.make_node("Identity", ["W"], ["W2"]))
     model.graph.node[1].input[1] = "W2"
-    _skip(model, ConvertOptions(allow_added_transposes=True), SkipReason.WEIGHT_NOT_CONSTANT)
+    return model
+
+
+def _bfloat16(opset: int) -> onnx.ModelProto:
+    rng = np.random.default_rng(0)
+    w = helper.make_tensor("W", TensorProto.BFLOAT16, [5, 6, 1], rng.standard_normal(30).tolist())
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "W"], ["y"], name="pw")],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.BFLOAT16, ["N", 6, "T"])],
+        [helper.make_tensor_value_info("y", TensorProto.BFLOAT16, ["N", 5, "T"])],
+        [w],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _ir_version_3(spatial: int, bias: bool) -> onnx.ModelProto:
+    """IR 3: the weight must be a Constant (an initializer would have to be an input too)."""
+    model = conv_model(spatial=spatial, weight_source="constant", bias=False, opset=8)
+    if bias:
+        b = numpy_helper.from_array(np.ones(5, np.float32), "B")
+        model.graph.node.insert(0, helper.make_node("Constant", [], ["B"], value=b))
+        model.graph.node[-1].input.append("B")
+    model.ir_version = 3
+    return model
+
+
+def _no_default_opset() -> onnx.ModelProto:
+    model = conv_model(spatial=1)
+    del model.opset_import[:]
+    model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    return model
+
+
+def _input_declared(
+    shape: list[int | str], elem_type: int = TensorProto.FLOAT
+) -> Callable[[], onnx.ModelProto]:
+    """A pointwise conv whose input is declared with ``shape`` (the weight is [5, 6, 1])."""
+
+    def build() -> onnx.ModelProto:
+        model = conv_model(spatial=1)
+        model.graph.input[0].CopyFrom(helper.make_tensor_value_info("x", elem_type, shape))
+        return model
+
+    return build
+
+
+def _weight_also_read_by(op_type: str) -> onnx.ModelProto:
+    model = conv_model(spatial=1)
+    model.graph.node.append(helper.make_node(op_type, ["W"], ["w_out"], name="reader"))
+    model.graph.output.append(helper.make_tensor_value_info("w_out", TensorProto.FLOAT, None))
+    return model
+
+
+def _if_defining(name: str, *, conv_inside: bool) -> onnx.ModelProto:
+    """A conv reading ``W`` and an If whose then-branch defines another ``name``.
+
+    ``conv_inside``: the conv is in the branch (reading the branch's own ``W``) and
+    the main graph defines ``W`` as the output of an Identity.
+    """
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((6, 6, 1)).astype(np.float32), "W")
+    if conv_inside:
+        then_nodes = [helper.make_node("Conv", ["x", name], ["t_out"], name="pw")]
+        then_inits = [w]
+        main_nodes = [helper.make_node("Identity", ["x"], ["W"], name="main_w")]
+        main_inits: list[onnx.TensorProto] = []
+        outputs = ["y", "W"]
+    else:
+        then_nodes = [
+            helper.make_node("Relu", ["x"], [name]),
+            helper.make_node("Identity", [name], ["t_out"]),
+        ]
+        then_inits = []
+        main_nodes = [helper.make_node("Conv", ["x", "W"], ["conv_out"], name="pw")]
+        main_inits = [w]
+        outputs = ["y", "conv_out"]
+    then_branch = helper.make_graph(
+        then_nodes, "then", [], [helper.make_tensor_value_info("t_out", TensorProto.FLOAT, None)], then_inits
+    )
+    else_branch = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["e_out"])],
+        "else",
+        [],
+        [helper.make_tensor_value_info("e_out", TensorProto.FLOAT, None)],
+    )
+    graph = helper.make_graph(
+        [
+            *main_nodes,
+            helper.make_node(
+                "If", ["c"], ["y"], name="if0", then_branch=then_branch, else_branch=else_branch
+            ),
+        ],
+        "g",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 6, "T"]),
+            helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+        ],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs],
+        main_inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _in_function(spatial: int) -> onnx.ModelProto:
+    function = helper.make_function(
+        "local",
+        "PwConv",
+        ["x", "w"],
+        ["y"],
+        [helper.make_node("Conv", ["x", "w"], ["y"], name="fn_conv")],
+        opset_imports=[helper.make_opsetid("", 17)],
+    )
+    model = conv_model(spatial=spatial, bias=False)
+    model.graph.node[0].op_type = "PwConv"
+    model.graph.node[0].domain = "local"
+    model.functions.append(function)
+    model.opset_import.append(helper.make_opsetid("local", 1))
+    return model
+
+
+def _between(before: str | None, after: str | None, spatial: int = 1) -> onnx.ModelProto:
+    """A pointwise conv with ``before`` on its input and ``after`` on its output: ops
+    that need channels-first data, so that its Transposes would stay."""
+    model = conv_model(spatial=spatial)
+    nodes = list(model.graph.node)
+    if before == "Transpose":  # one that does not undo ours: they merge, ours stays as one
+        nodes.insert(0, helper.make_node("Transpose", ["x0"], ["x"], perm=[0, 2, 1, 3]))
+        model.graph.input[0].name = "x0"
+    if after == "Softmax":
+        nodes.append(helper.make_node("Softmax", ["y"], ["z"], axis=1))
+        model.graph.output[0].name = "z"
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return model
+
+
+EXAMPLES: dict[SkipReason, list[Example]] = {
+    SkipReason.UNSUPPORTED_OP: [
+        Example("conv-integer", _conv_integer),
+        Example("ms-fused-conv", lambda: _retyped("FusedConv", "com.microsoft"), detail="com.microsoft"),
+        Example("qlinear-conv-retyped", lambda: _retyped("QLinearConv", "")),
+    ],
+    SkipReason.WEIGHT_NOT_CONSTANT: [
+        Example("graph-input", lambda: conv_model(spatial=1, weight_source="input"), detail="graph input"),
+        Example("through-identity", _weight_through_identity, detail="run time"),
+    ],
+    SkipReason.WEIGHT_OVERRIDABLE: [
+        Example("1d", lambda: conv_model(spatial=1, weight_source="input_initializer")),
+        Example("2d", lambda: conv_model(spatial=2, weight_source="input_initializer")),
+    ],
+    SkipReason.UNSUPPORTED_RANK: [
+        Example(
+            "2-d", lambda: _with_weight(conv_model(spatial=1), _weight(conv_model(spatial=1)).reshape(5, 6))
+        ),
+        Example("6-d", lambda: _with_weight(conv_model(spatial=1), np.ones((5, 6, 1, 1, 1, 1), np.float32))),
+    ],
+    SkipReason.KERNEL_NOT_POINTWISE: [
+        Example("k3", lambda: conv_model(spatial=1, kernel=[3]), detail="[3]"),
+        Example("1x3", lambda: conv_model(spatial=2, kernel=[1, 3])),
+        Example(
+            "depthwise-k9",
+            lambda: conv_model(spatial=1, in_channels=1, out_channels=6, kernel=[9], attrs={"group": 6}),
+        ),
+    ],
+    SkipReason.GROUPED: [
+        Example(
+            "group2-1d",
+            lambda: conv_model(spatial=1, in_channels=3, out_channels=6, attrs={"group": 2}),
+            detail="group 2",
+        ),
+        Example(
+            "depthwise-1x1",
+            lambda: conv_model(spatial=2, in_channels=1, out_channels=6, attrs={"group": 6}),
+            detail="group 6",
+        ),
+        Example(
+            "group3-3d",
+            lambda: conv_model(spatial=3, in_channels=2, out_channels=6, attrs={"group": 3}),
+            detail="group 3",
+        ),
+    ],
+    SkipReason.UNSUPPORTED_DTYPE: [
+        Example("int8", lambda: _with_weight(conv_model(spatial=1), _weight(conv_model()).astype(np.int8))),
+        Example("int32", lambda: _with_weight(conv_model(spatial=1), _weight(conv_model()).astype(np.int32))),
+        Example(
+            "uint8-2d",
+            lambda: _with_weight(conv_model(spatial=2), np.ones((5, 6, 1, 1), np.uint8)),
+            detail="UINT8",
+        ),
+    ],
+    SkipReason.INVALID_ATTRIBUTES: [
+        Example("kernel-shape", lambda: conv_model(spatial=1, attrs={"kernel_shape": [3]})),
+        Example("strides-length", lambda: conv_model(spatial=1, attrs={"strides": [1, 1]}), EXTENDED),
+        Example("negative-pads", lambda: conv_model(spatial=1, attrs={"pads": [-1, 0]}), EXTENDED),
+        Example("zero-dilation", lambda: conv_model(spatial=1, attrs={"dilations": [0]}), DILATED),
+        Example("unknown-auto-pad", lambda: conv_model(spatial=1, attrs={"auto_pad": "FOO"}), EXTENDED),
+        Example(
+            "auto-pad-and-pads",
+            lambda: conv_model(spatial=1, attrs={"auto_pad": "SAME_UPPER", "pads": [0, 0]}),
+            EXTENDED,
+        ),
+        Example(
+            "bias-shape",
+            lambda: _bias_of(np.zeros(3, np.float32)),
+            detail="bias shape [3] != [5]",
+        ),
+        # The input's declared shape or type contradicts the weight [5, 6, 1].
+        Example("input-channels", _input_declared(["N", 4, "T"]), detail="input channels 4 != 6"),
+        Example("input-rank", _input_declared(["N", 6, "H", "W"]), detail="input rank 4 != weight rank 3"),
+        Example(
+            "input-type",
+            _input_declared(["N", 6, "T"], TensorProto.FLOAT16),
+            detail="input type FLOAT16 != weight type FLOAT",
+        ),
+    ],
+    SkipReason.NEEDS_EXTENDED_MODE: [
+        Example("strides", lambda: conv_model(spatial=1, attrs={"strides": [2]}), detail="strides [2]"),
+        Example("pads", lambda: conv_model(spatial=1, attrs={"pads": [1, 0]})),
+        Example("valid", lambda: conv_model(spatial=1, attrs={"auto_pad": "VALID"})),
+        Example("same-upper-2d", lambda: conv_model(spatial=2, attrs={"auto_pad": "SAME_UPPER"})),
+    ],
+    SkipReason.DILATION_NEEDS_OPT_IN: [
+        Example("1d", lambda: conv_model(spatial=1, attrs={"dilations": [2]}), EXTENDED),
+        Example("2d", lambda: conv_model(spatial=2, attrs={"dilations": [1, 3]}), EXTENDED),
+    ],
+    SkipReason.DILATION_ABOVE_MAX: [
+        Example(
+            "2d-5-over-4",
+            lambda: conv_model(spatial=2, attrs={"dilations": [1, 5]}),
+            dataclasses.replace(DILATED, max_dilation=4),
+            detail="above max 4",
+        ),
+        Example(
+            "1d-3-over-2-strided",
+            lambda: conv_model(spatial=1, attrs={"dilations": [3], "strides": [2]}),
+            dataclasses.replace(DILATED, max_dilation=2),
+            detail="dilations [3]",
+        ),
+        Example(
+            "3d-any-over-1",
+            lambda: conv_model(spatial=3, attrs={"dilations": [1, 2, 1]}),
+            dataclasses.replace(DILATED, max_dilation=1),
+        ),
+    ],
+    SkipReason.OPSET_UNSUPPORTED: [
+        Example("strides-opset-9", lambda: conv_model(spatial=1, attrs={"strides": [2]}, opset=9), EXTENDED),
+        Example("pads-opset-1", lambda: conv_model(spatial=1, attrs={"pads": [1, 1]}, opset=1), EXTENDED),
+        Example("bfloat16-opset-12", lambda: _bfloat16(12), detail="bfloat16"),
+        Example("no-default-opset", _no_default_opset, detail="no default-domain opset"),
+        Example("ir-3-1d", lambda: _ir_version_3(1, bias=False), detail="IR version 3"),
+        Example("ir-3-2d-bias", lambda: _ir_version_3(2, bias=True), detail="IR version 3"),
+    ],
+    SkipReason.WEIGHT_SHARED: [
+        Example("shape-reads-weight", lambda: _weight_also_read_by("Shape"), detail="Shape 'reader'"),
+        Example("relu-reads-weight", lambda: _weight_also_read_by("Relu"), detail="Relu 'reader'"),
+    ],
+    SkipReason.AMBIGUOUS_WEIGHT: [
+        Example("branch-defines-weight-name", lambda: _if_defining("W", conv_inside=False)),
+        Example("conv-in-branch", lambda: _if_defining("W", conv_inside=True)),
+    ],
+    SkipReason.IN_FUNCTION: [
+        Example("conv1d", lambda: _in_function(1), detail="model-local"),
+        Example("conv2d", lambda: _in_function(2)),
+    ],
+    SkipReason.ADDS_TRANSPOSES: [
+        Example("alone", lambda: conv_model(spatial=1), ConvertOptions(), detail="2 Transpose nodes"),
+        Example("before-softmax", lambda: _between(None, "Softmax", 2), ConvertOptions()),
+        Example(
+            "after-other-transpose", lambda: _between("Transpose", None, 2), ConvertOptions(), "1 Transpose"
+        ),
+    ],
+}
+
+
+def _bias_of(bias: np.ndarray) -> onnx.ModelProto:
+    model = conv_model(spatial=1)
+    model.graph.initializer[1].CopyFrom(numpy_helper.from_array(bias, "B"))
+    return model
+
+
+CASES = [(reason, example) for reason, examples in EXAMPLES.items() for example in examples]
+
+
+def _graphs(graph: onnx.GraphProto) -> list[onnx.GraphProto]:
+    found = [graph]
+    for node in graph.node:
+        for attr in node.attribute:
+            found.extend(g for sub in [attr.g, *attr.graphs] if sub.ByteSize() for g in _graphs(sub))
+    return found
+
+
+def _normalized(model: onnx.ModelProto) -> bytes:
+    """The model's bytes, less the value_info of initializers (the serializer adds those)."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for graph in _graphs(copy.graph):
+        names = {t.name for t in graph.initializer}
+        kept = [v for v in graph.value_info if v.name not in names]
+        del graph.value_info[:]
+        graph.value_info.extend(kept)
+    for field in ("ir_version", "producer_name", "producer_version"):
+        copy.ClearField(field)
+    return copy.SerializeToString(deterministic=True)
+
+
+def test_the_table_covers_every_reason_with_several_examples() -> None:
+    assert set(EXAMPLES) == set(SkipReason)
+    for reason, examples in EXAMPLES.items():
+        assert len(examples) >= 2, f"{reason.name} has one example"
+        assert len({e.id for e in examples}) == len(examples)
+    ir_3 = [e for e in EXAMPLES[SkipReason.OPSET_UNSUPPORTED] if e.detail == "IR version 3"]
+    assert len(ir_3) >= 2
 
 
 @pytest.mark.parametrize(
-    "attrs",
-    [{"strides": [2]}, {"pads": [1, 0]}, {"auto_pad": "VALID"}, {"auto_pad": "SAME_UPPER"}],
+    ("reason", "example"), CASES, ids=[f"{reason.value}-{example.id}" for reason, example in CASES]
 )
-def test_needs_extended_mode(attrs: dict[str, object]) -> None:
-    _skip(
-        conv_model(spatial=1, attrs=attrs),
-        ConvertOptions(allow_added_transposes=True),
-        SkipReason.NEEDS_EXTENDED_MODE,
-    )
+def test_exactly_that_reason_and_nothing_changes(reason: SkipReason, example: Example) -> None:
+    model = example.build()
+    rewritten, report = convert(model, example.options)
+    assert [(e.status, e.reason) for e in report.entries] == [(Status.SKIPPED, reason)]
+    assert report.skip_counts == {reason.value: 1}
+    assert example.detail in report.entries[0].detail
+    assert _normalized(rewritten) == _normalized(model), "a skipped conv's model must stay as it was"
+    assert rewritten.ir_version == model.ir_version
+    assert report.transposes_after == report.transposes_before and report.tensors_removed == 0
 
 
-def test_dilation_needs_opt_in() -> None:
-    model = conv_model(spatial=1, attrs={"dilations": [2]})
-    _skip(model, ConvertOptions(allow_added_transposes=True, extended=True), SkipReason.DILATION_NEEDS_OPT_IN)
+def test_every_reason_is_documented() -> None:
+    readme = (pathlib.Path(__file__).parents[1] / "README.md").read_text()
+    for reason in SkipReason:
+        assert f"`{reason.value}`" in readme, f"{reason.value} missing from README"
+        assert reason.description
 
 
-def test_dilation_above_max() -> None:
+def test_dilation_at_the_max_converts() -> None:
     model = conv_model(spatial=2, attrs={"dilations": [1, 5]})
-    options = ConvertOptions(allow_added_transposes=True, allow_non_unit_dilation=True, max_dilation=4)
-    assert "5" in _skip(model, options, SkipReason.DILATION_ABOVE_MAX)
-    _converted, report = convert(
-        model, ConvertOptions(allow_added_transposes=True, allow_non_unit_dilation=True, max_dilation=5)
-    )
+    _, report = convert(model, dataclasses.replace(DILATED, max_dilation=5))
     assert report.entries[0].status is Status.CONVERTED
 
 
-def test_opset_unsupported_for_strides() -> None:
-    model = conv_model(spatial=1, attrs={"strides": [2]}, opset=9)
-    _skip(model, ConvertOptions(allow_added_transposes=True, extended=True), SkipReason.OPSET_UNSUPPORTED)
-
-
-def test_unsupported_dtype() -> None:
-    model = conv_model(spatial=1)
-    w = numpy_helper.to_array(model.graph.initializer[0]).astype(np.int8)
-    model.graph.initializer[0].CopyFrom(numpy_helper.from_array(w, "W"))
-    _skip(model, ConvertOptions(allow_added_transposes=True), SkipReason.UNSUPPORTED_DTYPE)
-
-
-def test_unsupported_rank() -> None:
-    model = conv_model(spatial=1)
-    w = numpy_helper.to_array(model.graph.initializer[0]).reshape(5, 6)
-    model.graph.initializer[0].CopyFrom(numpy_helper.from_array(w, "W"))
-    _skip(model, ConvertOptions(allow_added_transposes=True), SkipReason.UNSUPPORTED_RANK)
-
-
-@pytest.mark.parametrize(
-    "attrs",
-    [
-        {"kernel_shape": [3]},
-        {"strides": [1, 1]},
-        {"pads": [-1, 0]},
-        {"auto_pad": "SAME_UPPER", "pads": [0, 0]},
-    ],
-)
-def test_invalid_attributes(attrs: dict[str, object]) -> None:
-    model = conv_model(spatial=1, attrs=attrs)
-    _skip(model, ConvertOptions(allow_added_transposes=True, extended=True), SkipReason.INVALID_ATTRIBUTES)
-
-
-def test_bias_shape_mismatch() -> None:
-    model = conv_model(spatial=1)
-    model.graph.initializer[1].CopyFrom(numpy_helper.from_array(np.zeros(3, np.float32), "B"))
-    _skip(model, ConvertOptions(allow_added_transposes=True), SkipReason.INVALID_ATTRIBUTES)
-
-
-@pytest.mark.parametrize(("op_type", "domain"), [("ConvInteger", ""), ("FusedConv", "com.microsoft")])
-def test_unsupported_op(op_type: str, domain: str) -> None:
-    model = conv_model(spatial=1, bias=False)
-    node = model.graph.node[0]
-    node.op_type = op_type
-    node.domain = domain
-    _skip(model, ConvertOptions(allow_added_transposes=True), SkipReason.UNSUPPORTED_OP)
-
-
-def test_every_reason_is_documented_and_tested() -> None:
-    import pathlib
-
-    readme = (pathlib.Path(__file__).parents[1] / "README.md").read_text()
-    tests = pathlib.Path(__file__).read_text()
-    for reason in SkipReason:
-        assert f"`{reason.value}`" in readme, f"{reason.value} missing from README"
-        assert f"SkipReason.{reason.name}" in tests, f"{reason.name} has no test"
-        assert reason.description
+def test_input_channels_unknown_or_matching_convert() -> None:
+    """The check that rejects contradicting channels accepts what does not contradict."""
+    for shape in (["N", 6, "T"], ["N", "C", "T"], None):
+        model = conv_model(spatial=1)
+        model.graph.input[0].CopyFrom(helper.make_tensor_value_info("x", TensorProto.FLOAT, shape))
+        _, report = convert(model, ALL)
+        assert report.entries[0].status is Status.CONVERTED, shape
 
 
 def test_conv_without_type_info_in_a_mixed_model() -> None:
@@ -186,7 +446,7 @@ def test_weight_shared_with_a_node_that_stays() -> None:
     assert "strided" in report.entries[0].detail
     assert op_types(rewritten) == ["Conv", "Conv"]
     # With extended mode both convert and share one transposed weight.
-    _, report = convert(model, ConvertOptions(allow_added_transposes=True, extended=True))
+    _, report = convert(model, EXTENDED)
     assert [e.status for e in report.entries] == [Status.CONVERTED, Status.CONVERTED]
 
 
@@ -232,36 +492,8 @@ def test_ambiguous_weight_name_across_scopes() -> None:
     }
 
 
-def test_ir_version_3_cannot_take_new_initializers() -> None:
-    model = conv_model(spatial=1, weight_source="constant", bias=False, opset=8)
-    model.ir_version = 3
-    rewritten, report = convert(model, ALL)
-    assert report.entries[0].reason is SkipReason.OPSET_UNSUPPORTED
-    assert "IR version 3" in report.entries[0].detail
-    assert "Conv" in op_types(rewritten)
-
-
-def test_conv_in_a_local_function_is_reported() -> None:
-    function = helper.make_function(
-        "local",
-        "PwConv",
-        ["x", "w"],
-        ["y"],
-        [helper.make_node("Conv", ["x", "w"], ["y"], name="fn_conv")],
-        opset_imports=[helper.make_opsetid("", 17)],
-    )
-    model = conv_model(spatial=1, bias=False)
-    model.graph.node[0].op_type = "PwConv"
-    model.graph.node[0].domain = "local"
-    model.functions.append(function)
-    model.opset_import.append(helper.make_opsetid("local", 1))
-    _, report = convert(model, ALL)
+def test_conv_in_a_local_function_is_reported_with_its_scope() -> None:
+    _, report = convert(_in_function(1), ALL)
     assert [(e.name, e.reason, e.scope) for e in report.entries] == [
         ("fn_conv", SkipReason.IN_FUNCTION, "function local::PwConv")
     ]
-
-
-def test_adds_transposes() -> None:
-    """A lone conv between a graph input and output: both of its Transposes would stay."""
-    detail = _skip(conv_model(spatial=1), ConvertOptions(), SkipReason.ADDS_TRANSPOSES)
-    assert "2 Transpose nodes" in detail and "--allow-added-transposes" in detail

@@ -1,96 +1,171 @@
-"""Clean up after a rewrite: cancel Transpose pairs, drop weights nothing reads."""
+"""Clean up after a rewrite: collapse Transpose chains, drop weights nothing reads.
+
+The rules, and the prediction of what they leave, are in ``_layout.py``.
+"""
 
 from __future__ import annotations
+
+import dataclasses
 
 import onnx_ir as ir
 
 from onnx_conv2matmul._graphs import walk_graphs
-from onnx_conv2matmul._layout import compose, is_identity, is_sinkable, is_transpose, perm, single_consumer
+from onnx_conv2matmul._layout import (
+    Link,
+    above,
+    as_link,
+    chain_perm,
+    is_transpose,
+    outcome,
+    perm,
+    walk_down,
+    walk_up,
+)
+
+
+@dataclasses.dataclass
+class _Chain:
+    links: list[Link]
+    start: ir.Value
+    rank: int
+
+    @property
+    def transposes(self) -> list[ir.Node]:
+        return [link.node for link in self.links if link.perm is not None]
+
+    def between(self) -> list[ir.Node]:
+        """The elementwise ops between the first and the last Transpose."""
+        where = [i for i, link in enumerate(self.links) if link.perm is not None]
+        return [link.node for link in self.links[where[0] : where[-1]] if link.perm is None]
+
+
+def _chains(graph: ir.Graph, ours: set[int]) -> list[_Chain]:
+    """Every chain of ``graph`` that holds one of ``ours``, each once."""
+    chains = []
+    seen: set[int] = set()
+    for node in graph:
+        if id(node) not in ours or id(node) in seen or not is_transpose(node):
+            continue
+        permutation = perm(node)
+        if permutation is None:
+            continue
+        rank = len(permutation)
+        link = as_link(node, rank, ours)
+        if link is None:
+            continue
+        ups, start = walk_up(node.inputs[0], node, rank, (), ours)  # type: ignore[arg-type]
+        links = [*ups, link, *walk_down(node.outputs[0], graph, rank, (), ours)]
+        seen.update(id(link.node) for link in links)
+        assert start is not None  # only a conv still to convert starts a chain with None
+        chains.append(_Chain(links, start, rank))
+    return chains
+
+
+def _ours_or_all(model: ir.Model, ours: set[int] | None) -> set[int]:
+    if ours is not None:
+        return ours
+    return {id(node) for graph, _ in walk_graphs(model.graph) for node in graph if is_transpose(node)}
 
 
 def sink_transposes(model: ir.Model, ours: set[int]) -> int:
-    """Move each of our Transposes below an elementwise op when a Transpose follows it.
+    """Move the Transposes of each chain holding one of ``ours`` down, across its
+    elementwise ops, to just above the chain's last Transpose.
 
-    ``Transpose(Relu(Transpose(x, p1)), p2)`` becomes ``Transpose(Relu(x), p1 then p2)``,
-    which disappears when the permutations cancel. Returns the number of Transposes removed.
+    Only moves: :func:`cancel_transposes` then composes the Transposes, now next to
+    each other (it gives the same result without this step). Returns 0, the number of
+    Transposes removed.
     """
-    moved = 0
-    for graph, _ in walk_graphs(model.graph):
-        for node in list(graph):
-            if id(node) not in ours or not is_transpose(node) or node.graph is not graph:
-                continue
-            op = single_consumer(node.outputs[0])
-            if op is None or not is_sinkable(op) or op.graph is not graph:
-                continue
-            after = single_consumer(op.outputs[0])
-            if after is None or not is_transpose(after) or after.graph is not graph:
-                continue
-            first, second = perm(node), perm(after)
-            if first is None or second is None or len(first) != len(second):
-                continue
-            composed = compose(first, second)
-            op.replace_input_with(0, node.inputs[0])
-            op.outputs[0].shape = None  # its layout changed
-            graph.remove(node, safe=True)
-            moved += 1
-            if is_identity(composed) and not after.outputs[0].is_graph_output():
-                ir.convenience.replace_all_uses_with(after.outputs[0], op.outputs[0])
-                graph.remove(after, safe=True)
-                moved += 1
-            else:
-                after.attributes["perm"] = ir.AttrInt64s("perm", composed)
-                ours.add(id(after))
-    return moved
+    for graph, _ in list(walk_graphs(model.graph)):
+        for chain in _chains(graph, ours):
+            *others, last = chain.transposes
+            for op in chain.between():
+                op.outputs[0].shape = None  # its layout changes
+            for node in others:
+                ir.convenience.replace_all_uses_with(node.outputs[0], node.inputs[0])  # type: ignore[arg-type]
+                node.replace_input_with(0, last.inputs[0])
+                last.replace_input_with(0, node.outputs[0])
+                graph.remove(node)
+                graph.insert_before(last, node)
+    return 0
 
 
 def cancel_transposes(model: ir.Model, ours: set[int] | None = None) -> int:
-    """Merge ``Transpose(Transpose(x, p1), p2)`` pairs; bypass them when they cancel.
+    """Compose the Transposes of each chain holding one of ``ours`` into one, and remove
+    it when it is the identity or undoes the Transpose above the chain.
 
-    With ``ours`` (ids of nodes the rewrite created), only pairs with at least
-    one of those nodes are touched, so the rest of the model stays as it was.
-
-    When the pair is the identity, the outer Transpose's users read ``x``
-    directly. Otherwise, when the inner one has no other user, the outer one
-    reads ``x`` with the composed permutation. A Transpose left without users is
-    removed. A Transpose whose output is a graph output is kept, so graph output
-    names never change. Returns the number of Transposes removed.
+    With ``ours=None`` every Transpose counts as ours. A graph output keeps its name,
+    type and shape: when the Transpose producing it goes, the value it transposed takes
+    them over. Returns the number of Transposes removed.
     """
+    ours = _ours_or_all(model, ours)
     removed = 0
-    for graph, _ in walk_graphs(model.graph):
-        for node in list(graph):
-            if node.graph is not graph or not is_transpose(node):
+    for graph, _ in list(walk_graphs(model.graph)):
+        # Decide every chain on the graph as it is, then change it: no decision depends
+        # on the order the chains are visited in.
+        plans: list[tuple[_Chain, int, ir.Node | None]] = []
+        for chain in _chains(graph, ours):
+            found = above(chain.start, graph, chain.rank, (), ours)
+            left, through = outcome(chain.links, found[1] if found is not None else None)
+            plans.append((chain, left, found[0] if through and found is not None else None))
+        for chain, left, top in plans:
+            removed += _collapse(graph, chain, left, top, ours)
+        for _, _, top in plans:
+            if top is None or top.graph is not graph:
                 continue
-            inner_out = node.inputs[0]
-            if inner_out is None:
-                continue
-            inner = inner_out.producer()
-            if inner is None or not is_transpose(inner):
-                continue
-            outer_perm, inner_perm = perm(node), perm(inner)
-            if ours is not None and id(node) not in ours and id(inner) not in ours:
-                continue
-            if outer_perm is None or inner_perm is None or len(outer_perm) != len(inner_perm):
-                continue
-            composed = compose(inner_perm, outer_perm)
-            out = node.outputs[0]
-            source = inner.inputs[0]
-            if source is None:
-                continue
-            if is_identity(composed):
-                if out.is_graph_output():
-                    continue
-                ir.convenience.replace_all_uses_with(out, source)
-                graph.remove(node, safe=True)
-                removed += 1
-            elif single_consumer(inner_out) is node:
-                node.replace_input_with(0, source)
-                node.attributes["perm"] = ir.AttrInt64s("perm", composed)
-            else:
-                continue
-            if not inner_out.uses() and not inner_out.is_graph_output():
-                inner.graph.remove(inner, safe=True)  # type: ignore[union-attr]
+            out = top.outputs[0]
+            if not out.uses() and not out.is_graph_output():
+                graph.remove(top, safe=True)  # every chain that read it reads its input now
                 removed += 1
     return removed
+
+
+def _collapse(graph: ir.Graph, chain: _Chain, left: int, top: ir.Node | None, ours: set[int]) -> int:
+    """Apply :func:`_layout.outcome` to one chain; return the Transposes removed.
+
+    ``top`` is the Transpose above the chain when the chain reads through it. It stays
+    (see :func:`_layout.above`), but what it reads may have been replaced by an equal
+    value since the decision: its input is taken now."""
+    *others, last = chain.transposes
+    for op in chain.between():
+        op.outputs[0].shape = None  # its layout changes
+    for node in others:
+        ir.convenience.replace_all_uses_with(node.outputs[0], node.inputs[0])  # type: ignore[arg-type]
+        graph.remove(node, safe=True)
+    last.attributes["perm"] = ir.AttrInt64s("perm", chain_perm(chain.links))
+    ours.add(id(last))
+    if left:
+        return len(others)
+    target = top.inputs[0] if top is not None else last.inputs[0]
+    assert target is not None
+    out = last.outputs[0]
+    if out.is_graph_output():
+        if not _can_take_over(target, graph):
+            # Only when no Transpose of the rewrite starts the chain: ours=None.
+            return len(others)
+        _take_over(out, target)
+    else:
+        ir.convenience.replace_all_uses_with(out, target)
+    graph.remove(last, safe=True)
+    return len(others) + 1
+
+
+def _can_take_over(value: ir.Value, graph: ir.Graph) -> bool:
+    """``value`` can become a graph output of ``graph`` under another name."""
+    producer = value.producer()
+    return producer is not None and producer.graph is graph and not value.is_graph_output()
+
+
+def _take_over(output: ir.Value, value: ir.Value) -> None:
+    """Make ``value`` the graph output ``output`` is, with its name, type and shape."""
+    name = output.name
+    output.replace_all_uses_with(value, replace_graph_outputs=True)
+    output.name = None
+    value.name = name
+    if output.type is not None:
+        value.type = output.type
+    value.shape = output.shape
+    value.doc_string = output.doc_string
+    value.metadata_props.update(output.metadata_props)
 
 
 def remove_dead_weights(weights: list[tuple[ir.Value, ir.Node | None]]) -> int:
