@@ -331,7 +331,7 @@ def test_without_ours_every_transpose_counts_and_chains_compose() -> None:
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     ir_model = ir.serde.deserialize_model(model)
-    assert cancel_transposes(ir_model) == 3
+    assert cancel_transposes(ir_model, every=True) == 3
     rewritten = ir.serde.serialize_model(ir_model)
     assert op_types(rewritten) == ["Relu", "Sigmoid", "Transpose"]
     assert _transpose_perms(rewritten) == [[0, 2, 3, 1]]

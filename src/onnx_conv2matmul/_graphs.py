@@ -9,6 +9,17 @@ from typing import TypeGuard
 import onnx_ir as ir
 
 _IS_EXTERNAL: dict[type, bool] = {}
+_CREATED = "onnx_conv2matmul.created"
+
+
+def mark_created(node: ir.Node) -> None:
+    """Mark ``node`` as made by the rewrite (kept in ``node.meta``, never saved)."""
+    node.meta[_CREATED] = True
+
+
+def is_created(node: ir.Node) -> bool:
+    """Whether the rewrite made ``node`` (see :func:`mark_created`)."""
+    return bool(node.meta.get(_CREATED, False))
 
 
 def is_external(tensor: object) -> TypeGuard[ir.ExternalTensor]:

@@ -44,24 +44,12 @@ class NullProgress:
 
 
 def _convert_ir(model: ir.Model, options: ConvertOptions) -> ConvertReport:
-    from onnx_conv2matmul._graphs import NameAllocator, count_nodes, count_op, default_opset, used_names
-    from onnx_conv2matmul.analysis import analyze
-    from onnx_conv2matmul.cleanup import cancel_transposes, remove_dead_weights, sink_transposes
-    from onnx_conv2matmul.rewrite import Rewriter
+    from onnx_conv2matmul.passes import ConvToMatMulPass
 
-    report = ConvertReport(options=options.to_dict(), opset=default_opset(model))
-    report.transposes_before = count_op(model, "Transpose")
-    report.nodes_before = count_nodes(model)
-    plans, report.entries = analyze(model, options)
-    rewriter = Rewriter(NameAllocator(used_names(model)))
-    for plan in plans:
-        rewriter.apply(plan)
-    moved = sink_transposes(model, rewriter.created)
-    report.transposes_cancelled = cancel_transposes(model, rewriter.created) + moved
-    report.tensors_removed = remove_dead_weights(rewriter.converted_weights)
-    report.transposes_after = count_op(model, "Transpose")
-    report.nodes_after = count_nodes(model)
-    return report
+    rewrite = ConvToMatMulPass(options)
+    rewrite(model)
+    assert rewrite.report is not None
+    return rewrite.report
 
 
 @overload

@@ -9,7 +9,7 @@ import dataclasses
 
 import onnx_ir as ir
 
-from onnx_conv2matmul._graphs import walk_graphs
+from onnx_conv2matmul._graphs import is_created, walk_graphs
 from onnx_conv2matmul._layout import (
     Link,
     above,
@@ -61,20 +61,26 @@ def _chains(graph: ir.Graph, ours: set[int]) -> list[_Chain]:
     return chains
 
 
-def _ours_or_all(model: ir.Model, ours: set[int] | None) -> set[int]:
-    if ours is not None:
-        return ours
-    return {id(node) for graph, _ in walk_graphs(model.graph) for node in graph if is_transpose(node)}
+def _ours(model: ir.Model, every: bool) -> set[int]:
+    """The Transposes the cleanup may touch: those the rewrite made, or with ``every`` all."""
+    return {
+        id(node)
+        for graph, _ in walk_graphs(model.graph)
+        for node in graph
+        if is_transpose(node) and (every or is_created(node))
+    }
 
 
-def sink_transposes(model: ir.Model, ours: set[int]) -> int:
-    """Move the Transposes of each chain holding one of ``ours`` down, across its
-    elementwise ops, to just above the chain's last Transpose.
+def sink_transposes(model: ir.Model) -> int:
+    """Move the Transposes of each chain holding one the rewrite made (see
+    :func:`~onnx_conv2matmul._graphs.mark_created`) down, across its elementwise ops, to
+    just above the chain's last Transpose.
 
     Only moves: :func:`cancel_transposes` then composes the Transposes, now next to
     each other (it gives the same result without this step). Returns 0, the number of
     Transposes removed.
     """
+    ours = _ours(model, every=False)
     for graph, _ in list(walk_graphs(model.graph)):
         for chain in _chains(graph, ours):
             *others, last = chain.transposes
@@ -89,15 +95,15 @@ def sink_transposes(model: ir.Model, ours: set[int]) -> int:
     return 0
 
 
-def cancel_transposes(model: ir.Model, ours: set[int] | None = None) -> int:
-    """Compose the Transposes of each chain holding one of ``ours`` into one, and remove
-    it when it is the identity or undoes the Transpose above the chain.
+def cancel_transposes(model: ir.Model, *, every: bool = False) -> int:
+    """Compose the Transposes of each chain holding one the rewrite made into one, and
+    remove it when it is the identity or undoes the Transpose above the chain.
 
-    With ``ours=None`` every Transpose counts as ours. A graph output keeps its name,
+    With ``every``, every Transpose counts as made by the rewrite. A graph output keeps its name,
     type and shape: when the Transpose producing it goes, the value it transposed takes
     them over. Returns the number of Transposes removed.
     """
-    ours = _ours_or_all(model, ours)
+    ours = _ours(model, every)
     removed = 0
     for graph, _ in list(walk_graphs(model.graph)):
         # Decide every chain on the graph as it is, then change it: no decision depends

@@ -1,4 +1,4 @@
-"""Apply rewrite plans: the only module that changes the graph.
+"""Apply rewrite plans: replace each planned Conv by its MatMul form.
 
 Each planned Conv becomes, in channels-last layout::
 
@@ -7,7 +7,8 @@ Each planned Conv becomes, in channels-last layout::
 
 ``Wt`` is a 2-D constant initializer ``[C, M]`` (the weight ``[M, C, 1...]``
 reshaped and transposed), created lazily so that nothing is read until saving.
-A weight shared by several convs gets one ``Wt``.
+A weight shared by several convs gets one ``Wt``. Every node created is marked
+(:func:`mark_created`): the cleanup touches only Transpose chains that hold one of them.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from onnx_conv2matmul._graphs import NameAllocator, is_external
+from onnx_conv2matmul._graphs import NameAllocator, is_external, mark_created
 from onnx_conv2matmul._layout import channels_last_perms
 from onnx_conv2matmul.analysis import Plan
 
@@ -59,7 +60,6 @@ class Rewriter:
         self._names = names
         self._weights: dict[int, ir.Value] = {}
         self.converted_weights: list[tuple[ir.Value, ir.Node | None]] = []
-        self.created: set[int] = set()
 
     def _weight_value(self, plan: Plan) -> ir.Value:
         key = id(plan.weight)
@@ -141,12 +141,7 @@ class Rewriter:
         h = add("Transpose", [h], {"perm": perm_out}, "channels_first")
 
         # The last value takes over the conv output's name, type, shape and uses.
-        name = conv_out.name
-        conv_out.name = self._names.new(f"{base}/replaced")
-        h.name = name
-        h.type = conv_out.type if conv_out.type is not None else h.type
-        h.shape = conv_out.shape
-        ir.convenience.replace_all_uses_with(conv_out, h, replace_graph_outputs=True)
-        self.created.update(id(n) for n in nodes)
-        plan.graph.insert_after(node, nodes)
-        plan.graph.remove(node, safe=True)
+        h.shape = None  # the conv output's shape, when it has one, is taken over
+        for created in nodes:
+            mark_created(created)
+        ir.convenience.replace_nodes_and_values(plan.graph, node, [node], nodes, [conv_out], [h])
