@@ -192,3 +192,37 @@ def examples(count: int) -> int:
     """``count`` hypothesis examples in the default profile, scaled by the loaded profile's
     ``max_examples`` (conftest.py: ``HYPOTHESIS_PROFILE=large`` runs 20 times as many)."""
     return max(1, count * settings().max_examples // 100)
+
+
+_STACK_RNG = np.random.default_rng(11)
+
+
+def stack_model(layers: int = 4, channels: int = 32) -> onnx.ModelProto:
+    """Pointwise convs between Transposes, plus a Reshape whose shape is a small initializer."""
+    nodes = [helper.make_node("Transpose", ["x"], ["h0"], perm=[0, 2, 1])]
+    inits = []
+    for i in range(layers):
+        w = (_STACK_RNG.standard_normal((channels, channels, 1)) / np.sqrt(channels)).astype(np.float32)
+        inits.append(numpy_helper.from_array(w, f"w{i}"))
+        inits.append(
+            numpy_helper.from_array(_STACK_RNG.standard_normal(channels).astype(np.float32), f"b{i}")
+        )
+        nodes.append(helper.make_node("Conv", [f"h{i}", f"w{i}", f"b{i}"], [f"c{i}"], name=f"pw{i}"))
+        nodes.append(helper.make_node("Relu", [f"c{i}"], [f"h{i + 1}"]))
+    inits.append(numpy_helper.from_array(np.array([0, -1], np.int64), "shape"))
+    nodes.append(helper.make_node("Transpose", [f"h{layers}"], ["t"], perm=[0, 2, 1]))
+    nodes.append(helper.make_node("Reshape", ["t", "shape"], ["y"]))
+    graph = helper.make_graph(
+        nodes,
+        "stack",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "T", channels])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "Z"])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def stack_feeds(channels: int = 32) -> list[dict[str, np.ndarray]]:
+    return [
+        {"x": _STACK_RNG.standard_normal((b, t, channels)).astype(np.float32)} for b, t in ((1, 3), (2, 50))
+    ]

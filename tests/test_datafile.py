@@ -17,11 +17,10 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 from onnx.external_data_helper import set_external_data
 
-from helpers import assert_equivalent
+from helpers import assert_equivalent, stack_feeds, stack_model
 from onnx_conv2matmul import ConvertOptions, api, convert_file
 from onnx_conv2matmul import _datafile as datafile_mod
 from onnx_conv2matmul._graphs import is_external
-from test_files import _feeds, _stack_model
 
 RNG = np.random.default_rng(5)
 
@@ -49,9 +48,9 @@ def _leftovers(directory: Path) -> list[str]:
 
 def test_converted_weights_take_the_places_of_the_originals(tmp_path: Path) -> None:
     src, dst = tmp_path / "m.onnx", tmp_path / "o.onnx"
-    onnx.save(_stack_model(), src, save_as_external_data=True, location="m.onnx.data")
+    onnx.save(stack_model(), src, save_as_external_data=True, location="m.onnx.data")
     convert_file(src, dst)
-    assert_equivalent(str(src), str(dst), _feeds())
+    assert_equivalent(str(src), str(dst), stack_feeds())
     before, after = _locations(src), _locations(dst)
     weights = _matmul_weights(dst)
     assert len(weights) == 4
@@ -79,7 +78,7 @@ def test_whole_file_copies_keep_the_file_order() -> None:
 
 def _with_dead_bytes(path: Path, junk_share: float) -> None:
     """Save the stack model with junk between its tensors (a file another tool left bloated)."""
-    model = _stack_model()
+    model = stack_model()
     data = bytearray()
     for tensor in model.graph.initializer:
         raw = numpy_helper.to_array(tensor).tobytes()
@@ -99,7 +98,7 @@ def test_dead_bytes_of_the_input_are_not_copied(tmp_path: Path) -> None:
     src, dst = tmp_path / "m.onnx", tmp_path / "o.onnx"
     _with_dead_bytes(src, junk_share=0.5)
     convert_file(src, dst)
-    assert_equivalent(str(src), str(dst), _feeds())
+    assert_equivalent(str(src), str(dst), stack_feeds())
     data_in, data_out = (tmp_path / "m.onnx.data").stat().st_size, (tmp_path / "o.onnx.data").stat().st_size
     live = sum(length for _, _, length in _locations(dst).values())
     assert data_out == live < data_in * 0.7
@@ -107,9 +106,9 @@ def test_dead_bytes_of_the_input_are_not_copied(tmp_path: Path) -> None:
 
 def test_many_files_in_one_file_out(tmp_path: Path) -> None:
     src, dst = tmp_path / "m.onnx", tmp_path / "o.onnx"
-    onnx.save(_stack_model(), src, save_as_external_data=True, all_tensors_to_one_file=False)
+    onnx.save(stack_model(), src, save_as_external_data=True, all_tensors_to_one_file=False)
     convert_file(src, dst)
-    assert_equivalent(str(src), str(dst), _feeds())
+    assert_equivalent(str(src), str(dst), stack_feeds())
     assert {loc for loc, _, _ in _locations(dst).values()} == {"o.onnx.data"}
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("o.")) == ["o.onnx", "o.onnx.data"]
 
@@ -150,7 +149,7 @@ def test_external_tensor_attribute(tmp_path: Path) -> None:
 
 def test_without_kernel_copy_the_bytes_are_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     src = tmp_path / "m.onnx"
-    onnx.save(_stack_model(), src, save_as_external_data=True, location="m.onnx.data")
+    onnx.save(stack_model(), src, save_as_external_data=True, location="m.onnx.data")
     convert_file(src, tmp_path / "kernel.onnx")
 
     def unsupported(*args: object) -> int:
@@ -170,7 +169,7 @@ def test_copy_failure_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyP
     from onnx_conv2matmul.cli import main
 
     src, dst = tmp_path / "m.onnx", tmp_path / "o.onnx"
-    model = _stack_model()
+    model = stack_model()
     # Besides the weights (whose old bytes may be left out of the copy), one tensor that stays.
     model.graph.initializer.append(numpy_helper.from_array(np.ones(4096, np.float32), "kept"))
     onnx.save(model, src, save_as_external_data=True, all_tensors_to_one_file=False)
@@ -200,7 +199,7 @@ def subprocess_free_cli(main: object, args: list[str]):  # type: ignore[no-untyp
 
 def test_failure_while_rewriting_stops_the_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     src, dst = tmp_path / "m.onnx", tmp_path / "o.onnx"
-    onnx.save(_stack_model(), src, save_as_external_data=True, location="m.onnx.data")
+    onnx.save(stack_model(), src, save_as_external_data=True, location="m.onnx.data")
 
     def broken(*args: object) -> None:
         raise RuntimeError("rewrite failed")
@@ -250,7 +249,7 @@ def test_external_tensor_of_a_local_function_is_moved(tmp_path: Path) -> None:
     proto.functions[0].CopyFrom(model.functions[0])
     onnx.save(proto, src)
     convert_file(src, dst)
-    assert_equivalent(str(src), str(dst), _feeds(channels=c))
+    assert_equivalent(str(src), str(dst), stack_feeds(channels=c))
     moved = onnx.load(dst, load_external_data=False).functions[0].node[0].attribute[0].t
     assert moved.data_location == TensorProto.EXTERNAL
     assert {e.key: e.value for e in moved.external_data}["location"] == "o.onnx.data"
@@ -287,7 +286,7 @@ def test_package_lists_its_lazy_attributes() -> None:
 def test_the_copy_starts_before_onnx_ir_is_imported(tmp_path: Path) -> None:
     """convert_file parses the input and starts copying its data file, then imports the rest."""
     src = tmp_path / "m.onnx"
-    onnx.save(_stack_model(), src, save_as_external_data=True, location="m.onnx.data", size_threshold=0)
+    onnx.save(stack_model(), src, save_as_external_data=True, location="m.onnx.data", size_threshold=0)
     code = (
         "import sys\n"
         "from onnx_conv2matmul import cli, _datafile\n"
@@ -312,7 +311,7 @@ def test_the_copy_starts_before_onnx_ir_is_imported(tmp_path: Path) -> None:
 
 def test_two_weights_on_the_same_bytes(tmp_path: Path) -> None:
     """Two convs whose weights point at the same external bytes: each new weight gets its own place."""
-    model = _stack_model(layers=2)
+    model = stack_model(layers=2)
     data = bytearray()
     offsets: dict[str, int] = {}
     for tensor in model.graph.initializer:
@@ -331,7 +330,7 @@ def test_two_weights_on_the_same_bytes(tmp_path: Path) -> None:
     onnx.save(model, src)
     report = convert_file(src, dst)
     assert len(report.converted) == 2
-    assert_equivalent(str(src), str(dst), _feeds())
+    assert_equivalent(str(src), str(dst), stack_feeds())
     places = {_locations(dst)[w][1] for w in _matmul_weights(dst).values()}
     assert len(places) == 2
 
@@ -339,7 +338,7 @@ def test_two_weights_on_the_same_bytes(tmp_path: Path) -> None:
 def test_one_file_per_tensor_without_lengths(tmp_path: Path) -> None:
     """The legacy torch exporter writes only a location: lengths come from the type and shape."""
     src, dst = tmp_path / "m.onnx", tmp_path / "o.onnx"
-    onnx.save(_stack_model(), src, save_as_external_data=True, all_tensors_to_one_file=False)
+    onnx.save(stack_model(), src, save_as_external_data=True, all_tensors_to_one_file=False)
     proto = onnx.load(src, load_external_data=False)
     for tensor in proto.graph.initializer:
         if tensor.data_location == TensorProto.EXTERNAL:
@@ -352,41 +351,40 @@ def test_one_file_per_tensor_without_lengths(tmp_path: Path) -> None:
     copies, inside = datafile_mod._whole_file_copies(ranges)
     assert len(copies) == 4 and len(inside) == 4  # every file starts copying before the rewrite
     convert_file(src, dst)
-    assert_equivalent(str(src), str(dst), _feeds())
+    assert_equivalent(str(src), str(dst), stack_feeds())
     assert (tmp_path / "o.onnx.data").stat().st_size == 4 * 32 * 32 * 4
 
 
 def test_places_of_converted_weights_are_not_copied(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The old bytes under a transposed weight are left out of the copy, unless it got there first."""
-    src, dst = tmp_path / "m.onnx", tmp_path / "o.onnx"
-    onnx.save(_stack_model(), src, save_as_external_data=True, location="m.onnx.data")
+    """The old bytes under a transposed weight are left out of the copy when the rewrite
+    placed it before the copy got there: here the copy is held in its first chunk (4 KB)
+    until the tensors are placed, and copies nothing more."""
+    from onnx_conv2matmul import _io, _output
+    from onnx_conv2matmul.api import convert
+
+    src = tmp_path / "m.onnx"
+    onnx.save(stack_model(), src, save_as_external_data=True, location="m.onnx.data")
+    monkeypatch.setattr(datafile_mod, "CHUNK_BYTES", 4096)
     real = datafile_mod.os.copy_file_range
     copied: list[int] = []
-    gate = threading.Event()
+    placed = threading.Event()
 
-    def counting(*args: int) -> int:
-        copied.append(args[2])
-        return real(*args)
+    def held(*args: int) -> int:
+        assert placed.wait(10), "the tensors were never placed"
+        moved = real(*args)
+        copied.append(moved)
+        return moved
 
-    original_copy_all = datafile_mod.DataFileWriter._copy_all
-    original_layout = datafile_mod.DataFileWriter._layout
-
-    def copy_after_layout(self):  # type: ignore[no-untyped-def]
-        gate.wait(5)  # the copy starts only once the rewrite has placed the new weights
-        original_copy_all(self)
-
-    def layout_then_open(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-        swaps = original_layout(self, *args, **kwargs)
-        gate.set()
-        return swaps
-
-    monkeypatch.setattr(datafile_mod.os, "copy_file_range", counting)
-    monkeypatch.setattr(datafile_mod.DataFileWriter, "_copy_all", copy_after_layout)
-    monkeypatch.setattr(datafile_mod.DataFileWriter, "_layout", layout_then_open)
-    convert_file(src, dst)
-    assert_equivalent(str(src), str(dst), _feeds())
-    # The data file holds only the four weights, all converted: nothing was copied.
-    assert (tmp_path / "m.onnx.data").stat().st_size == 4 * 32 * 32 * 4 and sum(copied) == 0
+    monkeypatch.setattr(datafile_mod.os, "copy_file_range", held)
+    with _output.Output(tmp_path / "o.onnx") as output:
+        proto = _io.parse_model(str(src))
+        output.prefetch(proto, str(tmp_path))
+        model, _ = convert(_io.build_model(proto, str(src)).model)
+        with output.stage(model, external=True, progress=lambda done, total: placed.set()) as staged:
+            staged.publish((0o644, 0o644))
+    assert_equivalent(str(src), str(tmp_path / "o.onnx"), stack_feeds())
+    # The data file holds only the four weights, all converted: one chunk was copied.
+    assert (tmp_path / "m.onnx.data").stat().st_size == 4 * 32 * 32 * 4 and sum(copied) == 4096
 
 
 def test_new_weights_ahead_of_the_copy_do_not_wait_for_it(
@@ -395,7 +393,7 @@ def test_new_weights_ahead_of_the_copy_do_not_wait_for_it(
     """With the copy stuck in its first chunk, the transposed weights placed beyond it are
     written without waiting for it (the last weight is written before the copy moves on)."""
     src, dst = tmp_path / "m.onnx", tmp_path / "o.onnx"
-    onnx.save(_stack_model(channels=300), src, save_as_external_data=True, location="m.onnx.data")
+    onnx.save(stack_model(channels=300), src, save_as_external_data=True, location="m.onnx.data")
     monkeypatch.setattr(datafile_mod, "CHUNK_BYTES", 4096)  # the first chunk: part of w0
     real_copy, real_pwrite = datafile_mod.os.copy_file_range, datafile_mod.os.pwrite
     last_weight = max(offset for name, (_, offset, _) in _locations(src).items() if name.startswith("w"))
@@ -417,7 +415,7 @@ def test_new_weights_ahead_of_the_copy_do_not_wait_for_it(
     monkeypatch.setattr(datafile_mod.os, "pwrite", pwrite)
     convert_file(src, dst)
     assert waited == [True], "the new weights waited for the copy"
-    assert_equivalent(str(src), str(dst), _feeds(channels=300))
+    assert_equivalent(str(src), str(dst), stack_feeds(channels=300))
 
 
 def test_tensor_list_attribute_in_external_data_is_moved(tmp_path: Path) -> None:

@@ -10,42 +10,15 @@ import numpy as np
 import onnx
 import onnx_ir
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto
 
 import unwritable
-from helpers import assert_equivalent, conv_model
+from helpers import assert_equivalent, conv_model, stack_feeds, stack_model
 from onnx_conv2matmul import ConvertOptions, InputError, convert_file
 from onnx_conv2matmul import _io as io_mod
 from onnx_conv2matmul.errors import Hint
 
 RNG = np.random.default_rng(11)
-
-
-def _stack_model(layers: int = 4, channels: int = 32) -> onnx.ModelProto:
-    """Pointwise convs between Transposes, plus a Reshape whose shape is a small initializer."""
-    nodes = [helper.make_node("Transpose", ["x"], ["h0"], perm=[0, 2, 1])]
-    inits = []
-    for i in range(layers):
-        w = (RNG.standard_normal((channels, channels, 1)) / np.sqrt(channels)).astype(np.float32)
-        inits.append(numpy_helper.from_array(w, f"w{i}"))
-        inits.append(numpy_helper.from_array(RNG.standard_normal(channels).astype(np.float32), f"b{i}"))
-        nodes.append(helper.make_node("Conv", [f"h{i}", f"w{i}", f"b{i}"], [f"c{i}"], name=f"pw{i}"))
-        nodes.append(helper.make_node("Relu", [f"c{i}"], [f"h{i + 1}"]))
-    inits.append(numpy_helper.from_array(np.array([0, -1], np.int64), "shape"))
-    nodes.append(helper.make_node("Transpose", [f"h{layers}"], ["t"], perm=[0, 2, 1]))
-    nodes.append(helper.make_node("Reshape", ["t", "shape"], ["y"]))
-    graph = helper.make_graph(
-        nodes,
-        "stack",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "T", channels])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "Z"])],
-        inits,
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-
-
-def _feeds(channels: int = 32) -> list[dict[str, np.ndarray]]:
-    return [{"x": RNG.standard_normal((b, t, channels)).astype(np.float32)} for b, t in ((1, 3), (2, 50))]
 
 
 def _files(directory: Path) -> set[str]:
@@ -60,7 +33,7 @@ def _size(path: Path) -> int:
 
 
 def test_single_file_in_single_file_out(tmp_path: Path) -> None:
-    model = _stack_model()
+    model = stack_model()
     src, dst = tmp_path / "in.onnx", tmp_path / "out.onnx"
     onnx.save(model, src)
     report = convert_file(src, dst)
@@ -70,14 +43,14 @@ def test_single_file_in_single_file_out(tmp_path: Path) -> None:
     assert dst.stat().st_size <= src.stat().st_size * 1.01 + 2048
     # Every Transpose cancels: the outer pairs with ours, the inner ones through each Relu.
     assert (report.transposes_before, report.transposes_after) == (2, 0)
-    assert_equivalent(str(src), str(dst), _feeds())
+    assert_equivalent(str(src), str(dst), stack_feeds())
 
 
 @pytest.mark.parametrize("one_file", [True, False], ids=["one-data-file", "per-tensor-files"])
 def test_external_data_in_one_data_file_out(
     tmp_path: Path, one_file: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    model = _stack_model()
+    model = stack_model()
     reference = tmp_path / "ref.onnx"
     onnx.save(model, reference)
     src_dir = tmp_path / "src"
@@ -111,12 +84,12 @@ def test_external_data_in_one_data_file_out(
     # Weights are not duplicated: only the new nodes add a little graph structure.
     assert _size(dst) <= report.input_bytes * 1.01 + 4096  # type: ignore[operator]
     # onnxruntime refuses the input (its Reshape shape is external); the output loads.
-    assert_equivalent(str(reference), str(dst), _feeds())
+    assert_equivalent(str(reference), str(dst), stack_feeds())
 
 
 def test_rerun_replaces_data_file(tmp_path: Path) -> None:
     src, dst = tmp_path / "m.onnx", tmp_path / "o.onnx"
-    onnx.save(_stack_model(), src, save_as_external_data=True, location="m.onnx.data", size_threshold=0)
+    onnx.save(stack_model(), src, save_as_external_data=True, location="m.onnx.data", size_threshold=0)
     convert_file(src, dst)
     first = (tmp_path / "o.onnx.data").stat().st_size
     assert _files(tmp_path) == {"m.onnx", "m.onnx.data", "o.onnx", "o.onnx.data"}
@@ -131,29 +104,29 @@ def test_rerun_replaces_data_file(tmp_path: Path) -> None:
 
 def test_inplace_with_external_data(tmp_path: Path) -> None:
     src = tmp_path / "m.onnx"
-    model = _stack_model()
+    model = stack_model()
     reference = tmp_path / "ref.onnx"
     onnx.save(model, reference)
     onnx.save(model, src, save_as_external_data=True, location="m.onnx.data", size_threshold=1024)
     report = convert_file(src, None, inplace=True)
     assert len(report.converted) == 4
     assert _files(tmp_path) == {"m.onnx", "m.onnx.1.data", "ref.onnx"}
-    assert_equivalent(str(reference), str(src), _feeds())
+    assert_equivalent(str(reference), str(src), stack_feeds())
 
 
 def test_large_output_switches_to_external_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(io_mod, "SINGLE_FILE_LIMIT_BYTES", 10_000)
     src, dst = tmp_path / "m.onnx", tmp_path / "o.onnx"
-    onnx.save(_stack_model(), src)
+    onnx.save(stack_model(), src)
     report = convert_file(src, dst)
     assert report.external_data is True
     assert (tmp_path / "o.onnx.data").exists()
-    assert_equivalent(str(src), str(dst), _feeds())
+    assert_equivalent(str(src), str(dst), stack_feeds())
 
 
 def test_failure_during_save_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     src, dst = tmp_path / "m.onnx", tmp_path / "o.onnx"
-    onnx.save(_stack_model(), src, save_as_external_data=True, location="m.onnx.data", size_threshold=0)
+    onnx.save(stack_model(), src, save_as_external_data=True, location="m.onnx.data", size_threshold=0)
     before = {p: p.read_bytes() for p in tmp_path.iterdir()}
 
     def boom(*args: object, **kwargs: object) -> None:
@@ -171,7 +144,7 @@ def test_checker_failure_publishes_nothing(tmp_path: Path, monkeypatch: pytest.M
     from onnx_conv2matmul import CheckerError
 
     src, dst = tmp_path / "m.onnx", tmp_path / "o.onnx"
-    onnx.save(_stack_model(), src)
+    onnx.save(stack_model(), src)
     dst.write_bytes(b"previous output")
     calls = []
 
@@ -192,7 +165,7 @@ def test_checker_failure_publishes_nothing(tmp_path: Path, monkeypatch: pytest.M
 
 def _bad_inputs(tmp_path: Path) -> dict[str, tuple[Path, str]]:
     good = tmp_path / "good.onnx"
-    onnx.save(_stack_model(), good)
+    onnx.save(stack_model(), good)
     data = good.read_bytes()
     cases = {}
     empty = tmp_path / "empty.onnx"
@@ -206,7 +179,7 @@ def _bad_inputs(tmp_path: Path) -> dict[str, tuple[Path, str]]:
     cases["truncated"] = (truncated, "not a valid ONNX")
     cases["missing"] = (tmp_path / "missing.onnx", "not found")
     ext = tmp_path / "ext.onnx"
-    onnx.save(_stack_model(), ext, save_as_external_data=True, location="ext.onnx.data", size_threshold=0)
+    onnx.save(stack_model(), ext, save_as_external_data=True, location="ext.onnx.data", size_threshold=0)
     short = tmp_path / "short.onnx"
     short.write_bytes(ext.read_bytes().replace(b"ext.onnx.data", b"sho.onnx.data"))
     blob = (tmp_path / "ext.onnx.data").read_bytes()
@@ -236,7 +209,7 @@ def test_external_data_outside_the_models_directory_is_refused(
 ) -> None:
     """A location that leaves the model's directory is an input error, and the file is never copied."""
     outside = tmp_path / "ext.onnx"
-    onnx.save(_stack_model(), outside, save_as_external_data=True, location="ext.onnx.data", size_threshold=0)
+    onnx.save(stack_model(), outside, save_as_external_data=True, location="ext.onnx.data", size_threshold=0)
     proto = onnx.load(outside, load_external_data=False)
     locations = {
         "parent": "../ext.onnx.data",
@@ -279,7 +252,7 @@ def test_bad_output_paths(tmp_path: Path) -> None:
 def test_unwritable_output_directory(tmp_path: Path, kind: str) -> None:
     """Refused before anything is read or written, for root too (see ``unwritable``)."""
     src = tmp_path / "m.onnx"
-    onnx.save(_stack_model(), src, save_as_external_data=True, location="m.onnx.data", size_threshold=0)
+    onnx.save(stack_model(), src, save_as_external_data=True, location="m.onnx.data", size_threshold=0)
     with unwritable.unwritable_directory(kind, tmp_path) as directory:
         listing = sorted(os.listdir(directory))
         with pytest.raises(
@@ -300,7 +273,7 @@ def test_failure_in_the_middle_of_writing(
     from onnx_conv2matmul import rewrite as rewrite_mod
 
     src, dst = tmp_path / "m.onnx", tmp_path / "o.onnx"
-    onnx.save(_stack_model(), src, save_as_external_data=True, location="m.onnx.data", size_threshold=0)
+    onnx.save(stack_model(), src, save_as_external_data=True, location="m.onnx.data", size_threshold=0)
     convert_file(src, dst)  # an earlier output that must survive
     before = {p: p.read_bytes() for p in tmp_path.iterdir()}
     original = rewrite_mod._transposed_weight
@@ -329,7 +302,7 @@ def test_output_never_overwrites_the_inputs_data(tmp_path: Path) -> None:
     """a.onnx keeps its weights in b.onnx.data: writing b.onnx gives its data file another
     name, and a later run replacing b.onnx does not remove a file a.onnx reads."""
     src = tmp_path / "a.onnx"
-    model = _stack_model()
+    model = stack_model()
     reference = tmp_path / "ref.onnx"
     onnx.save(model, reference)
     onnx.save(model, src, save_as_external_data=True, location="b.onnx.data", size_threshold=0)
@@ -337,7 +310,7 @@ def test_output_never_overwrites_the_inputs_data(tmp_path: Path) -> None:
     for _ in range(3):
         convert_file(src, tmp_path / "b.onnx")
         assert (tmp_path / "b.onnx.data").read_bytes() == before
-        assert_equivalent(str(reference), str(tmp_path / "b.onnx"), _feeds())
+        assert_equivalent(str(reference), str(tmp_path / "b.onnx"), stack_feeds())
     assert _files(tmp_path) == {"a.onnx", "b.onnx", "b.onnx.data", "b.onnx.1.data", "ref.onnx"}
     with pytest.raises(InputError, match="would overwrite a file the input model needs"):
         convert_file(src, tmp_path / "b.onnx.data")
