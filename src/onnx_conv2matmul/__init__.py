@@ -21,11 +21,13 @@ from onnx_conv2matmul.report import ConvEntry, ConvertReport, Status  # noqa: E4
 
 if TYPE_CHECKING:
     from onnx_conv2matmul.api import convert, convert_file
+    from onnx_conv2matmul.passes import ConvToMatMulPass
 
 __all__ = [
     "CheckerError",
     "Conv2MatMulError",
     "ConvEntry",
+    "ConvToMatMulPass",
     "ConvertOptions",
     "ConvertReport",
     "InputError",
@@ -37,15 +39,25 @@ __all__ = [
 ]
 
 
-_LAZY = ("convert", "convert_file")
-_SUBMODULES = ("analysis", "api", "cleanup", "cli", "pipeline", "quantize", "render", "rewrite", "verify")
+# Imported on first use: they import onnx-ir.
+_LAZY = {"convert": "api", "convert_file": "api", "ConvToMatMulPass": "passes"}
+_SUBMODULES = (
+    "analysis",
+    "api",
+    "cleanup",
+    "cli",
+    "passes",
+    "pipeline",
+    "quantize",
+    "render",
+    "rewrite",
+    "verify",
+)
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        from onnx_conv2matmul import api
-
-        return getattr(api, name)
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
     if name in _SUBMODULES:
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -54,7 +54,7 @@ class ConvToMatMulPass(ir.passes.InPlacePass):
 
     Transposed weights are lazy: they are computed when the model is serialized or
     saved. ``call`` returns a :class:`ConvToMatMulResult`; the report of the last call is
-    also :attr:`report` (a pass manager returns only the last pass's result).
+    also :attr:`report` (a pass manager returns a result of its own, without the report).
 
     Args:
         options: What the rewrite may do (the command line's flags).
