@@ -612,6 +612,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--latency-runs", type=int, default=10, help="timed onnxruntime runs per model (default: 10)"
     )
     parser.add_argument("--skip-peer", action="store_true", help="do not benchmark the peer tool")
+    parser.add_argument(
+        "--also",
+        action="append",
+        default=[],
+        metavar="NAME=EXE",
+        help="also time another build of this tool (its onnx-conv2matmul executable), e.g. an earlier "
+        "commit installed in its own venv; repeatable",
+    )
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
     args = parser.parse_args(argv)
     if args.repeat < 1 or args.latency_runs < 1:
@@ -639,6 +647,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     tools = [Tool("ours", [str(ours), "convert"])]
+    for item in args.also:
+        name, _, exe = item.partition("=")
+        if not name or not exe or not Path(exe).exists():
+            progress(f"error: --also expects NAME=EXE with an existing executable, got {item!r}")
+            return 2
+        tools.append(Tool(name, [exe, "convert"]))
     peer_version = "skipped"
     if not args.skip_peer:
         peer, peer_version = peer_tool(cache_dir)
