@@ -1,8 +1,10 @@
-"""Import onnx-ir without importing sympy until something uses it.
+"""Import onnx-ir without importing sympy until something uses it (console script only).
 
 onnx-ir imports sympy when it is itself imported, for arithmetic on symbolic
-dimensions (``SymbolicDim("T") + 1``), which this tool never does. sympy takes
-0.3-0.4 s to import: a third of the start-up time of every command.
+dimensions (``SymbolicDim("T") + 1``), which this tool never does; sympy is a large
+share of the start-up of a command. This changes how the interpreter imports onnx-ir,
+so only the console entry point (:func:`onnx_conv2matmul._entry.run`) calls
+:func:`install`: a library import never does.
 
 After :func:`install`, while onnx-ir's package is first imported (by whatever
 code imports it first), its own ``import sympy`` gets a stand-in, and its
