@@ -27,7 +27,6 @@ from onnx_conv2matmul.errors import Interrupted
 JSON_STDOUT_FLAG = "--report-json-stdout"
 NOTHING_WRITTEN = "nothing was written"
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
-SWITCH_INTERVAL_S = 0.0005
 
 
 def install_signal_handlers() -> None:
@@ -79,17 +78,17 @@ def error_json(command: str | None, return_code: int, error: str | None) -> str:
 def run() -> None:
     """The console script: signal handlers, then the command line (``cli.run``).
 
-    Being the whole process, it also: defers sympy (see :mod:`onnx_conv2matmul._lazy`);
-    hands the interpreter lock over every 0.5 ms instead of 5 ms, so the thread copying
-    data files gets it back sooner between kernel calls; and ends the process with
-    ``os._exit`` once the command has finished (every file written and closed, every
-    thread joined), skipping the teardown that frees a large graph object by object.
+    Being the whole process, it also defers sympy (see :mod:`onnx_conv2matmul._lazy`),
+    and ends the process with ``os._exit`` once the command has finished (every file
+    written and closed, every thread joined), skipping the teardown that frees a large
+    graph object by object. Each was kept because it measurably shortens a conversion;
+    the interpreter's switch interval is left alone (a shorter one, for the thread that
+    copies data files, made no measurable difference).
     """
     install_signal_handlers()
     from onnx_conv2matmul import _lazy
 
     _lazy.install()
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
     started = False
     try:
         from onnx_conv2matmul import cli
