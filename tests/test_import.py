@@ -208,3 +208,42 @@ def test_the_console_script_defers_sympy_and_onnx_ir_still_works(tmp_path: Path)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["return_code"] == 0
     assert proc.stderr == "sympy after the conversion: False\n"
+
+
+def _python(code: str) -> None:
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_the_deferral_is_undone_by_the_first_use_of_sympy() -> None:
+    """What the console script's ``_lazy.install`` does to onnx-ir, and what is left after."""
+    _python("""
+        import builtins, importlib, sys, types
+        original_import, meta_path = builtins.__import__, list(sys.meta_path)
+        from onnx_conv2matmul import _lazy
+        _lazy.install()
+        import onnx_ir as ir
+        from onnx_ir import _core
+        assert "sympy" not in sys.modules, "sympy was imported"
+        assert sys.meta_path == meta_path and builtins.__import__ is original_import
+        assert type(ir.__spec__.loader).__name__ == "SourceFileLoader" and ir.__loader__ is ir.__spec__.loader
+        assert str(ir.SymbolicDim("T") + 1) == "T + 1"
+        assert (ir.SymbolicDim("max(N, 2)") * 2).evaluate({"N": 3}) == 6  # the parser, imported on first use
+        import sympy, sympy.core.numbers
+        assert type(sys.modules["onnx_ir._symbolic_shapes"]) is types.ModuleType
+        assert sympy.Integer(2) + 1 == 3 and _core.sympy.Integer is sympy.Integer
+        importlib.reload(ir)
+    """)
+
+
+def test_the_deferral_does_nothing_once_sympy_is_imported() -> None:
+    _python("""
+        import sys, sympy, types
+        meta_path = list(sys.meta_path)
+        from onnx_conv2matmul import _lazy
+        _lazy.install()
+        assert sys.meta_path == meta_path
+        import onnx_ir as ir
+        from onnx_ir import _core
+        assert _core.sympy is sympy and type(sys.modules["onnx_ir._symbolic_shapes"]) is types.ModuleType
+    """)
