@@ -413,7 +413,7 @@ def test_console_script_exit_codes(tmp_path: Path) -> None:
     import sys
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        code = "import sys; from onnx_conv2matmul.cli import run; sys.argv[0] = 'onnx-conv2matmul'; run()"
+        code = "import sys; from onnx_conv2matmul._entry import run; sys.argv[0] = 'onnx-conv2matmul'; run()"
         return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
 
     encoder = Path(__file__).parent / "data" / "conformer_small.onnx"

@@ -1,4 +1,4 @@
-"""The external-data writer: where tensors land, fallbacks, faults, and the deferred sympy import."""
+"""The external-data writer: where tensors land, fallbacks, faults."""
 
 from __future__ import annotations
 
@@ -253,27 +253,6 @@ def test_external_tensor_of_a_local_function_is_moved(tmp_path: Path) -> None:
     moved = onnx.load(dst, load_external_data=False).functions[0].node[0].attribute[0].t
     assert moved.data_location == TensorProto.EXTERNAL
     assert {e.key: e.value for e in moved.external_data}["location"] == "o.onnx.data"
-
-
-def test_onnx_ir_is_imported_without_sympy() -> None:
-    code = (
-        "import sys, onnx_conv2matmul, onnx_ir as ir\n"
-        "assert 'sympy' not in sys.modules, 'sympy was imported'\n"
-        "assert str(ir.SymbolicDim('T') + 1) == 'T + 1'\n"  # symbolic arithmetic still works
-        "assert 'sympy' in sys.modules\n"
-        "import sympy.core.numbers, sympy\n"
-        "assert sympy.Integer(2) + 1 == 3\n"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True)
-
-
-def test_onnx_ir_imported_after_sympy_is_the_plain_import() -> None:
-    code = (
-        "import sys, sympy, onnx_conv2matmul, onnx_ir as ir\n"
-        "assert str(ir.SymbolicDim('T') + 1) == 'T + 1'\n"
-        "assert type(sys.modules['onnx_ir._symbolic_shapes']).__name__ == 'module'\n"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_package_lists_its_lazy_attributes() -> None:

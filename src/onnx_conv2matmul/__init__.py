@@ -2,6 +2,10 @@
 
 onnx-ir and the rewrite are imported on first use (``convert``, ``convert_file``):
 a command can parse its input and start copying its data file first.
+
+Importing this package (or any of its public modules) changes nothing in the
+interpreter: no import hooks, no stand-in modules, no signal handlers, no switch
+interval. onnx-ir, once imported, is the module a plain ``import onnx_ir`` gives.
 """
 
 from __future__ import annotations
@@ -9,15 +13,11 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from onnx_conv2matmul import _lazy
-
-_lazy.install()  # before anything imports onnx-ir
-
-from onnx_conv2matmul._version import __version__  # noqa: E402
-from onnx_conv2matmul.errors import CheckerError, Conv2MatMulError, InputError  # noqa: E402
-from onnx_conv2matmul.options import ConvertOptions  # noqa: E402
-from onnx_conv2matmul.reasons import SkipReason  # noqa: E402
-from onnx_conv2matmul.report import ConvEntry, ConvertReport, Status  # noqa: E402
+from onnx_conv2matmul._version import __version__
+from onnx_conv2matmul.errors import CheckerError, Conv2MatMulError, InputError
+from onnx_conv2matmul.options import ConvertOptions
+from onnx_conv2matmul.reasons import SkipReason
+from onnx_conv2matmul.report import ConvEntry, ConvertReport, Status
 
 if TYPE_CHECKING:
     from onnx_conv2matmul.api import convert, convert_file

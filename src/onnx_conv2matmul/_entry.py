@@ -4,10 +4,15 @@ This module imports nothing heavy, so SIGINT and SIGTERM are handled before clic
 onnx and the rest are imported: a Ctrl-C at start-up is one line and exit 130, never a
 traceback. A library import never changes signal handling: only :func:`run` (and
 ``cli.run``) install the handlers.
+
+:func:`run` owns its process, so it alone may change the interpreter for speed (see
+its docstring); importing the package, or calling ``cli.main`` or ``cli.run`` from a
+host program, changes nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -65,8 +70,19 @@ def error_json(command: str | None, return_code: int, error: str) -> str:
 
 
 def run() -> None:
-    """Install the signal handlers, then import and run the command line (``cli.run``)."""
+    """The console script: signal handlers, then the command line (``cli.run``).
+
+    Being the whole process, it also defers sympy (see :mod:`onnx_conv2matmul._lazy`),
+    and ends the process with ``os._exit`` once the command has finished (every file
+    written and closed, every thread joined), skipping the teardown that frees a large
+    graph object by object. Each was kept because it measurably shortens a conversion;
+    the interpreter's switch interval is left alone (a shorter one, for the thread that
+    copies data files, made no measurable difference).
+    """
     install_signal_handlers()
+    from onnx_conv2matmul import _lazy
+
+    _lazy.install()
     started = False
     try:
         from onnx_conv2matmul import cli
@@ -78,6 +94,13 @@ def run() -> None:
             exit_interrupted(interrupt, NOTHING_WRITTEN, _print_json_if_asked)
         # A second signal while cli.run reported the first one: that report says the rest.
         exit_interrupted(interrupt, "exiting")
+    except SystemExit as exit_:
+        if exit_.code is not None and not isinstance(exit_.code, int):
+            raise  # a message for the interpreter to print
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError):  # a closed pipe: nothing more to say
+                stream.flush()
+        os._exit(exit_.code or 0)
 
 
 def exit_interrupted(

@@ -286,9 +286,6 @@ def _model_bytes(path: str) -> int:
     return total
 
 
-SWITCH_INTERVAL_S = 0.0005
-
-
 @click.group(cls=_DefaultGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="onnx-conv2matmul")
 def main() -> None:
@@ -296,11 +293,6 @@ def main() -> None:
 
     Run `onnx-conv2matmul INPUT OUTPUT` (the convert command) or one of the commands below.
     """
-    # This process runs one job. While the graph is loaded and rewritten in Python, a thread
-    # copies the data file(s) (one kernel call per file, each needing the interpreter lock
-    # back): handing the lock over every 0.5 ms instead of 5 ms saves ~0.3 s on an export
-    # with one file per tensor.
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
 
 
 def _parse_pairs(values: tuple[str, ...], option: str, kind: type) -> dict[str, Any]:
@@ -742,25 +734,15 @@ if __name__ == "__main__":  # pragma: no cover
 
 
 def run() -> None:
-    """The console entry point: :func:`main` with SIGINT and SIGTERM handled, then a quick exit.
+    """:func:`main` as a process: SIGINT and SIGTERM handled, exit codes as documented.
 
     Both signals unwind like Ctrl-C (staging directories removed) and exit 128 + signal
-    (see :mod:`onnx_conv2matmul._entry`, which installs the handlers before this module is
-    imported). Once the command has finished (every file written and closed, every thread
-    joined), the process ends without the interpreter's teardown, which frees a large graph
-    object by object (0.1 s after rewriting an encoder) and has nothing left to flush.
+    (see :mod:`onnx_conv2matmul._entry`); so does a signal that arrives while the end of
+    the run is reported. Otherwise this ends with :exc:`SystemExit`, as :func:`main` does,
+    and the interpreter's teardown as usual: nothing else about the process is changed.
     """
     _entry.install_signal_handlers()
-    code = 0
     try:
         main()
-    except SystemExit as exit_:
-        if exit_.code is not None and not isinstance(exit_.code, int):
-            raise  # a message for the interpreter to print
-        code = exit_.code or 0
     except KeyboardInterrupt as interrupt:  # a signal while the end of the run was reported
         _entry.exit_interrupted(interrupt, _OUTCOME.interrupted_detail(), _OUTCOME.print_error_json)
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError):  # a closed pipe: nothing more to say
-            stream.flush()
-    os._exit(code)
