@@ -165,7 +165,7 @@ def _take_over(output: ir.Value, value: ir.Value) -> None:
     """Make ``value`` the graph output ``output`` is, with its name, type and shape."""
     name = output.name
     output.replace_all_uses_with(value, replace_graph_outputs=True)
-    output.name = None
+    output.name = None  # pragma: no mutate (equivalent: "" too; the caller removes its node next)
     value.name = name
     if output.type is not None:
         value.type = output.type
