@@ -106,7 +106,7 @@ def test_the_min_cosine_limit_is_inclusive(delta: float, passed: bool) -> None:
 def test_report_only_passes_any_difference_but_not_nan_that_differ() -> None:
     assert _row(REF, -OUT, VerifyOptions(report_only=True)).passed
     nan_row = _row(np.array([1.0, float("nan")]), np.array([1.0, 2.0]), VerifyOptions(report_only=True))
-    assert not nan_row.passed
+    assert nan_row.passed is False
     assert nan_row.note == "1 elements are NaN/Inf in one model and not the same in the other"
 
 
@@ -119,8 +119,22 @@ def test_nan_and_inf_are_left_out_of_the_numbers() -> None:
     assert (row.max_abs, row.mean_abs, row.max_ref, row.mismatches) == (1 / 3, 1 / 3, 3.0, 2)
     assert row.rel_err == pytest.approx(1 / 3)
     assert row.cosine == pytest.approx(1.0)
-    assert not row.passed
+    assert row.passed is False
     assert row.note == "2 elements are NaN/Inf in one model and not the same in the other"
+
+
+def test_a_non_finite_reference_counts_as_zero_in_the_magnitude() -> None:
+    inf = float("inf")
+    row = _row(np.array([inf, 0.5]), np.array([inf, 0.25]), VerifyOptions(report_only=True))
+    assert (row.max_ref, row.max_abs, row.mismatches) == (0.5, 0.25, 0)
+
+
+def test_float16_is_judged_by_its_own_limits() -> None:
+    """One fp16 rounding step (2**-10 at 1) passes the default options, raised to 4 eps of fp16."""
+    ref = np.array([1.0, 1.0], dtype=np.float16)
+    row = _row(ref, np.array([1.0 + 2**-10, 1.0], dtype=np.float16))
+    assert (row.max_abs, row.passed, row.note) == (2**-10, True, "")
+    assert not _row(ref.astype(np.float32), np.array([1.0 + 2**-10, 1.0], dtype=np.float32)).passed
 
 
 def test_zero_and_empty_float_outputs() -> None:
@@ -132,7 +146,7 @@ def test_zero_and_empty_float_outputs() -> None:
     gone = _row(np.ones((2, 3)), zeros, VerifyOptions(report_only=True))
     assert (gone.rel_err, gone.cosine) == (1.0, 0.0)
     small = _row(np.array([0.5]), np.array([0.25]), VerifyOptions(report_only=True))
-    assert (small.rel_err, small.cosine) == (0.5, 1.0)  # norms below 1 are norms too
+    assert (small.rel_err, small.cosine, small.max_ref) == (0.5, 1.0, 0.5)  # below 1 too
     empty = _row(np.zeros((0, 4)), np.zeros((0, 4)))
     assert (empty.mean_abs, empty.rel_err, empty.cosine, empty.passed, empty.shape) == (
         0.0,
@@ -223,6 +237,14 @@ def test_sequences_sum_their_tensors_and_name_the_first_that_fails() -> None:
     assert (passing.passed, passing.note, passing.shape) == (True, "", [2])
 
 
+def test_a_float32_sequence_is_judged_as_floats() -> None:
+    ref = [REF.astype(np.float32)]
+    row = compare_sequences(ref, [OUT.astype(np.float32)], VerifyOptions(), length=1, name="s")
+    assert row.dtype == "sequence(float32)"
+    assert row.cosine == pytest.approx(COSINE)
+    assert row.rel_err == pytest.approx(0.5 / math.sqrt(REF_SQ))
+
+
 def test_sequences_of_exact_types_and_empty_sequences() -> None:
     ints = [np.array([1, 2]), np.array([3, 4])]
     row = compare_sequences(ints, [np.array([1, 2]), np.array([3, 5])], VerifyOptions(), length=1, name="s")
@@ -263,6 +285,7 @@ def test_sequences_that_cannot_be_compared() -> None:
         "candidate sequence has 2 elements, reference 1",
     )
     row = compare_sequences([REF, REF], [REF, REF[:1]], options, length=2, name="s")
+    assert (row.length, row.output) == (2, "s")
     assert row.note == "element 1: candidate gives float64[1, 2], reference float64[2, 2]"
     assert (row.dtype, row.shape, row.passed) == ("sequence(float64)", [2], False)
     row = compare_sequences([REF, REF], [REF, "x"], options, length=2, name="s")
@@ -275,9 +298,10 @@ def test_compare_outputs_dispatches_on_the_kind_of_value() -> None:
     assert compare_outputs(REF, REF.copy(), options, length=1, name="y") == OutputComparison(
         1, "y", "float64", [2, 2], 0.0, 0.0, 0.0, pytest.approx(1.0), 8.0, 0, True, ""
     )
-    seq = compare_outputs([REF], [REF], options, length=1, name="y")
-    assert (seq.dtype, seq.passed) == ("sequence(float64)", True)
-    mixed = compare_outputs([REF], REF, options, length=1, name="y")
+    seq = compare_outputs([REF], [REF], options, length=4, name="z")
+    assert (seq.dtype, seq.passed, seq.length, seq.output) == ("sequence(float64)", True, 4, "z")
+    mixed = compare_outputs([REF], REF, options, length=5, name="w")
+    assert (mixed.length, mixed.output) == (5, "w")
     assert (mixed.note, mixed.dtype, mixed.passed) == (
         "candidate gives a tensor, reference a sequence",
         "sequence",

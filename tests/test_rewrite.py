@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import pytest
 from onnx import TensorProto
 
@@ -17,7 +18,7 @@ from helpers import (
     op_types,
     run,
 )
-from onnx_conv2matmul import ConvertOptions, SkipReason, Status, convert
+from onnx_conv2matmul import ConvertOptions, ConvToMatMulPass, SkipReason, Status, convert
 
 EXTENDED = ConvertOptions(allow_added_transposes=True, extended=True)
 DILATED = ConvertOptions(allow_added_transposes=True, extended=True, allow_non_unit_dilation=True)
@@ -192,3 +193,82 @@ def test_blocked_transpose_is_the_transpose(shape: tuple[int, int], dtype: type)
     out = transpose_2d(a)
     assert out.flags.c_contiguous and out.dtype == a.dtype
     np.testing.assert_array_equal(out, a.T)
+
+
+def _converted_in_ir(model: onnx.ModelProto, options: ConvertOptions) -> ir.Model:
+    ir_model = ir.serde.deserialize_model(model)
+    ConvToMatMulPass(options)(ir_model)
+    return ir_model
+
+
+def test_created_values_have_their_names_types_and_shapes_in_the_ir() -> None:
+    """What a pass after ours sees: every Constant and the weight typed and shaped, every
+    node and value named after the conv (mutation testing: ``Rewriter``)."""
+    model = conv_model(spatial=2, attrs={"strides": [2, 1], "pads": [1, 0, 1, 0]})
+    ir_model = _converted_in_ir(model, EXTENDED)
+    constants = {}
+    for node in ir_model.graph:
+        assert node.name is not None and node.name.startswith("pw/")
+        if node.op_type == "Constant":
+            (out,) = node.outputs
+            tensor = node.attributes["value"].value
+            assert node.name == f"{out.name}_const"
+            assert (tensor.name, tensor.dtype, out.type) == (
+                out.name,
+                ir.DataType.INT64,
+                ir.TensorType(ir.DataType.INT64),
+            )
+            assert out.shape == ir.Shape([tensor.shape[0]])
+            constants[out.name] = tensor.numpy().tolist()
+    computed = [o for n in ir_model.graph if n.op_type != "Constant" for o in n.outputs]
+    assert [o.name for o in computed] == [
+        "pw/channels_last",
+        "pw/padded",
+        "pw/strided",
+        "pw/matmul",
+        "pw/biased",
+        "y",
+    ]
+    assert {o.type for o in computed} == {ir.TensorType(ir.DataType.FLOAT)}
+    assert constants == {
+        "pw/pads": [0, 1, 0, 0, 0, 1, 0, 0],
+        "pw/slice_starts": [0],
+        "pw/slice_ends": [2**63 - 1],
+        "pw/slice_axes": [1],
+        "pw/slice_steps": [2],
+    }
+    weight = ir_model.graph.initializers["W_matmul"]
+    assert (weight.type, weight.shape) == (ir.TensorType(ir.DataType.FLOAT), ir.Shape([6, 5]))
+    assert weight.const_value is not None and weight.const_value.name == "W_matmul"
+    rewritten = ir.serde.serialize_model(ir_model)
+    assert op_types(rewritten) == [
+        "Transpose",
+        "Constant",
+        "Pad",
+        *["Constant"] * 4,
+        "Slice",
+        "MatMul",
+        "Add",
+        "Transpose",
+    ]
+    assert_equivalent(model, rewritten, conv_feeds(6, 2))
+
+
+@pytest.mark.parametrize(
+    ("conv_name", "expected"), [("pw", "pw_weight_matmul"), (None, "conv_weight_matmul")]
+)
+def test_an_unnamed_weight_is_named_after_its_conv(conv_name: str | None, expected: str) -> None:
+    model = conv_model(weight_source="constant")
+    ir_model = ir.serde.deserialize_model(model)
+    conv = next(n for n in ir_model.graph if n.op_type == "Conv")
+    conv.name = conv_name
+    assert conv.inputs[1] is not None
+    conv.inputs[1].name = None
+    ConvToMatMulPass(ALL)(ir_model)
+    assert list(ir_model.graph.initializers) == ["B", expected]
+    # Created nodes are named after the conv, or after its output when it has no name.
+    prefix = f"{conv_name or 'y'}/"
+    assert all(n.name is not None and n.name.startswith(prefix) for n in ir_model.graph)
+    rewritten = ir.serde.serialize_model(ir_model)
+    assert op_types(rewritten) == ["Transpose", "MatMul", "Add", "Transpose"]
+    assert_equivalent(model, rewritten, conv_feeds(6, 1))
