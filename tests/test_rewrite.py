@@ -6,7 +6,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 import pytest
-from onnx import TensorProto
+from onnx import TensorProto, helper
 
 from helpers import (
     ALL,
@@ -201,10 +201,11 @@ def _converted_in_ir(model: onnx.ModelProto, options: ConvertOptions) -> ir.Mode
     return ir_model
 
 
-def test_created_values_have_their_names_types_and_shapes_in_the_ir() -> None:
+@pytest.mark.parametrize("opset", [17, 10], ids=["pads-input", "pads-attribute"])
+def test_created_values_have_their_names_types_and_shapes_in_the_ir(opset: int) -> None:
     """What a pass after ours sees: every Constant and the weight typed and shaped, every
     node and value named after the conv (mutation testing: ``Rewriter``)."""
-    model = conv_model(spatial=2, attrs={"strides": [2, 1], "pads": [1, 0, 1, 0]})
+    model = conv_model(spatial=2, attrs={"strides": [2, 1], "pads": [1, 0, 1, 0]}, opset=opset)
     ir_model = _converted_in_ir(model, EXTENDED)
     constants = {}
     for node in ir_model.graph:
@@ -230,8 +231,9 @@ def test_created_values_have_their_names_types_and_shapes_in_the_ir() -> None:
         "y",
     ]
     assert {o.type for o in computed} == {ir.TensorType(ir.DataType.FLOAT)}
+    pads = [0, 1, 0, 0, 0, 1, 0, 0]
     assert constants == {
-        "pw/pads": [0, 1, 0, 0, 0, 1, 0, 0],
+        **({"pw/pads": pads} if opset >= 11 else {}),
         "pw/slice_starts": [0],
         "pw/slice_ends": [2**63 - 1],
         "pw/slice_axes": [1],
@@ -241,16 +243,21 @@ def test_created_values_have_their_names_types_and_shapes_in_the_ir() -> None:
     assert (weight.type, weight.shape) == (ir.TensorType(ir.DataType.FLOAT), ir.Shape([6, 5]))
     assert weight.const_value is not None and weight.const_value.name == "W_matmul"
     rewritten = ir.serde.serialize_model(ir_model)
+    pad = ["Constant", "Pad"] if opset >= 11 else ["Pad"]
     assert op_types(rewritten) == [
         "Transpose",
-        "Constant",
-        "Pad",
+        *pad,
         *["Constant"] * 4,
         "Slice",
         "MatMul",
         "Add",
         "Transpose",
     ]
+    pad_node = next(n for n in rewritten.graph.node if n.op_type == "Pad")
+    attrs = {a.name: helper.get_attribute_value(a) for a in pad_node.attribute}
+    assert attrs == (
+        {"mode": b"constant"} if opset >= 11 else {"mode": b"constant", "pads": pads, "value": 0.0}
+    )
     assert_equivalent(model, rewritten, conv_feeds(6, 2))
 
 
