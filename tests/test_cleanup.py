@@ -385,3 +385,20 @@ def test_an_identity_chain_to_a_graph_output_keeps_a_transpose_when_its_input_ca
     onnx.checker.check_model(rewritten, full_check=True)
     rng = np.random.default_rng(0)
     assert_equivalent(model, rewritten, [{"x": rng.standard_normal((2, 3, 4, 5)).astype(np.float32)}])
+
+
+def test_elementwise_ops_the_transposes_move_across_lose_their_stale_shapes() -> None:
+    """Transpose -> Conv -> Relu -> Tanh -> Transpose -> y, with the Relu's channels-first
+    shape recorded: once the Relu runs channels-last, that shape is dropped (mutation
+    testing: ``_Chain.between``)."""
+    model = _channels_last_conv(3, between=["Relu", "Tanh"])
+    model.graph.value_info.append(helper.make_tensor_value_info("c1", TensorProto.FLOAT, ["N", M, "d0"]))
+    rewritten, report = convert(model, ConvertOptions())
+    assert op_types(rewritten) == ["MatMul", "Add", "Relu", "Tanh"]
+    assert report.transposes_after == 0
+    relu = next(n for n in rewritten.graph.node if n.op_type == "Relu")
+    for info in rewritten.graph.value_info:
+        if info.name == relu.output[0]:
+            assert not info.type.tensor_type.HasField("shape")
+    onnx.checker.check_model(rewritten, full_check=True)
+    assert_equivalent(model, rewritten, _feeds(["N", "d0", "C"]))

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import onnx_ir as ir
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from helpers import (
     ALL,
@@ -277,5 +279,36 @@ def test_an_unnamed_weight_is_named_after_its_conv(conv_name: str | None, expect
     prefix = f"{conv_name or 'y'}/"
     assert all(n.name is not None and n.name.startswith(prefix) for n in ir_model.graph)
     rewritten = ir.serde.serialize_model(ir_model)
+    assert op_types(rewritten) == ["Transpose", "MatMul", "Add", "Transpose"]
+    assert_equivalent(model, rewritten, conv_feeds(6, 1))
+
+
+def test_an_external_weight_is_released_once_its_transpose_is_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Materializing the MatMul weight unmaps the external source (mutation testing:
+    ``_transposed_weight``); an in-memory source has nothing to release."""
+    released: list[str | None] = []
+    original_release = ir.ExternalTensor.release
+
+    def release(self: ir.ExternalTensor) -> None:
+        released.append(self.name)
+        original_release(self)
+
+    monkeypatch.setattr(ir.ExternalTensor, "release", release)
+    model = conv_model()
+    path = tmp_path / "model.onnx"
+    saved = onnx.ModelProto()
+    saved.CopyFrom(model)  # saving with external data changes the proto saved
+    onnx.save_model(saved, path, save_as_external_data=True, all_tensors_to_one_file=True, size_threshold=0)
+    ir_model = ir.load(path)
+    ConvToMatMulPass(ALL)(ir_model)
+    weight = ir_model.graph.initializers["W_matmul"].const_value
+    assert weight is not None and released == []
+    expected = numpy_helper.to_array(model.graph.initializer[0]).reshape(5, 6).T
+    np.testing.assert_array_equal(weight.numpy(), expected)
+    assert released == ["W"]
+    rewritten = ir.to_proto(ir_model)
+    onnx.load_external_data_for_model(rewritten, str(tmp_path))  # the bias stays external
     assert op_types(rewritten) == ["Transpose", "MatMul", "Add", "Transpose"]
     assert_equivalent(model, rewritten, conv_feeds(6, 1))
