@@ -289,6 +289,28 @@ def test_the_skip_detail_says_how_many_transposes_a_conversion_adds() -> None:
         assert_equivalent(model, rewritten, chain.feeds())
 
 
+def test_a_conv_reading_a_constant_converts() -> None:
+    """A producer with no inputs (a Constant) ends the walk up (mutation testing: ``as_link``)."""
+    chain = _Chain(11)
+    value = (chain.rng.standard_normal((2, C, 3)) / 3).astype(np.float32)
+    chain.current = chain.add("Constant", [], value=numpy_helper.from_array(value, "k"))
+    chain.pointwise()
+    chain.nodes.insert(0, helper.make_node("Identity", ["x"], ["unused"], name="keep_x"))
+    _check(chain, converted=1, before=0, after=2, options=ALLOW)
+
+
+def test_a_transpose_without_perm_is_left_alone() -> None:
+    """pw -> Relu -> Transpose (no perm: reverses the axes): not a chain link, so our
+    Transpose out stays (mutation testing: ``perm``)."""
+    chain = _Chain(12)
+    chain.pointwise()
+    chain.unary("Relu")
+    chain.add("Transpose", [chain.current])
+    chain.layout = chain.layout[::-1]
+    rewritten = _check(chain, converted=1, before=1, after=3, options=ALLOW)
+    assert "transpose2" in _node_names(rewritten)
+
+
 def test_a_shared_transpose_read_through_by_a_conv_and_a_transpose_chain_goes() -> None:
     """Transpose to channels-first read by a pw and by T, T (undoing each other) -> pw.
     Both chains read through it, so it goes, counted once by the first pw: the second

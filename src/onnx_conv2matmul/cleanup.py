@@ -138,7 +138,7 @@ def _collapse(graph: ir.Graph, chain: _Chain, left: int, top: ir.Node | None, ou
         ir.convenience.replace_all_uses_with(node.outputs[0], node.inputs[0])  # type: ignore[arg-type]
         graph.remove(node, safe=True)
     last.attributes["perm"] = ir.AttrInt64s("perm", chain_perm(chain.links))
-    ours.add(id(last))
+    ours.add(id(last))  # pragma: no mutate (equivalent: every plan is made before a collapse)
     if left:
         return len(others)
     target = top.inputs[0] if top is not None else last.inputs[0]
