@@ -402,3 +402,32 @@ def test_elementwise_ops_the_transposes_move_across_lose_their_stale_shapes() ->
             assert not info.type.tensor_type.HasField("shape")
     onnx.checker.check_model(rewritten, full_check=True)
     assert_equivalent(model, rewritten, _feeds(["N", "d0", "C"]))
+
+
+def test_a_chain_ending_in_an_elementwise_op_reads_through_the_transpose_above() -> None:
+    """x -> T (a graph output too) -> T (its inverse) -> Relu -> y, every Transpose counted:
+    the second T goes and the Relu reads x (mutation testing: ``outcome``)."""
+    nodes = [
+        helper.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 3, 1]),
+        helper.make_node("Transpose", ["t"], ["u"], perm=[0, 3, 1, 2]),
+        helper.make_node("Relu", ["u"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "C", "d0", "d1"])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "C", "d0", "d1"]),
+            helper.make_tensor_value_info("t", TensorProto.FLOAT, ["N", "d0", "d1", "C"]),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    ir_model = ir.serde.deserialize_model(model)
+    assert cancel_transposes(ir_model, every=True) == 1
+    rewritten = ir.serde.serialize_model(ir_model)
+    assert op_types(rewritten) == ["Transpose", "Relu"]
+    relu = rewritten.graph.node[1]
+    assert list(relu.input) == ["x"]
+    assert list(rewritten.graph.output) == list(model.graph.output)
+    rng = np.random.default_rng(0)
+    assert_equivalent(model, rewritten, [{"x": rng.standard_normal((2, 3, 4, 5)).astype(np.float32)}])

@@ -327,6 +327,31 @@ def test_a_shared_transpose_read_through_by_a_conv_and_a_transpose_chain_goes() 
     assert not {"transpose0", "transpose2", "transpose3"} & _node_names(rewritten)
 
 
+def test_a_shared_transpose_read_first_by_a_transpose_chain_goes() -> None:
+    """As above with the readers in the other order: the chain of Transposes reads first,
+    so the pw at its end counts the Transpose that goes (mutation testing: ``walk_down``)."""
+    chain = _Chain(9, channels_last_input=True)
+    chain.transpose()
+    h = chain.current
+    chain.transpose([0, 2, 1])
+    chain.transpose([0, 2, 1])
+    b = chain.pointwise()
+    chain.current = h
+    chain.add("Add", [chain.pointwise(), b])
+    _check(chain, converted=2, before=3, after=2, options=ALLOW)
+
+
+def test_two_transposes_undoing_each_other_between_two_convs_go() -> None:
+    """pw -> T -> T (its inverse) -> pw: every Transpose between the convs cancels
+    (mutation testing: ``walk_up``)."""
+    chain = _Chain(14, rank=4)
+    chain.pointwise()
+    chain.transpose([0, 2, 3, 1])
+    chain.transpose([0, 3, 1, 2])
+    chain.pointwise()
+    _check(chain, converted=2, before=2, after=2, options=ALLOW)
+
+
 def test_a_shared_transpose_also_read_by_a_conv_in_a_subgraph_stays() -> None:
     """Transpose to channels-first read by a pw and by a pw in each branch of an If: the
     branches' pws cannot read through it (another graph), so it stays and the first pw's
