@@ -256,6 +256,8 @@ def test_sequences_of_exact_types_and_empty_sequences() -> None:
         None,
     )
     assert row.note == "element 1: 1 elements differ (exact match required)"
+    both = compare_sequences(ints, [np.array([0, 2]), np.array([3, 0])], VerifyOptions(), length=1, name="s")
+    assert (both.mismatches, both.rel_err, both.max_abs) == (2, 0.5, 4.0)
     empty = compare_sequences([], [], VerifyOptions(), length=1, name="s")
     assert (empty.dtype, empty.shape, empty.passed, empty.cosine, empty.mean_abs) == (
         "sequence",
