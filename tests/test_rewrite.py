@@ -312,3 +312,23 @@ def test_an_external_weight_is_released_once_its_transpose_is_made(
     onnx.load_external_data_for_model(rewritten, str(tmp_path))  # the bias stays external
     assert op_types(rewritten) == ["Transpose", "MatMul", "Add", "Transpose"]
     assert_equivalent(model, rewritten, conv_feeds(6, 1))
+
+
+@pytest.mark.parametrize(
+    ("attrs", "detail"),
+    [
+        ({}, ""),
+        ({"dilations": [2]}, "dilations [2]"),
+        ({"strides": [2], "dilations": [2]}, "strides [2], dilations [2]"),
+    ],
+)
+def test_a_converted_entry_details_what_the_extended_mode_took(
+    attrs: dict[str, list[int]], detail: str
+) -> None:
+    """The detail of a converted conv lists its strides, pads and dilations (mutation testing)."""
+    model = conv_model(attrs=attrs)
+    rewritten, report = convert(model, DILATED)
+    assert [(e.status, e.detail) for e in report.entries] == [(Status.CONVERTED, detail)]
+    slice_ = ["Constant"] * 4 + ["Slice"] if "strides" in attrs else []
+    assert op_types(rewritten) == ["Transpose", *slice_, "MatMul", "Add", "Transpose"]
+    assert_equivalent(model, rewritten, conv_feeds(6, 1))

@@ -528,3 +528,41 @@ def test_conv_in_a_local_function_is_reported_with_its_scope() -> None:
     assert [(e.name, e.reason, e.scope) for e in report.entries] == [
         ("fn_conv", SkipReason.IN_FUNCTION, "function local::PwConv")
     ]
+
+
+def _without_input(index: int) -> Callable[[], onnx.ModelProto]:
+    def build() -> onnx.ModelProto:
+        model = conv_model(spatial=1, bias=False)
+        if index == 0:
+            model.graph.node[0].input[0] = ""
+        else:
+            del model.graph.node[0].input[1:]
+        return model
+
+    return build
+
+
+@pytest.mark.parametrize(
+    ("build", "options", "reason", "detail"),
+    [
+        (_no_default_opset, ALL, SkipReason.OPSET_UNSUPPORTED, "model imports no default-domain opset"),
+        (
+            lambda: conv_model(spatial=1, attrs={"strides": [2], "pads": [1, 0]}),
+            ALL,
+            SkipReason.NEEDS_EXTENDED_MODE,
+            "strides [2], pads [1, 0]",
+        ),
+        (_conv_integer, ALL, SkipReason.UNSUPPORTED_OP, "ai.onnx::ConvInteger is not rewritten"),
+        (_without_input(0), ALL, SkipReason.INVALID_ATTRIBUTES, "Conv without input or weight"),
+        (_without_input(1), ALL, SkipReason.INVALID_ATTRIBUTES, "Conv without input or weight"),
+    ],
+    ids=["no-default-opset", "strides-and-pads", "conv-integer", "no-input", "no-weight"],
+)
+def test_the_skip_detail_in_full(
+    build: Callable[[], onnx.ModelProto], options: ConvertOptions, reason: SkipReason, detail: str
+) -> None:
+    """The whole detail, not a part of it (mutation testing: ``_plan``)."""
+    model = build()
+    rewritten, report = convert(model, options)
+    assert [(e.status, e.reason, e.detail) for e in report.entries] == [(Status.SKIPPED, reason, detail)]
+    assert _normalized(rewritten) == _normalized(model)
