@@ -23,6 +23,7 @@ _ASTYPE = "astype(None) is astype(float64)"
 _STRICT = "zip(strict=...): the lengths were checked equal just before"
 _INT64 = "np.array of Python ints is int64 (64-bit Linux and macOS, numpy 2)"
 _BLOCK = "the rows copied per block: any whole step gives the same array (speed only)"
+_AUTO_PAD = "auto_pad with a pads attribute is skipped before: pads are the default 0s"
 _PART = "the per-tensor row: only .passed and .note are read, which do not depend on this"
 # Mutants that cannot change behaviour, with the reason (docs/mutation.md). Where every
 # mutant of a line is equivalent, the line has a "# pragma: no mutate" instead.
@@ -48,11 +49,11 @@ EQUIVALENT = {
     "verify.x_compare_sequences__mutmut_94": "the row's dtype only sets .passed and .note, overwritten next",
     "verify.x_element_scales__mutmut_13": "max(initial=1.0) under max(1.0, ...)",
     "verify.x_element_scales__mutmut_35": "max(initial=1.0) under np.maximum(1.0, ...)",
-    "analysis.x__check_shapes__mutmut_50": "the bias's value shape is its constant's shape when both are known",
+    "analysis.x__check_shapes__mutmut_50": "a bias's value shape is its constant's when both are known",
     "analysis.x__plan__mutmut_8": 'onnx_ir turns the domain "ai.onnx" into ""',
     "analysis.x__plan__mutmut_9": 'onnx_ir turns the domain "ai.onnx" into ""',
-    "analysis.x__plan__mutmut_261": "auto_pad with a pads attribute is skipped before: pads are the default 0s",
-    "analysis.x__plan__mutmut_269": "auto_pad with a pads attribute is skipped before: pads are the default 0s",
+    "analysis.x__plan__mutmut_261": _AUTO_PAD,
+    "analysis.x__plan__mutmut_269": _AUTO_PAD,
     "cleanup.x_sink_transposes__mutmut_3": "_ours(every=None): every is only tested for truth",
     "analysis.x_constant_tensor__mutmut_1": "onnx_ir sets const_value on initializers only",
     "analysis.x_constant_tensor__mutmut_13": 'onnx_ir turns the domain "ai.onnx" into ""',
