@@ -332,3 +332,21 @@ def test_a_converted_entry_details_what_the_extended_mode_took(
     slice_ = ["Constant"] * 4 + ["Slice"] if "strides" in attrs else []
     assert op_types(rewritten) == ["Transpose", *slice_, "MatMul", "Add", "Transpose"]
     assert_equivalent(model, rewritten, conv_feeds(6, 1))
+
+
+def test_ir_version_4_converts_and_each_dead_weight_counts() -> None:
+    """IR version 4, the first without initializers as inputs, converts; two convs' weights
+    go, counted one by one (mutation testing: ``analyze``, ``remove_dead_weights``)."""
+    model = conv_model(bias=False)
+    rng = np.random.default_rng(5)
+    w2 = numpy_helper.from_array(rng.standard_normal((4, 5, 1)).astype(np.float32), "W2")
+    model.graph.initializer.append(w2)
+    model.graph.node.append(onnx.helper.make_node("Conv", ["y", "W2"], ["z"], name="pw2"))
+    model.graph.output[0].CopyFrom(onnx.helper.make_tensor_value_info("z", TensorProto.FLOAT, ["N", 4, "T"]))
+    model.ir_version = 4
+    rewritten, report = convert(model, ALL)
+    assert [e.status for e in report.entries] == [Status.CONVERTED, Status.CONVERTED]
+    assert report.tensors_removed == 2
+    assert set(all_initializers(rewritten.graph)) == {"W_matmul", "W2_matmul"}
+    assert op_types(rewritten) == ["Transpose", "MatMul", "MatMul", "Transpose"]
+    assert_equivalent(model, rewritten, conv_feeds(6, 1))

@@ -528,6 +528,7 @@ def test_conv_in_a_local_function_is_reported_with_its_scope() -> None:
     assert [(e.name, e.reason, e.scope) for e in report.entries] == [
         ("fn_conv", SkipReason.IN_FUNCTION, "function local::PwConv")
     ]
+    assert [(e.op_type, e.domain) for e in report.entries] == [("Conv", "")]
 
 
 def _without_input(index: int) -> Callable[[], onnx.ModelProto]:
