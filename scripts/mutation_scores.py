@@ -82,7 +82,9 @@ EQUIVALENT = {
     "which keeps a reader; _readers_leaving wants (0, True)",
     "_layout.x_as_link__mutmut_7": "Link.ours None for False: only tested for truth",
     "_layout.x_is_sinkable__mutmut_9": 'onnx_ir turns the domain "ai.onnx" into ""',
-    "_layout.x_is_transpose__mutmut_9": 'onnx_ir turns the domain "ai.onnx" into ""',
+    "_layout.x_is_sinkable__mutmut_10": 'onnx_ir turns the domain "ai.onnx" into ""',
+    "_layout.x_is_transpose__mutmut_10": 'onnx_ir turns the domain "ai.onnx" into ""',
+    "_layout.x_is_transpose__mutmut_11": 'onnx_ir turns the domain "ai.onnx" into ""',
 }
 
 
