@@ -338,3 +338,96 @@ def test_without_ours_every_transpose_counts_and_chains_compose() -> None:
     assert rewritten.graph.output[0] == model.graph.output[0]
     rng = np.random.default_rng(0)
     assert_equivalent(model, rewritten, [{"x": rng.standard_normal((2, 3, 4, 5)).astype(np.float32)}])
+
+
+def test_a_graph_output_taken_over_keeps_its_doc_string() -> None:
+    """The value taking over ``y`` gets its doc string too (mutation testing)."""
+    model = _channels_last_conv(3)
+    model.graph.output[0].doc_string = "the encoder output"
+    rewritten, report = convert(model, ConvertOptions())
+    assert report.transposes_after == 0
+    assert rewritten.graph.output[0].doc_string == "the encoder output"
+    assert _output_types(rewritten) == _output_types(model)
+    assert_equivalent(model, rewritten, _feeds(["N", "d0", "C"]))
+
+
+@pytest.mark.parametrize("source", ["graph input", "graph output"])
+def test_an_identity_chain_to_a_graph_output_keeps_a_transpose_when_its_input_cannot_take_over(
+    source: str,
+) -> None:
+    """x [-> Relu -> r, a graph output] -> T -> T (undoing it) -> y. The value the chain
+    reads is a graph input or output: it cannot become ``y`` too, so one Transpose (an
+    identity) stays and every output keeps its name (mutation testing: ``_can_take_over``)."""
+    nodes = []
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "C", "d0", "d1"])]
+    start = "x"
+    if source == "graph output":
+        nodes.append(helper.make_node("Relu", ["x"], ["r"]))
+        outputs.append(helper.make_tensor_value_info("r", TensorProto.FLOAT, ["N", "C", "d0", "d1"]))
+        start = "r"
+    nodes += [
+        helper.make_node("Transpose", [start], ["a"], perm=[0, 2, 3, 1]),
+        helper.make_node("Transpose", ["a"], ["y"], perm=[0, 3, 1, 2]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "C", "d0", "d1"])],
+        outputs,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    ir_model = ir.serde.deserialize_model(model)
+    assert cancel_transposes(ir_model, every=True) == 1
+    rewritten = ir.serde.serialize_model(ir_model)
+    assert _transpose_perms(rewritten) == [[0, 1, 2, 3]]
+    assert [i.name for i in rewritten.graph.input] == ["x"]
+    assert list(rewritten.graph.output) == list(model.graph.output)
+    onnx.checker.check_model(rewritten, full_check=True)
+    rng = np.random.default_rng(0)
+    assert_equivalent(model, rewritten, [{"x": rng.standard_normal((2, 3, 4, 5)).astype(np.float32)}])
+
+
+def test_elementwise_ops_the_transposes_move_across_lose_their_stale_shapes() -> None:
+    """Transpose -> Conv -> Relu -> Tanh -> Transpose -> y, with the Relu's channels-first
+    shape recorded: once the Relu runs channels-last, that shape is dropped (mutation
+    testing: ``_Chain.between``)."""
+    model = _channels_last_conv(3, between=["Relu", "Tanh"])
+    model.graph.value_info.append(helper.make_tensor_value_info("c1", TensorProto.FLOAT, ["N", M, "d0"]))
+    rewritten, report = convert(model, ConvertOptions())
+    assert op_types(rewritten) == ["MatMul", "Add", "Relu", "Tanh"]
+    assert report.transposes_after == 0
+    relu = next(n for n in rewritten.graph.node if n.op_type == "Relu")
+    for info in rewritten.graph.value_info:
+        if info.name == relu.output[0]:
+            assert not info.type.tensor_type.HasField("shape")
+    onnx.checker.check_model(rewritten, full_check=True)
+    assert_equivalent(model, rewritten, _feeds(["N", "d0", "C"]))
+
+
+def test_a_chain_ending_in_an_elementwise_op_reads_through_the_transpose_above() -> None:
+    """x -> T (a graph output too) -> T (its inverse) -> Relu -> y, every Transpose counted:
+    the second T goes and the Relu reads x (mutation testing: ``outcome``)."""
+    nodes = [
+        helper.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 3, 1]),
+        helper.make_node("Transpose", ["t"], ["u"], perm=[0, 3, 1, 2]),
+        helper.make_node("Relu", ["u"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "C", "d0", "d1"])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "C", "d0", "d1"]),
+            helper.make_tensor_value_info("t", TensorProto.FLOAT, ["N", "d0", "d1", "C"]),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    ir_model = ir.serde.deserialize_model(model)
+    assert cancel_transposes(ir_model, every=True) == 1
+    rewritten = ir.serde.serialize_model(ir_model)
+    assert op_types(rewritten) == ["Transpose", "Relu"]
+    relu = rewritten.graph.node[1]
+    assert list(relu.input) == ["x"]
+    assert list(rewritten.graph.output) == list(model.graph.output)
+    rng = np.random.default_rng(0)
+    assert_equivalent(model, rewritten, [{"x": rng.standard_normal((2, 3, 4, 5)).astype(np.float32)}])

@@ -9,7 +9,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from helpers import assert_equivalent, examples
+from helpers import assert_equivalent, examples, op_types
 from onnx_conv2matmul import ConvertOptions, SkipReason, Status, convert
 from onnx_conv2matmul._layout import added_transposes, channels_last_perms, compose, is_identity
 from onnx_conv2matmul.analysis import analyze
@@ -263,6 +263,144 @@ def test_a_chain_of_model_transposes_composes_with_ours() -> None:
     chain.pointwise()
     chain.transpose()
     _check(chain, converted=1, before=4, after=1)
+
+
+def test_the_skip_detail_says_how_many_transposes_a_conversion_adds() -> None:
+    """One Transpose or two: the report's detail counts them (mutation testing)."""
+    two = _Chain(2)
+    two.depthwise()
+    two.pointwise()
+    two.unary("Relu")
+    two.depthwise()
+    one = _Chain(3, rank=4)
+    one.depthwise()
+    one.pointwise()
+    one.unary("Relu")
+    one.transpose([0, 2, 1, 3])
+    hint = ": a neighbour needs channels-first data (--allow-added-transposes converts it)"
+    for chain, added in ((two, "2 Transpose nodes"), (one, "1 Transpose node")):
+        model = chain.model()
+        rewritten, report = convert(model, DEFAULT)
+        entry = report.entries[1]
+        assert (entry.status, entry.reason) == (Status.SKIPPED, SkipReason.ADDS_TRANSPOSES)
+        assert entry.detail == f"its channels-last form would add {added}{hint}"
+        assert entry.extra_ops == []
+        assert op_types(rewritten) == op_types(model)
+        assert_equivalent(model, rewritten, chain.feeds())
+
+
+def test_a_conv_reading_a_constant_converts() -> None:
+    """A producer with no inputs (a Constant) ends the walk up (mutation testing: ``as_link``)."""
+    chain = _Chain(11)
+    value = (chain.rng.standard_normal((2, C, 3)) / 3).astype(np.float32)
+    chain.current = chain.add("Constant", [], value=numpy_helper.from_array(value, "k"))
+    chain.pointwise()
+    chain.nodes.insert(0, helper.make_node("Identity", ["x"], ["unused"], name="keep_x"))
+    _check(chain, converted=1, before=0, after=2, options=ALLOW)
+
+
+def test_a_transpose_without_perm_is_left_alone() -> None:
+    """pw -> Relu -> Transpose (no perm: reverses the axes): not a chain link, so our
+    Transpose out stays (mutation testing: ``perm``)."""
+    chain = _Chain(12)
+    chain.pointwise()
+    chain.unary("Relu")
+    chain.add("Transpose", [chain.current])
+    chain.layout = chain.layout[::-1]
+    rewritten = _check(chain, converted=1, before=1, after=3, options=ALLOW)
+    assert "transpose2" in _node_names(rewritten)
+
+
+def test_a_shared_transpose_read_through_by_a_conv_and_a_transpose_chain_goes() -> None:
+    """Transpose to channels-first read by a pw and by T, T (undoing each other) -> pw.
+    Both chains read through it, so it goes, counted once by the first pw: the second
+    reader is a chain of the model's Transposes, not a conv (mutation testing)."""
+    chain = _Chain(9, channels_last_input=True)
+    chain.transpose()
+    h = chain.current
+    a = chain.pointwise()
+    chain.current = h
+    chain.transpose([0, 2, 1])
+    chain.transpose([0, 2, 1])
+    chain.add("Add", [a, chain.pointwise()])
+    rewritten = _check(chain, converted=2, before=3, after=2)
+    assert not {"transpose0", "transpose2", "transpose3"} & _node_names(rewritten)
+
+
+def test_a_shared_transpose_read_first_by_a_transpose_chain_goes() -> None:
+    """As above with the readers in the other order: the chain of Transposes reads first,
+    so the pw at its end counts the Transpose that goes (mutation testing: ``walk_down``)."""
+    chain = _Chain(9, channels_last_input=True)
+    chain.transpose()
+    h = chain.current
+    chain.transpose([0, 2, 1])
+    chain.transpose([0, 2, 1])
+    b = chain.pointwise()
+    chain.current = h
+    chain.add("Add", [chain.pointwise(), b])
+    _check(chain, converted=2, before=3, after=2, options=ALLOW)
+
+
+def test_two_transposes_undoing_each_other_between_two_convs_go() -> None:
+    """pw -> T -> T (its inverse) -> pw: every Transpose between the convs cancels
+    (mutation testing: ``walk_up``)."""
+    chain = _Chain(14, rank=4)
+    chain.pointwise()
+    chain.transpose([0, 2, 3, 1])
+    chain.transpose([0, 3, 1, 2])
+    chain.pointwise()
+    _check(chain, converted=2, before=2, after=2, options=ALLOW)
+
+
+def test_a_shared_transpose_also_read_by_a_conv_in_a_subgraph_stays() -> None:
+    """Transpose to channels-first read by a pw and by a pw in each branch of an If: the
+    branches' pws cannot read through it (another graph), so it stays and the first pw's
+    conversion removes nothing more (mutation testing: ``_readers_leaving``)."""
+    rng = np.random.default_rng(10)
+
+    def weight(name: str) -> onnx.TensorProto:
+        return numpy_helper.from_array((rng.standard_normal((C, C, 1)) / 3).astype(np.float32), name)
+
+    def branch(name: str) -> onnx.GraphProto:
+        return helper.make_graph(
+            [helper.make_node("Conv", ["t", f"w_{name}"], [f"y_{name}"], name=f"pw_{name}")],
+            name,
+            [],
+            [helper.make_tensor_value_info(f"y_{name}", TensorProto.FLOAT, None)],
+            [weight(f"w_{name}")],
+        )
+
+    graph = helper.make_graph(
+        [
+            helper.make_node("Transpose", ["x"], ["t"], name="to_first", perm=[0, 2, 1]),
+            helper.make_node("Conv", ["t", "w"], ["a"], name="pw"),
+            helper.make_node(
+                "If", ["cond"], ["b"], name="if", then_branch=branch("then"), else_branch=branch("else")
+            ),
+        ],
+        "g",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "d0", C]),
+            helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+        ],
+        [
+            helper.make_tensor_value_info("a", TensorProto.FLOAT, ["N", C, "d0"]),
+            helper.make_tensor_value_info("b", TensorProto.FLOAT, ["N", C, "d0"]),
+        ],
+        [weight("w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    rewritten, report = convert(model, ALLOW)
+    assert len(report.converted) == 3
+    # pw: its Transpose in goes (it reads x), its Transpose out stays; each branch adds 2.
+    assert (report.transposes_before, report.transposes_after) == (1, 6)
+    assert report.transposes_after - report.transposes_before == _predicted(model, ALLOW)
+    assert "to_first" in _node_names(rewritten)
+    feeds = [
+        {"x": rng.standard_normal((2, 5, C)).astype(np.float32), "cond": np.array(flag)}
+        for flag in (True, False)
+    ]
+    assert_equivalent(model, rewritten, feeds)
 
 
 _STEPS = st.sampled_from(

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
+import onnx_ir as ir
 import pytest
-from onnx import TensorProto
+from onnx import TensorProto, helper, numpy_helper
 
 from helpers import (
     ALL,
@@ -17,7 +20,7 @@ from helpers import (
     op_types,
     run,
 )
-from onnx_conv2matmul import ConvertOptions, SkipReason, Status, convert
+from onnx_conv2matmul import ConvertOptions, ConvToMatMulPass, SkipReason, Status, convert
 
 EXTENDED = ConvertOptions(allow_added_transposes=True, extended=True)
 DILATED = ConvertOptions(allow_added_transposes=True, extended=True, allow_non_unit_dilation=True)
@@ -192,3 +195,158 @@ def test_blocked_transpose_is_the_transpose(shape: tuple[int, int], dtype: type)
     out = transpose_2d(a)
     assert out.flags.c_contiguous and out.dtype == a.dtype
     np.testing.assert_array_equal(out, a.T)
+
+
+def _converted_in_ir(model: onnx.ModelProto, options: ConvertOptions) -> ir.Model:
+    ir_model = ir.serde.deserialize_model(model)
+    ConvToMatMulPass(options)(ir_model)
+    return ir_model
+
+
+@pytest.mark.parametrize("opset", [17, 10], ids=["pads-input", "pads-attribute"])
+def test_created_values_have_their_names_types_and_shapes_in_the_ir(opset: int) -> None:
+    """What a pass after ours sees: every Constant and the weight typed and shaped, every
+    node and value named after the conv (mutation testing: ``Rewriter``)."""
+    model = conv_model(spatial=2, attrs={"strides": [2, 1], "pads": [1, 0, 1, 0]}, opset=opset)
+    ir_model = _converted_in_ir(model, EXTENDED)
+    constants = {}
+    for node in ir_model.graph:
+        assert node.name is not None and node.name.startswith("pw/")
+        if node.op_type == "Constant":
+            (out,) = node.outputs
+            tensor = node.attributes["value"].value
+            assert node.name == f"{out.name}_const"
+            assert (tensor.name, tensor.dtype, out.type) == (
+                out.name,
+                ir.DataType.INT64,
+                ir.TensorType(ir.DataType.INT64),
+            )
+            assert out.shape == ir.Shape([tensor.shape[0]])
+            constants[out.name] = tensor.numpy().tolist()
+    computed = [o for n in ir_model.graph if n.op_type != "Constant" for o in n.outputs]
+    assert [o.name for o in computed] == [
+        "pw/channels_last",
+        "pw/padded",
+        "pw/strided",
+        "pw/matmul",
+        "pw/biased",
+        "y",
+    ]
+    assert {o.type for o in computed} == {ir.TensorType(ir.DataType.FLOAT)}
+    pads = [0, 1, 0, 0, 0, 1, 0, 0]
+    assert constants == {
+        **({"pw/pads": pads} if opset >= 11 else {}),
+        "pw/slice_starts": [0],
+        "pw/slice_ends": [2**63 - 1],
+        "pw/slice_axes": [1],
+        "pw/slice_steps": [2],
+    }
+    weight = ir_model.graph.initializers["W_matmul"]
+    assert (weight.type, weight.shape) == (ir.TensorType(ir.DataType.FLOAT), ir.Shape([6, 5]))
+    assert weight.const_value is not None and weight.const_value.name == "W_matmul"
+    rewritten = ir.serde.serialize_model(ir_model)
+    pad = ["Constant", "Pad"] if opset >= 11 else ["Pad"]
+    assert op_types(rewritten) == [
+        "Transpose",
+        *pad,
+        *["Constant"] * 4,
+        "Slice",
+        "MatMul",
+        "Add",
+        "Transpose",
+    ]
+    pad_node = next(n for n in rewritten.graph.node if n.op_type == "Pad")
+    attrs = {a.name: helper.get_attribute_value(a) for a in pad_node.attribute}
+    assert attrs == (
+        {"mode": b"constant"} if opset >= 11 else {"mode": b"constant", "pads": pads, "value": 0.0}
+    )
+    assert_equivalent(model, rewritten, conv_feeds(6, 2))
+
+
+@pytest.mark.parametrize(
+    ("conv_name", "expected"), [("pw", "pw_weight_matmul"), (None, "conv_weight_matmul")]
+)
+def test_an_unnamed_weight_is_named_after_its_conv(conv_name: str | None, expected: str) -> None:
+    model = conv_model(weight_source="constant")
+    ir_model = ir.serde.deserialize_model(model)
+    conv = next(n for n in ir_model.graph if n.op_type == "Conv")
+    conv.name = conv_name
+    assert conv.inputs[1] is not None
+    conv.inputs[1].name = None
+    ConvToMatMulPass(ALL)(ir_model)
+    assert list(ir_model.graph.initializers) == ["B", expected]
+    # Created nodes are named after the conv, or after its output when it has no name.
+    prefix = f"{conv_name or 'y'}/"
+    assert all(n.name is not None and n.name.startswith(prefix) for n in ir_model.graph)
+    rewritten = ir.serde.serialize_model(ir_model)
+    assert op_types(rewritten) == ["Transpose", "MatMul", "Add", "Transpose"]
+    assert_equivalent(model, rewritten, conv_feeds(6, 1))
+
+
+def test_an_external_weight_is_released_once_its_transpose_is_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Materializing the MatMul weight unmaps the external source (mutation testing:
+    ``_transposed_weight``); an in-memory source has nothing to release."""
+    released: list[str | None] = []
+    original_release = ir.ExternalTensor.release
+
+    def release(self: ir.ExternalTensor) -> None:
+        released.append(self.name)
+        original_release(self)
+
+    monkeypatch.setattr(ir.ExternalTensor, "release", release)
+    model = conv_model()
+    path = tmp_path / "model.onnx"
+    saved = onnx.ModelProto()
+    saved.CopyFrom(model)  # saving with external data changes the proto saved
+    onnx.save_model(saved, path, save_as_external_data=True, all_tensors_to_one_file=True, size_threshold=0)
+    ir_model = ir.load(path)
+    ConvToMatMulPass(ALL)(ir_model)
+    weight = ir_model.graph.initializers["W_matmul"].const_value
+    assert weight is not None and released == []
+    expected = numpy_helper.to_array(model.graph.initializer[0]).reshape(5, 6).T
+    np.testing.assert_array_equal(weight.numpy(), expected)
+    assert released == ["W"]
+    rewritten = ir.to_proto(ir_model)
+    onnx.load_external_data_for_model(rewritten, str(tmp_path))  # the bias stays external
+    assert op_types(rewritten) == ["Transpose", "MatMul", "Add", "Transpose"]
+    assert_equivalent(model, rewritten, conv_feeds(6, 1))
+
+
+@pytest.mark.parametrize(
+    ("attrs", "detail"),
+    [
+        ({}, ""),
+        ({"dilations": [2]}, "dilations [2]"),
+        ({"strides": [2], "dilations": [2]}, "strides [2], dilations [2]"),
+    ],
+)
+def test_a_converted_entry_details_what_the_extended_mode_took(
+    attrs: dict[str, list[int]], detail: str
+) -> None:
+    """The detail of a converted conv lists its strides, pads and dilations (mutation testing)."""
+    model = conv_model(attrs=attrs)
+    rewritten, report = convert(model, DILATED)
+    assert [(e.status, e.detail) for e in report.entries] == [(Status.CONVERTED, detail)]
+    slice_ = ["Constant"] * 4 + ["Slice"] if "strides" in attrs else []
+    assert op_types(rewritten) == ["Transpose", *slice_, "MatMul", "Add", "Transpose"]
+    assert_equivalent(model, rewritten, conv_feeds(6, 1))
+
+
+def test_ir_version_4_converts_and_each_dead_weight_counts() -> None:
+    """IR version 4, the first without initializers as inputs, converts; two convs' weights
+    go, counted one by one (mutation testing: ``analyze``, ``remove_dead_weights``)."""
+    model = conv_model(bias=False)
+    rng = np.random.default_rng(5)
+    w2 = numpy_helper.from_array(rng.standard_normal((4, 5, 1)).astype(np.float32), "W2")
+    model.graph.initializer.append(w2)
+    model.graph.node.append(onnx.helper.make_node("Conv", ["y", "W2"], ["z"], name="pw2"))
+    model.graph.output[0].CopyFrom(onnx.helper.make_tensor_value_info("z", TensorProto.FLOAT, ["N", 4, "T"]))
+    model.ir_version = 4
+    rewritten, report = convert(model, ALL)
+    assert [e.status for e in report.entries] == [Status.CONVERTED, Status.CONVERTED]
+    assert report.tensors_removed == 2
+    assert set(all_initializers(rewritten.graph)) == {"W_matmul", "W2_matmul"}
+    assert op_types(rewritten) == ["Transpose", "MatMul", "MatMul", "Transpose"]
+    assert_equivalent(model, rewritten, conv_feeds(6, 1))

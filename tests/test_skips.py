@@ -212,6 +212,7 @@ EXAMPLES: dict[SkipReason, list[Example]] = {
     SkipReason.WEIGHT_NOT_CONSTANT: [
         Example("graph-input", lambda: conv_model(spatial=1, weight_source="input"), detail="graph input"),
         Example("through-identity", _weight_through_identity, detail="run time"),
+        Example("constant-of-shape", lambda: _weight_of_shape(), detail="run time"),
     ],
     SkipReason.WEIGHT_OVERRIDABLE: [
         Example("1d", lambda: conv_model(spatial=1, weight_source="input_initializer")),
@@ -276,6 +277,10 @@ EXAMPLES: dict[SkipReason, list[Example]] = {
         # The input's declared shape or type contradicts the weight [5, 6, 1].
         Example("input-channels", _input_declared(["N", 4, "T"]), detail="input channels 4 != 6"),
         Example("input-rank", _input_declared(["N", 6, "H", "W"]), detail="input rank 4 != weight rank 3"),
+        Example("input-rank-2", _input_declared(["N", 6]), detail="input rank 2 != weight rank 3"),
+        # The bias's shape known only from a Constant node, or only from its declaration.
+        Example("bias-shape-constant", lambda: _bias_from("constant"), detail="bias shape [3] != [5]"),
+        Example("bias-shape-input", lambda: _bias_from("input"), detail="bias shape [3] != [5]"),
         Example(
             "input-type",
             _input_declared(["N", 6, "T"], TensorProto.FLOAT16),
@@ -339,6 +344,32 @@ EXAMPLES: dict[SkipReason, list[Example]] = {
         ),
     ],
 }
+
+
+def _bias_from(source: str) -> onnx.ModelProto:
+    """A bias of shape [3] (the conv has 5 outputs) from a Constant node or a graph input
+    (mutation testing: ``_check_shapes``)."""
+    model = conv_model(spatial=1)
+    bias = model.graph.initializer.pop()
+    assert bias.name == "B"
+    if source == "constant":
+        value = numpy_helper.from_array(np.zeros(3, np.float32), "B")
+        model.graph.node.insert(0, helper.make_node("Constant", [], ["B"], value=value))
+    else:
+        model.graph.input.append(helper.make_tensor_value_info("B", TensorProto.FLOAT, [3]))
+    return model
+
+
+def _weight_of_shape() -> onnx.ModelProto:
+    """The weight is ConstantOfShape's output: computed, though its op has a tensor
+    attribute ``value`` (mutation testing: ``constant_tensor``)."""
+    model = conv_model(spatial=1, bias=False)
+    weight = model.graph.initializer.pop()
+    shape = numpy_helper.from_array(np.array(weight.dims, np.int64), "W_shape")
+    model.graph.initializer.append(shape)
+    fill = numpy_helper.from_array(np.ones(1, np.float32), "fill")
+    model.graph.node.insert(0, helper.make_node("ConstantOfShape", ["W_shape"], ["W"], value=fill))
+    return model
 
 
 def _bias_of(bias: np.ndarray) -> onnx.ModelProto:
@@ -497,3 +528,42 @@ def test_conv_in_a_local_function_is_reported_with_its_scope() -> None:
     assert [(e.name, e.reason, e.scope) for e in report.entries] == [
         ("fn_conv", SkipReason.IN_FUNCTION, "function local::PwConv")
     ]
+    assert [(e.op_type, e.domain) for e in report.entries] == [("Conv", "")]
+
+
+def _without_input(index: int) -> Callable[[], onnx.ModelProto]:
+    def build() -> onnx.ModelProto:
+        model = conv_model(spatial=1, bias=False)
+        if index == 0:
+            model.graph.node[0].input[0] = ""
+        else:
+            del model.graph.node[0].input[1:]
+        return model
+
+    return build
+
+
+@pytest.mark.parametrize(
+    ("build", "options", "reason", "detail"),
+    [
+        (_no_default_opset, ALL, SkipReason.OPSET_UNSUPPORTED, "model imports no default-domain opset"),
+        (
+            lambda: conv_model(spatial=1, attrs={"strides": [2], "pads": [1, 0]}),
+            ALL,
+            SkipReason.NEEDS_EXTENDED_MODE,
+            "strides [2], pads [1, 0]",
+        ),
+        (_conv_integer, ALL, SkipReason.UNSUPPORTED_OP, "ai.onnx::ConvInteger is not rewritten"),
+        (_without_input(0), ALL, SkipReason.INVALID_ATTRIBUTES, "Conv without input or weight"),
+        (_without_input(1), ALL, SkipReason.INVALID_ATTRIBUTES, "Conv without input or weight"),
+    ],
+    ids=["no-default-opset", "strides-and-pads", "conv-integer", "no-input", "no-weight"],
+)
+def test_the_skip_detail_in_full(
+    build: Callable[[], onnx.ModelProto], options: ConvertOptions, reason: SkipReason, detail: str
+) -> None:
+    """The whole detail, not a part of it (mutation testing: ``_plan``)."""
+    model = build()
+    rewritten, report = convert(model, options)
+    assert [(e.status, e.reason, e.detail) for e in report.entries] == [(Status.SKIPPED, reason, detail)]
+    assert _normalized(rewritten) == _normalized(model)

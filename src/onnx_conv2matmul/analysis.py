@@ -53,7 +53,7 @@ class Plan:
 
 class _Skip(Exception):
     def __init__(self, reason: SkipReason, detail: str) -> None:
-        super().__init__(detail)
+        super().__init__(detail)  # pragma: no mutate (equivalent: analyze() reads .detail, never str())
         self.reason = reason
         self.detail = detail
 

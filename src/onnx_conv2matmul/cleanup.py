@@ -138,7 +138,7 @@ def _collapse(graph: ir.Graph, chain: _Chain, left: int, top: ir.Node | None, ou
         ir.convenience.replace_all_uses_with(node.outputs[0], node.inputs[0])  # type: ignore[arg-type]
         graph.remove(node, safe=True)
     last.attributes["perm"] = ir.AttrInt64s("perm", chain_perm(chain.links))
-    ours.add(id(last))
+    ours.add(id(last))  # pragma: no mutate (equivalent: every plan is made before a collapse)
     if left:
         return len(others)
     target = top.inputs[0] if top is not None else last.inputs[0]
@@ -165,7 +165,7 @@ def _take_over(output: ir.Value, value: ir.Value) -> None:
     """Make ``value`` the graph output ``output`` is, with its name, type and shape."""
     name = output.name
     output.replace_all_uses_with(value, replace_graph_outputs=True)
-    output.name = None
+    output.name = None  # pragma: no mutate (equivalent: "" too; the caller removes its node next)
     value.name = name
     if output.type is not None:
         value.type = output.type

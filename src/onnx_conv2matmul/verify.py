@@ -25,6 +25,9 @@ Sessions are created from file paths and run one after the other, so external da
 memory-mapped by onnxruntime and only one model is loaded at a time.
 """
 
+# Mutation testing (docs/mutation.md) covers only the output comparison, thresholds() to
+# compare_outputs(): everything else in this module sits between these pragmas.
+# pragma: no mutate start
 from __future__ import annotations
 
 import dataclasses
@@ -551,6 +554,7 @@ def _first_line(err: BaseException) -> str:
     return text.splitlines()[0] if text else err.__class__.__name__
 
 
+# pragma: no mutate end
 def thresholds(dtype: np.dtype[Any], options: VerifyOptions) -> tuple[float, float]:
     """(max_abs, mean_abs) limits for an output type: the options, raised to what the type can hold.
 
@@ -732,7 +736,7 @@ def _comparison(
             note,
         )
     norm_ref, norm_out, norm_diff = (float(np.sqrt(v)) for v in (tally.ref_sq, tally.out_sq, tally.diff_sq))
-    rel_err = norm_diff / norm_ref if norm_ref > 0 else (0.0 if norm_diff == 0 else float("inf"))
+    rel_err = norm_diff / norm_ref if norm_ref > 0 else (0.0 if norm_diff == 0 else np.inf)
     if norm_ref > 0 and norm_out > 0:
         cosine = tally.dot / (norm_ref * norm_out)
     else:
@@ -835,6 +839,7 @@ def compare_outputs(
     return OutputComparison.failure(length, name, note, ref_kind)
 
 
+# pragma: no mutate start
 def _value_kind(value: Any) -> str:
     if isinstance(value, np.ndarray):
         return "tensor"
@@ -912,3 +917,6 @@ def _candidate_outputs(
 def _how(specs: list[_InputSpec], length: int, options: VerifyOptions) -> dict[str, str]:
     """How each input is synthesised (the same at every length)."""
     return synthesise_inputs(specs, length, options)[1]
+
+
+# pragma: no mutate end
