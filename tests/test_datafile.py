@@ -337,7 +337,7 @@ def test_one_file_per_tensor_without_lengths(tmp_path: Path) -> None:
 def test_places_of_converted_weights_are_not_copied(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The old bytes under a transposed weight are left out of the copy when the rewrite
     placed it before the copy got there: here the copy is held in its first chunk (4 KB)
-    until the tensors are placed, and copies nothing more."""
+    until the tensors are placed, and copies nothing more (the whole file is 16 KB)."""
     from onnx_conv2matmul import _io, _output
     from onnx_conv2matmul.api import convert
 
@@ -362,8 +362,9 @@ def test_places_of_converted_weights_are_not_copied(tmp_path: Path, monkeypatch:
         with output.stage(model, external=True, progress=lambda done, total: placed.set()) as staged:
             staged.publish((0o644, 0o644))
     assert_equivalent(str(src), str(tmp_path / "o.onnx"), stack_feeds())
-    # The data file holds only the four weights, all converted: one chunk was copied.
-    assert (tmp_path / "m.onnx.data").stat().st_size == 4 * 32 * 32 * 4 and sum(copied) == 4096
+    # The data file holds only the four weights, all converted: at most the chunk the copy
+    # had started before the tensors were placed was copied (none if it had not started).
+    assert (tmp_path / "m.onnx.data").stat().st_size == 4 * 32 * 32 * 4 and sum(copied) <= 4096
 
 
 def test_new_weights_ahead_of_the_copy_do_not_wait_for_it(
