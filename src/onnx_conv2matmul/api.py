@@ -191,33 +191,16 @@ def convert_file(
         ModelRunError: the input model cannot run on the synthesised inputs.
     """
     options = options or ConvertOptions()
-    if keep_on_failure and verify is not None:
-        output = None if output_path is None else os.fspath(output_path)
-        dst = check_paths(os.fspath(input_path), output, inplace=inplace)
-        _io.check_kept_path(dst + FAILED_SUFFIX)
     progress = progress or NullProgress()
     try:
-        return _convert_file(
-            input_path, output_path, options, inplace, run_checker, verify, keep_on_failure, progress
-        )
+        src = os.fspath(input_path)
+        dst = check_paths(src, os.fspath(output_path) if output_path is not None else None, inplace=inplace)
+        if keep_on_failure and verify is not None:
+            _io.check_kept_path(dst + FAILED_SUFFIX)
+        with _output.Output(dst, source=None if inplace else src) as output:
+            return _convert_to(src, output, options, inplace, run_checker, verify, keep_on_failure, progress)
     finally:
         progress.close()
-
-
-def _convert_file(
-    input_path: str | os.PathLike[str],
-    output_path: str | os.PathLike[str] | None,
-    options: ConvertOptions,
-    inplace: bool,
-    run_checker: bool,
-    verify: VerifyOptions | None,
-    keep_on_failure: bool,
-    progress: Progress,
-) -> ConvertReport:
-    src = os.fspath(input_path)
-    dst = check_paths(src, os.fspath(output_path) if output_path is not None else None, inplace=inplace)
-    with _output.Output(dst, source=None if inplace else src) as output:
-        return _convert_to(src, output, options, inplace, run_checker, verify, keep_on_failure, progress)
 
 
 def _convert_to(
