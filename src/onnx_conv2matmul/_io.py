@@ -269,7 +269,7 @@ def _umask() -> int:
     return mask
 
 
-def _usual_mode(path: str, *, directory: bool = False) -> None:
+def usual_mode(path: str, *, directory: bool = False) -> None:
     """Give a staged file the mode a plain ``open`` would (temp files are private)."""
     os.chmod(path, (0o777 if directory else 0o666) & ~_umask())
 
@@ -291,7 +291,7 @@ def write_text_atomic(path: str, text: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
-        _usual_mode(tmp)
+        usual_mode(tmp)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import onnx
 
-from onnx_conv2matmul import _datafile, _publish
+from onnx_conv2matmul import _datafile, _io, _publish
 from onnx_conv2matmul._datafile import ProgressCallback
 from onnx_conv2matmul.errors import InputError
 
@@ -190,7 +190,7 @@ class Staged:
         os.chmod(self.onnx_path, modes[0])
         if self.data_path is not None:
             os.chmod(self.data_path, modes[1])
-        os.chmod(self.directory, 0o777 & ~_umask())
+        _io.usual_mode(self.directory, directory=True)
         os.replace(self.directory, directory)
         self.directory = ""  # the files now belong to the caller
         return os.path.join(directory, os.path.basename(self.onnx_path))
@@ -205,9 +205,3 @@ class Staged:
 
     def __exit__(self, *exc: object) -> None:
         self.discard()
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
