@@ -90,14 +90,19 @@ def test_report_json_stdout_on_every_exit(
         assert error in stderr or code == 1
 
 
-def test_report_json_stdout_on_an_internal_error(
-    files: dict[str, str], monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def convert_raises_a_bug(monkeypatch: pytest.MonkeyPatch) -> None:
+    """convert_file raises an exception no error class covers (a bug), without the debug switch."""
+
     def boom(*args: object, **kwargs: object) -> None:
         raise ValueError("boom")
 
     monkeypatch.setattr(api, "convert_file", boom)
     monkeypatch.delenv("ONNX_CONV2MATMUL_DEBUG", raising=False)
+
+
+@pytest.mark.usefixtures("convert_raises_a_bug")
+def test_report_json_stdout_on_an_internal_error(files: dict[str, str]) -> None:
     code, stdout, _ = invoke(files["model"], files["out"], "--report-json-stdout")
     assert code == 3
     data = _json(stdout)
@@ -112,14 +117,10 @@ def test_report_json_stdout_is_not_printed_twice_with_help(files: dict[str, str]
 # ---- 8. exit codes: 1 failed, 2 usage or input, 3 internal error ---------------------------------
 
 
+@pytest.mark.usefixtures("convert_raises_a_bug")
 def test_unexpected_exception_is_an_internal_error(
     files: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def boom(*args: object, **kwargs: object) -> None:
-        raise ValueError("boom")
-
-    monkeypatch.setattr(api, "convert_file", boom)
-    monkeypatch.delenv("ONNX_CONV2MATMUL_DEBUG", raising=False)
     code, stdout, stderr = invoke(files["model"], files["out"])
     assert code == 3
     assert stdout == "" and one_line(stderr)
