@@ -20,6 +20,7 @@ onnxscript (for the dynamo exporter), numpy and onnxruntime.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import shutil
@@ -66,6 +67,10 @@ class EncoderConfig:
     n_layers: int
     conv_kernel: int
     xscaling: bool = True
+    # 0: relative positional encodings computed in the graph for the input's length.
+    # N > 0: kept as a buffer of 2N-1 rows and sliced, as NeMo's RelPositionalEncoding does
+    # (max_audio_length 5000: a [1, 9999, d_model] initializer in the export).
+    positional_table: int = 0
 
 
 @dataclass(frozen=True)
@@ -314,13 +319,21 @@ class FastConformerEncoder(nn.Module):
         self.pre_encode = DwStridingSubsampling(cfg.feat_in, cfg.sub_channels, cfg.d_model)
         self.layers = nn.ModuleList(ConformerLayer(cfg) for _ in range(cfg.n_layers))
         self.xscale = math.sqrt(cfg.d_model) if cfg.xscaling else 1.0
+        if cfg.positional_table:
+            pe = relative_positional_encoding(cfg.positional_table, cfg.d_model, torch.device("cpu"))
+            self.register_buffer("pe", pe, persistent=True)
 
     def forward(self, audio_signal: torch.Tensor, length: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Encode features; returns ``outputs [B, d_model, T']`` and ``encoded_lengths [B]``."""
         x, encoded_lengths = self.pre_encode(audio_signal.transpose(1, 2), length)
         x = x * self.xscale
         t = x.shape[1]
-        pos_emb = relative_positional_encoding(t, self.cfg.d_model, x.device)
+        n = self.cfg.positional_table
+        if n:
+            # Row n-1 is offset 0: rows n-t .. n+t-2 are offsets t-1 .. -(t-1).
+            pos_emb = self.pe[:, n - t : n - 1 + t]
+        else:
+            pos_emb = relative_positional_encoding(t, self.cfg.d_model, x.device)
 
         pad_mask = torch.arange(t, device=x.device).unsqueeze(0) >= encoded_lengths.unsqueeze(1)
         att_mask = pad_mask.unsqueeze(1) | pad_mask.unsqueeze(2)  # [B, T', T']
@@ -385,10 +398,15 @@ def randomize_norm_layers(model: nn.Module, generator: torch.Generator) -> None:
                 module.bias.copy_(0.1 * torch.randn(module.bias.shape, generator=generator))
 
 
-def build_encoder(size: str) -> FastConformerEncoder:
-    """Build the encoder of the given size with seeded random weights, in eval mode."""
+def build_encoder(size: str, positional_table: int = 0) -> FastConformerEncoder:
+    """Build the encoder of the given size with seeded random weights, in eval mode.
+
+    ``positional_table``: see :attr:`EncoderConfig.positional_table` (the weights are the
+    same either way).
+    """
     torch.manual_seed(SEED)
-    model = FastConformerEncoder(ENCODER_CONFIGS[size])
+    cfg = dataclasses.replace(ENCODER_CONFIGS[size], positional_table=positional_table)
+    model = FastConformerEncoder(cfg)
     randomize_norm_layers(model, torch.Generator().manual_seed(SEED))
     return model.eval()
 
@@ -434,10 +452,10 @@ class ModelSpec:
     dynamic_axes: dict[str, dict[int, str]]
 
 
-def encoder_spec(size: str) -> ModelSpec:
+def encoder_spec(size: str, positional_table: int = 0) -> ModelSpec:
     """Export specification of the FastConformer encoder."""
     return ModelSpec(
-        model=build_encoder(size),
+        model=build_encoder(size, positional_table),
         inputs=[encoder_inputs(size, *shape) for shape in ENCODER_CHECK_SHAPES[size]],
         output_names=["outputs", "encoded_lengths"],
         dynamic_axes={
@@ -656,9 +674,17 @@ def run_export(spec: ModelSpec, out: Path, exporter: str, opset: int) -> None:
 # Benchmark cache
 # --------------------------------------------------------------------------- #
 
+# NeMo's RelPositionalEncoding default: a table of 2 * 5000 - 1 relative positions.
+NEMO_MAX_AUDIO_LENGTH = 5000
+
 CACHE_JOBS: list[tuple[str, list[str], str]] = [
     ("encoder-dynamo", ["encoder", "--exporter", "dynamo"], "encoder-model.onnx"),
     ("encoder-legacy", ["encoder", "--exporter", "legacy"], "encoder-model.onnx"),
+    (
+        "encoder-dynamo-table",
+        ["encoder", "--exporter", "dynamo", "--positional-table", str(NEMO_MAX_AUDIO_LENGTH)],
+        "encoder-model.onnx",
+    ),
     ("decoder", ["decoder", "--exporter", "dynamo"], "decoder_joint-model.onnx"),
 ]
 
@@ -667,7 +693,8 @@ def build_cache(cache_dir: Path) -> None:
     """Export the parakeet-size models into ``cache_dir``, skipping completed ones.
 
     Layout: ``encoder-dynamo/encoder-model.onnx`` (+ ``.data``),
-    ``encoder-legacy/encoder-model.onnx`` (+ one file per tensor) and
+    ``encoder-legacy/encoder-model.onnx`` (+ one file per tensor),
+    ``encoder-dynamo-table/encoder-model.onnx`` (the positional table kept as NeMo does) and
     ``decoder/decoder_joint-model.onnx``.  Each export runs in its own process
     (so memory is returned between exports) and a marker file is written only
     after it succeeded, so an interrupted export is redone from scratch.
@@ -721,6 +748,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             type=int,
             help="ONNX opset (default: 18 for dynamo, 17 for legacy)",
         )
+        if name == "encoder":
+            sub.add_argument(
+                "--positional-table",
+                type=int,
+                default=0,
+                metavar="N",
+                help=(
+                    "keep the relative positional encodings as a [1, 2N-1, d_model] table sliced"
+                    f" in the graph, as a NeMo export does (N={NEMO_MAX_AUDIO_LENGTH} there); default:"
+                    " computed in the graph"
+                ),
+            )
     cache = commands.add_parser("cache", help="build the parakeet-size benchmark models")
     cache.add_argument("--dir", type=Path, default=DEFAULT_CACHE_DIR, help="cache directory")
     return parser.parse_args(argv)
@@ -732,7 +771,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.command == "cache":
         build_cache(args.dir.expanduser())
         return
-    spec = encoder_spec(args.size) if args.command == "encoder" else decoder_spec(args.size)
+    if args.command == "encoder":
+        spec = encoder_spec(args.size, args.positional_table)
+    else:
+        spec = decoder_spec(args.size)
     opset = args.opset or DEFAULT_OPSET[args.exporter]
     run_export(spec, args.out, args.exporter, opset)
 

@@ -183,6 +183,19 @@ def test_quantize_below_min_cosine(files: dict[str, str], validator: Any) -> Non
     assert data["verification"]["criterion"] == {"kind": "min_cosine", "min_cosine": 1.0}
 
 
+@pytest.mark.parametrize(
+    "extra",
+    [["--auto", "--min-cosine", "0.9", "--max-evaluations", "3"], ["--other-weights", "int8"]],
+    ids=["auto", "other-weights"],
+)
+def test_quantize_auto_and_other_weights(files: dict[str, str], validator: Any, extra: list[str]) -> None:
+    code, data = _run(files, "quantize", "{mm}", "{out}", "--verify-lengths", "3", *extra, "-q")
+    assert code == 0
+    _validate(validator, data)
+    assert (data["auto"] is not None) is ("--auto" in extra)
+    assert (data["other_weights"] is not None) is ("--other-weights" in extra)
+
+
 # ---- bundle --------------------------------------------------------------------------------------
 
 

@@ -30,6 +30,8 @@ from onnx_conv2matmul.verify import (
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from onnx_conv2matmul.auto import AutoOptions
+    from onnx_conv2matmul.quantize import QuantizeOptions
     from onnx_conv2matmul.report import QuantizeReport
 
 PROGRESS_MIN_BYTES = 100 * 2**20
@@ -629,6 +631,37 @@ def verify_command(
     default=None,
     help="Fail (exit 1, nothing written) when an output's cosine similarity is below X.",
 )
+@click.option(
+    "--other-weights",
+    type=click.Choice(["int8", "keep"]),
+    default=None,
+    help=(
+        "int8: store float weights of 64 KiB or more that MatMulNBits does not take (tables, convs"
+        " that stay, embeddings) as int8 with a per-axis DequantizeLinear. Default: keep (with"
+        " --auto: chosen by the search)."
+    ),
+)
+@click.option(
+    "--auto",
+    is_flag=True,
+    help=(
+        "Search, per MatMul, for 4 or 8 bits or float, the block size and symmetry, and the"
+        " other weights' storage: the smallest model whose cosine meets --min-cosine."
+    ),
+)
+@click.option(
+    "--max-evaluations",
+    type=click.IntRange(min=2),
+    default=8,
+    show_default=True,
+    help="With --auto, the most full-model evaluations the search makes.",
+)
+@click.option(
+    "--save-config",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="With --auto, write the chosen settings (the equivalent options, as JSON) to this file.",
+)
 @click.option("--skip-checker", is_flag=True)
 @verify_options
 @click.option("--report-json", "report_json", type=click.Path(dir_okay=False))
@@ -649,6 +682,10 @@ def quantize_command(
     max_dilation: int | None,
     allow_added_transposes: bool,
     min_cosine: float | None,
+    other_weights: str | None,
+    auto: bool,
+    max_evaluations: int,
+    save_config: str | None,
     skip_checker: bool,
     report_json: str | None,
     report_json_stdout: bool,
@@ -659,6 +696,7 @@ def quantize_command(
 
     Default: MatMulNBits, 4 bits, block 64, asymmetric, accuracy level 0. The result is
     compared with INPUT on synthesised inputs (cosine similarity, relative error).
+    With --auto --min-cosine X: the smallest model whose cosine is at least X.
     """
     _OUTCOME.start(report_json_stdout, input_path)
     with _errors():
@@ -685,10 +723,14 @@ def quantize_command(
             )
         except ValueError as err:
             raise InputError(str(err)) from err
+        auto_options = _auto_options(
+            auto, min_cosine, max_evaluations, other_weights, save_config, int8_dynamic, q_options
+        )
         v_options = _build_verify_options(verify_kwargs, min_cosine)
-        if report_json is not None:
-            api.check_report_path(report_json, inputs=[input_path], outputs=[output_path])
-        _OUTCOME.watch(output_path, output_path + ".data", report_json)
+        for path in (report_json, save_config):
+            if path is not None:
+                api.check_report_path(path, inputs=[input_path], outputs=[output_path])
+        _OUTCOME.watch(output_path, output_path + ".data", report_json, save_config)
         report = quantize_file(
             input_path,
             output_path,
@@ -698,10 +740,44 @@ def quantize_command(
             verify=v_options,
             run_checker=not skip_checker,
             progress=_progress(console, input_path, quiet) if os.path.isfile(input_path) else None,
+            other_weights=other_weights == "int8",
+            auto=auto_options,
         )
         render.print_quantize_report(console, report)
+        if save_config is not None and report.auto is not None:
+            _io.write_text_atomic(save_config, json.dumps(report.auto.config.to_config(), indent=2) + "\n")
         _emit_report(report, report_json, _quantize_error(report))
     sys.exit(report.return_code)
+
+
+def _auto_options(
+    auto: bool,
+    min_cosine: float | None,
+    max_evaluations: int,
+    other_weights: str | None,
+    save_config: str | None,
+    int8_dynamic: bool,
+    q_options: QuantizeOptions,
+) -> AutoOptions | None:
+    """The search's options, or None without --auto (refusing options that need it)."""
+    if not auto:
+        if save_config is not None:
+            raise click.UsageError("--save-config needs --auto")
+        return None
+    if min_cosine is None:
+        raise click.UsageError("--auto needs --min-cosine")
+    if int8_dynamic:
+        raise click.UsageError("--auto chooses MatMulNBits settings: it does not combine with --int8-dynamic")
+    from onnx_conv2matmul.auto import AutoOptions
+
+    return AutoOptions(
+        min_cosine=min_cosine,
+        max_evaluations=max_evaluations,
+        other_weights=None if other_weights is None else other_weights == "int8",
+        accuracy_level=q_options.accuracy_level,
+        exclude=q_options.exclude,
+        include=q_options.include,
+    )
 
 
 def _quantize_error(report: QuantizeReport) -> str | None:

@@ -79,6 +79,10 @@ class CheckerError(Conv2MatMulError):
     """The ONNX checker rejected the rewritten model."""
 
 
+class TargetUnreachable(Conv2MatMulError):
+    """The accuracy asked for is not met even with every weight left in float."""
+
+
 class Interrupted(KeyboardInterrupt):
     """SIGINT or SIGTERM arrived while the console entry point ran.
 
@@ -95,6 +99,7 @@ EXIT_CODES: tuple[tuple[type[BaseException], ExitCode], ...] = (
     (InputError, ExitCode.USAGE),  # DestinationBusy included
     (ModelRunError, ExitCode.USAGE),
     (CheckerError, ExitCode.FAILED),
+    (TargetUnreachable, ExitCode.FAILED),
     (Conv2MatMulError, ExitCode.FAILED),
     (MemoryError, ExitCode.USAGE),
     (OSError, ExitCode.USAGE),

@@ -11,7 +11,9 @@ import dataclasses
 import os
 import resource
 import shutil
+import tempfile
 import time
+from typing import TYPE_CHECKING
 
 import onnx_ir as ir
 
@@ -31,6 +33,9 @@ from onnx_conv2matmul.report import BundleModel, BundleReport
 from onnx_conv2matmul.report import QuantizeReport as QuantizeReport  # its home before report.py
 from onnx_conv2matmul.verify import VerifyOptions, verify_models
 
+if TYPE_CHECKING:
+    from onnx_conv2matmul.auto import AutoConfig, AutoOptions
+
 
 def _peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -46,17 +51,38 @@ def quantize_file(
     verify: VerifyOptions | None = None,
     run_checker: bool = True,
     progress: Progress | None = None,
+    other_weights: bool = False,
+    auto: AutoOptions | None = None,
+    config: AutoConfig | None = None,
 ) -> QuantizeReport:
     """Rewrite pointwise convs, quantize, compare with the fp32 input, then publish.
 
     ``verify`` holds the input synthesis and the pass criterion (``min_cosine``).
     Quantizing is lossy: without ``min_cosine`` (or without ``verify``) the accuracy is
-    measured and reported only (``report_only``).
+    measured and reported only (``report_only``). ``other_weights`` stores the float
+    weights MatMulNBits does not take as int8 (see :mod:`onnx_conv2matmul.other_weights`).
+    With ``auto``, the settings are searched for (see :mod:`onnx_conv2matmul.auto`) on the
+    inputs ``verify`` synthesises, ``quantize_options`` and ``other_weights`` are not used,
+    and the accuracy check requires ``auto.min_cosine``. ``config`` replays a configuration
+    (the search's, see :meth:`onnx_conv2matmul.auto.AutoConfig.from_config`) instead of
+    ``quantize_options`` and ``other_weights``.
+
+    Raises:
+        TargetUnreachable: with ``auto``, the minimum is not met even in float.
     """
     started = time.perf_counter()
     convert_options = convert_options or ConvertOptions(extended=True, allow_non_unit_dilation=True)
     quantize_options = quantize_options or QuantizeOptions()
     verify = verify or VerifyOptions()
+    if auto is not None or config is not None:
+        if auto is not None and config is not None:
+            raise InputError("give a configuration to replay or a search, not both")
+        if int8:
+            raise InputError(
+                "a search or a replayed configuration chooses MatMulNBits settings, not int8 dynamic"
+            )
+    if auto is not None:
+        verify = dataclasses.replace(verify, min_cosine=auto.min_cosine, report_only=False)
     if verify.min_cosine is None:
         verify = dataclasses.replace(verify, report_only=True)
     progress = progress or NullProgress()
@@ -68,6 +94,11 @@ def quantize_file(
         options={
             "rewrite": convert_options.to_dict(),
             "quantize": {"int8_dynamic": True} if int8 else quantize_options.to_dict(),
+            "other_weights": "int8" if other_weights else "keep",
+            "auto": None
+            if auto is None
+            else {"min_cosine": auto.min_cosine, "max_evaluations": auto.max_evaluations},
+            "config": None if config is None else config.to_config(),
         },
     )
     try:
@@ -82,6 +113,9 @@ def quantize_file(
                 run_checker,
                 progress,
                 report,
+                other_weights,
+                auto,
+                config,
             )
     finally:
         progress.close()
@@ -100,6 +134,9 @@ def _quantize_to(
     run_checker: bool,
     progress: Progress,
     report: QuantizeReport,
+    other_weights: bool = False,
+    auto: AutoOptions | None = None,
+    config: AutoConfig | None = None,
 ) -> None:
     dst = output.path
     loaded = load_input(src, dst, inplace=False, run_checker=run_checker, progress=progress, timings={})
@@ -118,12 +155,25 @@ def _quantize_to(
     if int8:
         staged = _int8_staged(model, output, external, quantize_options, progress, report)
     else:
+        if auto is not None:
+            _search(src, dst, model, auto, verify, progress, report)
         progress.phase("Quantizing")
-        result = quantize_matmul_nbits(model, quantize_options)
+        chosen = report.auto.config if report.auto is not None else config
+        if chosen is not None:
+            from onnx_conv2matmul import auto as auto_search
+
+            result, others = auto_search.apply(model, chosen)
+            report.other_weights = others
+        else:
+            result = quantize_matmul_nbits(model, quantize_options)
+            if other_weights:
+                from onnx_conv2matmul.other_weights import quantize_other_weights
+
+                report.other_weights = quantize_other_weights(model)
         report.matmuls = result.matmuls
         report.quantized_nodes = result.quantized
         report.excluded = result.excluded
-        if result.quantized == 0:
+        if result.quantized == 0 and chosen is None:
             report.warnings.append(
                 "no MatMul was quantized: check the include and exclude patterns against the node names"
             )
@@ -145,6 +195,29 @@ def _quantize_to(
             progress.phase("Publishing")
             staged.publish(modes)
             report.output_path = dst
+
+
+def _search(
+    src: str,
+    dst: str,
+    model: ir.Model,
+    auto: AutoOptions,
+    verify: VerifyOptions,
+    progress: Progress,
+    report: QuantizeReport,
+) -> None:
+    """Run the search on the inputs the accuracy check uses, in a scratch directory beside ``dst``."""
+    from onnx_conv2matmul import auto as auto_search
+
+    progress.phase("Synthesising inputs")
+    feeds = auto_search.synthesised_feeds(src, verify)
+    workdir = tempfile.mkdtemp(prefix=".auto-", dir=os.path.dirname(os.path.abspath(dst)))
+    try:
+        report.auto = auto_search.search(
+            model, feeds, auto, workdir, deterministic=verify.deterministic, progress=progress.phase
+        )
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _check_int8_dynamic(model: ir.Model) -> None:

@@ -225,6 +225,24 @@ def print_quantize_report(console: Console, report: QuantizeReport) -> None:
             table.add_row("quantizable weight share with the rewrite", f"{after.share:.1%}")
     else:
         table.add_row("int8 dynamic nodes", str(report.quantized_nodes))
+    if report.other_weights is not None:
+        others = report.other_weights
+        table.add_row(
+            "other weights stored as int8",
+            f"{len(others.stored)} ({human_bytes(others.saved_bytes)} saved; {len(others.kept)} kept)",
+        )
+    if report.auto is not None:
+        found = report.auto
+        table.add_row(
+            "search: minimum cosine asked / reached", f"{found.min_cosine:g} / {found.reached_cosine:.5f}"
+        )
+        for label, count in found.config.counts().items():
+            table.add_row(f"search: {label}", str(count))
+        table.add_row(
+            "search: full-model evaluations, time",
+            f"{len(found.evaluations)}, {found.seconds:.1f} s"
+            f" (sensitivity {found.sensitivity_seconds:.1f} s)",
+        )
     table.add_row("size before", human_bytes(report.input_bytes))
     ratio = f" ({report.ratio:.3f}x)" if report.ratio else ""
     table.add_row("size after", human_bytes(report.output_bytes) + ratio)

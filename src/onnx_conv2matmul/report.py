@@ -23,6 +23,8 @@ from onnx_conv2matmul.errors import ExitCode
 from onnx_conv2matmul.reasons import SkipReason
 
 if TYPE_CHECKING:
+    from onnx_conv2matmul.auto import AutoResult
+    from onnx_conv2matmul.other_weights import OtherWeightsResult
     from onnx_conv2matmul.quantize import WeightStats
     from onnx_conv2matmul.verify import VerifyReport
 
@@ -345,6 +347,8 @@ class QuantizeReport(CommandReport):
     peak_rss_quantize_bytes: int = 0
     verification: VerifyReport | None = None
     warnings: list[str] = dataclasses.field(default_factory=list)
+    other_weights: OtherWeightsResult | None = None
+    auto: AutoResult | None = None
 
     @property
     def passed(self) -> bool:
@@ -396,6 +400,8 @@ class QuantizeReport(CommandReport):
             "peak_rss_quantize_bytes": self.peak_rss_quantize_bytes,
             "verification": None if self.verification is None else self.verification.to_dict(),
             "warnings": self.warnings,
+            "other_weights": None if self.other_weights is None else self.other_weights.to_dict(),
+            "auto": None if self.auto is None else self.auto.to_dict(),
         }
 
 

@@ -1,0 +1,738 @@
+"""Find the smallest quantized model that meets a minimum cosine similarity.
+
+The search, on a rewritten fp32 model and a list of input feeds:
+
+1. **Reference and activations.** The fp32 model runs once per feed with the input A of
+   every quantizable MatMul added as an output: its outputs are the reference, and each
+   MatMul gets ``h_k``, the mean square of its input's channel ``k``.
+2. **Sensitivity.** Every quantizable MatMul weight ``W [K, N]`` is quantized with every
+   setting of the ladder by onnxruntime's own block quantizer (the one MatMulNBits
+   quantization uses) and dequantized in numpy; its error is the output error energy
+   that the activations would see, relative to the output's:
+   ``sum_k h_k |W_k - Q(W)_k|^2 / sum_k h_k |W_k|^2``. The other weights (see
+   :mod:`onnx_conv2matmul.other_weights`) get their relative int8 error, the largest of
+   them standing for all.
+3. **Allocation.** For a trade-off ``l`` (bytes per unit of error) each MatMul takes
+   the setting with the least ``bytes + l * error`` (float: its fp32 bytes, error 0), and
+   the other weights the cheaper of int8 and float likewise: the smallest model for its
+   predicted error, if the errors of the nodes add up. ``l = 0`` gives every node its
+   smallest setting; the model grows with ``l``, up to all float. The trade-offs tried
+   are those at which some node's choice changes, in order.
+4. **Bisection.** The smallest model (``l = 0``) is evaluated first; then a bisection
+   over the trade-offs, each step a full-model evaluation: the model is built, saved, run
+   on every feed and its cosine taken on every float output (integer outputs must match
+   exactly). At most ``max_evaluations`` evaluations; the last one is kept for all-float
+   when nothing passed, which proves the target unreachable when it fails too.
+
+Everything is deterministic: the feeds, the order of nodes and thresholds, and the
+evaluations (one onnxruntime session at a time, graph optimizations off).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+import math
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from onnx_conv2matmul import other_weights
+from onnx_conv2matmul._graphs import is_external
+from onnx_conv2matmul.errors import TargetUnreachable
+from onnx_conv2matmul.quantize import NBitsResult, QuantizeOptions, _constant_2d_weight, quantize_matmul_nbits
+
+CONFIG_VERSION = 1
+DEFAULT_MAX_EVALUATIONS = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """How one MatMul is stored: MatMulNBits with these settings, or float (``bits`` None)."""
+
+    bits: int | None
+    block_size: int = 64
+    symmetric: bool = False
+
+    @property
+    def label(self) -> str:
+        if self.bits is None:
+            return "float"
+        return f"int{self.bits} block {self.block_size} {'symmetric' if self.symmetric else 'asymmetric'}"
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.bits is None:
+            return {"bits": None}
+        return {"bits": self.bits, "block_size": self.block_size, "symmetric": self.symmetric}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Setting:
+        bits = data.get("bits")
+        if bits is None:
+            return FLOAT
+        return cls(int(bits), int(data.get("block_size", 64)), bool(data.get("symmetric", False)))
+
+
+FLOAT = Setting(None)
+# The other weights' one option besides float, in the same allocation as the MatMuls.
+_OTHER_INT8 = Setting(8, 0, True)
+
+LADDER: tuple[Setting, ...] = tuple(
+    Setting(bits, block, symmetric)
+    for bits in (4, 8)
+    for block in (128, 64, 32)
+    for symmetric in (True, False)
+)
+"""The quantized settings the search chooses from (float is always a choice)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class AutoOptions:
+    """What the search looks for.
+
+    Attributes:
+        min_cosine: Every float output's cosine similarity to fp32, on every feed, must
+            be at least this.
+        max_evaluations: Most full-model evaluations (at least 2).
+        ladder: The quantized settings to choose from.
+        other_weights: True or False to force int8 or float for the other weights;
+            None lets the search decide.
+        accuracy_level: MatMulNBits accuracy level of every quantized node.
+        exclude: Glob patterns of MatMul names kept in float.
+        include: When given, only MatMuls matching one of these are candidates.
+    """
+
+    min_cosine: float
+    max_evaluations: int = DEFAULT_MAX_EVALUATIONS
+    ladder: tuple[Setting, ...] = LADDER
+    other_weights: bool | None = None
+    accuracy_level: int = 0
+    exclude: tuple[str, ...] = ()
+    include: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_evaluations < 2:
+            raise ValueError(f"the search needs at least 2 evaluations, got {self.max_evaluations}")
+        if any(s.bits is None for s in self.ladder):
+            raise ValueError("the ladder holds quantized settings only (float is always a choice)")
+
+    def selects(self, name: str) -> bool:
+        return QuantizeOptions(exclude=self.exclude, include=self.include).selects(name)
+
+
+@dataclasses.dataclass
+class AutoConfig:
+    """A chosen configuration: a setting per MatMul (by name) and the other weights' storage.
+
+    :meth:`to_config` gives the JSON a ``--config`` file holds; :func:`apply` replays it.
+    """
+
+    nodes: dict[str, Setting]
+    other_weights: bool = False
+    accuracy_level: int = 0
+
+    def to_config(self) -> dict[str, Any]:
+        """The equivalent options: defaults for nothing, every candidate node listed."""
+        return {
+            "config_version": CONFIG_VERSION,
+            "bits": 4,
+            "block_size": 64,
+            "symmetric": False,
+            "algorithm": "default",
+            "accuracy_level": self.accuracy_level,
+            "bits_for": {},
+            "exclude": [],
+            "nodes": {name: setting.to_dict() for name, setting in sorted(self.nodes.items())},
+            "other_weights": "int8" if self.other_weights else "keep",
+        }
+
+    @classmethod
+    def from_config(cls, data: Mapping[str, Any]) -> AutoConfig:
+        """Read back :meth:`to_config`'s output (its ``nodes`` and ``other_weights``)."""
+        if data.get("config_version") != CONFIG_VERSION:
+            raise ValueError(f"unsupported config_version {data.get('config_version')!r}")
+        nodes = {str(name): Setting.from_dict(s) for name, s in dict(data.get("nodes", {})).items()}
+        return cls(nodes, data.get("other_weights") == "int8", int(data.get("accuracy_level", 0)))
+
+    def counts(self) -> dict[str, int]:
+        """How many nodes take each setting, by label."""
+        counts: dict[str, int] = {}
+        for setting in self.nodes.values():
+            counts[setting.label] = counts.get(setting.label, 0) + 1
+        return dict(sorted(counts.items()))
+
+
+@dataclasses.dataclass
+class Evaluation:
+    """One full-model evaluation: the trade-off, the chosen weights' bytes, the worst cosine."""
+
+    tradeoff: float
+    weight_bytes: int
+    min_cosine: float
+    passed: bool
+    seconds: float
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """As JSON: the all-float trade-off (infinite) is null."""
+        data = dataclasses.asdict(self)
+        data["tradeoff"] = None if math.isinf(self.tradeoff) else self.tradeoff
+        return data
+
+
+@dataclasses.dataclass
+class NodeChoice:
+    """A MatMul in the result: its weight shape, setting, predicted error and bytes."""
+
+    name: str
+    k: int
+    n: int
+    setting: Setting
+    error: float
+    weight_bytes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "k": self.k,
+            "n": self.n,
+            **self.setting.to_dict(),
+            "label": self.setting.label,
+            "predicted_error": self.error,
+            "weight_bytes": self.weight_bytes,
+        }
+
+
+@dataclasses.dataclass
+class AutoResult:
+    """The search's outcome: the configuration, how it was found, and how long it took."""
+
+    min_cosine: float
+    config: AutoConfig
+    reached_cosine: float
+    choices: list[NodeChoice]
+    other_weights_error: float | None
+    evaluations: list[Evaluation]
+    feeds: int
+    sensitivity_seconds: float = 0.0
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "min_cosine": self.min_cosine,
+            "reached_cosine": self.reached_cosine,
+            "feeds": self.feeds,
+            "seconds": round(self.seconds, 2),
+            "sensitivity_seconds": round(self.sensitivity_seconds, 2),
+            "full_evaluations": len(self.evaluations),
+            "evaluations": [e.to_dict() for e in self.evaluations],
+            "settings": self.config.counts(),
+            "other_weights": "int8" if self.config.other_weights else "keep",
+            "other_weights_error": self.other_weights_error,
+            "nodes": [c.to_dict() for c in self.choices],
+            "config": self.config.to_config(),
+        }
+
+
+def apply(model: ir.Model, config: AutoConfig) -> tuple[NBitsResult, other_weights.OtherWeightsResult | None]:
+    """Quantize ``model`` in place as ``config`` says; the MatMulNBits totals and the other weights' result.
+
+    Nodes of one setting are quantized in one pass; MatMuls the config does not list stay float.
+    """
+    total = NBitsResult()
+    groups: dict[Setting, list[str]] = {}
+    for name, setting in config.nodes.items():
+        if setting.bits is not None:
+            groups.setdefault(setting, []).append(name)
+    for setting in sorted(groups, key=_setting_key):
+        options = QuantizeOptions(
+            bits=setting.bits or 4,
+            block_size=setting.block_size,
+            symmetric=setting.symmetric,
+            accuracy_level=config.accuracy_level,
+            include=tuple(_glob_escape(name) for name in sorted(groups[setting])),
+        )
+        result = quantize_matmul_nbits(model, options)
+        total.quantized += result.quantized
+    total.matmuls = sum(1 for g, _ in _graphs(model) for n in g if n.op_type in ("MatMul", "MatMulNBits"))
+    total.excluded = sorted(name for name, setting in config.nodes.items() if setting.bits is None)
+    others = other_weights.quantize_other_weights(model) if config.other_weights else None
+    return total, others
+
+
+def _graphs(model: ir.Model) -> list[tuple[ir.Graph, str]]:
+    from onnx_conv2matmul._graphs import walk_graphs
+
+    return list(walk_graphs(model.graph))
+
+
+def _setting_key(setting: Setting) -> tuple[int, int, bool]:
+    return (setting.bits or 0, setting.block_size, setting.symmetric)
+
+
+def _glob_escape(name: str) -> str:
+    """A glob pattern that matches ``name`` only."""
+    return "".join(f"[{c}]" if c in "*?[" else c for c in name)
+
+
+# --------------------------------------------------------------------------- #
+# Sensitivity
+# --------------------------------------------------------------------------- #
+
+
+@dataclasses.dataclass
+class _Node:
+    """A quantizable MatMul: name, the input A's name, and per setting (error, bytes)."""
+
+    name: str
+    a_name: str | None
+    k: int
+    n: int
+    float_bytes: int
+    options: dict[Setting, tuple[float, int]] = dataclasses.field(default_factory=dict)
+
+    def choose(self, tradeoff: float) -> tuple[Setting, float, int]:
+        """The option with the least ``bytes + tradeoff * error`` (float: error 0); ties: fewer bytes.
+
+        An infinite trade-off gives float.
+        """
+        if math.isinf(tradeoff):
+            return FLOAT, 0.0, self.float_bytes
+        best: tuple[Setting, float, int] = (FLOAT, 0.0, self.float_bytes)
+        best_cost = float(self.float_bytes)
+        for setting, (error, size) in self.options.items():
+            cost = size + tradeoff * error
+            if cost < best_cost or (cost == best_cost and size < best[2]):
+                best, best_cost = (setting, error, size), cost
+        return best
+
+
+def block_quantize(weight: np.ndarray, setting: Setting) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """onnxruntime's MatMulNBits block quantization of ``weight [K, N]``: packed, scales, zero points.
+
+    The zero points are None when symmetric (MatMulNBits then has no such input).
+    """
+    from onnxruntime.quantization.matmul_nbits_quantizer import (
+        DefaultWeightOnlyQuantConfig,
+        DefaultWeightOnlyQuantizer,
+    )
+    from onnxruntime.quantization.quant_utils import QuantFormat
+
+    assert setting.bits is not None
+    quantizer = DefaultWeightOnlyQuantizer(
+        DefaultWeightOnlyQuantConfig(
+            block_size=setting.block_size,
+            is_symmetric=setting.symmetric,
+            quant_format=QuantFormat.QOperator,
+            op_types_to_quantize=("MatMul",),
+            bits=setting.bits,
+        )
+    )
+    packed, scales, zero_points = quantizer.qbits_block_quant(np.ascontiguousarray(weight))
+    return packed, scales, None if setting.symmetric else zero_points
+
+
+def block_dequantize(
+    packed: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, bits: int, k: int
+) -> np.ndarray:
+    """What MatMulNBits multiplies by: the ``[K, N]`` weight its packed data, scales and zero points hold.
+
+    ``packed [N, blocks, blob]`` holds ``8 // bits`` values per byte, the first in the low
+    bits; zero points (``[N, ceil(blocks * bits / 8)]``, packed the same way) default to
+    ``2 ** (bits - 1)``.
+    """
+    n, blocks, _ = packed.shape
+    if bits == 4:
+        q = np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(n, blocks, -1)
+    else:
+        q = packed.reshape(n, blocks, -1)
+    if zero_points is None:
+        zp = np.full((n, blocks), 2 ** (bits - 1), dtype=np.float32)
+    elif bits == 4:
+        zp = np.stack([zero_points & 0x0F, zero_points >> 4], axis=-1).reshape(n, -1)[:, :blocks]
+    else:
+        zp = zero_points.reshape(n, -1)[:, :blocks]
+    scale = scales.reshape(n, blocks).astype(np.float32)
+    values = (q.astype(np.float32) - zp.astype(np.float32)[:, :, None]) * scale[:, :, None]
+    return values.reshape(n, -1)[:, :k].T
+
+
+def _weighted_error(weight: np.ndarray, approx: np.ndarray, h: np.ndarray) -> float:
+    """``sum_k h_k |W_k - Q_k|^2 / sum_k h_k |W_k|^2`` for ``weight`` and ``approx`` ``[K, n]`` (float32)."""
+    diff = weight - approx
+    error = np.einsum("kn,kn->k", diff, diff).astype(np.float64)
+    norm = np.einsum("kn,kn->k", weight, weight).astype(np.float64)
+    total = float(np.dot(norm, h))
+    return float(np.dot(error, h)) / total if total > 0 else 0.0
+
+
+SAMPLED_COLUMNS = 256
+"""The sensitivity looks at this many columns of a weight (evenly spaced): block quantization
+works column by column, so their error estimates the whole weight's."""
+
+
+def _sampled_columns(n: int) -> np.ndarray:
+    return np.unique(np.linspace(0, n - 1, min(n, SAMPLED_COLUMNS)).round().astype(np.int64))
+
+
+# --------------------------------------------------------------------------- #
+# Running models
+# --------------------------------------------------------------------------- #
+
+
+def _session(path: str, deterministic: bool) -> Any:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.log_severity_level = 3
+    if deterministic:
+        so.intra_op_num_threads = 1
+        so.inter_op_num_threads = 1
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        so.use_deterministic_compute = True
+    return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+
+
+def _worst_cosine(
+    reference: Sequence[Sequence[Any]], outputs: Sequence[Sequence[Any]], names: Sequence[str]
+) -> tuple[float, str]:
+    """The smallest cosine over every float output and feed; -1 and a note when an exact output differs."""
+    from onnx_conv2matmul.verify import VerifyOptions, compare_outputs
+
+    options = VerifyOptions(report_only=True)
+    worst = 1.0
+    for index, (ref, out) in enumerate(zip(reference, outputs, strict=True)):
+        for name, r, o in zip(names, ref, out, strict=True):
+            row = compare_outputs(r, o, options, length=index, name=name)
+            if not row.passed:
+                return -1.0, f"{name} on feed {index}: {row.note}"
+            if row.cosine is not None:
+                worst = min(worst, row.cosine)
+    return worst, ""
+
+
+# --------------------------------------------------------------------------- #
+# The search
+# --------------------------------------------------------------------------- #
+
+
+ProgressCallback = Callable[[str], None]
+
+
+def search(
+    model: ir.Model,
+    feeds: Sequence[Mapping[str, np.ndarray]],
+    options: AutoOptions,
+    workdir: str,
+    *,
+    deterministic: bool = False,
+    progress: ProgressCallback | None = None,
+) -> AutoResult:
+    """Find the smallest configuration of ``model`` (rewritten, fp32) that meets ``options.min_cosine``.
+
+    ``model`` is not changed; it is saved into ``workdir`` (which the caller removes),
+    and every evaluated model is written there in turn.
+
+    Raises:
+        TargetUnreachable: the all-float model does not meet the minimum either.
+    """
+    from onnx_conv2matmul import _output
+
+    started = time.perf_counter()
+    say = progress or (lambda _text: None)
+    if not feeds:
+        raise ValueError("the search needs at least one input feed")
+    fp32_path = os.path.join(workdir, "fp32.onnx")
+    nodes = _quantizable(model, options)
+    output_names = [v.name or "" for v in model.graph.outputs]
+    a_names = sorted({n.a_name for n in nodes if n.a_name is not None})
+    added = _add_outputs(model, a_names)
+    try:
+        say("Saving the fp32 model for the search")
+        _output.save(model, fp32_path, "fp32.onnx.data")
+    finally:
+        for _ in range(len(added)):
+            model.graph.outputs.pop()
+    say("Measuring activations")
+    reference, activations = _reference(fp32_path, feeds, len(output_names), added, deterministic)
+    say("Measuring each weight's sensitivity")
+    sens_started = time.perf_counter()
+    _sensitivities(model, nodes, options.ladder, activations)
+    others = _Node("(other weights)", None, 0, 0, 0)
+    if options.other_weights is None:
+        measured = _other_weights_error(model)
+        if measured is not None:
+            other_error, kept_bytes, int8_bytes = measured
+            others.float_bytes = kept_bytes
+            others.options[_OTHER_INT8] = (other_error, int8_bytes)
+    sensitivity_seconds = time.perf_counter() - sens_started
+    items = [*nodes, others]
+    tradeoffs = [0.0, *_breakpoints(items), math.inf]
+
+    def config_at(index: int) -> AutoConfig:
+        """Index 0: every node at its smallest setting; the last: every node in float."""
+        tradeoff = tradeoffs[index]
+        chosen = {node.name: node.choose(tradeoff)[0] for node in nodes}
+        if options.other_weights is not None:
+            int8_others = options.other_weights
+        else:
+            int8_others = others.choose(tradeoff)[0] == _OTHER_INT8
+        return AutoConfig(chosen, int8_others, options.accuracy_level)
+
+    evaluations: list[Evaluation] = []
+    cache: dict[str, tuple[bool, float]] = {}
+
+    def evaluate(index: int) -> tuple[bool, float]:
+        config = config_at(index)
+        key = repr((sorted((n, repr(s)) for n, s in config.nodes.items()), config.other_weights))
+        if key in cache:
+            return cache[key]
+        say(f"Evaluating configuration {len(evaluations) + 1} of at most {options.max_evaluations}")
+        t0 = time.perf_counter()
+        cosine, note = _evaluate(
+            fp32_path, config, feeds, reference, output_names, added, workdir, deterministic
+        )
+        passed = cosine >= options.min_cosine
+        bytes_ = _weight_bytes(nodes, config) + (
+            others.options[_OTHER_INT8][1] if config.other_weights and others.options else others.float_bytes
+        )
+        evaluations.append(
+            Evaluation(tradeoffs[index], bytes_, cosine, passed, time.perf_counter() - t0, note)
+        )
+        cache[key] = (passed, cosine)
+        return passed, cosine
+
+    # Find the smallest index that passes: index 0 first, then bisection; the all-float
+    # end is assumed to pass and evaluated only when nothing else did.
+    fail, good = 0, len(tradeoffs) - 1
+    reached: float | None = None
+    passed, cosine = evaluate(0)
+    if passed:
+        good, reached = 0, cosine
+    else:
+        while good - fail > 1 and len(evaluations) < options.max_evaluations - (1 if reached is None else 0):
+            mid = (fail + good) // 2
+            passed, cosine = evaluate(mid)
+            if passed:
+                good, reached = mid, cosine
+            else:
+                fail = mid
+        if reached is None:
+            good = len(tradeoffs) - 1
+            passed, cosine = evaluate(good)
+            if not passed:
+                raise TargetUnreachable(
+                    f"a minimum cosine similarity of {options.min_cosine:g} is not met even with every"
+                    f" weight in float (worst cosine {cosine:.6g} over {len(feeds)} input(s))"
+                )
+            reached = cosine
+    config = config_at(good)
+    choices = []
+    for node in nodes:
+        setting, error, size = node.choose(tradeoffs[good])
+        choices.append(NodeChoice(node.name, node.k, node.n, setting, error, size))
+    return AutoResult(
+        min_cosine=options.min_cosine,
+        config=config,
+        reached_cosine=reached,
+        choices=choices,
+        other_weights_error=others.options[_OTHER_INT8][0] if others.options else None,
+        evaluations=evaluations,
+        feeds=len(feeds),
+        sensitivity_seconds=sensitivity_seconds,
+        seconds=time.perf_counter() - started,
+    )
+
+
+def _breakpoints(items: Sequence[_Node]) -> list[float]:
+    """The trade-offs at which some item's choice may change, ascending.
+
+    An item switches from a smaller option to a larger, more accurate one where
+    ``bytes + tradeoff * error`` is equal for both.
+    """
+    points: set[float] = set()
+    for item in items:
+        options = [(0.0, item.float_bytes), *item.options.values()]
+        for error_a, bytes_a in options:
+            for error_b, bytes_b in options:
+                if bytes_a < bytes_b and error_a > error_b:
+                    points.add((bytes_b - bytes_a) / (error_a - error_b))
+    return sorted(points)
+
+
+def _weight_bytes(nodes: Sequence[_Node], config: AutoConfig) -> int:
+    total = 0
+    for node in nodes:
+        setting = config.nodes[node.name]
+        total += node.float_bytes if setting.bits is None else node.options[setting][1]
+    return total
+
+
+def _quantizable(model: ir.Model, options: AutoOptions) -> list[_Node]:
+    """The named MatMuls MatMulNBits takes that the options select, in graph order (names unique)."""
+    nodes: dict[str, _Node] = {}
+    for graph, _ in _graphs(model):
+        for node in graph:
+            b = _constant_2d_weight(node)
+            name = node.name or ""
+            if b is None or not name or name in nodes or not options.selects(name):
+                continue
+            a = node.inputs[0]
+            in_main = graph is model.graph and a is not None and not a.is_initializer()
+            k, n = (int(d) for d in b.const_value.shape.numpy())  # type: ignore[union-attr]
+            a_name = a.name if in_main and a is not None else None
+            nodes[name] = _Node(name, a_name, k, n, int(b.const_value.nbytes))  # type: ignore[union-attr]
+    return list(nodes.values())
+
+
+def _add_outputs(model: ir.Model, names: Sequence[str]) -> list[str]:
+    """Add the named main-graph values as graph outputs (those not outputs yet); their names."""
+    by_name: dict[str, ir.Value] = {v.name: v for v in model.graph.inputs if v.name}
+    for node in model.graph:
+        for value in node.outputs:
+            if value.name:
+                by_name[value.name] = value
+    present = {v.name for v in model.graph.outputs}
+    added = []
+    for name in names:
+        found = by_name.get(name)
+        if found is not None and name not in present:
+            model.graph.outputs.append(found)
+            added.append(name)
+    return added
+
+
+def _reference(
+    path: str,
+    feeds: Sequence[Mapping[str, np.ndarray]],
+    n_outputs: int,
+    added: Sequence[str],
+    deterministic: bool,
+) -> tuple[list[list[Any]], dict[str, np.ndarray]]:
+    """The fp32 outputs per feed, and per added value the mean square of each last-axis channel."""
+    session = _session(path, deterministic)
+    reference: list[list[Any]] = []
+    sums: dict[str, np.ndarray] = {}
+    counts: dict[str, int] = {}
+    for feed in feeds:
+        outputs = session.run(None, dict(feed))
+        reference.append(outputs[:n_outputs])
+        for name, array in zip(added, outputs[n_outputs:], strict=True):
+            a = np.asarray(array, dtype=np.float64)
+            flat = a.reshape(-1, a.shape[-1]) if a.ndim else a.reshape(1, 1)
+            sums[name] = sums.get(name, 0.0) + np.square(flat).sum(axis=0)
+            counts[name] = counts.get(name, 0) + flat.shape[0]
+    del session
+    gc.collect()
+    return reference, {name: sums[name] / max(counts[name], 1) for name in sums}
+
+
+def _sensitivities(
+    model: ir.Model, nodes: Sequence[_Node], ladder: Sequence[Setting], activations: Mapping[str, np.ndarray]
+) -> None:
+    """Fill each node's (error, bytes) per setting of the ladder."""
+    by_name = {node.name: node for node in nodes}
+    for graph, _ in _graphs(model):
+        for node in graph:
+            entry = by_name.get(node.name or "")
+            b = _constant_2d_weight(node)
+            if entry is None or b is None or entry.options:
+                continue
+            columns = _sampled_columns(entry.n)
+            full = b.const_value.numpy()  # type: ignore[union-attr]
+            weight = np.ascontiguousarray(full[:, columns])
+            del full
+            if is_external(b.const_value):
+                b.const_value.release()  # type: ignore[union-attr]
+            h = activations.get(entry.a_name or "")
+            if h is None or h.shape != (entry.k,):
+                h = np.ones(entry.k)
+            scaled = entry.n / len(columns)  # bytes are per column
+            as_float = weight.astype(np.float32)
+            for setting in ladder:
+                assert setting.bits is not None
+                packed, scales, zero_points = block_quantize(weight, setting)
+                approx = block_dequantize(packed, scales, zero_points, setting.bits, entry.k)
+                size = packed.nbytes + scales.nbytes + (0 if zero_points is None else zero_points.nbytes)
+                entry.options[setting] = (_weighted_error(as_float, approx, h), round(size * scaled))
+            del weight, as_float
+
+
+def _other_weights_error(model: ir.Model) -> tuple[float, int, int] | None:
+    """The other weights' largest relative int8 error, their bytes, their bytes as int8 (None: none)."""
+    worst: float | None = None
+    kept = stored = 0
+    for tensor, axis in other_weights.eligible_arrays(model):
+        array = tensor.numpy()
+        if not np.isfinite(array).all():
+            continue
+        q, scales = other_weights.quantize_data_int8(array, axis)
+        approx = other_weights.dequantize_int8(q, scales, axis)
+        diff = float(np.square(array.astype(np.float64) - approx).sum())
+        norm = float(np.square(array.astype(np.float64)).sum())
+        error = diff / norm if norm > 0 else 0.0
+        worst = error if worst is None else max(worst, error)
+        kept += int(tensor.nbytes)
+        stored += q.nbytes + scales.nbytes
+    return None if worst is None else (worst, kept, stored)
+
+
+def _evaluate(
+    fp32_path: str,
+    config: AutoConfig,
+    feeds: Sequence[Mapping[str, np.ndarray]],
+    reference: Sequence[Sequence[Any]],
+    names: Sequence[str],
+    added: Sequence[str],
+    workdir: str,
+    deterministic: bool,
+) -> tuple[float, str]:
+    """Build ``config`` from the fp32 copy, save it, run every feed: the worst cosine and a note."""
+    from onnx_conv2matmul import _output
+
+    model = ir.load(fp32_path)
+    for _ in range(len(added)):
+        model.graph.outputs.pop()
+    apply(model, config)
+    path = os.path.join(workdir, "candidate.onnx")
+    data_path = path + ".data"
+    try:
+        _output.save(model, path, os.path.basename(data_path))
+        del model
+        session = _session(path, deterministic)
+        outputs = [session.run(None, dict(feed)) for feed in feeds]
+        del session
+    except Exception as err:  # a candidate that does not run fails; the search goes on
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        return -1.0, f"onnxruntime cannot run it: {first}"
+    finally:
+        gc.collect()
+        for leftover in (path, data_path):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(leftover)
+    return _worst_cosine(reference, outputs, names)
+
+
+def synthesised_feeds(path: str, options: Any) -> list[dict[str, np.ndarray]]:
+    """The inputs ``verify`` synthesises for the model at ``path`` with ``options`` (a VerifyOptions).
+
+    One feed per length the original runs at, exactly as the accuracy check makes them.
+
+    Raises:
+        ModelRunError: the model cannot be loaded or run on them.
+    """
+    from onnx_conv2matmul.verify import _open, _run_original, plan_lengths, synthesise_inputs
+
+    session, specs, _ = _open(path, "original", options)
+    plan = plan_lengths(specs, options)
+    outputs, _ = _run_original(session, specs, options, plan)
+    del session
+    gc.collect()
+    lengths = list(outputs) if options.lengths is not None else sorted(outputs)
+    return [synthesise_inputs(specs, length, options)[0] for length in lengths]

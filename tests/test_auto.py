@@ -1,0 +1,212 @@
+"""quantize --auto: the smallest configuration that meets a minimum cosine similarity."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+from click.testing import CliRunner
+from onnx import TensorProto, helper, numpy_helper
+
+from helpers import run
+from onnx_conv2matmul import auto
+from onnx_conv2matmul.auto import AutoConfig, AutoOptions, Setting, block_dequantize, block_quantize
+from onnx_conv2matmul.cli import main
+from onnx_conv2matmul.pipeline import quantize_file
+from onnx_conv2matmul.verify import VerifyOptions
+
+DATA = Path(__file__).parent / "data"
+ENCODER = DATA / "conformer_small.onnx"
+# Two short lengths keep each full-model evaluation cheap.
+VERIFY = VerifyOptions(lengths=(64, 97))
+
+
+def _invoke(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    return result.exit_code, result.stdout, result.stderr
+
+
+@pytest.mark.parametrize("setting", [*auto.LADDER, Setting(4, 16, False), Setting(8, 32, True)])
+def test_block_dequantize_is_what_matmulnbits_computes(setting: Setting) -> None:
+    """The sensitivity's dequantized weight equals MatMulNBits' own (A = identity), K padded."""
+    k, n = 70, 24
+    weight = np.random.default_rng(3).standard_normal((k, n)).astype(np.float32)
+    packed, scales, zero_points = block_quantize(weight, setting)
+    assert setting.bits is not None
+    expected = block_dequantize(packed, scales, zero_points, setting.bits, k)
+    inputs = ["a", "B", "S"] + ([] if zero_points is None else ["Z"])
+    inits = [numpy_helper.from_array(packed, "B"), numpy_helper.from_array(scales.reshape(-1), "S")]
+    if zero_points is not None:
+        inits.append(numpy_helper.from_array(zero_points.reshape(-1), "Z"))
+    node = helper.make_node(
+        "MatMulNBits",
+        inputs,
+        ["y"],
+        domain="com.microsoft",
+        K=k,
+        N=n,
+        bits=setting.bits,
+        block_size=setting.block_size,
+    )
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, [k, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [k, n])],
+        inits,
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    )
+    (got,) = run(model, {"a": np.eye(k, dtype=np.float32)})
+    np.testing.assert_array_equal(got, expected)
+
+
+def _auto(tmp_path: Path, name: str, min_cosine: float, **kwargs: object):  # type: ignore[no-untyped-def]
+    return quantize_file(
+        ENCODER,
+        tmp_path / name,
+        verify=VERIFY,
+        auto=AutoOptions(min_cosine=min_cosine, **kwargs),  # type: ignore[arg-type]
+    )
+
+
+def test_search_meets_the_minimum_is_deterministic_and_replays(tmp_path: Path) -> None:
+    """Twice the same choice; every synthesised input meets the minimum; the config replays
+    to the same bytes; the result is smaller than int8 everywhere and mixes settings."""
+    first = _auto(tmp_path, "a.onnx", 0.999)
+    second = _auto(tmp_path, "b.onnx", 0.999)
+    assert first.return_code == 0 and first.output_path is not None
+    assert first.auto is not None and second.auto is not None
+    assert first.auto.config == second.auto.config
+    assert (tmp_path / "a.onnx").read_bytes() == (tmp_path / "b.onnx").read_bytes()
+    assert first.verification is not None
+    cosines = [r.cosine for r in first.verification.results if r.cosine is not None]
+    assert len(cosines) == 2 and min(cosines) >= 0.999
+    assert first.auto.reached_cosine >= 0.999
+    assert 1 <= len(first.auto.evaluations) <= 8
+    assert len({c.setting for c in first.auto.choices}) > 1
+
+    # Replayed from its JSON config, the same bytes.
+    config = AutoConfig.from_config(json.loads(json.dumps(first.auto.config.to_config())))
+    assert config == first.auto.config
+    replay = quantize_file(ENCODER, tmp_path / "c.onnx", verify=VERIFY, config=config)
+    assert replay.return_code == 0 and replay.auto is None
+    assert (tmp_path / "c.onnx").read_bytes() == (tmp_path / "a.onnx").read_bytes()
+
+    int8 = quantize_file(ENCODER, tmp_path / "int8.onnx", verify=VERIFY, config=_everywhere(config, 8))
+    assert first.output_bytes < int8.output_bytes
+
+
+def _everywhere(config: AutoConfig, bits: int) -> AutoConfig:
+    return AutoConfig({name: Setting(bits, 64, False) for name in config.nodes})
+
+
+def test_a_looser_minimum_gives_a_smaller_model(tmp_path: Path) -> None:
+    loose = _auto(tmp_path, "loose.onnx", 0.99)
+    tight = _auto(tmp_path, "tight.onnx", 0.9999)
+    assert loose.auto is not None and tight.auto is not None
+    assert loose.output_bytes < tight.output_bytes
+    assert tight.auto.reached_cosine >= 0.9999
+
+
+def test_unreachable_minimum_raises_after_trying_float(tmp_path: Path) -> None:
+    """Above 1 no model qualifies: the search ends with the all-float evaluation and says so."""
+    from onnx_conv2matmul.errors import TargetUnreachable, exit_code_for
+
+    with pytest.raises(TargetUnreachable, match="not met even with every weight in float") as info:
+        _auto(tmp_path, "q.onnx", 1.5, max_evaluations=3)
+    assert exit_code_for(info.value) == 1
+    assert not (tmp_path / "q.onnx").exists()
+
+
+def test_cli_unreachable_exits_1_and_writes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every candidate, float included, below the minimum: exit 1, one line, nothing written."""
+    monkeypatch.setattr(auto, "_worst_cosine", lambda *_args: (0.5, ""))
+    out = tmp_path / "q.onnx"
+    code, stdout, stderr = _invoke(
+        "quantize",
+        str(ENCODER),
+        str(out),
+        "--auto",
+        "--min-cosine",
+        "0.99",
+        "--verify-lengths",
+        "64",
+        "--max-evaluations",
+        "2",
+        "--report-json-stdout",
+    )
+    assert code == 1
+    assert "not met even with every weight in float" in stderr
+    assert len(stderr.strip().splitlines()) == 1
+    assert json.loads(stdout)["return_code"] == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_auto_writes_config_and_report(tmp_path: Path) -> None:
+    out, config, report = tmp_path / "q.onnx", tmp_path / "c.json", tmp_path / "r.json"
+    code, _, stderr = _invoke(
+        "quantize",
+        str(ENCODER),
+        str(out),
+        "--auto",
+        "--min-cosine",
+        "0.995",
+        "--verify-lengths",
+        "64,97",
+        "--save-config",
+        str(config),
+        "--report-json",
+        str(report),
+        "-q",
+    )
+    assert code == 0, stderr
+    saved = json.loads(config.read_text())
+    data = json.loads(report.read_text())
+    assert saved == data["auto"]["config"]
+    assert saved["config_version"] == 1 and saved["nodes"]
+    assert data["auto"]["full_evaluations"] == len(data["auto"]["evaluations"]) <= 8
+    assert data["verification"]["criterion"] == {"kind": "min_cosine", "min_cosine": 0.995}
+    assert len(data["auto"]["nodes"]) == len(saved["nodes"])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--auto"], "--auto needs --min-cosine"),
+        (["--save-config", "x.json"], "--save-config needs --auto"),
+        (["--auto", "--min-cosine", "0.9", "--int8-dynamic"], "does not combine with --int8-dynamic"),
+    ],
+)
+def test_cli_auto_usage_errors(tmp_path: Path, args: list[str], message: str) -> None:
+    code, _, stderr = _invoke("quantize", str(ENCODER), str(tmp_path / "q.onnx"), *args)
+    assert code == 2
+    assert message in stderr
+
+
+def test_apply_leaves_unlisted_and_float_nodes_in_float() -> None:
+    """apply() quantizes exactly the nodes its config gives bits; names with glob characters too."""
+    weight = np.random.default_rng(0).standard_normal((64, 32)).astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["x", "W1"], ["a"], name="mm[0]"),
+        helper.make_node("MatMul", ["x", "W2"], ["b"], name="mm*"),
+        helper.make_node("MatMul", ["x", "W3"], ["c"], name="mm?"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 32]) for n in "abc"],
+        [numpy_helper.from_array(weight + i, f"W{i}") for i in (1, 2, 3)],
+    )
+    model = ir.serde.deserialize_model(helper.make_model(graph))
+    config = AutoConfig({"mm[0]": Setting(4, 32, True), "mm*": Setting(None)})
+    result, others = auto.apply(model, config)
+    assert result.quantized == 1 and others is None
+    kinds = {n.name: n.op_type for n in model.graph}
+    assert kinds["mm*"] == "MatMul" and kinds["mm?"] == "MatMul"
+    assert sum(op == "MatMulNBits" for op in kinds.values()) == 1
