@@ -109,9 +109,10 @@ def _settle(plans: list[Plan], options: ConvertOptions) -> list[Plan]:
     """Drop plans until every weight is converted whole and, by default, no Transpose is added.
 
     Dropping a conv can make a neighbour's conversion cost a Transpose, or leave a
-    weight shared with a conv that stays, so this runs until nothing changes.
+    weight shared with a conv that stays, so this runs until nothing changes. Every round
+    but the last drops at least one plan, so there are at most ``len(plans) + 1`` rounds.
     """
-    while True:
+    for _ in range(len(plans) + 1):
         plans = _drop_shared_with_unconverted(plans)
         if options.allow_added_transposes:
             return plans
@@ -119,6 +120,7 @@ def _settle(plans: list[Plan], options: ConvertOptions) -> list[Plan]:
         if len(kept) == len(plans):
             return kept
         plans = kept
+    raise AssertionError("the plans kept changing after every conv was dropped")
 
 
 def _drop_adding_transposes(plans: list[Plan]) -> list[Plan]:
