@@ -195,7 +195,13 @@ def _function_entries(model: ir.Model) -> list[ConvEntry]:
 
 
 def constant_tensor(value: ir.Value) -> tuple[ir.TensorProtocol, ir.Node | None] | None:
-    """The constant behind ``value`` (initializer or Constant node), if it has one."""
+    """The constant behind ``value`` (initializer or Constant node), if it has one.
+
+    Not ``ir.convenience.get_const_tensor``: that renames the tensor held by a Constant node
+    after its output (this module only reads), raises on a malformed Constant (here: not a
+    constant, the node is skipped), and does not say which Constant node holds the tensor,
+    which the rewrite needs to remove it.
+    """
     if value.is_initializer() and value.const_value is not None:
         return value.const_value, None
     producer = value.producer()
