@@ -1,4 +1,4 @@
-"""Tests written to kill mutants of the analysis and the rewrite that survived (docs/mutation.md).
+"""Tests written to kill mutants of the analysis, rewrite and cleanup that survived (docs/mutation.md).
 
 Each pins a boundary or a text the other tests left free: the lowest opset at which an
 emitted op exists, and the details that name an unnamed node or a model-local function.
@@ -13,7 +13,7 @@ import onnx
 import onnx_ir as ir
 from onnx import TensorProto, helper
 
-from helpers import ALL, conv_model, op_types
+from helpers import ALL, assert_equivalent, conv_model, op_types
 from onnx_conv2matmul import ConvertOptions, SkipReason, convert
 from onnx_conv2matmul.report import Status
 
@@ -98,3 +98,79 @@ def test_nodes_made_for_a_conv_without_any_name_are_named_after_conv() -> None:
     assert [e.status for e in report.entries] == [Status.CONVERTED]
     made = [n.name for n in rewritten.graph if n.op_type != "Identity"]
     assert made and all(name is not None and name.startswith("Conv/") for name in made), made
+
+
+def _two_chains() -> onnx.ModelProto:
+    """Three convs, each ending in the model's Transpose to channels-last and a graph output.
+
+    ``a`` reads ``x1`` channels-first (no Transpose above its chain); ``b`` and ``c`` both read
+    ``x2`` through the model's Transpose to channels-first: two chains read through it, so it
+    is removed only once both have collapsed.
+    """
+    rng = np.random.default_rng(0)
+    weights = [
+        onnx.numpy_helper.from_array(rng.standard_normal((5, 6, 1)).astype(np.float32), name)
+        for name in ("Wa", "Wb", "Wc")
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x1", "Wa"], ["ca"], name="a"),
+        helper.make_node("Transpose", ["ca"], ["y1"], name="a_last", perm=[0, 2, 1]),
+        helper.make_node("Transpose", ["x2"], ["t2"], name="b_first", perm=[0, 2, 1]),
+        helper.make_node("Conv", ["t2", "Wb"], ["cb"], name="b"),
+        helper.make_node("Transpose", ["cb"], ["y2"], name="b_last", perm=[0, 2, 1]),
+        helper.make_node("Conv", ["t2", "Wc"], ["cc"], name="c"),
+        helper.make_node("Transpose", ["cc"], ["y3"], name="c_last", perm=[0, 2, 1]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [
+            helper.make_tensor_value_info("x1", TensorProto.FLOAT, ["N", 6, "T"]),
+            helper.make_tensor_value_info("x2", TensorProto.FLOAT, ["N", "T", 6]),
+        ],
+        [
+            helper.make_tensor_value_info("y1", TensorProto.FLOAT, ["N", "T", 5]),
+            helper.make_tensor_value_info("y2", TensorProto.FLOAT, ["N", "T", 5]),
+            helper.make_tensor_value_info("y3", TensorProto.FLOAT, ["N", "T", 5]),
+        ],
+        weights,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_the_transpose_above_a_later_chain_goes_when_an_earlier_chain_has_none() -> None:
+    model = _two_chains()
+    rewritten, report = convert(model, ConvertOptions())
+    assert [e.status for e in report.entries] == [Status.CONVERTED] * 3
+    # a: ours in stays, ours out and a_last cancel. b and c: their Transposes cancel, then
+    # b_first, which nothing reads any more.
+    assert (report.transposes_before, report.transposes_after, report.transposes_cancelled) == (4, 1, 9)
+    assert op_types(rewritten) == ["Transpose", "MatMul", "MatMul", "MatMul"]
+    assert [o.name for o in rewritten.graph.output] == ["y1", "y2", "y3"]
+    rng = np.random.default_rng(1)
+    feeds = [
+        {
+            "x1": rng.standard_normal((2, 6, t)).astype(np.float32),
+            "x2": rng.standard_normal((2, t, 6)).astype(np.float32),
+        }
+        for t in (3, 7)
+    ]
+    assert_equivalent(model, rewritten, feeds)
+
+
+def test_a_converted_weight_that_is_a_graph_output_stays_and_the_next_one_goes() -> None:
+    """The first weight is also a graph output, so it is kept; the second is still removed."""
+    model = _two_chains()
+    model.graph.output.append(helper.make_tensor_value_info("Wa", TensorProto.FLOAT, [5, 6, 1]))
+    rewritten, report = convert(model, ConvertOptions())
+    assert [e.status for e in report.entries] == [Status.CONVERTED] * 3
+    names = sorted(i.name for i in rewritten.graph.initializer)
+    assert "Wa" in names and "Wb" not in names and "Wc" not in names and len(names) == 4, names
+    rng = np.random.default_rng(1)
+    feeds = [
+        {
+            "x1": rng.standard_normal((2, 6, 4)).astype(np.float32),
+            "x2": rng.standard_normal((2, 4, 6)).astype(np.float32),
+        }
+    ]
+    assert_equivalent(model, rewritten, feeds)
