@@ -798,7 +798,6 @@ def inspect_command(
             q_options = QuantizeOptions(bits=int(bits), block_size=block_size, symmetric=symmetric)
         except ValueError as err:
             raise InputError(str(err)) from err
-        _io.check_input_path(input_path)
         from onnx_conv2matmul import render
         from onnx_conv2matmul.inspection import inspect_file
 
