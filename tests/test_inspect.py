@@ -3,7 +3,6 @@ reads no weight and writes nothing; and ``--help`` shows convert's options."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -546,6 +545,8 @@ def test_help_shows_converts_usage_and_options_then_the_commands() -> None:
     assert stdout.count("--help") == 2  # "-h, --help" once, and the closing line
     code, short, _ = invoke("-h")
     assert code == 0 and short == stdout
+    code, own, _ = invoke("convert", "-h")  # still convert's own help, with -h
+    assert code == 0 and own.startswith("Usage: onnx-conv2matmul convert") and "-h, --help" in own
 
 
 @pytest.mark.parametrize("command", ["convert", "inspect"])
@@ -563,11 +564,16 @@ def test_help_of_the_console_script() -> None:
     assert "--extended-conv1x1" in done.stdout and "inspect" in done.stdout
 
 
-def test_replace_options_are_shared() -> None:
-    """convert and inspect take the same rewrite options; quantize and inspect the same MatMulNBits ones."""
+def test_rewrite_and_nbits_options_are_shared() -> None:
+    """inspect takes every rewrite option convert takes, and quantize's MatMulNBits settings."""
+    from onnx_conv2matmul.cli import nbits_options, rewrite_options
+
+    def declared(decorator: Any) -> set[str]:
+        return {param.name for param in decorator(lambda: None).__click_params__}
+
     params = {
         name: {p.name for p in main.commands[name].params} for name in ("convert", "inspect", "quantize")
     }
-    rewrite = {f.name for f in dataclasses.fields(ConvertOptions)}
-    assert rewrite <= params["convert"] and rewrite <= params["inspect"]
-    assert {"bits", "block_size", "symmetric"} <= params["quantize"] & params["inspect"]
+    assert declared(rewrite_options) <= params["convert"] & params["inspect"]
+    assert declared(nbits_options) == {"bits", "block_size", "symmetric"}
+    assert declared(nbits_options) <= params["quantize"] & params["inspect"]

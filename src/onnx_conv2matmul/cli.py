@@ -157,7 +157,9 @@ class _DefaultGroup(click.Group):
         the tool did before it had other commands; ``COMMAND --help`` shows a command's own.
         """
         default = self.commands["convert"]
-        sub = click.Context(default, info_name=ctx.info_name, parent=None)
+        # A child of ctx, so that it has the group's -h/--help: click keeps the help option
+        # a command is first asked for, and convert's own help must still take -h.
+        sub = click.Context(default, info_name=ctx.info_name, parent=ctx)
         pieces = " ".join(default.collect_usage_pieces(sub))
         formatter.write_usage(ctx.command_path, pieces)
         formatter.write_usage(ctx.command_path, "COMMAND [ARGS]...", prefix="   or: ")

@@ -56,15 +56,13 @@ def inspect_file(
     loaded = _io.build_model(proto, src)
     before = ir.serde.deserialize_model(proto)  # shares the tensors of ``proto``: no copy
     del proto
-    checker = None
+    checker = "skipped"
     if run_checker:
         try:
             _io.run_checker(src, "the input")
         except CheckerError as err:
             raise InputError(str(err), hint=Hint.SKIP_INPUT_CHECKER) from err
         checker = "passed"
-    else:
-        checker = "skipped"
     report = inspect_model(loaded.model, before, options, quantize_options)
     report.input_path = src
     report.rewrite.input_path = src
