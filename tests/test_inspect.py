@@ -26,6 +26,7 @@ from onnx_conv2matmul.inspection import inspect_file
 from onnx_conv2matmul.pipeline import quantize_file
 from onnx_conv2matmul.quantize import QuantizeOptions, matmul_nbits_sizes
 from onnx_conv2matmul.verify import VerifyOptions
+from test_real_models import MODELS, _fetch
 from test_skips import CASES
 from test_subgraphs import _if_loop_model
 
@@ -174,6 +175,15 @@ def test_agrees_with_convert_on_built_models(build: Any, options: ConvertOptions
     source.mkdir()
     onnx.save(build(), source / "m.onnx")
     _assert_agree(source / "m.onnx", options, tmp_path)
+
+
+@pytest.mark.network
+@pytest.mark.parametrize("model", MODELS, ids=[m.id for m in MODELS])
+@pytest.mark.parametrize(
+    "options", [ConvertOptions(extended=True), EVERYTHING], ids=["extended", "everything"]
+)
+def test_agrees_with_convert_on_real_models(model: Any, options: ConvertOptions, tmp_path: Path) -> None:
+    _assert_agree(_fetch(model), options, tmp_path)
 
 
 def test_agrees_with_convert_on_every_skip_example(tmp_path: Path) -> None:
