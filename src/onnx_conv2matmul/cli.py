@@ -154,7 +154,7 @@ class _DefaultGroup(click.Group):
         """The default command's usage and options first, then the other commands.
 
         ``onnx-conv2matmul --help`` shows how to rewrite a model (``convert``'s options), as
-        the tool did before it had other commands; ``COMMAND --help`` shows a command's own.
+        the original single-command tool's help did; ``COMMAND --help`` shows a command's own.
         """
         default = self.commands["convert"]
         # A child of ctx, so that it has the group's -h/--help: click keeps the help option
@@ -172,7 +172,7 @@ class _DefaultGroup(click.Group):
             formatter.write_dl(records)
         self.format_commands(ctx, formatter)
         formatter.write_paragraph()
-        formatter.write_text("Run `onnx-conv2matmul COMMAND --help` for a command's options.")
+        formatter.write_text(f"Run `{ctx.command_path} COMMAND --help` for a command's options.")
 
 
 def _stderr_console(quiet: bool) -> Console:
