@@ -401,6 +401,13 @@ _allow_added_transposes = click.option(
 )
 
 
+_no_gemm = click.option(
+    "--no-gemm",
+    is_flag=True,
+    help="Leave Gemm nodes as they are (by default a Gemm with a constant weight becomes MatMul).",
+)
+
+
 def verify_options(func: Callable[..., Any]) -> Callable[..., Any]:
     for option in reversed(_VERIFY_OPTIONS):
         func = option(func)
@@ -455,6 +462,7 @@ def _verify_options_from(
     help="With --allow-non-unit-dilation, skip convs whose dilation is above N.",
 )
 @_allow_added_transposes
+@_no_gemm
 @click.option("--skip-checker", is_flag=True, help="Do not run the ONNX checker on input and output.")
 @click.option(
     "--report-json",
@@ -483,6 +491,7 @@ def convert_command(
     allow_non_unit_dilation: bool,
     max_dilation: int | None,
     allow_added_transposes: bool,
+    no_gemm: bool,
     skip_checker: bool,
     report_json: str | None,
     report_json_stdout: bool,
@@ -502,6 +511,7 @@ def convert_command(
             allow_non_unit_dilation=allow_non_unit_dilation,
             max_dilation=max_dilation,
             allow_added_transposes=allow_added_transposes,
+            gemm=not no_gemm,
         )
         output = api.check_paths(input_path, output_path, inplace=inplace)
         _OUTCOME.watch(output, output + ".data", output + api.FAILED_SUFFIX, report_json)
@@ -623,6 +633,7 @@ def verify_command(
 @click.option("--no-dilation", is_flag=True, help="Do not rewrite convs with dilation > 1.")
 @click.option("--max-dilation", type=click.IntRange(min=1), default=None)
 @_allow_added_transposes
+@_no_gemm
 @click.option(
     "--min-cosine",
     type=click.FloatRange(-1, 1),
@@ -648,6 +659,7 @@ def quantize_command(
     no_dilation: bool,
     max_dilation: int | None,
     allow_added_transposes: bool,
+    no_gemm: bool,
     min_cosine: float | None,
     skip_checker: bool,
     report_json: str | None,
@@ -682,6 +694,7 @@ def quantize_command(
                 allow_non_unit_dilation=not no_dilation,
                 max_dilation=max_dilation,
                 allow_added_transposes=allow_added_transposes,
+                gemm=not no_gemm,
             )
         except ValueError as err:
             raise InputError(str(err)) from err
