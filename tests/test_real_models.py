@@ -26,8 +26,9 @@ class RealModel:
     member: str
     sha256: str
     verify: tuple[VerifyOptions, ...]
-    converted: int
+    converted: int  # convs and Gemms
     skipped: dict[SkipReason, int]
+    gemms: int = 0  # Gemms among the converted (every Gemm of these models is converted)
 
 
 SILERO = "silero-vad==6.2.3"
@@ -53,8 +54,9 @@ MODELS = [
             VerifyOptions(inputs={"sr": 16000}, lengths=(512,), batch=3),
             VerifyOptions(inputs={"sr": 8000}, lengths=(256,)),
         ),
-        converted=2,
+        converted=6,
         skipped={SkipReason.KERNEL_NOT_POINTWISE: 10},
+        gemms=4,  # the LSTM cell's Gemms in both If branches, weights in the main graph
     ),
     RealModel(
         "silero-v4-if-strided-pointwise",
@@ -95,6 +97,16 @@ MODELS = [
         converted=0,
         skipped={SkipReason.KERNEL_NOT_POINTWISE: 19, SkipReason.WEIGHT_OVERRIDABLE: 41},
     ),
+    RealModel(
+        "plcmos-gemm-linear-layers",
+        "speechmos==0.0.1.1",
+        "speechmos/plcmos_models/plcmos_v2.onnx",
+        "c0ad3fc64ef9682b4749c0e96636b41c73b4b30bd123b9348feea06a96895286",
+        (VerifyOptions(lengths=(50, 97), batch=2),),
+        converted=13,
+        skipped={SkipReason.KERNEL_NOT_POINTWISE: 3},
+        gemms=12,  # torch Linear layers as Gemm(transB=1) with a bias, opset 11
+    ),
 ]
 
 
@@ -116,6 +128,8 @@ def test_real_model_rewrite_is_exact(model: RealModel, tmp_path: Path) -> None:
         assert report.return_code == 0, report.verification.failures
         if index == 0:
             assert len(report.converted) == model.converted
+            gemms = report.op_type_counts.get("Gemm", {"nodes": 0, "converted": 0})
+            assert gemms == {"nodes": model.gemms, "converted": model.gemms}
             assert report.skip_counts == {r.value: n for r, n in model.skipped.items()}
             assert report.output_bytes is not None and report.input_bytes is not None
             assert report.output_bytes <= report.input_bytes * 1.01 + 16384
