@@ -387,3 +387,56 @@ def test_any_gemm_rewrites_exactly(config: dict[str, object]) -> None:
     reads_c = config["c"] is not None and config["beta"] != 0
     assert ops.count("Add") == int(reads_c)
     assert ops.count("Transpose") == int(bool(config["trans_a"]))
+
+
+def test_gemm_in_a_loop_body() -> None:
+    """A Loop whose body applies a Gemm (main-graph weight, transB=1) to its state."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array((rng.standard_normal((6, 6)) / 3).astype(np.float32), "W")
+    b = numpy_helper.from_array(rng.standard_normal(6).astype(np.float32), "b")
+    info = helper.make_tensor_value_info
+    body = helper.make_graph(
+        [
+            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+            helper.make_node("Gemm", ["h_in", "W", "b"], ["h_out"], name="step", transB=1, alpha=0.5),
+        ],
+        "body",
+        [
+            info("i", TensorProto.INT64, []),
+            info("cond_in", TensorProto.BOOL, []),
+            info("h_in", TensorProto.FLOAT, None),
+        ],
+        [info("cond_out", TensorProto.BOOL, []), info("h_out", TensorProto.FLOAT, None)],
+    )
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["trips", "", "a"], ["y"], name="loop", body=body)],
+        "g",
+        [info("a", TensorProto.FLOAT, ["M", 6]), info("trips", TensorProto.INT64, [])],
+        [info("y", TensorProto.FLOAT, ["M", 6])],
+        [w, b],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    rewritten, report = convert(model)
+    onnx.checker.check_model(rewritten, full_check=True)
+    assert [(e.scope, e.status) for e in report.entries] == [("loop/body", Status.CONVERTED)]
+    assert "Gemm" not in op_types(rewritten)
+    assert_matmul_weights_2d(rewritten, 1)
+    feeds = [
+        {"a": rng.standard_normal((m, 6)).astype(np.float32), "trips": np.array(t, np.int64)}
+        for m, t in ((1, 1), (5, 3), (16, 4))
+    ]
+    assert_equivalent(model, rewritten, feeds)
+
+
+@pytest.mark.parametrize("config", [{}, {"alpha": 0.3, "beta": 0.7}, {"alpha": -1.7, "beta": 2.5, "c": "MN"}])
+def test_float16_within_the_verification_criterion(config: dict[str, object], tmp_path: Path) -> None:
+    """The tool's own check (--verify) passes on a wide fp16 Gemm, alpha and beta included."""
+    from onnx_conv2matmul import convert_file
+    from onnx_conv2matmul.verify import VerifyOptions
+
+    source = tmp_path / "m.onnx"
+    onnx.save(gemm_model(k=512, n=256, dtype=TensorProto.FLOAT16, **config), source)  # type: ignore[arg-type]
+    report = convert_file(source, tmp_path / "o.onnx", verify=VerifyOptions(lengths=(7,), batch=5))
+    assert report.verification is not None and report.verification.passed, report.verification
+    assert report.return_code == 0

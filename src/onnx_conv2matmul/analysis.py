@@ -134,10 +134,12 @@ def _settle(plans: list[Plan | GemmPlan], options: ConvertOptions) -> list[Plan 
 
 
 def _drop_adding_transposes(plans: list[Plan | GemmPlan]) -> list[Plan | GemmPlan]:
-    converted = {id(p.node) for p in plans if isinstance(p, Plan)}
+    from onnx_conv2matmul.gemm import GemmPlan  # gemm imports this module
+
+    converted = {id(p.node) for p in plans if not isinstance(p, GemmPlan)}
     kept: list[Plan | GemmPlan] = []
     for plan in plans:
-        if not isinstance(plan, Plan):
+        if isinstance(plan, GemmPlan):
             kept.append(plan)  # a Gemm's MatMul form has no channel Transposes
             continue
         added = added_transposes(plan.node, plan.spatial_rank + 2, converted)
@@ -169,16 +171,18 @@ def _names_in_several_scopes(model: ir.Model) -> set[str]:
 def _drop_shared_with_unconverted(plans: list[Plan | GemmPlan]) -> list[Plan | GemmPlan]:
     """Skip convs whose weight also feeds a node that stays, so no weight is stored twice.
 
-    A Gemm that reads its weight as it is (``copies_weight`` false) stores nothing anew:
-    it is kept, and counts as a node that stays for the plans that copy the same weight.
+    Every conv stores its weight transposed. A Gemm may store it in another form (see
+    ``GemmPlan.stored_form``), or in none: reading an initializer as it is, it is kept, and
+    it counts as a node that stays for a plan storing the same weight anew.
     """
-    planned = {id(p.node) for p in plans if getattr(p, "copies_weight", True)}
+    forms = {id(p.node): _stored_form(p) for p in plans}
     kept: list[Plan | GemmPlan] = []
     for plan in plans:
-        if not getattr(plan, "copies_weight", True):
+        form = forms[id(plan.node)]
+        if form is None:
             kept.append(plan)
             continue
-        others = [use.node for use in plan.weight.uses() if id(use.node) not in planned or use.idx != 1]
+        others = [use.node for use in plan.weight.uses() if forms.get(id(use.node)) != form or use.idx != 1]
         if others:
             plan.entry.status = Status.SKIPPED
             plan.entry.reason = SkipReason.WEIGHT_SHARED
@@ -193,6 +197,12 @@ def _drop_shared_with_unconverted(plans: list[Plan | GemmPlan]) -> list[Plan | G
         # Dropping one conv can leave another sharing its weight with a node that stays.
         return _drop_shared_with_unconverted(kept)
     return kept
+
+
+def _stored_form(plan: Plan | GemmPlan) -> str | None:
+    from onnx_conv2matmul.gemm import GemmPlan  # gemm imports this module
+
+    return plan.stored_form if isinstance(plan, GemmPlan) else "transposed"
 
 
 def _function_entries(model: ir.Model, options: ConvertOptions) -> list[ConvEntry]:

@@ -67,13 +67,15 @@ class GemmPlan:
     c: ir.Value | None  # None when absent or not read (beta 0)
 
     @property
-    def copies_weight(self) -> bool:
-        """Whether the rewrite stores the weight anew (transposed, or out of a Constant node).
+    def stored_form(self) -> str | None:
+        """How the rewrite stores the weight anew: ``"transposed"``, ``"copied"`` (out of a
+        Constant node into an initializer), or None (an initializer read as it is).
 
-        A weight that is not copied (an initializer read as it is) may also feed nodes that
-        stay: converting stores nothing twice.
+        A weight stored in no new form may also feed nodes that stay: nothing is stored twice.
         """
-        return self.trans_b or self.weight_constant_node is not None
+        if self.trans_b:
+            return "transposed"
+        return "copied" if self.weight_constant_node is not None else None
 
 
 def is_gemm(node: ir.Node) -> bool:
@@ -215,7 +217,8 @@ def apply_gemm(plan: GemmPlan, rewriter: Rewriter) -> None:
         mark_created(nodes[-1])  # the cleanup may cancel it against a Transpose above
         plan.entry.extra_ops.append("Transpose")
     # An initializer read as it is feeds the MatMul itself: nothing is copied.
-    weight = rewriter.matmul_weight(plan, transpose=plan.trans_b) if plan.copies_weight else plan.weight
+    stored = plan.stored_form is not None
+    weight = rewriter.matmul_weight(plan, transpose=plan.trans_b) if stored else plan.weight
     h = add("MatMul", [h, weight], {}, "matmul")
     plan.entry.matmul = nodes[-1].name
     if plan.alpha != 1:
