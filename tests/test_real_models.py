@@ -145,3 +145,20 @@ def test_strict_mode_reports_the_strided_convs() -> None:
     _, strict = convert(onnx.load(source), ALL)
     assert len(strict.converted) == 19
     assert strict.skip_counts == {"kernel_not_pointwise": 12, "needs_extended_mode": 5}
+
+
+@pytest.mark.network
+def test_quantize_covers_the_gemms_of_a_real_model(tmp_path: Path) -> None:
+    """PLCMOS: its 12 Gemms and its one pointwise conv all become MatMulNBits."""
+    from onnx_conv2matmul.pipeline import quantize_file
+
+    model = next(m for m in MODELS if m.id == "plcmos-gemm-linear-layers")
+    output = tmp_path / "q.onnx"
+    report = quantize_file(_fetch(model), output, verify=model.verify[0])
+    ops = [node.op_type for node in onnx.load(output).graph.node]
+    assert ops.count("MatMulNBits") == report.quantized_nodes == 13
+    assert "Gemm" not in ops
+    assert (
+        report.weights_without_rewrite is not None and report.weights_without_rewrite.quantizable_bytes == 0
+    )
+    assert report.weights_with_rewrite is not None and report.weights_with_rewrite.share > 0.5
