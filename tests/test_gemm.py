@@ -116,6 +116,7 @@ def test_beta_zero_does_not_read_c() -> None:
     model.graph.initializer[1].CopyFrom(numpy_helper.from_array(np.full(5, np.nan, np.float32), "C"))
     rewritten, ops = _check_rewrite(model)
     assert ops == ["MatMul"]
+    assert [t.name for t in rewritten.graph.initializer] == ["B_matmul"]  # C is gone too
     out = run(rewritten, random_feeds(model)[1])[0]
     assert np.isfinite(out).all()
 

@@ -87,7 +87,7 @@ def plan_gemm(node: ir.Node, graph: ir.Graph, entry: ConvEntry, opset: int | Non
     if opset is None:
         raise _Skip(SkipReason.OPSET_UNSUPPORTED, "model imports no default-domain opset")
     if len(node.inputs) < 2 or node.inputs[0] is None or node.inputs[1] is None or len(node.outputs) != 1:
-        raise _Skip(SkipReason.INVALID_ATTRIBUTES, "Gemm without input A or B")
+        raise _Skip(SkipReason.INVALID_ATTRIBUTES, "Gemm without input A or B, or not with one output")
     weight = node.inputs[1]
     if weight.is_graph_input() and not weight.is_initializer():
         raise _Skip(SkipReason.WEIGHT_NOT_CONSTANT, f"weight {weight.name!r} is a graph input")
@@ -234,6 +234,11 @@ def apply_gemm(plan: GemmPlan, rewriter: Rewriter) -> None:
             c = add("Mul", [c, beta.outputs[0]], {}, "c_scaled")
             plan.entry.extra_ops.append("Mul")
         h = add("Add", [h, c], {}, "biased")
+    unread_c = node.inputs[2] if len(node.inputs) > 2 and plan.c is None else None
+    if unread_c is not None:
+        # beta 0: a constant C nothing else reads is removed with the converted weights.
+        found = constant_tensor(unread_c)
+        rewriter.converted_weights.append((unread_c, found[1] if found is not None else None))
     assert h is not None
     h.shape = None  # the Gemm output's shape, when it has one, is taken over
     ir.convenience.replace_nodes_and_values(plan.graph, node, [node], nodes, [gemm_out], [h])
