@@ -34,7 +34,7 @@ from helpers import (
 from onnx_conv2matmul import ConvertOptions, SkipReason, Status, convert
 from onnx_conv2matmul.cli import main
 
-FP = [TensorProto.FLOAT, TensorProto.FLOAT16]
+FP = [TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE]
 
 
 def _check_rewrite(model: onnx.ModelProto, *, gemms: int = 1) -> tuple[onnx.ModelProto, list[str]]:
@@ -51,7 +51,7 @@ def _check_rewrite(model: onnx.ModelProto, *, gemms: int = 1) -> tuple[onnx.Mode
     return rewritten, ops
 
 
-@pytest.mark.parametrize("dtype", FP, ids=["fp32", "fp16"])
+@pytest.mark.parametrize("dtype", FP, ids=["fp32", "fp16", "fp64"])
 @pytest.mark.parametrize(
     "config",
     [
@@ -441,3 +441,15 @@ def test_float16_within_the_verification_criterion(config: dict[str, object], tm
     report = convert_file(source, tmp_path / "o.onnx", verify=VerifyOptions(lengths=(7,), batch=5))
     assert report.verification is not None and report.verification.passed, report.verification
     assert report.return_code == 0
+
+
+def test_trans_a_transpose_cancels_across_an_elementwise_op() -> None:
+    """Transpose [1, 0] -> Relu -> Gemm(transA=1): the Relu runs on the untransposed input."""
+    model = gemm_model(trans_a=True)
+    model.graph.node.insert(0, helper.make_node("Relu", ["t"], ["a"], name="relu"))
+    model.graph.node.insert(0, helper.make_node("Transpose", ["x"], ["t"], perm=[1, 0], name="t"))
+    model.graph.input[0].CopyFrom(helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", 6]))
+    rewritten, report = convert(model)
+    assert op_types(rewritten) == ["Relu", "MatMul", "Add"]
+    assert report.transposes_cancelled == 2
+    assert_equivalent(model, rewritten, random_feeds(model))

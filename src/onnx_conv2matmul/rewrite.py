@@ -7,8 +7,10 @@ Each planned Conv becomes, in channels-last layout::
 
 ``Wt`` is a 2-D constant initializer ``[C, M]`` (the weight ``[M, C, 1...]``
 reshaped and transposed), created lazily so that nothing is read until saving.
-A weight shared by several convs gets one ``Wt``. Every node created is marked
+A weight shared by several convs gets one ``Wt``. Every node created for a conv is marked
 (:func:`mark_created`): the cleanup touches only Transpose chains that hold one of them.
+A Gemm's plan is applied by :func:`~onnx_conv2matmul.gemm.apply_gemm`, with the same store
+of weights.
 """
 
 from __future__ import annotations
