@@ -308,6 +308,7 @@ def test_gemm_with_convs_counts_per_op_type(tmp_path: Path) -> None:
         assert result.exit_code == 0, result.stderr
         data = json.loads(result.stdout)
         assert isinstance(data, dict)
+        assert ("By op type" in result.stderr) == ("--no-gemm" not in flags)
         return data
 
     data = run_cli()
@@ -357,6 +358,7 @@ def test_quantize_covers_the_gemms(tmp_path: Path) -> None:
         assert ops.count("MatMulNBits") == data["quantized_nodes"] == expected
         assert ops.count("Gemm") == 3 - expected
         assert data["rewrite"]["by_op_type"].get("Gemm", {}).get("converted", 0) == expected
+        assert ("Gemm rewritten" in result.stderr) == bool(expected)
 
 
 @st.composite

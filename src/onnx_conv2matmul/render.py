@@ -231,7 +231,13 @@ def print_quantize_report(console: Console, report: QuantizeReport) -> None:
     table.add_column("")
     table.add_column("value", justify="right")
     rewrite = report.rewrite
-    table.add_row("pointwise convs rewritten", f"{rewrite.get('converted', 0)} of {rewrite.get('convs', 0)}")
+    by_op_type = rewrite.get("by_op_type") or {}
+    if "Gemm" in by_op_type:
+        for op_type, count in by_op_type.items():
+            table.add_row(f"{op_type} rewritten", f"{count['converted']} of {count['nodes']}")
+    else:
+        converted, convs = rewrite.get("converted", 0), rewrite.get("convs", 0)
+        table.add_row("pointwise convs rewritten", f"{converted} of {convs}")
     if report.mode == "matmul_nbits":
         table.add_row("MatMul -> MatMulNBits", f"{report.quantized_nodes} of {report.matmuls}")
         if report.excluded:
