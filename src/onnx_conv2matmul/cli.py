@@ -425,6 +425,12 @@ _allow_added_transposes = click.option(
     help="Also rewrite convs whose channels-last form adds Transpose nodes (between depthwise convs).",
 )
 
+_no_gemm = click.option(
+    "--no-gemm",
+    is_flag=True,
+    help="Leave Gemm nodes as they are (by default a Gemm with a constant weight becomes MatMul).",
+)
+
 # What the rewrite may do: convert's options, which inspect takes too (ConvertOptions).
 _REWRITE_OPTIONS = [
     click.option(
@@ -441,6 +447,7 @@ _REWRITE_OPTIONS = [
         help="With --allow-non-unit-dilation, skip convs whose dilation is above N.",
     ),
     _allow_added_transposes,
+    _no_gemm,
 ]
 
 # MatMulNBits settings: quantize's options, which inspect takes to project the quantized size.
@@ -489,6 +496,7 @@ def _build_rewrite_options(kwargs: dict[str, Any]) -> ConvertOptions:
         allow_non_unit_dilation=kwargs.pop("allow_non_unit_dilation"),
         max_dilation=kwargs.pop("max_dilation"),
         allow_added_transposes=kwargs.pop("allow_added_transposes"),
+        gemm=not kwargs.pop("no_gemm"),
     )
 
 
@@ -674,6 +682,7 @@ def verify_command(
 @click.option("--no-dilation", is_flag=True, help="Do not rewrite convs with dilation > 1.")
 @click.option("--max-dilation", type=click.IntRange(min=1), default=None)
 @_allow_added_transposes
+@_no_gemm
 @click.option(
     "--min-cosine",
     type=click.FloatRange(-1, 1),
@@ -699,6 +708,7 @@ def quantize_command(
     no_dilation: bool,
     max_dilation: int | None,
     allow_added_transposes: bool,
+    no_gemm: bool,
     min_cosine: float | None,
     skip_checker: bool,
     report_json: str | None,
@@ -733,6 +743,7 @@ def quantize_command(
                 allow_non_unit_dilation=not no_dilation,
                 max_dilation=max_dilation,
                 allow_added_transposes=allow_added_transposes,
+                gemm=not no_gemm,
             )
         except ValueError as err:
             raise InputError(str(err)) from err

@@ -39,9 +39,9 @@ def human_bytes(size: int | None) -> str:
 
 
 def summary_table(report: ConvertReport) -> Table:
-    table = Table(title="Pointwise Conv -> MatMul", title_justify="left")
+    table = Table(title="Pointwise Conv and Gemm -> MatMul", title_justify="left")
     table.add_column("status / reason")
-    table.add_column("convs", justify="right")
+    table.add_column("nodes", justify="right")
     table.add_column("weight params", justify="right")
     table.add_column("weight bytes", justify="right")
     table.add_row(
@@ -66,6 +66,20 @@ def summary_table(report: ConvertReport) -> Table:
     return table
 
 
+def op_type_table(report: ConvertReport) -> Table | None:
+    """Nodes and conversions per op type (Conv, Gemm, ...), when there are several op types."""
+    counts = report.op_type_counts
+    if len(counts) < 2:
+        return None
+    table = Table(title="By op type", title_justify="left")
+    for column in ("op type", "nodes", "converted", "skipped"):
+        table.add_column(column, justify="left" if column == "op type" else "right")
+    for op_type, count in counts.items():
+        nodes, converted = count["nodes"], count["converted"]
+        table.add_row(op_type, str(nodes), str(converted), str(nodes - converted))
+    return table
+
+
 def skipped_table(report: ConvertReport) -> Table | None:
     interesting = [e for e in report.skipped if e.reason is not SkipReason.KERNEL_NOT_POINTWISE]
     if not interesting:
@@ -87,6 +101,9 @@ def skipped_table(report: ConvertReport) -> Table | None:
 
 def print_convert_report(console: Console, report: ConvertReport) -> None:
     console.print(summary_table(report))
+    by_op_type = op_type_table(report)
+    if by_op_type is not None:
+        console.print(by_op_type)
     skipped = skipped_table(report)
     if skipped is not None:
         console.print(skipped)
@@ -221,7 +238,13 @@ def print_quantize_report(console: Console, report: QuantizeReport) -> None:
     table.add_column("")
     table.add_column("value", justify="right")
     rewrite = report.rewrite
-    table.add_row("pointwise convs rewritten", f"{rewrite.get('converted', 0)} of {rewrite.get('convs', 0)}")
+    by_op_type = rewrite.get("by_op_type") or {}
+    if "Gemm" in by_op_type:
+        for op_type, count in by_op_type.items():
+            table.add_row(f"{op_type} rewritten", f"{count['converted']} of {count['nodes']}")
+    else:
+        converted, convs = rewrite.get("converted", 0), rewrite.get("convs", 0)
+        table.add_row("pointwise convs rewritten", f"{converted} of {convs}")
     if report.mode == "matmul_nbits":
         table.add_row("MatMul -> MatMulNBits", f"{report.quantized_nodes} of {report.matmuls}")
         if report.excluded:

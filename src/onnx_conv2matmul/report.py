@@ -241,6 +241,16 @@ class ConvertReport(CommandReport):
         return dict(sorted(counts.items()))
 
     @property
+    def op_type_counts(self) -> dict[str, dict[str, int]]:
+        """Per op type (``Conv``, ``Gemm``, ...): the nodes considered and how many were converted."""
+        counts: dict[str, dict[str, int]] = {}
+        for e in self.entries:
+            count = counts.setdefault(e.op_type, {"nodes": 0, "converted": 0})
+            count["nodes"] += 1
+            count["converted"] += e.status is Status.CONVERTED
+        return dict(sorted(counts.items()))
+
+    @property
     def verification_passed(self) -> bool | None:
         return None if self.verification is None else self.verification.passed
 
@@ -268,6 +278,7 @@ class ConvertReport(CommandReport):
             "converted_params": self.converted_params,
             "converted_weight_bytes": self.converted_weight_bytes,
             "skipped_by_reason": self.skip_counts,
+            "by_op_type": self.op_type_counts,
             "transposes_before": self.transposes_before,
             "transposes_after": self.transposes_after,
             "transposes_cancelled": self.transposes_cancelled,
