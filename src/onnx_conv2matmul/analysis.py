@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import TYPE_CHECKING
 
 import onnx_ir as ir
 
@@ -16,6 +17,9 @@ from onnx_conv2matmul._layout import added_transposes
 from onnx_conv2matmul.options import ConvertOptions
 from onnx_conv2matmul.reasons import SkipReason
 from onnx_conv2matmul.report import ConvEntry, Status
+
+if TYPE_CHECKING:
+    from onnx_conv2matmul.gemm import GemmPlan
 
 # Op types reported as convolutions even though they are never rewritten.
 _OTHER_CONV_OPS = frozenset(
@@ -64,15 +68,19 @@ def is_conv_like(node: ir.Node) -> bool:
     return node.op_type in _OTHER_CONV_OPS
 
 
-def analyze(model: ir.Model, options: ConvertOptions) -> tuple[list[Plan], list[ConvEntry]]:
-    """Return the plans and the report entry of every Conv-like node, in graph order."""
+def analyze(model: ir.Model, options: ConvertOptions) -> tuple[list[Plan | GemmPlan], list[ConvEntry]]:
+    """Return the plans and the report entry of every Conv-like node (and Gemm, with
+    ``options.gemm``), in graph order."""
+    from onnx_conv2matmul.gemm import is_gemm, plan_gemm  # gemm imports this module
+
     opset = default_opset(model)
     ambiguous = _names_in_several_scopes(model)
-    plans: list[Plan] = []
+    plans: list[Plan | GemmPlan] = []
     entries: list[ConvEntry] = []
     for graph, scope in walk_graphs(model.graph):
         for node in graph:
-            if not is_conv_like(node):
+            gemm = options.gemm and is_gemm(node)
+            if not gemm and not is_conv_like(node):
                 continue
             entry = ConvEntry(
                 name=node.name or "",
@@ -83,7 +91,11 @@ def analyze(model: ir.Model, options: ConvertOptions) -> tuple[list[Plan], list[
             )
             entries.append(entry)
             try:
-                plan = _plan(node, graph, entry, opset, options)
+                plan: Plan | GemmPlan
+                if gemm:
+                    plan = plan_gemm(node, graph, entry, opset)
+                else:
+                    plan = _plan(node, graph, entry, opset, options)
                 if plan.weight.name in ambiguous:
                     raise _Skip(
                         SkipReason.AMBIGUOUS_WEIGHT,
@@ -101,17 +113,18 @@ def analyze(model: ir.Model, options: ConvertOptions) -> tuple[list[Plan], list[
                 entry.status = Status.CONVERTED
                 plans.append(plan)
     plans = _settle(plans, options)
-    entries.extend(_function_entries(model))
+    entries.extend(_function_entries(model, options))
     return plans, entries
 
 
-def _settle(plans: list[Plan], options: ConvertOptions) -> list[Plan]:
+def _settle(plans: list[Plan | GemmPlan], options: ConvertOptions) -> list[Plan | GemmPlan]:
     """Drop plans until every weight is converted whole and, by default, no Transpose is added.
 
     Dropping a conv can make a neighbour's conversion cost a Transpose, or leave a
-    weight shared with a conv that stays, so this runs until nothing changes.
+    weight shared with a conv that stays, so this runs until nothing changes. Every round
+    but the last drops at least one plan, so there are at most ``len(plans) + 1`` rounds.
     """
-    while True:
+    for _ in range(len(plans) + 1):
         plans = _drop_shared_with_unconverted(plans)
         if options.allow_added_transposes:
             return plans
@@ -119,12 +132,18 @@ def _settle(plans: list[Plan], options: ConvertOptions) -> list[Plan]:
         if len(kept) == len(plans):
             return kept
         plans = kept
+    raise AssertionError("the plans kept changing after every conv was dropped")
 
 
-def _drop_adding_transposes(plans: list[Plan]) -> list[Plan]:
-    converted = {id(p.node) for p in plans}
-    kept = []
+def _drop_adding_transposes(plans: list[Plan | GemmPlan]) -> list[Plan | GemmPlan]:
+    from onnx_conv2matmul.gemm import GemmPlan  # gemm imports this module
+
+    converted = {id(p.node) for p in plans if not isinstance(p, GemmPlan)}
+    kept: list[Plan | GemmPlan] = []
     for plan in plans:
+        if isinstance(plan, GemmPlan):
+            kept.append(plan)  # a Gemm's MatMul form has no channel Transposes
+            continue
         added = added_transposes(plan.node, plan.spatial_rank + 2, converted)
         if added <= 0:
             kept.append(plan)
@@ -151,12 +170,21 @@ def _names_in_several_scopes(model: ir.Model) -> set[str]:
     return {name for name, count in seen.items() if count > 1}
 
 
-def _drop_shared_with_unconverted(plans: list[Plan]) -> list[Plan]:
-    """Skip convs whose weight also feeds a node that stays, so no weight is stored twice."""
-    planned = {id(p.node) for p in plans}
-    kept = []
+def _drop_shared_with_unconverted(plans: list[Plan | GemmPlan]) -> list[Plan | GemmPlan]:
+    """Skip convs whose weight also feeds a node that stays, so no weight is stored twice.
+
+    Every conv stores its weight transposed. A Gemm may store it in another form (see
+    ``GemmPlan.stored_form``), or in none: reading an initializer as it is, it is kept, and
+    it counts as a node that stays for a plan storing the same weight anew.
+    """
+    forms = {id(p.node): _stored_form(p) for p in plans}
+    kept: list[Plan | GemmPlan] = []
     for plan in plans:
-        others = [use.node for use in plan.weight.uses() if id(use.node) not in planned or use.idx != 1]
+        form = forms[id(plan.node)]
+        if form is None:
+            kept.append(plan)
+            continue
+        others = [use.node for use in plan.weight.uses() if forms.get(id(use.node)) != form or use.idx != 1]
         if others:
             plan.entry.status = Status.SKIPPED
             plan.entry.reason = SkipReason.WEIGHT_SHARED
@@ -173,11 +201,19 @@ def _drop_shared_with_unconverted(plans: list[Plan]) -> list[Plan]:
     return kept
 
 
-def _function_entries(model: ir.Model) -> list[ConvEntry]:
+def _stored_form(plan: Plan | GemmPlan) -> str | None:
+    from onnx_conv2matmul.gemm import GemmPlan  # gemm imports this module
+
+    return plan.stored_form if isinstance(plan, GemmPlan) else "transposed"
+
+
+def _function_entries(model: ir.Model, options: ConvertOptions) -> list[ConvEntry]:
+    from onnx_conv2matmul.gemm import is_gemm  # gemm imports this module
+
     entries = []
     for function in model.functions.values():
         for node in function:
-            if is_conv_like(node):
+            if is_conv_like(node) or (options.gemm and is_gemm(node)):
                 entries.append(
                     ConvEntry(
                         name=node.name or "",
@@ -186,14 +222,20 @@ def _function_entries(model: ir.Model) -> list[ConvEntry]:
                         domain=node.domain,
                         status=Status.SKIPPED,
                         reason=SkipReason.IN_FUNCTION,
-                        detail="convs inside model-local functions are not rewritten",
+                        detail=f"{node.op_type} nodes inside model-local functions are not rewritten",
                     )
                 )
     return entries
 
 
 def constant_tensor(value: ir.Value) -> tuple[ir.TensorProtocol, ir.Node | None] | None:
-    """The constant behind ``value`` (initializer or Constant node), if it has one."""
+    """The constant behind ``value`` (initializer or Constant node), if it has one.
+
+    Not ``ir.convenience.get_const_tensor``: that renames the tensor held by a Constant node
+    after its output (this module only reads), raises on a malformed Constant (here: not a
+    constant, the node is skipped), and does not say which Constant node holds the tensor,
+    which the rewrite needs to remove it.
+    """
     if value.is_initializer() and value.const_value is not None:
         return value.const_value, None
     producer = value.producer()

@@ -7,8 +7,10 @@ Each planned Conv becomes, in channels-last layout::
 
 ``Wt`` is a 2-D constant initializer ``[C, M]`` (the weight ``[M, C, 1...]``
 reshaped and transposed), created lazily so that nothing is read until saving.
-A weight shared by several convs gets one ``Wt``. Every node created is marked
+A weight shared by several convs gets one ``Wt``. Every node created for a conv is marked
 (:func:`mark_created`): the cleanup touches only Transpose chains that hold one of them.
+A Gemm's plan is applied by :func:`~onnx_conv2matmul.gemm.apply_gemm`, with the same store
+of weights.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import onnx_ir as ir
 from onnx_conv2matmul._graphs import NameAllocator, is_external, mark_created
 from onnx_conv2matmul._layout import channels_last_perms
 from onnx_conv2matmul.analysis import Plan
+from onnx_conv2matmul.gemm import GemmPlan, apply_gemm
 
 _INT64_MAX = np.iinfo(np.int64).max
 
@@ -26,8 +29,8 @@ _INT64_MAX = np.iinfo(np.int64).max
 def transpose_2d(array: np.ndarray) -> np.ndarray:
     """``array.T`` as a new C-contiguous array, copied in row blocks.
 
-    Copying blocks of rows keeps each write a full cache line: about 3x faster than
-    ``np.ascontiguousarray(array.T)`` for the weights of a speech encoder.
+    Copying blocks of rows keeps each write a full cache line, which is faster than
+    ``np.ascontiguousarray(array.T)`` for large weights (see docs/performance.md).
     """
     rows, cols = array.shape
     out = np.empty((cols, rows), dtype=array.dtype)
@@ -54,24 +57,37 @@ def _transposed_weight(tensor: ir.TensorProtocol, name: str) -> ir.LazyTensor:
 
 
 class Rewriter:
-    """Applies plans to one model, sharing transposed weights between convs."""
+    """Applies plans to one model, sharing transposed weights between convs and Gemms."""
 
     def __init__(self, names: NameAllocator) -> None:
         self._names = names
-        self._weights: dict[int, ir.Value] = {}
+        self._weights: dict[tuple[int, bool], ir.Value] = {}
         self.converted_weights: list[tuple[ir.Value, ir.Node | None]] = []
 
+    @property
+    def names(self) -> NameAllocator:
+        return self._names
+
     def _weight_value(self, plan: Plan) -> ir.Value:
-        key = id(plan.weight)
+        return self.matmul_weight(plan, transpose=True)
+
+    def matmul_weight(self, plan: Plan | GemmPlan, *, transpose: bool) -> ir.Value:
+        """The 2-D initializer for a plan's MatMul, made once per weight and form.
+
+        ``transpose``: the first two dims of the weight, transposed (lazily); else the
+        weight's own tensor (a Gemm's ``B`` held in a Constant node).
+        """
+        key = (id(plan.weight), transpose)
         if key in self._weights:
             return self._weights[key]
         base = plan.weight.name or f"{plan.entry.name or 'conv'}_weight"
         name = self._names.new(f"{base}_matmul")
+        dims = [int(d) for d in plan.weight_tensor.shape.numpy()]
         value = ir.Value(
             name=name,
             type=ir.TensorType(plan.weight_tensor.dtype),
-            shape=ir.Shape([int(d) for d in plan.weight_tensor.shape.numpy()[1::-1]]),
-            const_value=_transposed_weight(plan.weight_tensor, name),
+            shape=ir.Shape(dims[1::-1] if transpose else dims),
+            const_value=_transposed_weight(plan.weight_tensor, name) if transpose else plan.weight_tensor,
         )
         plan.weight_owner.register_initializer(value)
         self._weights[key] = value
@@ -90,7 +106,10 @@ class Rewriter:
             name=self._names.new(f"{base}/{what}_const"),
         )
 
-    def apply(self, plan: Plan) -> None:
+    def apply(self, plan: Plan | GemmPlan) -> None:
+        if isinstance(plan, GemmPlan):
+            apply_gemm(plan, self)
+            return
         node = plan.node
         conv_out = node.outputs[0]
         base = node.name or (conv_out.name or "Conv")
