@@ -14,9 +14,11 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from helpers import all_nodes, run
+from helpers import all_nodes, examples, run
 from onnx_conv2matmul.other_weights import (
     MIN_BYTES,
     KeptReason,
@@ -436,3 +438,42 @@ def test_matmulnbits_scales_are_not_other_weights() -> None:
     assert scales and scales[0].const_value.nbytes >= MIN_BYTES
     result = quantize_other_weights(ir_model)
     assert result.stored == [] and result.kept == []
+
+
+@st.composite
+def _tables(draw: st.DrawFn) -> tuple[np.ndarray, str]:
+    """A float32 table of rank 2-4 (at least 64 KiB) and the op that reads it."""
+    rank = draw(st.integers(2, 4))
+    dims = [draw(st.integers(1, 6)) for _ in range(rank - 2)]
+    rows = draw(st.integers(2, 300))
+    cols = max(2, -(-MIN_BYTES // (4 * rows * int(np.prod(dims or [1])))))
+    seed = draw(st.integers(0, 2**16))
+    rng = np.random.default_rng(seed)
+    scale = draw(st.sampled_from([1e-3, 1.0, 1e3]))
+    table = (scale * rng.standard_normal([*dims, rows, cols])).astype(np.float32)
+    if draw(st.booleans()):
+        table[..., draw(st.integers(0, rows - 1)), :] = 0.0  # a row of zeros: scale 1
+    return table, draw(st.sampled_from(["Add", "Mul"]))
+
+
+@settings(max_examples=examples(25))
+@given(case=_tables())
+def test_property_dequantized_graph_equals_numpy(case: tuple[np.ndarray, str]) -> None:
+    """Any float32 table read by an elementwise op, per row: onnxruntime computes exactly the
+    numpy dequantization of onnxruntime's own int8 values, at batch sizes 1 and 3."""
+    table, op = case
+    elem = TensorProto.FLOAT
+    model = _model(
+        [helper.make_node(op, ["x", "T"], ["y"])],
+        [helper.make_tensor_value_info("x", elem, ["N", *table.shape])],
+        [helper.make_tensor_value_info("y", elem, ["N", *table.shape])],
+        [numpy_helper.from_array(table, "T")],
+    )
+    proto, result = _quantized(model)
+    (stored,) = result.stored  # type: ignore[attr-defined]
+    assert stored.axis == table.ndim - 2
+    expected = _dequantized_in_numpy(table, table.ndim - 2)
+    for batch in (1, 3):
+        x = np.random.default_rng(batch).standard_normal((batch, *table.shape)).astype(np.float32)
+        (out,) = run(proto, {"x": x})
+        np.testing.assert_array_equal(out, x + expected if op == "Add" else x * expected)

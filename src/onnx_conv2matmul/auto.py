@@ -137,25 +137,37 @@ class AutoConfig:
     accuracy_level: int = 0
 
     def to_config(self) -> dict[str, Any]:
-        """The equivalent options: defaults for nothing, every candidate node listed."""
+        """The equivalent options, as a settings file holds them.
+
+        Every candidate node is listed in ``nodes`` (which overrides the other keys), and
+        ``exclude: ["*"]`` keeps every other MatMul in float, as the search did.
+        """
         return {
             "config_version": CONFIG_VERSION,
             "bits": 4,
             "block_size": 64,
             "symmetric": False,
-            "algorithm": "default",
             "accuracy_level": self.accuracy_level,
-            "bits_for": {},
-            "exclude": [],
+            "algorithm": "default",
+            "bits_for": [],
+            "exclude": ["*"],
+            "include": [],
             "nodes": {name: setting.to_dict() for name, setting in sorted(self.nodes.items())},
             "other_weights": "int8" if self.other_weights else "keep",
         }
 
     @classmethod
     def from_config(cls, data: Mapping[str, Any]) -> AutoConfig:
-        """Read back :meth:`to_config`'s output (its ``nodes`` and ``other_weights``)."""
+        """Read back :meth:`to_config`'s output (its ``nodes``, ``other_weights`` and accuracy level).
+
+        Raises:
+            ValueError: another version, or settings that are not a search's (defaults that
+                quantize nodes the config does not list).
+        """
         if data.get("config_version") != CONFIG_VERSION:
             raise ValueError(f"unsupported config_version {data.get('config_version')!r}")
+        if list(data.get("exclude", [])) != ["*"] or data.get("bits_for") or data.get("include"):
+            raise ValueError("not a search's configuration: it must list every node and exclude the rest")
         nodes = {str(name): Setting.from_dict(s) for name, s in dict(data.get("nodes", {})).items()}
         return cls(nodes, data.get("other_weights") == "int8", int(data.get("accuracy_level", 0)))
 
