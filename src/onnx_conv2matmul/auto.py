@@ -19,7 +19,9 @@ The search, on a rewritten fp32 model and a list of input feeds:
    smallest setting; the model grows with ``l``, up to all float. The trade-offs tried
    are those at which some node's choice changes, in order.
 4. **Bisection.** The smallest model (``l = 0``) is evaluated first; then a bisection
-   over the trade-offs, each step a full-model evaluation: the model is built, saved, run
+   over the trade-offs on the model's predicted size (each step takes the trade-off whose
+   size is nearest the middle of the last failing and passing ones), each step a
+   full-model evaluation: the model is built, saved, run
    on every feed and its cosine taken on every float output (integer outputs must match
    exactly). At most ``max_evaluations`` evaluations; the last one is kept for all-float
    when nothing passed, which proves the target unreachable when it fails too.
@@ -520,8 +522,11 @@ def search(
         cache[key] = (passed, cosine)
         return passed, cosine
 
-    # Find the smallest index that passes: index 0 first, then bisection; the all-float
-    # end is assumed to pass and evaluated only when nothing else did.
+    def size_at(index: int) -> int:
+        return _weight_bytes(nodes, config_at(index))
+
+    # Find the smallest index that passes: index 0 first, then bisection on the model's
+    # size; the all-float end is assumed to pass and evaluated only when nothing else did.
     fail, good = 0, len(tradeoffs) - 1
     reached: float | None = None
     passed, cosine = evaluate(0)
@@ -529,7 +534,7 @@ def search(
         good, reached = 0, cosine
     else:
         while good - fail > 1 and len(evaluations) < options.max_evaluations - (1 if reached is None else 0):
-            mid = (fail + good) // 2
+            mid = _midpoint(fail, good, size_at)
             passed, cosine = evaluate(mid)
             if passed:
                 good, reached = mid, cosine
@@ -560,6 +565,25 @@ def search(
         sensitivity_seconds=sensitivity_seconds,
         seconds=time.perf_counter() - started,
     )
+
+
+def _midpoint(low: int, high: int, size_at: Callable[[int], int]) -> int:
+    """The index strictly between ``low`` and ``high`` whose size is nearest the middle of theirs.
+
+    Sizes grow with the index, so a binary search finds it.
+    """
+    target = (size_at(low) + size_at(high)) / 2
+    lo, hi = low + 1, high - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if size_at(mid) < target:
+            lo = mid + 1
+        else:
+            hi = mid
+    # lo: the first index at or above the middle; the one before may be nearer.
+    if lo - 1 > low and abs(size_at(lo - 1) - target) <= abs(size_at(lo) - target):
+        return lo - 1
+    return lo
 
 
 def _breakpoints(items: Sequence[_Node]) -> list[float]:
