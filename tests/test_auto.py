@@ -9,9 +9,11 @@ import numpy as np
 import onnx_ir as ir
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from helpers import run
+from helpers import examples, run
 from onnx_conv2matmul import auto
 from onnx_conv2matmul.auto import AutoConfig, AutoOptions, Setting, block_dequantize, block_quantize
 from onnx_conv2matmul.cli import main
@@ -210,3 +212,31 @@ def test_apply_leaves_unlisted_and_float_nodes_in_float() -> None:
     kinds = {n.name: n.op_type for n in model.graph}
     assert kinds["mm*"] == "MatMul" and kinds["mm?"] == "MatMul"
     assert sum(op == "MatMulNBits" for op in kinds.values()) == 1
+
+
+@settings(max_examples=examples(100))
+@given(
+    errors=st.lists(st.floats(0, 1), min_size=3, max_size=40),
+    fail_cosine=st.floats(-1, 1),
+    good_cosine=st.one_of(st.none(), st.floats(-1, 1)),
+    min_cosine=st.floats(-1, 1),
+    bisect=st.booleans(),
+    data=st.data(),
+)
+def test_next_step_stays_inside_the_bracket(
+    errors: list[float],
+    fail_cosine: float,
+    good_cosine: float | None,
+    min_cosine: float,
+    bisect: bool,
+    data: st.DataObject,
+) -> None:
+    """Whatever the cosines measured, the next configuration lies strictly between the last
+    failing and passing ones, so the search ends."""
+    predicted = sorted(errors, reverse=True)  # errors fall as the index grows
+    fail = data.draw(st.integers(0, len(predicted) - 3))
+    good = data.draw(st.integers(fail + 2, len(predicted) - 1))
+    step = auto._next_index(
+        fail, good, fail_cosine, good_cosine, min_cosine, predicted.__getitem__, bisect=bisect
+    )
+    assert fail < step < good

@@ -18,15 +18,16 @@ The search, on a rewritten fp32 model and a list of input feeds:
    predicted error, if the errors of the nodes add up. ``l = 0`` gives every node its
    smallest setting; the model grows with ``l``, up to all float. The trade-offs tried
    are those at which some node's choice changes, in order.
-4. **Bisection.** The smallest model (``l = 0``) is evaluated first; then a bisection
-   over the trade-offs on the model's predicted size (each step takes the trade-off whose
-   size is nearest the middle of the last failing and passing ones), each step a
-   full-model evaluation: the model is built, saved, run
-   on every feed and its cosine taken on every float output (integer outputs must match
-   exactly). At most ``max_evaluations`` evaluations; the last one is kept for all-float
-   when nothing passed, which proves the target unreachable when it fails too.
+4. **Search.** The smallest model (``l = 0``) is evaluated first; then each step takes
+   ``1 - cosine`` as a straight line in the total predicted error through the last
+   failing and passing evaluations and aims a little inside where it meets the minimum
+   (after two failures in a row, it bisects). Each step is a full-model evaluation: the
+   model is built, saved, run on every feed and its cosine taken on every float output
+   (integer outputs must match exactly). At most ``max_evaluations`` evaluations; the
+   last one is kept for all-float when nothing passed, which proves the target
+   unreachable when it fails too.
 
-Everything is deterministic: the feeds, the order of nodes and thresholds, and the
+Everything is deterministic: the feeds, the order of nodes and trade-offs, and the
 evaluations (one onnxruntime session at a time, graph optimizations off).
 """
 
@@ -522,24 +523,33 @@ def search(
         cache[key] = (passed, cosine)
         return passed, cosine
 
-    def size_at(index: int) -> int:
-        return _weight_bytes(nodes, config_at(index))
+    def error_at(index: int) -> float:
+        """The predicted error of the configuration at ``index`` (non-increasing in it)."""
+        tradeoff = tradeoffs[index]
+        total = sum(node.choose(tradeoff)[1] for node in nodes)
+        return total + (others.choose(tradeoff)[1] if options.other_weights is None else 0.0)
 
-    # Find the smallest index that passes: index 0 first, then bisection on the model's
-    # size; the all-float end is assumed to pass and evaluated only when nothing else did.
+    # Find the smallest index that passes: index 0 first, then steps that aim at the
+    # predicted error that the measured cosines say meets the minimum (see _next_index);
+    # the all-float end is assumed to pass and evaluated only when nothing else did.
     fail, good = 0, len(tradeoffs) - 1
     reached: float | None = None
     passed, cosine = evaluate(0)
+    fail_cosine, moved = cosine, ""
     if passed:
         good, reached = 0, cosine
     else:
         while good - fail > 1 and len(evaluations) < options.max_evaluations - (1 if reached is None else 0):
-            mid = _midpoint(fail, good, size_at)
+            mid = _next_index(
+                fail, good, fail_cosine, reached, options.min_cosine, error_at, bisect=moved == "fail twice"
+            )
             passed, cosine = evaluate(mid)
             if passed:
                 good, reached = mid, cosine
+                moved = "good"
             else:
-                fail = mid
+                fail, fail_cosine = mid, cosine
+                moved = "fail twice" if moved.startswith("fail") else "fail"
         if reached is None:
             good = len(tradeoffs) - 1
             passed, cosine = evaluate(good)
@@ -567,21 +577,45 @@ def search(
     )
 
 
-def _midpoint(low: int, high: int, size_at: Callable[[int], int]) -> int:
-    """The index strictly between ``low`` and ``high`` whose size is nearest the middle of theirs.
+# The step aims at this fraction of the predicted error the straight line allows, so that
+# it rather passes (a usable result) than fails by a hair.
+_AIM = 0.8
 
-    Sizes grow with the index, so a binary search finds it.
+
+def _next_index(
+    fail: int,
+    good: int,
+    fail_cosine: float,
+    good_cosine: float | None,
+    min_cosine: float,
+    error_at: Callable[[int], float],
+    *,
+    bisect: bool,
+) -> int:
+    """The next configuration to evaluate, strictly between ``fail`` and ``good``.
+
+    ``1 - cosine`` is taken as a straight line in the predicted error, through the failing
+    and the passing evaluation (through 0 for the all-float end, not measured): the step
+    aims at :data:`_AIM` of the error where that line meets the minimum, and takes the
+    index whose predicted error is nearest (errors fall as the index grows). After two
+    failures in a row it bisects the indices instead, so the bracket always shrinks.
     """
-    target = (size_at(low) + size_at(high)) / 2
-    lo, hi = low + 1, high - 1
-    while lo < hi:
+    if bisect:
+        return (fail + good) // 2
+    e_fail, e_good = error_at(fail), error_at(good)
+    loss_fail, loss_good = 1.0 - fail_cosine, 1.0 - (1.0 if good_cosine is None else good_cosine)
+    if e_fail <= e_good or loss_fail <= loss_good:
+        return (fail + good) // 2
+    slope = (loss_fail - loss_good) / (e_fail - e_good)
+    target = e_good + _AIM * max(0.0, (1.0 - min_cosine) - loss_good) / slope
+    lo, hi = fail + 1, good - 1
+    while lo < hi:  # the first index whose error is at most the target
         mid = (lo + hi) // 2
-        if size_at(mid) < target:
+        if error_at(mid) > target:
             lo = mid + 1
         else:
             hi = mid
-    # lo: the first index at or above the middle; the one before may be nearer.
-    if lo - 1 > low and abs(size_at(lo - 1) - target) <= abs(size_at(lo) - target):
+    if lo - 1 > fail and abs(error_at(lo - 1) - target) < abs(error_at(lo) - target):
         return lo - 1
     return lo
 
