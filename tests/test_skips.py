@@ -15,7 +15,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from helpers import ALL, conv_model, op_types
+from helpers import ALL, conv_model, fused_conv_model, op_types
 from onnx_conv2matmul import ConvertOptions, SkipReason, Status, convert
 
 EXTENDED = ConvertOptions(allow_added_transposes=True, extended=True)
@@ -205,37 +205,23 @@ def _between(before: str | None, after: str | None, spatial: int = 1) -> onnx.Mo
 
 def _fused_conv(
     *,
-    activation: str | None = None,
-    params: list[float] | None = None,
     group: int = 1,
     in_channels: int = 6,
     out_channels: int = 6,
     dtype: int = TensorProto.FLOAT,
     opset: int = 17,
-    z_type: int | None = None,
+    **fused: object,
 ) -> onnx.ModelProto:
-    """A com.microsoft FusedConv (2-D when grouped, else 1-D), with an input Z of ``z_type``."""
-    spatial = 2 if group > 1 else 1
-    model = conv_model(
-        spatial=spatial,
-        in_channels=in_channels,
+    """A com.microsoft FusedConv: 2-D when grouped (``in_channels`` per group), else 1-D."""
+    return fused_conv_model(
+        spatial=2 if group > 1 else 1,
+        in_channels=in_channels * group,
         out_channels=out_channels,
-        attrs={"group": group} if group > 1 else {},
+        group=group,
         dtype=dtype,
         opset=opset,
+        **fused,  # type: ignore[arg-type]
     )
-    model.graph.input[0].type.tensor_type.shape.dim[1].dim_value = in_channels * group
-    node = model.graph.node[-1]
-    node.op_type, node.domain = "FusedConv", "com.microsoft"
-    if activation is not None:
-        node.attribute.append(helper.make_attribute("activation", activation))
-    if params is not None:
-        node.attribute.append(helper.make_attribute("activation_params", params))
-    if z_type is not None:
-        node.input.append("z")
-        model.graph.input.append(helper.make_tensor_value_info("z", z_type, None))
-    model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
-    return model
 
 
 def _fused_conv_activation_not_a_string() -> onnx.ModelProto:
