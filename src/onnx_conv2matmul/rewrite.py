@@ -154,7 +154,8 @@ class Rewriter:
             h = add("Add", [h, plan.bias], {}, "biased")
         h = add("Transpose", [h], {"perm": perm_out}, "channels_first")
         if plan.sum_input is not None:
-            h = add("Add", [h, plan.sum_input], {}, "summed")
+            # Read from the node: Z may be the output of a conv rewritten since the analysis.
+            h = add("Add", [h, _fused.sum_input(node)], {}, "summed")
         if plan.activation is not None:
             act = plan.activation
             inputs: list[ir.Value | None] = [h]
