@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -20,9 +21,11 @@ from helpers import (
     conv_model,
     fused_conv_model,
     op_types,
+    run,
     with_z,
 )
 from onnx_conv2matmul import ConvertOptions, SkipReason, Status, convert
+from onnx_conv2matmul.quantize import QuantizeOptions, quantize_matmul_nbits
 
 EXTENDED = ConvertOptions(allow_added_transposes=True, extended=True)
 
@@ -185,3 +188,34 @@ def test_grouped_convs_between_the_models_transposes_break_even() -> None:
     assert (report.transposes_before, report.transposes_after) == (2, 0)
     feeds = [{"x": rng.standard_normal((n, t, c)).astype(np.float32)} for n, t in ((1, 4), (3, 21))]
     assert_equivalent(model, rewritten, feeds)
+
+
+def test_quantize_takes_every_group_weight_and_a_fusedconvs() -> None:
+    """A grouped conv then a FusedConv(Relu): all three MatMul weights become MatMulNBits."""
+    c = 64
+    model = conv_model(spatial=1, in_channels=c, out_channels=c, group=2, name="grouped")
+    fused = fused_conv_model(activation="Relu", in_channels=c, out_channels=c, name="fused", seed=1)
+    node = fused.graph.node[0]
+    node.input[:] = ["y", "W_fused", "B_fused"]
+    node.output[0] = "y2"
+    for tensor, name in zip(fused.graph.initializer, ("W_fused", "B_fused"), strict=True):
+        model.graph.initializer.append(numpy_helper.from_array(numpy_helper.to_array(tensor) / 8, name))
+    model.graph.node.append(node)
+    model.graph.output[0].name = "y2"
+    model.opset_import.extend(fused.opset_import[1:])
+    rewritten, report = convert(model, EXTENDED)
+    assert [(e.op_type, e.status) for e in report.entries] == [
+        ("Conv", Status.CONVERTED),
+        ("FusedConv", Status.CONVERTED),
+    ]
+    ir_model = ir.serde.deserialize_model(rewritten)
+    quantize_matmul_nbits(ir_model, QuantizeOptions(bits=4, block_size=16))
+    quantized = ir.serde.serialize_model(ir_model)
+    ops = op_types(quantized)
+    assert ops.count("MatMulNBits") == 3 and "MatMul" not in ops
+    x = np.random.default_rng(0).standard_normal((2, c, 50)).astype(np.float32)
+    (expected,), (actual,) = run(model, {"x": x}), run(quantized, {"x": x})
+    cosine = float(
+        np.dot(expected.ravel(), actual.ravel()) / np.linalg.norm(expected) / np.linalg.norm(actual)
+    )
+    assert cosine > 0.98

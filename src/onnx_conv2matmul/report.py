@@ -165,7 +165,8 @@ class ConvEntry:
         params: Number of weight elements (0 when unknown).
         weight_bytes: Size of the weight in bytes (0 when unknown).
         matmul: Name of the emitted MatMul node, for a quantizer's exclude list.
-        extra_ops: Ops emitted beside Transpose/MatMul/Add (``Pad``, ``Slice``).
+        extra_ops: Ops emitted beside Transpose/MatMul/Add (``Pad``, ``Slice``, ``Split`` and
+            ``Concat`` for groups, a FusedConv's activation).
     """
 
     name: str
