@@ -445,7 +445,7 @@ def _verify_options_from(
     "--extended-conv1x1",
     "extended",
     is_flag=True,
-    help="Also rewrite convs with pads, strides > 1 or auto_pad (emits Pad/Slice).",
+    help="Also rewrite convs with pads, strides > 1 or auto_pad (emits Pad/Slice), and grouped convs.",
 )
 @click.option("--allow-non-unit-dilation", is_flag=True, help="Also rewrite convs with dilations > 1.")
 @click.option(
@@ -618,7 +618,7 @@ def verify_command(
 @click.option(
     "--strict-conv1x1",
     is_flag=True,
-    help="Rewrite only unit-stride, unpadded convs (extended mode is on by default here).",
+    help="Rewrite only unit-stride, unpadded, ungrouped convs (extended mode is on by default here).",
 )
 @click.option("--no-dilation", is_flag=True, help="Do not rewrite convs with dilation > 1.")
 @click.option("--max-dilation", type=click.IntRange(min=1), default=None)

@@ -11,7 +11,8 @@ class ConvertOptions:
 
     Attributes:
         extended: Also rewrite convs with explicit pads, strides above 1 or an
-            ``auto_pad`` other than NOTSET (emits ``Pad``/``Slice`` as needed).
+            ``auto_pad`` other than NOTSET (emits ``Pad``/``Slice`` as needed), and grouped
+            pointwise convs with several input channels per group (one MatMul per group).
         allow_non_unit_dilation: Rewrite convs whose dilations are above 1. For a
             kernel of size 1 dilation has no effect on the result.
         max_dilation: With ``allow_non_unit_dilation``, skip convs with a dilation
