@@ -55,36 +55,29 @@ class Activation:
         return f"{self.op_type}({', '.join(f'{p:g}' for p in self.params)})" if self.params else self.op_type
 
 
-class UnsupportedActivation(ValueError):
-    """The activation has no exact standard-op form; the message says why."""
-
-
 def is_fused_conv(node: ir.Node) -> bool:
     return node.op_type == OP_TYPE and node.domain == DOMAIN
 
 
-def activation(node: ir.Node) -> Activation | None:
-    """The activation of a FusedConv, None when it has none.
-
-    Raises:
-        UnsupportedActivation: An unknown activation, or a parameter count other than the
-            activation takes.
-    """
+def activation(node: ir.Node) -> tuple[Activation | None, str | None]:
+    """The activation of a FusedConv (None when it has none), or why it has no exact
+    standard-op form: an unknown activation, or a parameter count other than it takes."""
     attr = node.attributes.get("activation")
     if attr is None:
-        return None
+        return None, None
     if attr.type != ir.AttributeType.STRING:
-        raise UnsupportedActivation(f"activation attribute of type {attr.type.name}")
+        return None, f"activation attribute of type {attr.type.name}"
     name = attr.as_string()
     if name not in ACTIVATION_PARAMS:
-        raise UnsupportedActivation(f"activation {name!r} is not one of {', '.join(ACTIVATION_PARAMS)}")
+        return None, f"activation {name!r} is not one of {', '.join(ACTIVATION_PARAMS)}"
     params_attr = node.attributes.get("activation_params")
     params = tuple(params_attr.as_floats()) if params_attr is not None else ()
     if len(params) != ACTIVATION_PARAMS[name]:
-        raise UnsupportedActivation(
-            f"activation {name} takes {ACTIVATION_PARAMS[name]} activation_params, node has {len(params)}"
+        return (
+            None,
+            f"activation {name} takes {ACTIVATION_PARAMS[name]} activation_params, node has {len(params)}",
         )
-    return Activation(name, params)
+    return Activation(name, params), None
 
 
 def sum_input(node: ir.Node) -> ir.Value | None:
@@ -97,10 +90,7 @@ def after_transpose_out(node: ir.Node) -> list[str]:
     if not is_fused_conv(node):
         return []
     ops = ["Add"] if sum_input(node) is not None else []
-    try:
-        act = activation(node)
-    except UnsupportedActivation:  # never converted
-        return ops
+    act, _ = activation(node)  # a node whose activation has no form is never converted
     return [*ops, act.op_type] if act is not None else ops
 
 

@@ -265,10 +265,9 @@ def _plan(
         raise _Skip(SkipReason.DEPTHWISE, f"group {group}, one input channel per group")
     if group != 1 and not options.extended:
         raise _Skip(SkipReason.GROUPED, f"group {group}")
-    try:
-        activation = _fused.activation(node) if fused else None
-    except _fused.UnsupportedActivation as error:
-        raise _Skip(SkipReason.UNSUPPORTED_ACTIVATION, str(error)) from None
+    activation, unsupported = _fused.activation(node) if fused else (None, None)
+    if unsupported is not None:
+        raise _Skip(SkipReason.UNSUPPORTED_ACTIVATION, unsupported)
     sum_input = _fused.sum_input(node) if fused else None
     if weight.is_graph_input():
         raise _Skip(

@@ -45,7 +45,9 @@ def transpose_2d(array: np.ndarray) -> np.ndarray:
     return out
 
 
-def _transposed_weight(tensor: ir.TensorProtocol, name: str, group: int = 1, index: int = 0) -> ir.LazyTensor:
+def _transposed_weight(
+    tensor: ir.TensorProtocol, name: str, *, group: int = 1, index: int = 0
+) -> ir.LazyTensor:
     """Group ``index`` of ``group`` of the weight ``[M, C/g, 1...]`` as a ``[C/g, M/g]`` matrix."""
     out_channels, in_channels = (int(d) for d in tensor.shape.numpy()[:2])
     rows = out_channels // group
@@ -79,7 +81,10 @@ class Rewriter:
             return self._weights[key]
         base = plan.weight.name or f"{plan.entry.name or 'conv'}_weight"
         name = self._names.new(f"{base}_matmul" if plan.group == 1 else f"{base}_matmul_group{index}")
-        tensor = _transposed_weight(plan.weight_tensor, name, plan.group, index)
+        if plan.group == 1:
+            tensor = _transposed_weight(plan.weight_tensor, name)
+        else:
+            tensor = _transposed_weight(plan.weight_tensor, name, group=plan.group, index=index)
         value = ir.Value(name=name, type=ir.TensorType(tensor.dtype), shape=tensor.shape, const_value=tensor)
         plan.weight_owner.register_initializer(value)
         if not any(k[0] == key[0] for k in self._weights):
