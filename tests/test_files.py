@@ -276,21 +276,16 @@ def test_failure_in_the_middle_of_writing(
     onnx.save(stack_model(), src, save_as_external_data=True, location="m.onnx.data", size_threshold=0)
     convert_file(src, dst)  # an earlier output that must survive
     before = {p: p.read_bytes() for p in tmp_path.iterdir()}
-    original = rewrite_mod._transposed_weight
+    original = rewrite_mod.transpose_2d
     calls = []
 
-    def failing(tensor, name):  # type: ignore[no-untyped-def]
-        lazy = original(tensor, name)
+    def failing(array: np.ndarray) -> np.ndarray:  # runs as each new weight is written
+        calls.append(array.shape)
+        if len(calls) == 3:
+            raise error
+        return original(array)
 
-        def materialize():  # type: ignore[no-untyped-def]
-            calls.append(name)
-            if len(calls) == 3:
-                raise error
-            return rewrite_mod.ir.tensor(lazy.numpy(), name=name)
-
-        return rewrite_mod.ir.LazyTensor(materialize, dtype=lazy.dtype, shape=lazy.shape, name=name)
-
-    monkeypatch.setattr(rewrite_mod, "_transposed_weight", failing)
+    monkeypatch.setattr(rewrite_mod, "transpose_2d", failing)
     for target, inplace in ((dst, False), (None, True)):
         calls.clear()
         with pytest.raises(type(error)):

@@ -262,19 +262,26 @@ def test_int8_failure_after_quantize_dynamic_leaves_no_staging(
 
 
 @pytest.mark.parametrize("int8", [False, True], ids=["matmulnbits", "int8-dynamic"])
-def test_interrupt_right_after_staging_leaves_no_staging(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, int8: bool
-) -> None:
+def test_interrupt_right_after_staging_leaves_no_staging(tmp_path: Path, int8: bool) -> None:
     """Ctrl-C between staging the output and measuring it: the staged output is removed."""
     from onnx_conv2matmul import pipeline
 
     src = tmp_path / "m.onnx"
     onnx.save(matmul_model(), src)
 
-    def interrupted() -> int:
-        raise KeyboardInterrupt
+    class InterruptedAfterStaging:
+        """Ctrl-C as the first phase after staging starts (the output check)."""
 
-    monkeypatch.setattr(pipeline, "_peak_rss_bytes", interrupted)
+        def phase(self, name: str) -> None:
+            if name == "Checking the output":
+                raise KeyboardInterrupt
+
+        def advance(self, done: int, total: int) -> None:
+            pass
+
+        def close(self) -> None:
+            pass
+
     with pytest.raises(KeyboardInterrupt):
-        pipeline.quantize_file(src, tmp_path / "q.onnx", int8=int8)
+        pipeline.quantize_file(src, tmp_path / "q.onnx", int8=int8, progress=InterruptedAfterStaging())
     assert _staging(tmp_path) == [] and not (tmp_path / "q.onnx").exists()

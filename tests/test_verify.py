@@ -237,19 +237,15 @@ def test_integer_outputs_must_match_exactly(tmp_path: Path) -> None:
 
 
 def _break_rewrite(monkeypatch: pytest.MonkeyPatch) -> None:
-    original = rewrite_mod._transposed_weight
+    """Make the rewrite write every transposed weight off by 0.1 in its first element."""
+    original = rewrite_mod.transpose_2d
 
-    def wrong(tensor, name):  # type: ignore[no-untyped-def]
-        lazy = original(tensor, name)
+    def wrong(array: np.ndarray) -> np.ndarray:
+        out = original(array)
+        out[0, 0] += out.dtype.type(0.1)
+        return out
 
-        def materialize():  # type: ignore[no-untyped-def]
-            array = lazy.numpy().copy()
-            array[0, 0] += np.float32(0.1)
-            return rewrite_mod.ir.tensor(array, name=name)
-
-        return rewrite_mod.ir.LazyTensor(materialize, dtype=lazy.dtype, shape=lazy.shape, name=name)
-
-    monkeypatch.setattr(rewrite_mod, "_transposed_weight", wrong)
+    monkeypatch.setattr(rewrite_mod, "transpose_2d", wrong)
 
 
 def test_failed_verification_writes_nothing_and_exits_1(

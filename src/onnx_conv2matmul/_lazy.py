@@ -51,7 +51,7 @@ class _Parser(types.ModuleType):
         return getattr(importlib.import_module(_PARSER), attr)
 
 
-class _Finder:  # a meta path finder and loader (importlib.abc costs 20 ms of start-up to import)
+class _Finder:  # a meta path finder and loader, without importing importlib.abc (slow to import)
     """Finds ``onnx_ir`` once, and runs its package with sympy deferred."""
 
     def find_spec(self, fullname: str, *_: Any) -> importlib.machinery.ModuleSpec | None:

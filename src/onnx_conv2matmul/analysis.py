@@ -116,9 +116,10 @@ def _settle(plans: list[Plan], options: ConvertOptions) -> list[Plan]:
     """Drop plans until every weight is converted whole and, by default, no Transpose is added.
 
     Dropping a conv can make a neighbour's conversion cost a Transpose, or leave a
-    weight shared with a conv that stays, so this runs until nothing changes.
+    weight shared with a conv that stays, so this runs until nothing changes. Every round
+    but the last drops at least one plan, so there are at most ``len(plans) + 1`` rounds.
     """
-    while True:
+    for _ in range(len(plans) + 1):
         plans = _drop_shared_with_unconverted(plans)
         if options.allow_added_transposes:
             return plans
@@ -126,6 +127,7 @@ def _settle(plans: list[Plan], options: ConvertOptions) -> list[Plan]:
         if len(kept) == len(plans):
             return kept
         plans = kept
+    raise AssertionError("the plans kept changing after every conv was dropped")
 
 
 def _drop_adding_transposes(plans: list[Plan]) -> list[Plan]:
@@ -200,7 +202,13 @@ def _function_entries(model: ir.Model) -> list[ConvEntry]:
 
 
 def constant_tensor(value: ir.Value) -> tuple[ir.TensorProtocol, ir.Node | None] | None:
-    """The constant behind ``value`` (initializer or Constant node), if it has one."""
+    """The constant behind ``value`` (initializer or Constant node), if it has one.
+
+    Not ``ir.convenience.get_const_tensor``: that renames the tensor held by a Constant node
+    after its output (this module only reads), raises on a malformed Constant (here: not a
+    constant, the node is skipped), and does not say which Constant node holds the tensor,
+    which the rewrite needs to remove it.
+    """
     if value.is_initializer() and value.const_value is not None:
         return value.const_value, None
     producer = value.producer()

@@ -16,7 +16,7 @@ from onnx_conv2matmul.verify import VerifyOptions, verify_models
 
 if TYPE_CHECKING:
     # onnx-ir and the rewrite are imported where used, so that convert_file has parsed its
-    # input and started copying its data file before importing them (about 0.06 s sooner).
+    # input and started copying its data file before importing them (the copy starts sooner).
     import onnx_ir as ir
 
 FAILED_SUFFIX = ".verify-failed"

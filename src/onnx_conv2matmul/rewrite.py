@@ -34,8 +34,8 @@ MIN_OPSET_SPLIT_NUM_OUTPUTS = 18
 def transpose_2d(array: np.ndarray) -> np.ndarray:
     """``array.T`` as a new C-contiguous array, copied in row blocks.
 
-    Copying blocks of rows keeps each write a full cache line: about 3x faster than
-    ``np.ascontiguousarray(array.T)`` for the weights of a speech encoder.
+    Copying blocks of rows keeps each write a full cache line, which is faster than
+    ``np.ascontiguousarray(array.T)`` for large weights (see docs/performance.md).
     """
     rows, cols = array.shape
     out = np.empty((cols, rows), dtype=array.dtype)
