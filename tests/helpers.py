@@ -275,3 +275,93 @@ def with_z(
         shape = (x.shape[0], out_channels, *x.shape[2:])
         out.append({**feed, "z": rng.standard_normal(shape).astype(x.dtype)})
     return out
+
+
+# The shapes of Gemm's C the builder knows, as dims ("M" and "N" stand for those of the Gemm).
+GEMM_C_SHAPES: dict[str, list[str | int]] = {
+    "scalar": [],
+    "1": [1],
+    "N": ["N"],
+    "1N": [1, "N"],
+    "11": [1, 1],
+    "M1": ["M", 1],
+    "MN": ["M", "N"],
+}
+
+
+def gemm_model(
+    *,
+    k: int = 6,
+    n: int = 5,
+    trans_a: bool = False,
+    trans_b: bool = True,
+    alpha: float = 1.0,
+    beta: float = 1.0,
+    c: str | None = "N",
+    c_source: str = "initializer",
+    dtype: int = TensorProto.FLOAT,
+    weight_source: str = "initializer",
+    opset: int = 17,
+    seed: int = 0,
+    name: str = "fc",
+) -> onnx.ModelProto:
+    """One Gemm on input ``a`` ([M, K], or [K, M] with ``trans_a``; M symbolic).
+
+    ``c``: a key of :data:`GEMM_C_SHAPES` or None (no C). A C whose shape holds M is a graph
+    input (``c_source`` ``input``), so that M can change between runs. ``weight_source``:
+    as for :func:`conv_model`.
+    """
+    rng = np.random.default_rng(seed)
+    np_type = NP_TYPES[dtype]
+    w = (rng.standard_normal((n, k) if trans_b else (k, n)) / np.sqrt(k)).astype(np_type)
+    nodes: list[onnx.NodeProto] = []
+    inits: list[onnx.TensorProto] = []
+    graph_inputs = [helper.make_tensor_value_info("a", dtype, [k, "M"] if trans_a else ["M", k])]
+    if weight_source == "constant":
+        nodes.append(helper.make_node("Constant", [], ["B"], value=numpy_helper.from_array(w, "B")))
+    elif weight_source in ("initializer", "input_initializer"):
+        inits.append(numpy_helper.from_array(w, "B"))
+        if weight_source == "input_initializer":
+            graph_inputs.append(helper.make_tensor_value_info("B", dtype, list(w.shape)))
+    elif weight_source == "input":
+        graph_inputs.append(helper.make_tensor_value_info("B", dtype, list(w.shape)))
+    else:
+        raise ValueError(weight_source)
+    inputs = ["a", "B"]
+    if c is not None:
+        dims = [n if d == "N" else d for d in GEMM_C_SHAPES[c]]
+        if "M" in dims or c_source == "input":
+            graph_inputs.append(helper.make_tensor_value_info("C", dtype, dims))
+        else:
+            inits.append(numpy_helper.from_array(rng.standard_normal(dims).astype(np_type), "C"))
+        inputs.append("C")
+    attrs: dict[str, object] = {"transA": int(trans_a), "transB": int(trans_b), "alpha": alpha, "beta": beta}
+    if opset < 7:
+        attrs["broadcast"] = 1
+    nodes.append(helper.make_node("Gemm", inputs, ["y"], name=name, **attrs))
+    graph = helper.make_graph(
+        nodes, "g", graph_inputs, [helper.make_tensor_value_info("y", dtype, ["M", n])], inits
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = min(model.ir_version, 8)
+    return model
+
+
+def random_feeds(
+    model: onnx.ModelProto, *, m_values: Sequence[int] = (1, 3, 8, 33), seed: int = 1
+) -> list[dict[str, np.ndarray]]:
+    """Random inputs for every graph input (not initializers), once per value of the dim ``M``."""
+    rng = np.random.default_rng(seed)
+    inits = {t.name for t in model.graph.initializer}
+    feeds = []
+    for m in m_values:
+        feed = {}
+        for value in model.graph.input:
+            if value.name in inits:
+                continue
+            tensor_type = value.type.tensor_type
+            shape = [m if d.dim_param == "M" else d.dim_value for d in tensor_type.shape.dim]
+            np_type = NP_TYPES[tensor_type.elem_type]
+            feed[value.name] = rng.standard_normal(shape).astype(np_type)
+        feeds.append(feed)
+    return feeds

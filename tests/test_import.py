@@ -55,6 +55,7 @@ IMPORTS = [
     "import onnx_conv2matmul.verify",
     "import onnx_conv2matmul.quantize",
     "import onnx_conv2matmul.pipeline",
+    "import onnx_conv2matmul.inspection",
     "import onnx_conv2matmul.render",
     "import onnx_conv2matmul.cli",
 ]

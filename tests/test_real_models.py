@@ -27,8 +27,9 @@ class RealModel:
     member: str
     sha256: str
     verify: tuple[VerifyOptions, ...]
-    converted: int
+    converted: int  # convs and Gemms
     skipped: dict[SkipReason, int]
+    gemms: int = 0  # Gemms among the converted (every Gemm of these models is converted)
 
 
 SILERO = "silero-vad==6.2.3"
@@ -57,8 +58,9 @@ MODELS = [
             VerifyOptions(inputs={"sr": 16000}, lengths=(512,), batch=3),
             VerifyOptions(inputs={"sr": 8000}, lengths=(256,)),
         ),
-        converted=2,
+        converted=6,
         skipped={SkipReason.KERNEL_NOT_POINTWISE: 10},
+        gemms=4,  # the LSTM cell's Gemms in both If branches, weights in the main graph
     ),
     RealModel(
         "silero-v4-if-strided-pointwise",
@@ -112,6 +114,16 @@ MODELS = [
         converted=2,
         skipped={},
     ),
+    RealModel(
+        "plcmos-gemm-linear-layers",
+        "speechmos==0.0.1.1",
+        "speechmos/plcmos_models/plcmos_v2.onnx",
+        "c0ad3fc64ef9682b4749c0e96636b41c73b4b30bd123b9348feea06a96895286",
+        (VerifyOptions(lengths=(50, 97), batch=2),),
+        converted=13,
+        skipped={SkipReason.KERNEL_NOT_POINTWISE: 3},
+        gemms=12,  # torch Linear layers as Gemm(transB=1) with a bias, opset 11
+    ),
 ]
 
 
@@ -133,6 +145,8 @@ def test_real_model_rewrite_is_exact(model: RealModel, tmp_path: Path) -> None:
         assert report.return_code == 0, report.verification.failures
         if index == 0:
             assert len(report.converted) == model.converted
+            gemms = report.op_type_counts.get("Gemm", {"nodes": 0, "converted": 0})
+            assert gemms == {"nodes": model.gemms, "converted": model.gemms}
             assert report.skip_counts == {r.value: n for r, n in model.skipped.items()}
             assert report.output_bytes is not None and report.input_bytes is not None
             assert report.output_bytes <= report.input_bytes * 1.01 + 16384
@@ -201,3 +215,20 @@ def test_dtln_cancels_the_transpose_pair_at_the_graph_output(
     assert_matmul_weights_2d(rewritten, 5 + converted)  # the model's own 5 MatMuls (LSTMs, dense)
     onnx.checker.check_model(rewritten, full_check=True)
     assert_equivalent(model, rewritten, _dtln_feeds(3))
+
+
+@pytest.mark.network
+def test_quantize_covers_the_gemms_of_a_real_model(tmp_path: Path) -> None:
+    """PLCMOS: its 12 Gemms and its one pointwise conv all become MatMulNBits."""
+    from onnx_conv2matmul.pipeline import quantize_file
+
+    model = next(m for m in MODELS if m.id == "plcmos-gemm-linear-layers")
+    output = tmp_path / "q.onnx"
+    report = quantize_file(_fetch(model), output, verify=model.verify[0])
+    ops = [node.op_type for node in onnx.load(output).graph.node]
+    assert ops.count("MatMulNBits") == report.quantized_nodes == 13
+    assert "Gemm" not in ops
+    assert (
+        report.weights_without_rewrite is not None and report.weights_without_rewrite.quantizable_bytes == 0
+    )
+    assert report.weights_with_rewrite is not None and report.weights_with_rewrite.share > 0.5

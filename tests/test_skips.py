@@ -15,7 +15,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from helpers import ALL, conv_model, fused_conv_model, op_types
+from helpers import ALL, conv_model, fused_conv_model, gemm_model, op_types
 from onnx_conv2matmul import ConvertOptions, SkipReason, Status, convert
 
 EXTENDED = ConvertOptions(allow_added_transposes=True, extended=True)
@@ -241,6 +241,100 @@ def _grouped_input_declared(shape: list[int | str]) -> Callable[[], onnx.ModelPr
     return build
 
 
+def _gemm_weight(array: np.ndarray, **kwargs: object) -> onnx.ModelProto:
+    """A Gemm without C whose weight B is ``array``."""
+    model = gemm_model(c=None, **kwargs)  # type: ignore[arg-type]
+    model.graph.initializer[0].CopyFrom(numpy_helper.from_array(array, "B"))
+    return model
+
+
+def _gemm_weight_through_identity() -> onnx.ModelProto:
+    model = gemm_model()
+    model.graph.node.insert(0, helper.make_node("Identity", ["B"], ["B2"]))
+    model.graph.node[1].input[1] = "B2"
+    return model
+
+
+def _gemm_weight_also_read_by(op_type: str, weight_source: str, trans_b: bool) -> onnx.ModelProto:
+    model = gemm_model(weight_source=weight_source, trans_b=trans_b)
+    model.graph.node.append(helper.make_node(op_type, ["B"], ["w_out"], name="reader"))
+    model.graph.output.append(helper.make_tensor_value_info("w_out", TensorProto.FLOAT, None))
+    return model
+
+
+def _gemm_in_if(*, gemm_inside: bool) -> onnx.ModelProto:
+    """A Gemm reading ``B`` while another scope defines another ``B`` (see :func:`_if_defining`)."""
+    model = _if_defining("W", conv_inside=gemm_inside)
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((6, 6)).astype(np.float32), "W")
+    for graph in _graphs(model.graph):
+        for node in graph.node:
+            if node.op_type == "Conv":
+                node.op_type = "Gemm"
+                del node.input[0]
+                node.input.insert(0, "a")
+        for i, tensor in enumerate(graph.initializer):
+            if tensor.name == "W":
+                graph.initializer[i].CopyFrom(w)
+    model.graph.input.append(helper.make_tensor_value_info("a", TensorProto.FLOAT, ["M", 6]))
+    return model
+
+
+def _gemm_in_function() -> onnx.ModelProto:
+    function = helper.make_function(
+        "local",
+        "Linear",
+        ["a", "w"],
+        ["y"],
+        [helper.make_node("Gemm", ["a", "w"], ["y"], name="fn_gemm", transB=1)],
+        opset_imports=[helper.make_opsetid("", 17)],
+    )
+    model = gemm_model(c=None)
+    model.graph.node[0].op_type = "Linear"
+    model.graph.node[0].domain = "local"
+    del model.graph.node[0].attribute[:]
+    model.functions.append(function)
+    model.opset_import.append(helper.make_opsetid("local", 1))
+    return model
+
+
+def _gemm_ir_version_3(c: str | None) -> onnx.ModelProto:
+    model = gemm_model(weight_source="constant", c=None, opset=8)
+    if c is not None:
+        value = numpy_helper.from_array(np.ones(5, np.float32), "C")
+        model.graph.node.insert(0, helper.make_node("Constant", [], ["C"], value=value))
+        model.graph.node[-1].input.append("C")
+    model.ir_version = 3
+    return model
+
+
+def _gemm_bfloat16() -> onnx.ModelProto:
+    w = helper.make_tensor("B", TensorProto.BFLOAT16, [5, 6], np.ones(30).tolist())
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["a", "B"], ["y"], name="fc", transB=1)],
+        "g",
+        [helper.make_tensor_value_info("a", TensorProto.BFLOAT16, ["M", 6])],
+        [helper.make_tensor_value_info("y", TensorProto.BFLOAT16, ["M", 5])],
+        [w],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 12)])
+
+
+def _gemm_input_declared(
+    shape: list[int | str], elem_type: int = TensorProto.FLOAT, trans_a: bool = False
+) -> onnx.ModelProto:
+    model = gemm_model(trans_a=trans_a)
+    model.graph.input[0].CopyFrom(helper.make_tensor_value_info("a", elem_type, shape))
+    return model
+
+
+def _gemm_c(shape: list[int | str], m: int | str = "M") -> onnx.ModelProto:
+    """A Gemm [m, 6] x [6, 5] whose C is a graph input of ``shape``."""
+    model = gemm_model(c="N", c_source="input")
+    model.graph.input[0].CopyFrom(helper.make_tensor_value_info("a", TensorProto.FLOAT, [m, 6]))
+    model.graph.input[1].CopyFrom(helper.make_tensor_value_info("C", TensorProto.FLOAT, shape))
+    return model
+
+
 EXAMPLES: dict[SkipReason, list[Example]] = {
     SkipReason.UNSUPPORTED_OP: [
         Example("conv-integer", _conv_integer),
@@ -254,10 +348,14 @@ EXAMPLES: dict[SkipReason, list[Example]] = {
         Example("graph-input", lambda: conv_model(spatial=1, weight_source="input"), detail="graph input"),
         Example("through-identity", _weight_through_identity, detail="run time"),
         Example("constant-of-shape", lambda: _weight_of_shape(), detail="run time"),
+        Example("gemm-graph-input", lambda: gemm_model(weight_source="input"), detail="graph input"),
+        Example("gemm-through-identity", _gemm_weight_through_identity, detail="run time"),
     ],
     SkipReason.WEIGHT_OVERRIDABLE: [
         Example("1d", lambda: conv_model(spatial=1, weight_source="input_initializer")),
         Example("2d", lambda: conv_model(spatial=2, weight_source="input_initializer")),
+        Example("gemm", lambda: gemm_model(weight_source="input_initializer")),
+        Example("gemm-untransposed", lambda: gemm_model(weight_source="input_initializer", trans_b=False)),
     ],
     SkipReason.UNSUPPORTED_RANK: [
         Example(
@@ -337,6 +435,8 @@ EXAMPLES: dict[SkipReason, list[Example]] = {
             lambda: _fused_conv(activation="Relu", dtype=TensorProto.DOUBLE),
             detail="FusedConv for FLOAT and FLOAT16 only",
         ),
+        Example("gemm-int32", lambda: _gemm_weight(np.ones((5, 6), np.int32)), detail="INT32"),
+        Example("gemm-int64", lambda: _gemm_weight(np.ones((6, 5), np.int64), trans_b=False), detail="INT64"),
     ],
     SkipReason.INVALID_ATTRIBUTES: [
         Example("kernel-shape", lambda: conv_model(spatial=1, attrs={"kernel_shape": [3]})),
@@ -384,6 +484,21 @@ EXAMPLES: dict[SkipReason, list[Example]] = {
             lambda: _fused_conv(activation="Relu", z_type=TensorProto.FLOAT16),
             detail="input Z type FLOAT16 != weight type FLOAT",
         ),
+        # A Gemm's operands contradict its weight B [5, 6] (transB=1: K 6, N 5).
+        Example("gemm-weight-rank", lambda: _gemm_weight(np.ones((5, 6, 1), np.float32)), detail="is 2-D"),
+        Example("gemm-input-rank", lambda: _gemm_input_declared(["N", "T", 6]), detail="input rank 3"),
+        Example("gemm-input-k", lambda: _gemm_input_declared(["M", 4]), detail="input K 4 != weight K 6"),
+        Example(
+            "gemm-input-k-trans-a", lambda: _gemm_input_declared([4, "M"], trans_a=True), detail="input K 4"
+        ),
+        Example(
+            "gemm-input-type",
+            lambda: _gemm_input_declared(["M", 6], TensorProto.DOUBLE),
+            detail="input type DOUBLE",
+        ),
+        Example("gemm-c-n", lambda: _gemm_c([3]), detail="C shape [3]"),
+        Example("gemm-c-rank-3", lambda: _gemm_c([1, 1, 5]), detail="C shape [1, 1, 5]"),
+        Example("gemm-c-m", lambda: _gemm_c([3, 5], m=2), detail="C shape [3, 5]"),
     ],
     SkipReason.NEEDS_EXTENDED_MODE: [
         Example("strides", lambda: conv_model(spatial=1, attrs={"strides": [2]}), detail="strides [2]"),
@@ -424,18 +539,36 @@ EXAMPLES: dict[SkipReason, list[Example]] = {
         Example("no-default-opset", _no_default_opset, detail="no default-domain opset"),
         Example("ir-3-1d", lambda: _ir_version_3(1, bias=False), detail="IR version 3"),
         Example("ir-3-2d-bias", lambda: _ir_version_3(2, bias=True), detail="IR version 3"),
+        Example("gemm-opset-6", lambda: gemm_model(opset=6), detail="Gemm before opset 7"),
+        Example("gemm-opset-1", lambda: gemm_model(opset=1, trans_b=False), detail="Gemm before opset 7"),
+        Example("gemm-bfloat16-opset-12", _gemm_bfloat16, detail="bfloat16"),
+        Example("gemm-ir-3", lambda: _gemm_ir_version_3(None), detail="IR version 3"),
+        Example("gemm-ir-3-c", lambda: _gemm_ir_version_3("N"), detail="IR version 3"),
     ],
     SkipReason.WEIGHT_SHARED: [
         Example("shape-reads-weight", lambda: _weight_also_read_by("Shape"), detail="Shape 'reader'"),
         Example("relu-reads-weight", lambda: _weight_also_read_by("Relu"), detail="Relu 'reader'"),
+        Example(
+            "gemm-transposed",
+            lambda: _gemm_weight_also_read_by("Relu", "initializer", trans_b=True),
+            detail="Relu 'reader'",
+        ),
+        Example(
+            "gemm-constant-node",
+            lambda: _gemm_weight_also_read_by("Shape", "constant", trans_b=False),
+            detail="Shape 'reader'",
+        ),
     ],
     SkipReason.AMBIGUOUS_WEIGHT: [
         Example("branch-defines-weight-name", lambda: _if_defining("W", conv_inside=False)),
         Example("conv-in-branch", lambda: _if_defining("W", conv_inside=True)),
+        Example("gemm-branch-defines-weight-name", lambda: _gemm_in_if(gemm_inside=False)),
+        Example("gemm-in-branch", lambda: _gemm_in_if(gemm_inside=True)),
     ],
     SkipReason.IN_FUNCTION: [
         Example("conv1d", lambda: _in_function(1), detail="model-local"),
         Example("conv2d", lambda: _in_function(2)),
+        Example("gemm", _gemm_in_function, detail="Gemm nodes inside model-local"),
     ],
     SkipReason.ADDS_TRANSPOSES: [
         Example("alone", lambda: conv_model(spatial=1), ConvertOptions(), detail="2 Transpose nodes"),

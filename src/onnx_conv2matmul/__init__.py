@@ -46,6 +46,7 @@ _SUBMODULES = (
     "api",
     "cleanup",
     "cli",
+    "inspection",
     "passes",
     "pipeline",
     "quantize",

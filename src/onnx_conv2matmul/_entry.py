@@ -24,6 +24,7 @@ from typing import NoReturn
 from onnx_conv2matmul.errors import Interrupted, exit_code_for
 
 JSON_STDOUT_FLAG = "--report-json-stdout"
+INSPECT_JSON_FLAG = "--json"
 NOTHING_WRITTEN = "nothing was written"
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -57,9 +58,10 @@ def interrupted_message(interrupt: KeyboardInterrupt, detail: str) -> str:
 
 
 def asks_for_json(argv: Sequence[str]) -> bool:
-    """Whether ``--report-json-stdout`` is among the options (before any ``--``)."""
-    options = argv[: list(argv).index("--")] if "--" in argv else argv
-    return JSON_STDOUT_FLAG in options
+    """Whether ``--report-json-stdout`` (or ``inspect``'s ``--json``) is among the options
+    (before any ``--``)."""
+    options = list(argv[: list(argv).index("--")] if "--" in argv else argv)
+    return JSON_STDOUT_FLAG in options or (options[:1] == ["inspect"] and INSPECT_JSON_FLAG in options)
 
 
 def error_json(command: str | None, return_code: int, error: str) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import TYPE_CHECKING
 
 import onnx_ir as ir
 
@@ -17,6 +18,9 @@ from onnx_conv2matmul._layout import added_transposes
 from onnx_conv2matmul.options import ConvertOptions
 from onnx_conv2matmul.reasons import SkipReason
 from onnx_conv2matmul.report import ConvEntry, Status
+
+if TYPE_CHECKING:
+    from onnx_conv2matmul.gemm import GemmPlan
 
 # Op types reported as convolutions; of these only com.microsoft FusedConv is rewritten.
 _OTHER_CONV_OPS = frozenset(
@@ -71,15 +75,19 @@ def is_conv_like(node: ir.Node) -> bool:
     return node.op_type in _OTHER_CONV_OPS
 
 
-def analyze(model: ir.Model, options: ConvertOptions) -> tuple[list[Plan], list[ConvEntry]]:
-    """Return the plans and the report entry of every Conv-like node, in graph order."""
+def analyze(model: ir.Model, options: ConvertOptions) -> tuple[list[Plan | GemmPlan], list[ConvEntry]]:
+    """Return the plans and the report entry of every Conv-like node (and Gemm, with
+    ``options.gemm``), in graph order."""
+    from onnx_conv2matmul.gemm import is_gemm, plan_gemm  # gemm imports this module
+
     opset = default_opset(model)
     ambiguous = _names_in_several_scopes(model)
-    plans: list[Plan] = []
+    plans: list[Plan | GemmPlan] = []
     entries: list[ConvEntry] = []
     for graph, scope in walk_graphs(model.graph):
         for node in graph:
-            if not is_conv_like(node):
+            gemm = options.gemm and is_gemm(node)
+            if not gemm and not is_conv_like(node):
                 continue
             entry = ConvEntry(
                 name=node.name or "",
@@ -90,7 +98,11 @@ def analyze(model: ir.Model, options: ConvertOptions) -> tuple[list[Plan], list[
             )
             entries.append(entry)
             try:
-                plan = _plan(node, graph, entry, opset, options)
+                plan: Plan | GemmPlan
+                if gemm:
+                    plan = plan_gemm(node, graph, entry, opset)
+                else:
+                    plan = _plan(node, graph, entry, opset, options)
                 if plan.weight.name in ambiguous:
                     raise _Skip(
                         SkipReason.AMBIGUOUS_WEIGHT,
@@ -108,11 +120,11 @@ def analyze(model: ir.Model, options: ConvertOptions) -> tuple[list[Plan], list[
                 entry.status = Status.CONVERTED
                 plans.append(plan)
     plans = _settle(plans, options)
-    entries.extend(_function_entries(model))
+    entries.extend(_function_entries(model, options))
     return plans, entries
 
 
-def _settle(plans: list[Plan], options: ConvertOptions) -> list[Plan]:
+def _settle(plans: list[Plan | GemmPlan], options: ConvertOptions) -> list[Plan | GemmPlan]:
     """Drop plans until every weight is converted whole and, by default, no Transpose is added.
 
     Dropping a conv can make a neighbour's conversion cost a Transpose, or leave a
@@ -130,10 +142,15 @@ def _settle(plans: list[Plan], options: ConvertOptions) -> list[Plan]:
     raise AssertionError("the plans kept changing after every conv was dropped")
 
 
-def _drop_adding_transposes(plans: list[Plan]) -> list[Plan]:
-    converted = {id(p.node) for p in plans}
-    kept = []
+def _drop_adding_transposes(plans: list[Plan | GemmPlan]) -> list[Plan | GemmPlan]:
+    from onnx_conv2matmul.gemm import GemmPlan  # gemm imports this module
+
+    converted = {id(p.node) for p in plans if not isinstance(p, GemmPlan)}
+    kept: list[Plan | GemmPlan] = []
     for plan in plans:
+        if isinstance(plan, GemmPlan):
+            kept.append(plan)  # a Gemm's MatMul form has no channel Transposes
+            continue
         added = added_transposes(plan.node, plan.spatial_rank + 2, converted)
         if added <= 0:
             kept.append(plan)
@@ -160,12 +177,21 @@ def _names_in_several_scopes(model: ir.Model) -> set[str]:
     return {name for name, count in seen.items() if count > 1}
 
 
-def _drop_shared_with_unconverted(plans: list[Plan]) -> list[Plan]:
-    """Skip convs whose weight also feeds a node that stays, so no weight is stored twice."""
-    planned = {id(p.node) for p in plans}
-    kept = []
+def _drop_shared_with_unconverted(plans: list[Plan | GemmPlan]) -> list[Plan | GemmPlan]:
+    """Skip convs whose weight also feeds a node that stays, so no weight is stored twice.
+
+    Every conv stores its weight transposed. A Gemm may store it in another form (see
+    ``GemmPlan.stored_form``), or in none: reading an initializer as it is, it is kept, and
+    it counts as a node that stays for a plan storing the same weight anew.
+    """
+    forms = {id(p.node): _stored_form(p) for p in plans}
+    kept: list[Plan | GemmPlan] = []
     for plan in plans:
-        others = [use.node for use in plan.weight.uses() if id(use.node) not in planned or use.idx != 1]
+        form = forms[id(plan.node)]
+        if form is None:
+            kept.append(plan)
+            continue
+        others = [use.node for use in plan.weight.uses() if forms.get(id(use.node)) != form or use.idx != 1]
         if others:
             plan.entry.status = Status.SKIPPED
             plan.entry.reason = SkipReason.WEIGHT_SHARED
@@ -182,11 +208,19 @@ def _drop_shared_with_unconverted(plans: list[Plan]) -> list[Plan]:
     return kept
 
 
-def _function_entries(model: ir.Model) -> list[ConvEntry]:
+def _stored_form(plan: Plan | GemmPlan) -> str | None:
+    from onnx_conv2matmul.gemm import GemmPlan  # gemm imports this module
+
+    return plan.stored_form if isinstance(plan, GemmPlan) else "transposed"
+
+
+def _function_entries(model: ir.Model, options: ConvertOptions) -> list[ConvEntry]:
+    from onnx_conv2matmul.gemm import is_gemm  # gemm imports this module
+
     entries = []
     for function in model.functions.values():
         for node in function:
-            if is_conv_like(node):
+            if is_conv_like(node) or (options.gemm and is_gemm(node)):
                 entries.append(
                     ConvEntry(
                         name=node.name or "",
@@ -195,7 +229,7 @@ def _function_entries(model: ir.Model) -> list[ConvEntry]:
                         domain=node.domain,
                         status=Status.SKIPPED,
                         reason=SkipReason.IN_FUNCTION,
-                        detail="convs inside model-local functions are not rewritten",
+                        detail=f"{node.op_type} nodes inside model-local functions are not rewritten",
                     )
                 )
     return entries

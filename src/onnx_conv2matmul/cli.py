@@ -150,6 +150,30 @@ class _DefaultGroup(click.Group):
         with _errors(click_shows_usage=True):
             return super().invoke(ctx)
 
+    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The default command's usage and options first, then the other commands.
+
+        ``onnx-conv2matmul --help`` shows how to rewrite a model (``convert``'s options), as
+        the original single-command tool's help did; ``COMMAND --help`` shows a command's own.
+        """
+        default = self.commands["convert"]
+        # A child of ctx, so that it has the group's -h/--help: click keeps the help option
+        # a command is first asked for, and convert's own help must still take -h.
+        sub = click.Context(default, info_name=ctx.info_name, parent=ctx)
+        pieces = " ".join(default.collect_usage_pieces(sub))
+        formatter.write_usage(ctx.command_path, pieces)
+        formatter.write_usage(ctx.command_path, "COMMAND [ARGS]...", prefix="   or: ")
+        self.format_help_text(ctx, formatter)
+        # convert's own options (not its --help), then the group's: --version, -h/--help.
+        options = [p for p in default.params if isinstance(p, click.Option)]
+        records = [record for param in options if (record := param.get_help_record(sub))]
+        records += [record for param in self.get_params(ctx) if (record := param.get_help_record(ctx))]
+        with formatter.section("Options"):
+            formatter.write_dl(records)
+        self.format_commands(ctx, formatter)
+        formatter.write_paragraph()
+        formatter.write_text(f"Run `{ctx.command_path} COMMAND --help` for a command's options.")
+
 
 def _stderr_console(quiet: bool) -> Console:
     from rich.console import Console  # imported when needed: convert starts its copy first
@@ -291,7 +315,8 @@ def _model_bytes(path: str) -> int:
 def main() -> None:
     """Rewrite pointwise convolutions of an ONNX model into exact MatMul subgraphs.
 
-    Run `onnx-conv2matmul INPUT OUTPUT` (the convert command) or one of the commands below.
+    `onnx-conv2matmul INPUT OUTPUT [OPTIONS]` rewrites INPUT into OUTPUT (the convert
+    command, whose options follow); the other commands are listed after them.
     """
 
 
@@ -400,11 +425,79 @@ _allow_added_transposes = click.option(
     help="Also rewrite convs whose channels-last form adds Transpose nodes (between depthwise convs).",
 )
 
+_no_gemm = click.option(
+    "--no-gemm",
+    is_flag=True,
+    help="Leave Gemm nodes as they are (by default a Gemm with a constant weight becomes MatMul).",
+)
 
-def verify_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    for option in reversed(_VERIFY_OPTIONS):
+# What the rewrite may do: convert's options, which inspect takes too (ConvertOptions).
+_REWRITE_OPTIONS = [
+    click.option(
+        "--extended-conv1x1",
+        "extended",
+        is_flag=True,
+        help="Also rewrite convs with pads, strides > 1 or auto_pad (emits Pad/Slice), and grouped convs.",
+    ),
+    click.option("--allow-non-unit-dilation", is_flag=True, help="Also rewrite convs with dilations > 1."),
+    click.option(
+        "--max-dilation",
+        type=click.IntRange(min=1),
+        default=None,
+        help="With --allow-non-unit-dilation, skip convs whose dilation is above N.",
+    ),
+    _allow_added_transposes,
+    _no_gemm,
+]
+
+# MatMulNBits settings: quantize's options, which inspect takes to project the quantized size.
+_NBITS_OPTIONS = [
+    click.option(
+        "--bits", type=click.Choice(["4", "8"]), default="4", show_default=True, help="MatMulNBits bits."
+    ),
+    click.option(
+        "--block-size",
+        type=int,
+        default=64,
+        show_default=True,
+        help="MatMulNBits block size: 16, 32, 64, 128 or 256.",
+    ),
+    click.option(
+        "--symmetric/--asymmetric",
+        default=False,
+        show_default=True,
+        help="MatMulNBits without/with zero points.",
+    ),
+]
+
+
+def _apply(options: Sequence[Any], func: Callable[..., Any]) -> Callable[..., Any]:
+    for option in reversed(options):
         func = option(func)
     return func
+
+
+def verify_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    return _apply(_VERIFY_OPTIONS, func)
+
+
+def rewrite_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    return _apply(_REWRITE_OPTIONS, func)
+
+
+def nbits_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    return _apply(_NBITS_OPTIONS, func)
+
+
+def _build_rewrite_options(kwargs: dict[str, Any]) -> ConvertOptions:
+    """The :data:`_REWRITE_OPTIONS` of a command, taken out of ``kwargs``."""
+    return ConvertOptions(
+        extended=kwargs.pop("extended"),
+        allow_non_unit_dilation=kwargs.pop("allow_non_unit_dilation"),
+        max_dilation=kwargs.pop("max_dilation"),
+        allow_added_transposes=kwargs.pop("allow_added_transposes"),
+        gemm=not kwargs.pop("no_gemm"),
+    )
 
 
 def _build_verify_options(kwargs: dict[str, Any], min_cosine: float | None = None) -> VerifyOptions:
@@ -441,20 +534,7 @@ def _verify_options_from(
 @click.argument("input_path", metavar="INPUT", type=click.Path(dir_okay=True))
 @click.argument("output_path", metavar="[OUTPUT]", required=False, type=click.Path())
 @click.option("--inplace", is_flag=True, help="Replace INPUT (atomically) instead of writing OUTPUT.")
-@click.option(
-    "--extended-conv1x1",
-    "extended",
-    is_flag=True,
-    help="Also rewrite convs with pads, strides > 1 or auto_pad (emits Pad/Slice), and grouped convs.",
-)
-@click.option("--allow-non-unit-dilation", is_flag=True, help="Also rewrite convs with dilations > 1.")
-@click.option(
-    "--max-dilation",
-    type=click.IntRange(min=1),
-    default=None,
-    help="With --allow-non-unit-dilation, skip convs whose dilation is above N.",
-)
-@_allow_added_transposes
+@rewrite_options
 @click.option("--skip-checker", is_flag=True, help="Do not run the ONNX checker on input and output.")
 @click.option(
     "--report-json",
@@ -479,30 +559,21 @@ def convert_command(
     input_path: str,
     output_path: str | None,
     inplace: bool,
-    extended: bool,
-    allow_non_unit_dilation: bool,
-    max_dilation: int | None,
-    allow_added_transposes: bool,
     skip_checker: bool,
     report_json: str | None,
     report_json_stdout: bool,
     verify: bool,
     keep_on_failure: bool,
     quiet: bool,
-    **verify_kwargs: Any,
+    **kwargs: Any,
 ) -> None:
     """Rewrite INPUT into OUTPUT (or INPUT itself with --inplace)."""
     # Off a terminal the console is made after the rewrite: importing rich would delay its start.
     _OUTCOME.start(report_json_stdout, input_path)
     console = _stderr_console(quiet) if sys.stderr.isatty() else None
     with _errors():
-        verify_opts = _build_verify_options(verify_kwargs) if verify else None
-        options = ConvertOptions(
-            extended=extended,
-            allow_non_unit_dilation=allow_non_unit_dilation,
-            max_dilation=max_dilation,
-            allow_added_transposes=allow_added_transposes,
-        )
+        options = _build_rewrite_options(kwargs)
+        verify_opts = _build_verify_options(kwargs) if verify else None
         output = api.check_paths(input_path, output_path, inplace=inplace)
         _OUTCOME.watch(output, output + ".data", output + api.FAILED_SUFFIX, report_json)
         if report_json is not None:
@@ -583,19 +654,7 @@ def verify_command(
     is_flag=True,
     help="onnxruntime's quantize_dynamic with int8 weights instead (decoder/joint).",
 )
-@click.option(
-    "--bits", type=click.Choice(["4", "8"]), default="4", show_default=True, help="MatMulNBits bits."
-)
-@click.option(
-    "--block-size",
-    type=int,
-    default=64,
-    show_default=True,
-    help="MatMulNBits block size: 16, 32, 64, 128 or 256.",
-)
-@click.option(
-    "--symmetric/--asymmetric", default=False, show_default=True, help="MatMulNBits without/with zero points."
-)
+@nbits_options
 @click.option(
     "--accuracy-level",
     type=click.IntRange(0, 4),
@@ -623,6 +682,7 @@ def verify_command(
 @click.option("--no-dilation", is_flag=True, help="Do not rewrite convs with dilation > 1.")
 @click.option("--max-dilation", type=click.IntRange(min=1), default=None)
 @_allow_added_transposes
+@_no_gemm
 @click.option(
     "--min-cosine",
     type=click.FloatRange(-1, 1),
@@ -648,6 +708,7 @@ def quantize_command(
     no_dilation: bool,
     max_dilation: int | None,
     allow_added_transposes: bool,
+    no_gemm: bool,
     min_cosine: float | None,
     skip_checker: bool,
     report_json: str | None,
@@ -682,6 +743,7 @@ def quantize_command(
                 allow_non_unit_dilation=not no_dilation,
                 max_dilation=max_dilation,
                 allow_added_transposes=allow_added_transposes,
+                gemm=not no_gemm,
             )
         except ValueError as err:
             raise InputError(str(err)) from err
@@ -710,6 +772,52 @@ def _quantize_error(report: QuantizeReport) -> str | None:
     if report.passed or verification is None or verification.options.criterion is not Criterion.MIN_COSINE:
         return None
     return f"accuracy below --min-cosine {verification.options.min_cosine:g}; nothing was written"
+
+
+@main.command("inspect")
+@click.argument("input_path", metavar="MODEL", type=click.Path())
+@rewrite_options
+@nbits_options
+@click.option("--skip-checker", is_flag=True, help="Do not run the ONNX checker on MODEL.")
+@click.option(
+    "--json",
+    "--report-json-stdout",
+    "json_stdout",
+    is_flag=True,
+    help="Print the report as one JSON object on stdout and nothing else.",
+)
+@click.option("-q", "--quiet", is_flag=True, help="No tables on stderr.")
+def inspect_command(
+    input_path: str,
+    bits: str,
+    block_size: int,
+    symmetric: bool,
+    skip_checker: bool,
+    json_stdout: bool,
+    quiet: bool,
+    **kwargs: Any,
+) -> None:
+    """Show what convert would do to MODEL, and its projected MatMulNBits size; write nothing.
+
+    Takes convert's rewrite options; --bits, --block-size and --symmetric/--asymmetric are
+    quantize's settings for the projection.
+    """
+    _OUTCOME.start(json_stdout, input_path)
+    with _errors():
+        from onnx_conv2matmul.quantize import QuantizeOptions
+
+        options = _build_rewrite_options(kwargs)
+        try:
+            q_options = QuantizeOptions(bits=int(bits), block_size=block_size, symmetric=symmetric)
+        except ValueError as err:
+            raise InputError(str(err)) from err
+        from onnx_conv2matmul import render
+        from onnx_conv2matmul.inspection import inspect_file
+
+        report = inspect_file(input_path, options, q_options, run_checker=not skip_checker)
+        render.print_inspect_report(_stderr_console(quiet), report)
+        _emit_report(report, None)
+    sys.exit(report.return_code)
 
 
 @main.command("bundle")

@@ -21,12 +21,15 @@ class ConvertOptions:
             Transpose nodes the cleanup cannot cancel (a pointwise conv between two
             ops that need channels-first data, such as depthwise convs). Off by
             default: the rewrite then never adds Transposes to the model.
+        gemm: Also rewrite ``Gemm`` nodes with a constant weight into MatMul (+ Mul) (+ Add).
+            When off, Gemms are not considered at all (not reported).
     """
 
     extended: bool = False
     allow_non_unit_dilation: bool = False
     max_dilation: int | None = None
     allow_added_transposes: bool = False
+    gemm: bool = True
 
     def __post_init__(self) -> None:
         if self.max_dilation is not None and self.max_dilation < 1:

@@ -45,7 +45,8 @@ class ConvToMatMulPass(ir.passes.InPlacePass):
 
     The steps, in order:
 
-    1. Analyse every Conv-like node of every graph: a plan, or a skip with its reason.
+    1. Analyse every Conv-like node (and, with ``options.gemm``, every Gemm) of every graph:
+       a plan, or a skip with its reason.
     2. Apply the plans (:class:`~onnx_conv2matmul.rewrite.Rewriter`); each node made is
        marked on ``node.meta``.
     3. Collapse the Transpose chains holding a marked node

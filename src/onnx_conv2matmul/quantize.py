@@ -23,6 +23,7 @@ import onnx
 import onnx_ir as ir
 
 from onnx_conv2matmul._graphs import NameAllocator, is_external, used_names, walk_graphs
+from onnx_conv2matmul.report import NBitsProjection
 
 _FLOATS = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
 # The block sizes onnxruntime's MatMulNBits quantizer (MlasQuantizeBlockwise) accepts.
@@ -121,6 +122,61 @@ def weight_stats(model: ir.Model) -> WeightStats:
                     seen.add(id(b))
                     stats.quantizable_bytes += int(b.const_value.nbytes)  # type: ignore[union-attr]
     return stats
+
+
+def matmul_nbits_sizes(k: int, n: int, scale_itemsize: int, options: QuantizeOptions) -> tuple[int, int, int]:
+    """The bytes of the tensors MatMulNBits gets for a ``[K, N]`` weight: (packed, scales, zero points).
+
+    onnxruntime's layout (``DefaultWeightOnlyQuantizer.qbits_block_quant``, QOperator format):
+    K is padded to whole blocks; B is uint8 ``[N, blocks, block_size * bits / 8]``; the scales
+    are ``[N, blocks]`` in the weight's float type (bfloat16 stays 2 bytes); the zero points,
+    only when asymmetric, are uint8 ``[N, ceil(blocks / (8 / bits))]`` (two 4-bit points a byte).
+    """
+    blocks = -(-k // options.block_size)
+    per_byte = 8 // options.bits
+    packed = n * blocks * (-(-options.block_size // per_byte))
+    scales = n * blocks * scale_itemsize
+    zero_points = 0 if options.symmetric else n * (-(-blocks // per_byte))
+    return packed, scales, zero_points
+
+
+def nbits_projection(before: ir.Model, after: ir.Model, options: QuantizeOptions) -> NBitsProjection:
+    """What :func:`quantize_matmul_nbits` would make of ``after`` (``before`` rewritten), from shapes.
+
+    Reads no tensor data. Every MatMul whose input B :func:`weight_stats` counts as
+    quantizable gets MatMulNBits (the include and exclude patterns are not applied); a weight
+    shared by several of them is quantized once, and its float bytes go when every reader
+    is quantized.
+    """
+    from onnx_conv2matmul._io import tensor_bytes
+
+    projection = NBitsProjection(
+        bits=options.bits,
+        block_size=options.block_size,
+        symmetric=options.symmetric,
+        weights_without_rewrite=weight_stats(before),
+        weights_with_rewrite=weight_stats(after),
+        tensor_bytes=tensor_bytes(after),
+    )
+    weights: dict[int, ir.Value] = {}
+    readers: dict[int, int] = {}
+    for graph, _ in walk_graphs(after.graph):
+        for node in graph:
+            b = _constant_2d_weight(node)
+            if b is not None:
+                weights[id(b)] = b
+                readers[id(b)] = readers.get(id(b), 0) + 1
+    for key, b in weights.items():
+        tensor = b.const_value
+        assert tensor is not None
+        k, n = (int(d) for d in tensor.shape.numpy())
+        packed, scales, zero_points = matmul_nbits_sizes(k, n, int(tensor.dtype.itemsize), options)
+        projection.packed_bytes += packed
+        projection.scale_bytes += scales
+        projection.zero_point_bytes += zero_points
+        if len(b.uses()) == readers[key] and not b.is_graph_output():
+            projection.float_bytes_removed += int(tensor.nbytes)
+    return projection
 
 
 @dataclasses.dataclass

@@ -14,7 +14,14 @@ from rich.markup import escape
 from rich.table import Table
 
 from onnx_conv2matmul.reasons import SkipReason
-from onnx_conv2matmul.report import BundleReport, CommandReport, ConvertReport, QuantizeReport
+from onnx_conv2matmul.report import (
+    BundleReport,
+    CommandReport,
+    ConvertReport,
+    InspectNode,
+    InspectReport,
+    QuantizeReport,
+)
 from onnx_conv2matmul.verify import Criterion, OutputComparison, VerifyReport
 
 MAX_SKIPPED_ROWS = 25
@@ -32,9 +39,9 @@ def human_bytes(size: int | None) -> str:
 
 
 def summary_table(report: ConvertReport) -> Table:
-    table = Table(title="Pointwise Conv -> MatMul", title_justify="left")
+    table = Table(title="Pointwise Conv and Gemm -> MatMul", title_justify="left")
     table.add_column("status / reason")
-    table.add_column("convs", justify="right")
+    table.add_column("nodes", justify="right")
     table.add_column("weight params", justify="right")
     table.add_column("weight bytes", justify="right")
     table.add_row(
@@ -59,6 +66,20 @@ def summary_table(report: ConvertReport) -> Table:
     return table
 
 
+def op_type_table(report: ConvertReport) -> Table | None:
+    """Nodes and conversions per op type (Conv, Gemm, ...), when there are several op types."""
+    counts = report.op_type_counts
+    if len(counts) < 2:
+        return None
+    table = Table(title="By op type", title_justify="left")
+    for column in ("op type", "nodes", "converted", "skipped"):
+        table.add_column(column, justify="left" if column == "op type" else "right")
+    for op_type, count in counts.items():
+        nodes, converted = count["nodes"], count["converted"]
+        table.add_row(op_type, str(nodes), str(converted), str(nodes - converted))
+    return table
+
+
 def skipped_table(report: ConvertReport) -> Table | None:
     interesting = [e for e in report.skipped if e.reason is not SkipReason.KERNEL_NOT_POINTWISE]
     if not interesting:
@@ -80,6 +101,9 @@ def skipped_table(report: ConvertReport) -> Table | None:
 
 def print_convert_report(console: Console, report: ConvertReport) -> None:
     console.print(summary_table(report))
+    by_op_type = op_type_table(report)
+    if by_op_type is not None:
+        console.print(by_op_type)
     skipped = skipped_table(report)
     if skipped is not None:
         console.print(skipped)
@@ -214,7 +238,13 @@ def print_quantize_report(console: Console, report: QuantizeReport) -> None:
     table.add_column("")
     table.add_column("value", justify="right")
     rewrite = report.rewrite
-    table.add_row("pointwise convs rewritten", f"{rewrite.get('converted', 0)} of {rewrite.get('convs', 0)}")
+    by_op_type = rewrite.get("by_op_type") or {}
+    if "Gemm" in by_op_type:
+        for op_type, count in by_op_type.items():
+            table.add_row(f"{op_type} rewritten", f"{count['converted']} of {count['nodes']}")
+    else:
+        converted, convs = rewrite.get("converted", 0), rewrite.get("convs", 0)
+        table.add_row("pointwise convs rewritten", f"{converted} of {convs}")
     if report.mode == "matmul_nbits":
         table.add_row("MatMul -> MatMulNBits", f"{report.quantized_nodes} of {report.matmuls}")
         if report.excluded:
@@ -258,3 +288,90 @@ def bundle_table(report: BundleReport) -> Table:
     total = report.total_bytes
     table.add_row("[bold]total[/bold]", "", human_bytes(total), f"{total / 1e6:.1f}")
     return table
+
+
+def _ints_text(values: list[int] | None, sep: str = ",") -> str:
+    return "-" if values is None else sep.join(map(str, values))
+
+
+def _outcome_text(node: InspectNode) -> str:
+    entry = node.entry
+    if entry.reason is None:
+        extra = f" (+{', '.join(entry.extra_ops)})" if entry.extra_ops else ""
+        return f"[green]converted[/green]{extra}" + (f": {escape(entry.detail)}" if entry.detail else "")
+    return f"[yellow]{entry.reason.value}[/yellow]" + (f": {escape(entry.detail)}" if entry.detail else "")
+
+
+def inspect_nodes_table(report: InspectReport) -> Table:
+    """Every node the rewrite looked at, with its attributes and what convert does to it."""
+    table = Table(title="What convert would do", title_justify="left")
+    for column in ("scope", "node", "op", "kernel", "group", "strides", "pads", "dilations", "weight"):
+        table.add_column(column)
+    table.add_column("bytes", justify="right")
+    table.add_column("outcome")
+    table.add_column("Transposes", justify="right")
+    for node in report.nodes:
+        entry = node.entry
+        domain = f"{entry.domain}::" if entry.domain not in ("", "ai.onnx") else ""
+        added = node.transposes_added
+        table.add_row(
+            escape(entry.scope or "main"),
+            escape(entry.name or "(unnamed)"),
+            escape(domain + entry.op_type),
+            _ints_text(node.kernel, "x"),
+            "-" if node.group is None else str(node.group),
+            _ints_text(node.strides),
+            _ints_text(node.pads),
+            _ints_text(node.dilations),
+            _ints_text(entry.weight_shape, "x")
+            + (f" {entry.weight_dtype.lower()}" if entry.weight_dtype else ""),
+            human_bytes(entry.weight_bytes) if entry.weight_shape is not None else "-",
+            _outcome_text(node),
+            "" if added is None else f"{added:+d}",
+        )
+    table.caption = "Transposes: what converting the node adds to the model (negative: removes)"
+    return table
+
+
+def projection_table(report: InspectReport) -> Table:
+    """The share of float weights MatMulNBits could take, before and after the rewrite, and the
+    projected size."""
+    p = report.projection
+    kind = "symmetric" if p.symmetric else "asymmetric"
+    table = Table(
+        title=f"MatMulNBits projection ({p.bits} bits, block {p.block_size}, {kind})", title_justify="left"
+    )
+    table.add_column("")
+    table.add_column("MatMuls", justify="right")
+    table.add_column("float weight bytes", justify="right")
+    table.add_column("share", justify="right")
+    before, after = p.weights_without_rewrite, p.weights_with_rewrite
+    table.add_row("all float weights", "", human_bytes(before.total_bytes), "")
+    for label, stats in (("quantizable as the model is", before), ("quantizable after the rewrite", after)):
+        table.add_row(
+            label, str(stats.quantizable_matmuls), human_bytes(stats.quantizable_bytes), f"{stats.share:.1%}"
+        )
+    ratio = p.projected_model_bytes / p.model_bytes if p.model_bytes else 0.0
+    table.caption = (
+        f"Model {human_bytes(p.model_bytes)} -> {human_bytes(p.projected_model_bytes)} ({ratio:.3f}x)"
+        f" after the rewrite and MatMulNBits: quantized weights {human_bytes(p.packed_bytes)},"
+        f" scales {human_bytes(p.scale_bytes)}, zero points {human_bytes(p.zero_point_bytes)}"
+    )
+    return table
+
+
+def print_inspect_report(console: Console, report: InspectReport) -> None:
+    """The inspect command's tables: every node, the summary, Transposes, the projection."""
+    rewrite = report.rewrite
+    if report.nodes:
+        console.print(inspect_nodes_table(report))
+    console.print(summary_table(rewrite))
+    console.print(
+        f"Transpose nodes: {rewrite.transposes_before} -> {rewrite.transposes_after}"
+        f" ({rewrite.transposes_cancelled} cancelled),"
+        f" nodes: {rewrite.nodes_before} -> {rewrite.nodes_after}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    console.print(projection_table(report))
+    console.print("Nothing was written.", highlight=False)

@@ -1,7 +1,7 @@
 """The commands' reports: typed data sharing one JSON envelope, rendered elsewhere (``render.py``).
 
 Every JSON object the command line prints or writes comes from :func:`envelope`: a command's
-report (:class:`CommandReport`: convert, verify, quantize, bundle) or, when a command ends
+report (:class:`CommandReport`: convert, verify, quantize, bundle, inspect) or, when a command ends
 without one, an :class:`ErrorReport`. ``schema/report.schema.json`` in the source tree
 describes them all.
 
@@ -37,6 +37,7 @@ class Command(str, enum.Enum):
     VERIFY = "verify"
     QUANTIZE = "quantize"
     BUNDLE = "bundle"
+    INSPECT = "inspect"
 
 
 # The commands that take several inputs: their envelope has ``inputs`` (a list), not ``input``.
@@ -241,6 +242,16 @@ class ConvertReport(CommandReport):
         return dict(sorted(counts.items()))
 
     @property
+    def op_type_counts(self) -> dict[str, dict[str, int]]:
+        """Per op type (``Conv``, ``Gemm``, ...): the nodes considered and how many were converted."""
+        counts: dict[str, dict[str, int]] = {}
+        for e in self.entries:
+            count = counts.setdefault(e.op_type, {"nodes": 0, "converted": 0})
+            count["nodes"] += 1
+            count["converted"] += e.status is Status.CONVERTED
+        return dict(sorted(counts.items()))
+
+    @property
     def verification_passed(self) -> bool | None:
         return None if self.verification is None else self.verification.passed
 
@@ -268,6 +279,7 @@ class ConvertReport(CommandReport):
             "converted_params": self.converted_params,
             "converted_weight_bytes": self.converted_weight_bytes,
             "skipped_by_reason": self.skip_counts,
+            "by_op_type": self.op_type_counts,
             "transposes_before": self.transposes_before,
             "transposes_after": self.transposes_after,
             "transposes_cancelled": self.transposes_cancelled,
@@ -440,4 +452,143 @@ class BundleReport(CommandReport):
                 {"model": m.name, "bytes": m.size, "external_data": m.external_data} for m in self.models
             ],
             "total_bytes": self.total_bytes,
+        }
+
+
+@dataclasses.dataclass
+class InspectNode:
+    """One node as ``inspect`` shows it: convert's entry, plus the node's attributes.
+
+    Attributes:
+        entry: What ``convert`` with the same options does to the node (its report entry;
+            ``inspect`` fills the weight's shape, type and size when the analysis stopped
+            before reading them, e.g. for an op it does not rewrite).
+        kernel: The kernel's spatial dims (from the weight, else ``kernel_shape``); None
+            for a node that is not a convolution or whose kernel is unknown.
+        group, strides, pads, dilations, auto_pad: The convolution's attributes, defaults
+            filled in; None for a node that is not a convolution.
+        transposes_added: For a converted convolution, how many Transpose nodes its
+            conversion adds to the model after the cleanup (negative: it removes some); the
+            sum over the converted convs is ``transposes_after - transposes_before``. None
+            for the other nodes.
+    """
+
+    entry: ConvEntry
+    kernel: list[int] | None = None
+    group: int | None = None
+    strides: list[int] | None = None
+    pads: list[int] | None = None
+    dilations: list[int] | None = None
+    auto_pad: str | None = None
+    transposes_added: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "entry"}
+        return {**self.entry.to_dict(), **fields}
+
+
+@dataclasses.dataclass
+class NBitsProjection:
+    """What MatMulNBits quantization would make of a model, worked out from shapes alone.
+
+    Attributes:
+        bits, block_size, symmetric: The quantizer's settings.
+        weights_without_rewrite: Float weight bytes of the model as it is, and the share on
+            MatMul input B (what the quantizer takes).
+        weights_with_rewrite: The same after the rewrite.
+        packed_bytes: The quantized weights, ``[N, ceil(K / block), block * bits / 8]`` uint8
+            each.
+        scale_bytes: The scales, ``[N, ceil(K / block)]`` in the weight's float type each.
+        zero_point_bytes: The zero points (asymmetric only), ``[N, ceil(blocks * bits / 8)]``
+            uint8 each.
+        float_bytes_removed: The float weights the quantized ones replace (a weight another
+            node also reads stays).
+        tensor_bytes: Every tensor of the rewritten model, in bytes.
+        projected_tensor_bytes: The same after quantization.
+        model_bytes: The input's files (the ``.onnx`` and its external data).
+        projected_model_bytes: The quantized model's files: ``projected_tensor_bytes`` plus
+            what the input's files hold besides tensors (the graph, names, attributes).
+    """
+
+    bits: int
+    block_size: int
+    symmetric: bool
+    weights_without_rewrite: WeightStats
+    weights_with_rewrite: WeightStats
+    packed_bytes: int = 0
+    scale_bytes: int = 0
+    zero_point_bytes: int = 0
+    float_bytes_removed: int = 0
+    tensor_bytes: int = 0
+    model_bytes: int = 0
+
+    @property
+    def quantized_bytes(self) -> int:
+        return self.packed_bytes + self.scale_bytes + self.zero_point_bytes
+
+    @property
+    def projected_tensor_bytes(self) -> int:
+        return self.tensor_bytes - self.float_bytes_removed + self.quantized_bytes
+
+    @property
+    def projected_model_bytes(self) -> int:
+        return self.projected_tensor_bytes + self.model_bytes - self.tensor_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "bits": self.bits,
+            "block_size": self.block_size,
+            "symmetric": self.symmetric,
+            "weights_without_rewrite": self.weights_without_rewrite.to_dict(),
+            "weights_with_rewrite": self.weights_with_rewrite.to_dict(),
+            "matmul_nbits": self.weights_with_rewrite.quantizable_matmuls,
+            "packed_bytes": self.packed_bytes,
+            "scale_bytes": self.scale_bytes,
+            "zero_point_bytes": self.zero_point_bytes,
+            "float_bytes_removed": self.float_bytes_removed,
+            "tensor_bytes": self.tensor_bytes,
+            "projected_tensor_bytes": self.projected_tensor_bytes,
+            "model_bytes": self.model_bytes,
+            "projected_model_bytes": self.projected_model_bytes,
+        }
+
+
+@dataclasses.dataclass
+class InspectReport(CommandReport):
+    """What ``convert`` would do to a model and what MatMulNBits would then take; nothing written.
+
+    ``rewrite`` is the report of the rewrite pass run in memory (the one ``convert`` runs),
+    ``nodes`` its entries with the nodes' attributes, in the same order.
+    """
+
+    COMMAND: ClassVar[Command] = Command.INSPECT
+
+    input_path: str
+    rewrite: ConvertReport
+    nodes: list[InspectNode]
+    projection: NBitsProjection
+    external_data: bool = False
+    checker: str | None = None
+
+    @property
+    def return_code(self) -> int:
+        return int(ExitCode.OK)
+
+    @property
+    def failure(self) -> None:
+        return None
+
+    @property
+    def inputs(self) -> str:
+        return self.input_path
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "options": self.rewrite.options,
+            "opset": self.rewrite.opset,
+            "files": {"input_bytes": self.projection.model_bytes, "external_data": self.external_data},
+            "checker": self.checker,
+            "totals": self.rewrite.totals(),
+            "convs": [node.to_dict() for node in self.nodes],
+            "projection": self.projection.to_dict(),
         }

@@ -11,8 +11,10 @@ reshaped and transposed), created lazily so that nothing is read until saving.
 A weight shared by several convs gets one ``Wt``. A grouped conv (``group`` g) has
 ``Split(last axis, g) -> g x MatMul(·, Wt_i [C/g, M/g]) -> Concat(last axis)`` in place of
 the MatMul. A FusedConv's input Z and activation come after the Transpose back, where
-a Conv's activation would be in a model (``_fused.py``). Every node created is marked
+a Conv's activation would be in a model (``_fused.py``). Every node created for a conv is marked
 (:func:`mark_created`): the cleanup touches only Transpose chains that hold one of them.
+A Gemm's plan is applied by :func:`~onnx_conv2matmul.gemm.apply_gemm`, with the same store
+of weights.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from onnx_conv2matmul import _fused
 from onnx_conv2matmul._graphs import NameAllocator, is_external, mark_created
 from onnx_conv2matmul._layout import channels_last_perms
 from onnx_conv2matmul.analysis import Plan
+from onnx_conv2matmul.gemm import GemmPlan, apply_gemm
 
 _INT64_MAX = np.iinfo(np.int64).max
 MIN_OPSET_SPLIT_NUM_OUTPUTS = 18
@@ -67,25 +70,45 @@ def _transposed_weight(
 
 
 class Rewriter:
-    """Applies plans to one model, sharing transposed weights between convs."""
+    """Applies plans to one model, sharing transposed weights between convs and Gemms."""
 
     def __init__(self, names: NameAllocator) -> None:
         self._names = names
-        # Keyed by the weight, its number of groups and the group.
-        self._weights: dict[tuple[int, int, int], ir.Value] = {}
+        # Keyed by the weight, its form (transposed or not), its number of groups and the group.
+        self._weights: dict[tuple[int, bool, int, int], ir.Value] = {}
         self.converted_weights: list[tuple[ir.Value, ir.Node | None]] = []
 
+    @property
+    def names(self) -> NameAllocator:
+        return self._names
+
     def _weight_value(self, plan: Plan, index: int = 0) -> ir.Value:
-        key = (id(plan.weight), plan.group, index)
+        return self.matmul_weight(plan, transpose=True, index=index)
+
+    def matmul_weight(self, plan: Plan | GemmPlan, *, transpose: bool, index: int = 0) -> ir.Value:
+        """The 2-D initializer for a plan's MatMul, made once per weight, form and group.
+
+        ``transpose``: the first two dims of the weight, transposed (lazily); else the
+        weight's own tensor (a Gemm's ``B`` held in a Constant node). ``index``: the group
+        of a grouped conv, whose rows of the weight it holds.
+        """
+        group = plan.group if isinstance(plan, Plan) else 1
+        key = (id(plan.weight), transpose, group, index)
         if key in self._weights:
             return self._weights[key]
         base = plan.weight.name or f"{plan.entry.name or 'conv'}_weight"
-        name = self._names.new(f"{base}_matmul" if plan.group == 1 else f"{base}_matmul_group{index}")
-        if plan.group == 1:
+        name = self._names.new(f"{base}_matmul" if group == 1 else f"{base}_matmul_group{index}")
+        tensor: ir.TensorProtocol = plan.weight_tensor
+        if transpose and group == 1:
             tensor = _transposed_weight(plan.weight_tensor, name)
-        else:
-            tensor = _transposed_weight(plan.weight_tensor, name, group=plan.group, index=index)
-        value = ir.Value(name=name, type=ir.TensorType(tensor.dtype), shape=tensor.shape, const_value=tensor)
+        elif transpose:
+            tensor = _transposed_weight(plan.weight_tensor, name, group=group, index=index)
+        value = ir.Value(
+            name=name,
+            type=ir.TensorType(tensor.dtype),
+            shape=ir.Shape([int(d) for d in tensor.shape.numpy()]),
+            const_value=tensor,
+        )
         plan.weight_owner.register_initializer(value)
         if not any(k[0] == key[0] for k in self._weights):
             self.converted_weights.append((plan.weight, plan.weight_constant_node))
@@ -107,7 +130,10 @@ class Rewriter:
     def _const_node(self, base: str, what: str, values: list[int]) -> ir.Node:
         return self._const_value(base, what, np.array(values, dtype=np.int64))
 
-    def apply(self, plan: Plan) -> None:
+    def apply(self, plan: Plan | GemmPlan) -> None:
+        if isinstance(plan, GemmPlan):
+            apply_gemm(plan, self)
+            return
         node = plan.node
         conv_out = node.outputs[0]
         base = node.name or (conv_out.name or "Conv")

@@ -1,0 +1,167 @@
+"""What ``convert`` would do to a model, and what MatMulNBits would then take: nothing is written.
+
+The model is loaded as ``convert`` loads it (the ``.onnx`` parsed, external data checked but
+left on disk), and the rewrite pass ``convert`` runs (:class:`~onnx_conv2matmul.passes.ConvToMatMulPass`)
+is applied to it in memory. The report is that pass's own, so ``inspect`` and ``convert``
+agree by construction, whatever node types the pass handles. The model is never saved: the
+transposed weights, which are lazy, are never made, and no weight byte is read.
+
+A second graph built from the same parsed protobuf (its tensors shared, not copied) stays as
+the input was. It gives what the rewritten graph no longer has: each node's attributes, the
+Transpose cost of each converted convolution, and the weights MatMulNBits could take
+without the rewrite.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+
+import onnx_ir as ir
+
+from onnx_conv2matmul import _io
+from onnx_conv2matmul._graphs import walk_graphs
+from onnx_conv2matmul._layout import added_transposes
+from onnx_conv2matmul.analysis import constant_tensor
+from onnx_conv2matmul.errors import CheckerError, Hint, InputError
+from onnx_conv2matmul.options import ConvertOptions
+from onnx_conv2matmul.passes import ConvToMatMulPass
+from onnx_conv2matmul.quantize import QuantizeOptions, nbits_projection
+from onnx_conv2matmul.report import ConvEntry, ConvertReport, InspectNode, InspectReport, Status
+
+_Key = tuple[str, str, str]
+
+
+def inspect_file(
+    path: str | os.PathLike[str],
+    options: ConvertOptions | None = None,
+    quantize_options: QuantizeOptions | None = None,
+    *,
+    run_checker: bool = True,
+) -> InspectReport:
+    """What :func:`~onnx_conv2matmul.api.convert_file` with ``options`` would do to the model
+    at ``path``, and what MatMulNBits with ``quantize_options`` would make of the result.
+
+    Reads the ``.onnx`` file only (external data is checked for presence and size, as
+    ``convert`` does, and never read); writes nothing.
+
+    Raises:
+        InputError: a missing, empty, truncated or non-ONNX file; missing or short external
+            data; the ONNX checker rejected the input (with ``run_checker``).
+    """
+    options = options or ConvertOptions()
+    quantize_options = quantize_options or QuantizeOptions()
+    src = os.fspath(path)
+    proto = _io.parse_model(src)
+    loaded = _io.build_model(proto, src)
+    before = ir.serde.deserialize_model(proto)  # shares the tensors of ``proto``: no copy
+    del proto
+    checker = "skipped"
+    if run_checker:
+        try:
+            _io.run_checker(src, "the input")
+        except CheckerError as err:
+            raise InputError(str(err), hint=Hint.SKIP_INPUT_CHECKER) from err
+        checker = "passed"
+    report = inspect_model(loaded.model, before, options, quantize_options)
+    report.input_path = src
+    report.rewrite.input_path = src
+    report.rewrite.input_bytes = loaded.total_bytes
+    report.projection.model_bytes = loaded.total_bytes
+    report.external_data = loaded.has_external_data
+    report.checker = checker
+    return report
+
+
+def inspect_model(
+    model: ir.Model,
+    before: ir.Model,
+    options: ConvertOptions,
+    quantize_options: QuantizeOptions,
+) -> InspectReport:
+    """Run the rewrite pass on ``model`` in place and report it against ``before``, an
+    unchanged copy of ``model``; nothing is saved.
+
+    ``projection.model_bytes`` is left to the caller (the files' size); until it is set,
+    it is the tensors' bytes.
+    """
+    index = _nodes_by_key(before)
+    rewrite = ConvToMatMulPass(options)
+    rewrite(model)
+    report: ConvertReport | None = rewrite.report
+    assert report is not None
+    found = [(entry, _take(index, entry)) for entry in report.entries]
+    nodes = [_inspect_node(entry, node) for entry, node in found]
+    _fill_transposes(nodes, [node for _, node in found])
+    projection = nbits_projection(before, model, quantize_options)
+    projection.model_bytes = projection.tensor_bytes
+    return InspectReport(input_path="", rewrite=report, nodes=nodes, projection=projection)
+
+
+def _nodes_by_key(model: ir.Model) -> dict[_Key, list[ir.Node]]:
+    """Every node of every graph and local function, by (scope, name, op type), in the
+    order the analysis visits them."""
+    index: dict[_Key, list[ir.Node]] = defaultdict(list)
+    for graph, scope in walk_graphs(model.graph):
+        for node in graph:
+            index[(scope, node.name or "", node.op_type)].append(node)
+    for function in model.functions.values():
+        scope = f"function {function.domain}::{function.name}"
+        for node in function:
+            index[(scope, node.name or "", node.op_type)].append(node)
+    return index
+
+
+def _take(index: dict[_Key, list[ir.Node]], entry: ConvEntry) -> ir.Node | None:
+    """The node of ``before`` that ``entry`` reports (nodes sharing a key are taken in order)."""
+    found = index.get((entry.scope, entry.name, entry.op_type))
+    return found.pop(0) if found else None
+
+
+def _inspect_node(entry: ConvEntry, node: ir.Node | None) -> InspectNode:
+    if node is None:
+        return InspectNode(entry)
+    if entry.weight_shape is None and len(node.inputs) > 1 and node.inputs[1] is not None:
+        found = constant_tensor(node.inputs[1])
+        if found is not None:
+            tensor = found[0]
+            entry.weight_shape = [int(d) for d in tensor.shape.numpy()]
+            entry.weight_dtype = tensor.dtype.name
+            entry.params = tensor.size
+            entry.weight_bytes = int(tensor.nbytes)
+    if "Conv" not in node.op_type:
+        return InspectNode(entry)
+    attributes = node.attributes
+    kernel = entry.weight_shape[2:] if entry.weight_shape and len(entry.weight_shape) > 2 else None
+    if kernel is None and "kernel_shape" in attributes:
+        kernel = list(attributes["kernel_shape"].as_ints())
+    spatial = len(kernel) if kernel is not None else None
+
+    def ints(name: str, default: int, count: int) -> list[int] | None:
+        if name in attributes:
+            return list(attributes[name].as_ints())
+        return None if spatial is None else [default] * count
+
+    return InspectNode(
+        entry,
+        kernel=kernel,
+        group=attributes.get_int("group", 1),
+        strides=ints("strides", 1, spatial or 0),
+        pads=ints("pads", 0, 2 * (spatial or 0)),
+        dilations=ints("dilations", 1, spatial or 0),
+        auto_pad=attributes.get_string("auto_pad", "NOTSET"),
+    )
+
+
+def _fill_transposes(items: list[InspectNode], nodes: list[ir.Node | None]) -> None:
+    """Each converted convolution's Transpose cost, worked out on the unchanged graph by the
+    rules the pass decided with (``_layout.added_transposes``)."""
+    convs = [
+        (item, node)
+        for item, node in zip(items, nodes, strict=True)
+        if node is not None and item.entry.status is Status.CONVERTED and item.kernel is not None
+    ]
+    converted = {id(node) for _, node in convs}
+    for item, node in convs:
+        assert item.kernel is not None
+        item.transposes_added = added_transposes(node, len(item.kernel) + 2, converted)
