@@ -129,7 +129,13 @@ def _assert_agree(path: Path, options: ConvertOptions, tmp_path: Path, *, checke
     transposes = sum(t == "Transpose" for t in names.values())
     assert transposes == inspected.rewrite.transposes_after
     added = [n.transposes_added for n in inspected.nodes if n.entry.status is Status.CONVERTED]
-    assert None not in added
+    # A Gemm's MatMul form has no channel Transposes to predict: inspect leaves its cost out.
+    assert all(
+        (a is None) == (n.entry.op_type == "Gemm")
+        for n, a in zip(
+            [n for n in inspected.nodes if n.entry.status is Status.CONVERTED], added, strict=True
+        )
+    )
     assert (
         sum(a or 0 for a in added) == inspected.rewrite.transposes_after - inspected.rewrite.transposes_before
     )

@@ -81,7 +81,7 @@ def test_a_conv_in_a_local_function_has_a_fixed_detail() -> None:
     _, report = convert(model, ALL)
     (entry,) = report.entries
     assert (entry.status, entry.reason) == (Status.SKIPPED, SkipReason.IN_FUNCTION)
-    assert entry.detail == "convs inside model-local functions are not rewritten"
+    assert entry.detail == "Conv nodes inside model-local functions are not rewritten"
 
 
 def test_nodes_made_for_a_conv_without_any_name_are_named_after_conv() -> None:
