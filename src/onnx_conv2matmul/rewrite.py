@@ -214,7 +214,8 @@ class Rewriter:
     ) -> ir.Value:
         """``Split(last axis) -> one MatMul per group -> Concat(last axis)`` on channels-last ``h``.
 
-        The form measured fastest against the others in ``benchmarks/bench_grouped.py``.
+        Chosen by latency against the grouped Conv (``benchmarks/bench_grouped.py``): as fast
+        as one Slice per group, in one node instead of g and their constants.
         """
         base = plan.node.name or (plan.node.outputs[0].name or "Conv")
         attrs: dict[str, object] = {"axis": rank - 1}
