@@ -314,3 +314,28 @@ def test_real_models_saved_by_onnxruntimes_optimizer(
             assert report.skip_counts == {r.value: n for r, n in real.skipped.items()}
     before, after = (op_types(onnx.load(path)).count("FusedConv") for path in (optimized, output))
     assert after == before - fused, "only the pointwise FusedConvs go (3x3 and depthwise ones stay)"
+
+
+@pytest.mark.parametrize("options", [ConvertOptions(extended=True), EXTENDED], ids=["default", "allow-added"])
+@pytest.mark.parametrize(
+    ("activation", "params", "z"),
+    [("Relu", None, False), ("Clip", [0.0, 6.0], False), ("Relu", None, True), (None, None, True)],
+    ids=["relu", "clip", "relu-z", "z"],
+)
+def test_inspect_agrees_with_convert(
+    activation: str | None, params: list[float] | None, z: bool, options: ConvertOptions, tmp_path: Path
+) -> None:
+    """Node by node, and on each converted node's Transpose cost (inspect's prediction, summed,
+    is what convert leaves): FusedConvs between the model's Transposes, then a grouped conv."""
+    from test_inspect import _assert_agree
+
+    model = _between_transposes(activation, params, z)
+    grouped = numpy_helper.from_array(np.ones((8, 4, 1), np.float32) / 4, "w_grouped")
+    model.graph.initializer.append(grouped)
+    model.graph.node[-1].input[0] = "g"
+    model.graph.node.insert(-1, helper.make_node("Conv", ["c", "w_grouped"], ["g"], name="grouped", group=2))
+    for i, node in enumerate(model.graph.node):
+        node.name = node.name or f"{node.op_type.lower()}{i}"  # _assert_agree finds nodes by name
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    _assert_agree(path, options, tmp_path)
