@@ -21,6 +21,7 @@ from onnx_conv2matmul.api import NullProgress, Progress, check_paths, convert, l
 from onnx_conv2matmul.errors import Hint, InputError
 from onnx_conv2matmul.options import ConvertOptions
 from onnx_conv2matmul.quantize import (
+    NBitsResult,
     QuantizeOptions,
     int8_dynamic,
     int8_dynamic_obstacle,
@@ -49,9 +50,14 @@ def quantize_file(
 ) -> QuantizeReport:
     """Rewrite pointwise convs, quantize, compare with the fp32 input, then publish.
 
-    ``verify`` holds the input synthesis and the pass criterion (``min_cosine``).
-    Quantizing is lossy: without ``min_cosine`` (or without ``verify``) the accuracy is
-    measured and reported only (``report_only``).
+    ``verify`` holds the input synthesis and the pass criterion (``min_cosine``); its
+    ``feeds`` (real inputs), when given, are also the calibration inputs of the ``gptq``
+    algorithm. Quantizing is lossy: without ``min_cosine`` (or without ``verify``) the
+    accuracy is measured and reported only (``report_only``).
+
+    Raises:
+        InputError: also when the algorithm cannot run here (see
+            :func:`onnx_conv2matmul.quantize.quantize_matmul_nbits`), checked before any work.
     """
     started = time.perf_counter()
     convert_options = convert_options or ConvertOptions(extended=True, allow_non_unit_dilation=True)
@@ -62,6 +68,8 @@ def quantize_file(
     progress = progress or NullProgress()
     src = os.fspath(input_path)
     dst = check_paths(src, os.fspath(output_path), inplace=False)
+    if not int8:
+        _check_quantize_options(quantize_options, verify)
     report = QuantizeReport(
         mode="int8_dynamic" if int8 else "matmul_nbits",
         input_path=src,
@@ -119,14 +127,14 @@ def _quantize_to(
         staged = _int8_staged(model, output, external, quantize_options, progress, report)
     else:
         progress.phase("Quantizing")
-        result = quantize_matmul_nbits(model, quantize_options)
+        result = quantize_matmul_nbits(
+            model, quantize_options, feeds=verify.feeds, scratch_dir=os.path.dirname(os.path.abspath(dst))
+        )
         report.matmuls = result.matmuls
         report.quantized_nodes = result.quantized
         report.excluded = result.excluded
-        if result.quantized == 0:
-            report.warnings.append(
-                "no MatMul was quantized: check the include and exclude patterns against the node names"
-            )
+        report.settings = result.settings
+        report.warnings.extend(_nbits_warnings(result))
         progress.phase("Saving")
         staged = output.stage(model, external=external, progress=progress.advance)
     with staged:  # at once: from here on any error or interrupt removes the staged output
@@ -145,6 +153,33 @@ def _quantize_to(
             progress.phase("Publishing")
             staged.publish(modes)
             report.output_path = dst
+
+
+def _check_quantize_options(options: QuantizeOptions, verify: VerifyOptions) -> None:
+    """Refuse, before any work, settings this run cannot apply."""
+    from onnx_conv2matmul._weight_only import check_available
+
+    check_available(options.algorithm, has_calibration=bool(verify.feeds))
+    if options.other_weights != "keep":
+        raise InputError("storing the other weights as int8 is not available in this version")
+
+
+def _nbits_warnings(result: NBitsResult) -> list[str]:
+    warnings = []
+    if result.quantized == 0:
+        warnings.append(
+            "no MatMul was quantized: check the include and exclude patterns against the node names"
+        )
+    if result.unknown_nodes:
+        names = ", ".join(repr(n) for n in result.unknown_nodes[:5])
+        more = f" and {len(result.unknown_nodes) - 5} more" if len(result.unknown_nodes) > 5 else ""
+        warnings.append(f"per-node settings name no quantizable MatMul: {names}{more}")
+    reasons: dict[str, list[str]] = {}
+    for name, why in result.not_quantized:
+        reasons.setdefault(why, []).append(name)
+    for why, left in reasons.items():
+        warnings.append(f"{len(left)} MatMul(s) left in float ({why}): {', '.join(left[:5])}")
+    return warnings
 
 
 def _check_int8_dynamic(model: ir.Model) -> None:
@@ -183,6 +218,7 @@ def _int8_staged(
         out = os.path.join(directory, name)
         int8_dynamic(model, fp32_path, out, quantize_options, external_data=external)
         shutil.rmtree(fp32_dir)
+        _restore_model_fields(out, model)
         quantized = ir.load(out)
         report.matmuls = count_op(model, "MatMul")
         report.quantized_nodes = sum(
@@ -191,6 +227,25 @@ def _int8_staged(
         return out
 
     return output.stage_with(write)
+
+
+def _restore_model_fields(path: str, model: ir.Model) -> None:
+    """Give the model at ``path`` the producer, doc string and metadata of ``model``.
+
+    ``quantize_dynamic`` names itself the producer and adds its own metadata entry;
+    loaders such as sherpa-onnx read their settings from the input's metadata. Only the
+    ``.onnx`` file is rewritten: its external data stays where it is.
+    """
+    import onnx
+
+    proto = onnx.load(path, load_external_data=False)
+    proto.producer_name = model.producer_name or ""
+    proto.producer_version = model.producer_version or ""
+    proto.doc_string = model.doc_string or ""
+    del proto.metadata_props[:]
+    for key, value in model.metadata_props.items():
+        proto.metadata_props.add(key=key, value=value)
+    onnx.save_model(proto, path)
 
 
 def bundle_sizes(directory: str) -> list[tuple[str, int, list[str]]]:

@@ -23,7 +23,7 @@ from onnx_conv2matmul.errors import ExitCode
 from onnx_conv2matmul.reasons import SkipReason
 
 if TYPE_CHECKING:
-    from onnx_conv2matmul.quantize import WeightStats
+    from onnx_conv2matmul.quantize import NodeSetting, WeightStats
     from onnx_conv2matmul.verify import VerifyReport
 
 SCHEMA_VERSION = 2
@@ -322,7 +322,9 @@ class QuantizeReport(CommandReport):
     """What ``quantize`` did, as data.
 
     ``mode`` is ``matmul_nbits`` or ``int8_dynamic``; ``output_path`` is None when the
-    accuracy check failed and nothing was written.
+    accuracy check failed and nothing was written. ``settings`` is the resolved setting of
+    each MatMul that became MatMulNBits, by node name; ``options["quantize"]`` is a settings
+    file's object that replays the run.
     """
 
     COMMAND: ClassVar[Command] = Command.QUANTIZE
@@ -335,6 +337,7 @@ class QuantizeReport(CommandReport):
     matmuls: int = 0
     quantized_nodes: int = 0
     excluded: list[str] = dataclasses.field(default_factory=list)
+    settings: dict[str, NodeSetting] = dataclasses.field(default_factory=dict)
     weights_without_rewrite: WeightStats | None = None
     weights_with_rewrite: WeightStats | None = None
     input_bytes: int = 0
@@ -383,6 +386,7 @@ class QuantizeReport(CommandReport):
             "matmuls": self.matmuls,
             "quantized_nodes": self.quantized_nodes,
             "excluded": self.excluded,
+            "quantized": [{"node": name, **setting.to_dict()} for name, setting in self.settings.items()],
             "weights_without_rewrite": without.to_dict() if without else None,
             "weights_with_rewrite": with_.to_dict() if with_ else None,
             "files": {
