@@ -203,6 +203,8 @@ def test_algorithm_refusals() -> None:
         QuantizeOptions(algorithm="hqq", nodes={"a": NodeSetting(4, 64, True)})
     with pytest.raises(ValueError, match="4 bits only"):
         QuantizeOptions(algorithm="gptq", bits_for=(("*", 8),))
+    with pytest.raises(ValueError, match="4 bits only"):
+        QuantizeOptions(algorithm="hqq", bits=8)
     with pytest.raises(ValueError, match="algorithm must be one of"):
         QuantizeOptions(algorithm="awq")
     model = ir.serde.deserialize_model(_rewritten())

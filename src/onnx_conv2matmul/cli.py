@@ -816,8 +816,17 @@ def _quantize_error(report: QuantizeReport) -> str | None:
 
 @main.command("bundle")
 @click.argument("directory", type=click.Path())
+@click.option(
+    "--manifest",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help=(
+        "Write a JSON manifest: every file of every model with its size and sha256, and each"
+        " model's quantization settings and accuracy from MODEL.report.json beside it."
+    ),
+)
 @click.option("--report-json-stdout", is_flag=True, help="Print the sizes as JSON on stdout.")
-def bundle_command(directory: str, report_json_stdout: bool) -> None:
+def bundle_command(directory: str, manifest: str | None, report_json_stdout: bool) -> None:
     """List the models in DIRECTORY with their external data, sizes and the total."""
     _OUTCOME.start(report_json_stdout, directory)
     with _errors():
@@ -826,9 +835,21 @@ def bundle_command(directory: str, report_json_stdout: bool) -> None:
         console = _stderr_console(False)
         from onnx_conv2matmul import render
 
-        report = bundle_report(directory)
+        if manifest is not None:
+            models = [os.path.join(directory, n) for n in _onnx_names(directory)]
+            api.check_report_path(manifest, inputs=models, outputs=[])
+            _OUTCOME.watch(manifest)
+        report = bundle_report(directory, manifest=manifest is not None)
         console.print(render.bundle_table(report))
-        _emit_report(report, None)
+        _emit_report(report, manifest)
+
+
+def _onnx_names(directory: str) -> list[str]:
+    """The .onnx files in ``directory`` (none when it is not one: the command says so later)."""
+    try:
+        return [name for name in os.listdir(directory) if name.endswith(".onnx")]
+    except OSError:
+        return []
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -271,6 +271,82 @@ def bundle_sizes(directory: str) -> list[tuple[str, int, list[str]]]:
     return models
 
 
-def bundle_report(directory: str) -> BundleReport:
-    """The bundle command's report: :func:`bundle_sizes` as typed data."""
-    return BundleReport(directory, [BundleModel(*model) for model in bundle_sizes(directory)])
+REPORT_SUFFIX = ".report.json"
+"""A model's quantize report beside it: ``encoder.int4.onnx`` -> ``encoder.int4.report.json``."""
+
+
+def report_path_for(model_path: str) -> str:
+    """Where ``bundle`` looks for a model's quantize report (see :data:`REPORT_SUFFIX`)."""
+    base = model_path[: -len(".onnx")] if model_path.endswith(".onnx") else model_path
+    return base + REPORT_SUFFIX
+
+
+def bundle_report(directory: str, *, manifest: bool = False) -> BundleReport:
+    """The bundle command's report: :func:`bundle_sizes` as typed data.
+
+    With ``manifest``, each model also lists its files (the ``.onnx`` and its data files)
+    with their sizes and sha256, and the quantization settings and accuracy from its
+    quantize report beside it (:func:`report_path_for`), when there is one.
+
+    Raises:
+        InputError: as :func:`bundle_sizes`; also a report beside a model that is not a
+            quantize report.
+    """
+    models = []
+    for name, size, data in bundle_sizes(directory):
+        files = quantization = None
+        if manifest:
+            files = [_file_entry(directory, n) for n in (name, *data)]
+            quantization = _quantization_from_report(os.path.join(directory, name))
+        models.append(BundleModel(name, size, data, files, quantization))
+    return BundleReport(directory, models)
+
+
+def _file_entry(directory: str, name: str) -> dict[str, object]:
+    import hashlib
+
+    digest = hashlib.sha256()
+    path = os.path.join(directory, name)
+    buffer = bytearray(1 << 20)
+    view = memoryview(buffer)
+    size = 0
+    with open(path, "rb", buffering=0) as file:
+        while n := file.readinto(buffer):
+            digest.update(view[:n])
+            size += n
+    return {"path": name, "bytes": size, "sha256": digest.hexdigest()}
+
+
+def _quantization_from_report(model_path: str) -> dict[str, object] | None:
+    """The settings and accuracy a model's quantize report gives, or None without one."""
+    import json
+
+    path = report_path_for(model_path)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as file:
+            data = json.load(file)
+    except (OSError, ValueError) as err:
+        raise InputError(f"cannot read the quantize report {path}: {err}") from err
+    if not isinstance(data, dict) or data.get("command") != "quantize" or "options" not in data:
+        raise InputError(f"not a quantize report: {path}")
+    verification = data.get("verification") or {}
+    cosines: dict[str, float] = {}
+    for row in verification.get("results", []):
+        if row.get("cosine") is not None:
+            name = row["output"]
+            cosines[name] = min(cosines.get(name, 1.0), row["cosine"])
+    options = data.get("options", {})
+    return {
+        "report": os.path.basename(path),
+        "mode": data.get("mode"),
+        "settings": options.get("quantize"),
+        "accuracy": {
+            "min_cosine_per_output": cosines,
+            "min_cosine": min(cosines.values()) if cosines else None,
+            "criterion": verification.get("criterion"),
+            "passed": verification.get("passed"),
+            "inputs": [item.get("file") for item in verification.get("input_files", [])] or "synthesised",
+        },
+    }

@@ -87,8 +87,9 @@ class QuantizeOptions:
         nodes: Exact MatMul node name to its setting; overrides everything else.
         algorithm: One of :data:`onnx_conv2matmul._weight_only.ALGORITHMS`: ``default``
             (onnxruntime's per-node round-to-nearest), ``k_quant``, ``gptq`` (needs
-            calibration inputs; 4 bits only) or ``hqq`` (needs torch). ``k_quant`` and
-            ``hqq`` always store zero points, so they take no symmetric setting.
+            calibration inputs) or ``hqq`` (needs torch). ``gptq`` and ``hqq`` give
+            4 bits only; ``k_quant`` and ``hqq`` always store zero points, so they take no
+            symmetric setting.
         other_weights: ``keep`` or ``int8``: what happens to the float weights that
             MatMulNBits does not take.
     """
@@ -134,13 +135,15 @@ class QuantizeOptions:
                 raise ValueError(
                     f"the {self.algorithm} algorithm always stores zero points: {symmetric[0]} is symmetric"
                 )
-        if self.algorithm == "gptq":
+        if self.algorithm in ("gptq", "hqq"):
+            # gptq: onnxruntime packs only 4 bits into MatMulNBits. hqq: its float zero points
+            # at 8 bits are refused by onnxruntime's CPU kernel.
             bits: list[tuple[str, int | None]] = [("the default", self.bits)]
             bits += [(f"pattern {p!r}", b) for p, b in self.bits_for]
             bits += [(where, s.bits) for where, s in settings]
             eight = [where for where, b in bits if b != 4]
             if eight:
-                raise ValueError(f"the gptq algorithm gives 4 bits only: {eight[0]} asks for 8")
+                raise ValueError(f"the {self.algorithm} algorithm gives 4 bits only: {eight[0]} asks for 8")
 
     def _default(self) -> NodeSetting:
         return NodeSetting(self.bits, self.block_size, self.symmetric)
@@ -540,11 +543,16 @@ def _replace(
 @contextlib.contextmanager
 def _quiet_quantizer_logs() -> Iterator[None]:
     """onnxruntime's quantizer logs every node at INFO level; keep the terminal for the report."""
+    import warnings
+
     logger = logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer")
     level = logger.level
     logger.setLevel(logging.WARNING)
     try:
-        yield
+        with warnings.catch_warnings():
+            # HQQ hands torch a read-only weight, which it only reads; torch warns all the same.
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            yield
     finally:
         logger.setLevel(level)
 

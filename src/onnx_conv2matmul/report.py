@@ -405,11 +405,24 @@ class QuantizeReport(CommandReport):
 
 @dataclasses.dataclass(frozen=True)
 class BundleModel:
-    """One model of a bundle: its file name, its size with its external data, and those files."""
+    """One model of a bundle: its file name, its size with its external data, and those files.
+
+    In a manifest, also ``files`` (each file's ``path``, ``bytes`` and ``sha256``) and
+    ``quantization`` (from the model's quantize report, None without one).
+    """
 
     name: str
     size: int
     external_data: list[str]
+    files: list[dict[str, Any]] | None = None
+    quantization: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"model": self.name, "bytes": self.size, "external_data": self.external_data}
+        if self.files is not None:
+            data["files"] = self.files
+            data["quantization"] = self.quantization
+        return data
 
 
 @dataclasses.dataclass
@@ -439,8 +452,6 @@ class BundleReport(CommandReport):
 
     def body(self) -> dict[str, Any]:
         return {
-            "models": [
-                {"model": m.name, "bytes": m.size, "external_data": m.external_data} for m in self.models
-            ],
+            "models": [m.to_dict() for m in self.models],
             "total_bytes": self.total_bytes,
         }
