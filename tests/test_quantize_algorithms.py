@@ -22,7 +22,7 @@ from onnxruntime.quantization.matmul_nbits_quantizer import (
     MatMulNBitsQuantizer,
 )
 
-from helpers import all_initializers, all_nodes, session
+from helpers import all_initializers, all_nodes, matmul_model, session
 from onnx_conv2matmul import ConvertOptions, convert
 from onnx_conv2matmul._weight_only import torch_available
 from onnx_conv2matmul.errors import InputError
@@ -122,6 +122,17 @@ def test_default_matches(bits: int, symmetric: bool, block: int) -> None:
     reference = _reference(model, algo_config=config)
     ours = _ours(model, QuantizeOptions(bits=bits, block_size=block, symmetric=symmetric))
     _assert_same(ours, reference, 25)
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_default_matches_on_float16(symmetric: bool) -> None:
+    """float16 weights go through the same path as float32 ones (scales in float16)."""
+    model = matmul_model(onnx.TensorProto.FLOAT16)
+    reference = _reference(model, bits=4, block_size=16, is_symmetric=symmetric, accuracy_level=2)
+    ours = _ours(model, QuantizeOptions(block_size=16, symmetric=symmetric, accuracy_level=2))
+    assert _nbits(ours) == _nbits(reference) and len(_nbits(ours)) == 1
+    assert [n.name for n in ours.graph.node] == [n.name for n in reference.graph.node]
+    assert [t.name for t in ours.graph.initializer] == [t.name for t in reference.graph.initializer]
 
 
 @pytest.mark.parametrize("bits", [4, 8])

@@ -199,9 +199,6 @@ class QuantizeOptions:
         """
         return cls(**config_fields(data))
 
-    def replace(self, **changes: Any) -> QuantizeOptions:
-        return dataclasses.replace(self, **changes)
-
 
 _CONFIG_TYPES: dict[str, type | tuple[type, ...]] = {
     "bits": int,
@@ -464,11 +461,107 @@ def _replace(
     setting: NodeSetting,
 ) -> str | None:
     """Quantize one MatMul; why not when the quantizer declined it (the node is unchanged)."""
-    from onnx_conv2matmul._weight_only import A_NAME, OUT_NAME, DeclinedError
+    from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantizer
+
+    from onnx_conv2matmul._weight_only import DeclinedError
 
     a = node.inputs[0]
     out = node.outputs[0]
     assert a is not None and b.name is not None and b.const_value is not None
+    owner = b.graph or graph
+    try:
+        direct = type(quantizer) is DefaultWeightOnlyQuantizer and b.const_value.dtype in _DIRECT_TYPES
+        if direct:
+            new_nodes, last = _quantize_direct(node, a, b, quantizer, names, done, setting, owner)
+        else:
+            new_nodes, last = _quantize_through_proto(node, a, b, quantizer, names, done, setting, owner)
+    except DeclinedError as declined:
+        return str(declined)
+    out_name_kept = out.name
+    out.name = names.new(f"{out_name_kept}__replaced")
+    last.name = out_name_kept
+    last.type, last.shape = out.type, out.shape
+    ir.convenience.replace_all_uses_with(out, last, replace_graph_outputs=True)
+    graph.insert_after(node, new_nodes)
+    graph.remove(node, safe=True)
+    return None
+
+
+# Weights the default algorithm quantizes without a protobuf round trip (bfloat16 takes it:
+# onnxruntime converts it to float32 and back on the way).
+_DIRECT_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16})
+
+
+def _initializer(owner: ir.Graph, names: NameAllocator, wanted: str, array: np.ndarray) -> ir.Value:
+    name = names.new(wanted)
+    value = ir.Value(name=name, const_value=ir.tensor(array, name=name))
+    value.type = ir.TensorType(value.const_value.dtype)  # type: ignore[union-attr]
+    value.shape = ir.Shape(list(array.shape))
+    owner.register_initializer(value)
+    return value
+
+
+def _quantize_direct(
+    node: ir.Node,
+    a: ir.Value,
+    b: ir.Value,
+    quantizer: Any,
+    names: NameAllocator,
+    done: dict[tuple[int, NodeSetting], dict[str, ir.Value]],
+    setting: NodeSetting,
+    owner: ir.Graph,
+) -> tuple[list[ir.Node], ir.Value]:
+    """The default algorithm on the weight's array: onnxruntime's block quantization, the node
+    and tensors as its ``quantize_matmul`` names them, without copying the fp32 weight into a
+    protobuf and back."""
+    assert b.name is not None and b.const_value is not None
+    tensor = b.const_value
+    bits = quantizer.config.bits
+    key = (id(b), setting)
+    tensors = done.get(key)
+    if tensors is None:
+        packed, scales, zero_points = quantizer.qbits_block_quant(tensor.numpy())
+        if is_external(tensor):
+            tensor.release()  # read once; drop the mapping
+        tensors = {
+            "packed": _initializer(owner, names, f"{b.name}_Q{bits}", packed),
+            "scales": _initializer(owner, names, f"{b.name}_scales", scales),
+        }
+        if not quantizer.config.is_symmetric:
+            tensors["zero_points"] = _initializer(owner, names, f"{b.name}_zero_points", zero_points)
+        done[key] = tensors
+    rows, cols = tensor.shape.numpy()
+    attributes = [ir.AttrInt64("K", rows), ir.AttrInt64("N", cols)]
+    if quantizer.config.accuracy_level:
+        attributes.append(ir.AttrInt64("accuracy_level", quantizer.config.accuracy_level))
+    attributes += [ir.AttrInt64("bits", bits), ir.AttrInt64("block_size", quantizer.config.block_size)]
+    name = node.name or f"{b.name}_MatMul"
+    last = ir.Value(name=names.new(f"{name}/MatMulNBits_out"))
+    new = ir.Node(
+        "com.microsoft",
+        "MatMulNBits",
+        [a, *tensors.values()],
+        attributes,
+        outputs=[last],
+        name=names.new(f"{name}_Q{bits}"),
+    )
+    return [new], last
+
+
+def _quantize_through_proto(
+    node: ir.Node,
+    a: ir.Value,
+    b: ir.Value,
+    quantizer: Any,
+    names: NameAllocator,
+    done: dict[tuple[int, NodeSetting], dict[str, ir.Value]],
+    setting: NodeSetting,
+    owner: ir.Graph,
+) -> tuple[list[ir.Node], ir.Value]:
+    """Hand onnxruntime's per-node quantizer the MatMul with only its own weight in a graph."""
+    from onnx_conv2matmul._weight_only import A_NAME, OUT_NAME, DeclinedError
+
+    assert b.name is not None and b.const_value is not None
     tensor = b.const_value
     # Materialize the bytes (an external tensor would be serialized as a file reference).
     loaded = ir.Tensor(tensor.numpy(), name=b.name)
@@ -481,14 +574,10 @@ def _replace(
     proto_node = onnx.helper.make_node(
         "MatMul", [a_name, b.name], [OUT_NAME], name=node.name or f"{b.name}_MatMul"
     )
-    try:
-        with _quiet_quantizer_logs():
-            new_protos: Sequence[onnx.NodeProto] = quantizer.quantize(proto_node, [scratch])
-    except DeclinedError as declined:
-        return str(declined)
+    with _quiet_quantizer_logs():
+        new_protos: Sequence[onnx.NodeProto] = quantizer.quantize(proto_node, [scratch])
     if len(new_protos) == 1 and new_protos[0] is proto_node:
-        return "the quantizer left it in float"
-    owner = b.graph or graph
+        raise DeclinedError("the quantizer left it in float")
     key = (id(b), setting)
     tensors = done.get(key)
     if tensors is None:
@@ -498,13 +587,8 @@ def _replace(
                 continue
             # Copy out of the proto: a tensor viewing it would keep the whole scratch graph,
             # fp32 weight included, alive.
-            name = names.new(tp.name)
             array = np.array(ir.serde.deserialize_tensor(tp).numpy(), copy=True)
-            value = ir.Value(name=name, const_value=ir.tensor(array, name=name))
-            value.type = ir.TensorType(value.const_value.dtype)  # type: ignore[union-attr]
-            value.shape = ir.Shape(list(tp.dims))
-            owner.register_initializer(value)
-            tensors[tp.name] = value
+            tensors[tp.name] = _initializer(owner, names, tp.name, array)
         done[key] = tensors
     del scratch
     values: dict[str, ir.Value] = {a_name: a, **tensors}
@@ -530,14 +614,7 @@ def _replace(
         )
         last = values.get(OUT_NAME, last)
     assert last is not None, "the quantizer must produce the MatMul's output"
-    out_name_kept = out.name
-    out.name = names.new(f"{out_name_kept}__replaced")
-    last.name = out_name_kept
-    last.type, last.shape = out.type, out.shape
-    ir.convenience.replace_all_uses_with(out, last, replace_graph_outputs=True)
-    graph.insert_after(node, new_nodes)
-    graph.remove(node, safe=True)
-    return None
+    return new_nodes, last
 
 
 @contextlib.contextmanager
