@@ -6,12 +6,14 @@ same rewritten encoder (MatMulNBits 4 bits, block 64, asymmetric, accuracy level
 * ours: ``quantize_file`` run up to the accuracy check (load, checker on the input, rewrite,
   quantize node by node, save, checker on the output), each phase timed; the run stops where
   the accuracy check would start;
+* ours with every weight through a protobuf graph and onnxruntime's per-node ``quantize`` (the
+  path before weights were quantized from their arrays);
 * baseline: onnxruntime's ``MatMulNBitsQuantizer`` as documented: load the rewritten model
   (written once beforehand by ``onnx-conv2matmul convert``), ``process()``, save with external
   data.
 
 Each run is its own process (wall time and peak RSS per process, ``wait4``), in rounds
-alternating the order. With ``--profile`` one more run of ours breaks the quantize phase down by
+rotating the order. With ``--profile`` one more run of ours breaks the quantize phase down by
 where its time goes (cProfile, cumulative seconds of the main calls).
 
 Usage::
@@ -73,7 +75,12 @@ class Phases:
     def close(self):
         pass
 
-profile = len(sys.argv) > 3
+profile = "--profile" in sys.argv[3:]
+if "--through-proto" in sys.argv[3:]:
+    # Every weight through a protobuf graph and onnxruntime's DefaultWeightOnlyQuantizer.quantize,
+    # as before the array path existed.
+    from onnx_conv2matmul import quantize
+    quantize._DIRECT_TYPES = frozenset()
 if profile:
     import cProfile, pstats
     original = pipeline.quantize_matmul_nbits
@@ -135,10 +142,19 @@ def main() -> None:
         )  # fmt: skip
         ours_argv = [sys.executable, "-c", OURS_SCRIPT, str(encoder), str(Path(work) / "ours.onnx")]
         base_argv = [sys.executable, "-c", BASELINE_SCRIPT, str(rewritten), str(Path(work) / "base.onnx")]
-        results: dict[str, list[tuple[float, float, dict[str, Any]]]] = {"ours": [], "baseline": []}
+        proto_argv = [*ours_argv, "--through-proto"]
+        results: dict[str, list[tuple[float, float, dict[str, Any]]]] = {
+            "ours": [],
+            "ours, weights through protobuf": [],
+            "baseline": [],
+        }
         for index in range(args.rounds):
-            order = [("ours", ours_argv), ("baseline", base_argv)]
-            for name, argv in order if index % 2 == 0 else reversed(order):
+            order = [
+                ("ours", ours_argv),
+                ("ours, weights through protobuf", proto_argv),
+                ("baseline", base_argv),
+            ]
+            for name, argv in order[index % 3 :] + order[: index % 3]:
                 results[name].append(run(argv))
                 for leftover in Path(work).glob("base.onnx*"):
                     leftover.unlink()
@@ -148,7 +164,9 @@ def main() -> None:
         for name, runs in results.items():
             for seconds, rss, _ in runs:
                 print(f"{name:<40} {seconds:8.1f} {rss:13.0f}")
+        proto_wall = statistics.median(r[0] for r in results["ours, weights through protobuf"])
         print(f"ours / baseline (median wall): {ours_wall / base_wall:.2f}")
+        print(f"ours through protobuf / baseline (median wall): {proto_wall / base_wall:.2f}")
         for name, runs in results.items():
             keys = list(runs[0][2].get("phases", runs[0][2]))
             per = runs[0][2].get("phases", runs[0][2])

@@ -360,3 +360,33 @@ def test_quantize_keeps_metadata_doc_string_and_producer(tmp_path: Path, int8: b
         "vocab_size": "1025",
         "subsampling_factor": "8",
     }
+
+
+def test_algorithms_on_the_command_line(tmp_path: Path) -> None:
+    """gptq takes --inputs as calibration data; k_quant names the nodes onnxruntime cannot take."""
+    _save_feeds(tmp_path)
+    # With the front end's two 16x16 pointwise convs rewritten too.
+    gptq = [
+        "--algorithm",
+        "gptq",
+        "--inputs",
+        tmp_path,
+        "--symmetric",
+        "--block-size",
+        "16",
+        "--allow-added-transposes",
+    ]
+    code, data, _ = _json("quantize", ENCODER, tmp_path / "g.onnx", *gptq)
+    assert code == 0
+    assert data["options"]["quantize"]["algorithm"] == "gptq" and data["quantized_nodes"] == 25
+    assert min(r["cosine"] for r in data["verification"]["results"] if r["cosine"] is not None) > 0.99
+    k_quant = ["--algorithm", "k_quant", "--block-size", "16", "--allow-added-transposes"]
+    code, data, _ = _json("quantize", ENCODER, tmp_path / "k.onnx", *k_quant)
+    assert code == 0 and data["quantized_nodes"] == 23
+    assert any("node_conv2d_2/MatMul" in w and "even number of blocks" in w for w in data["warnings"])
+    code, _, stderr = _invoke("quantize", ENCODER, tmp_path / "x.onnx", "--algorithm", "gptq")
+    assert code == 2 and "needs calibration inputs (--inputs FILE.npz gives them)" in stderr
+    code, _, stderr = _invoke(
+        "quantize", ENCODER, tmp_path / "x.onnx", "--algorithm", "k_quant", "--symmetric"
+    )
+    assert code == 2 and "always stores zero points" in stderr

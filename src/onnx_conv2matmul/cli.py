@@ -595,8 +595,6 @@ def verify_command(
         for path in (original, candidate):
             _io.check_input_path(path)
         options = _build_verify_options(verify_kwargs, min_cosine, inputs)
-        for path in (original, candidate):
-            _io.check_input_path(path)
         if report_json is not None:
             api.check_report_path(report_json, inputs=[original, candidate], outputs=[])
         _OUTCOME.watch(report_json)
