@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from onnx_conv2matmul.errors import Hint, InputError
+from onnx_conv2matmul.errors import Hint, InputError, ModelRunError
 
 if TYPE_CHECKING:
     # Imported where used: the command line reads ALGORITHMS before anything heavy.
@@ -238,10 +238,20 @@ def capture_inputs(
         model.graph.outputs.clear()
         model.graph.outputs.extend(outputs)
     captured: dict[str, list[np.ndarray]] = {name: [] for name in names}
-    for feed in feeds:
+    for index, feed in enumerate(feeds):
         # One run per feed for every tensor (gptq_quantize runs once per tensor and feed;
         # the values are the same).
-        for name, value in zip(names, session.run(list(names), dict(feed)), strict=True):
+        try:
+            values = session.run(list(names), dict(feed))
+        except Exception as err:
+            from onnx_conv2matmul.verify import feed_source
+
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise ModelRunError(
+                f"onnxruntime cannot run the model on inputs {feed_source(feed, index)}"
+                f" to calibrate gptq: {first}"
+            ) from err
+        for name, value in zip(names, values, strict=True):
             captured[name].append(value)
     return captured
 

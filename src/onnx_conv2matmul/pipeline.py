@@ -30,7 +30,7 @@ from onnx_conv2matmul.quantize import (
 )
 from onnx_conv2matmul.report import BundleModel, BundleReport
 from onnx_conv2matmul.report import QuantizeReport as QuantizeReport  # its home before report.py
-from onnx_conv2matmul.verify import VerifyOptions, verify_models
+from onnx_conv2matmul.verify import VerifyOptions, check_feeds_for_graph, verify_models
 
 
 def _peak_rss_bytes() -> int:
@@ -115,6 +115,9 @@ def _quantize_to(
     modes = _output.file_modes(loaded.path, loaded.external_files)
     report.input_bytes = loaded.total_bytes
     model = loaded.model
+    if verify.feeds is not None:
+        # Before the quantization (gptq runs them), not only when the accuracy check does.
+        check_feeds_for_graph(model.graph.inputs, verify.feeds)
     if int8:
         _check_int8_dynamic(model)
     report.weights_without_rewrite = weight_stats(model)

@@ -244,6 +244,24 @@ def _read_npz(path: str) -> Feed:
     return Feed(arrays, path)
 
 
+def check_feeds_for_graph(graph_inputs: Sequence[Any], feeds: Sequence[Mapping[str, np.ndarray]]) -> None:
+    """:func:`check_feeds` against an onnx-ir graph's inputs (initializers aside), before any run.
+
+    Raises:
+        InputError: as :func:`check_feeds`.
+    """
+    specs = []
+    for value in graph_inputs:
+        if value.is_initializer() or value.dtype is None:
+            continue
+        shape = value.shape
+        dims: list[int | str | None] = (
+            [d if isinstance(d, int) else (d.value if d.value else None) for d in shape] if shape else []
+        )
+        specs.append(_InputSpec(value.name, value.dtype.numpy(), dims))
+    check_feeds(specs, feeds)
+
+
 def check_feeds(specs: Sequence[_InputSpec], feeds: Sequence[Mapping[str, np.ndarray]]) -> None:
     """Refuse feeds that do not fit the model: names, element types, ranks and static dims.
 
