@@ -1,12 +1,15 @@
 """Weight-only quantization with onnxruntime's own quantizers, one weight at a time.
 
 ``MatMulNBitsQuantizer`` loads the whole model into protobuf (several times the model
-in memory for a 2.5 GB encoder). Here each MatMul is handed, with only its own weight,
-to the per-node quantizer that ``MatMulNBitsQuantizer`` itself uses
-(``DefaultWeightOnlyQuantizer.quantize``); the nodes and tensors it returns replace the
-MatMul in the onnx-ir model, and the fp32 weight is unmapped right after. Peak memory is
-the quantized model plus one fp32 weight. ``--int8-dynamic`` calls onnxruntime's
-``quantize_dynamic`` as is.
+in memory for a 2.5 GB encoder). Here each MatMul is quantized alone, with the setting
+:meth:`QuantizeOptions.setting_for` resolves for it, by the algorithm's per-node
+quantizer (see :mod:`onnx_conv2matmul._weight_only`): for the default algorithm,
+onnxruntime's ``DefaultWeightOnlyQuantizer.qbits_block_quant`` on the weight's array,
+with the node and tensors named as its ``quantize_matmul`` names them; otherwise the
+MatMul is handed, with only its own weight in a protobuf graph, to the algorithm's
+quantizer. The new node and tensors replace the MatMul in the onnx-ir model, and the
+fp32 weight is unmapped right after. Peak memory is the quantized model plus one fp32
+weight. ``--int8-dynamic`` calls onnxruntime's ``quantize_dynamic`` as is.
 """
 
 from __future__ import annotations
