@@ -503,8 +503,15 @@ EXAMPLES: dict[SkipReason, list[Example]] = {
     SkipReason.NEEDS_EXTENDED_MODE: [
         Example("strides", lambda: conv_model(spatial=1, attrs={"strides": [2]}), detail="strides [2]"),
         Example("pads", lambda: conv_model(spatial=1, attrs={"pads": [1, 0]})),
-        Example("valid", lambda: conv_model(spatial=1, attrs={"auto_pad": "VALID"})),
-        Example("same-upper-2d", lambda: conv_model(spatial=2, attrs={"auto_pad": "SAME_UPPER"})),
+        Example(
+            "valid-strided",
+            lambda: conv_model(spatial=1, attrs={"auto_pad": "VALID", "strides": [2]}),
+            detail="strides [2], auto_pad VALID",
+        ),
+        Example(
+            "same-upper-2d-strided",
+            lambda: conv_model(spatial=2, attrs={"auto_pad": "SAME_UPPER", "strides": [1, 2]}),
+        ),
     ],
     SkipReason.DILATION_NEEDS_OPT_IN: [
         Example("1d", lambda: conv_model(spatial=1, attrs={"dilations": [2]}), EXTENDED),

@@ -350,7 +350,9 @@ def _plan(
         extended.append(f"strides {strides}")
     if any(p != 0 for p in pads):
         extended.append(f"pads {pads}")
-    if auto_pad != "NOTSET":
+    # For a kernel of 1, auto_pad pads nothing (see below): with unit strides the rewrite emits
+    # exactly what it emits without auto_pad, so only strides make it need extended mode.
+    if auto_pad != "NOTSET" and extended:
         extended.append(f"auto_pad {auto_pad}")
     if extended and not options.extended:
         raise _Skip(SkipReason.NEEDS_EXTENDED_MODE, ", ".join(extended))

@@ -440,7 +440,7 @@ _REWRITE_OPTIONS = [
         "--extended-conv1x1",
         "extended",
         is_flag=True,
-        help="Also rewrite convs with pads, strides > 1 or auto_pad (emits Pad/Slice), and grouped convs.",
+        help="Also rewrite convs with pads or strides > 1 (emits Pad/Slice), and grouped convs.",
     ),
     click.option("--allow-non-unit-dilation", is_flag=True, help="Also rewrite convs with dilations > 1."),
     click.option(

@@ -29,7 +29,7 @@ class SkipReason(str, enum.Enum):
     INVALID_ATTRIBUTES = "invalid_attributes"
     """Attributes or bias shape are inconsistent with the weight (the node is invalid as it is)."""
     NEEDS_EXTENDED_MODE = "needs_extended_mode"
-    """Strides, pads or auto_pad need ``--extended-conv1x1``."""
+    """Strides or pads need ``--extended-conv1x1`` (auto_pad alone does not: it pads nothing)."""
     DILATION_NEEDS_OPT_IN = "dilation_needs_opt_in"
     """A dilation above 1 needs ``--allow-non-unit-dilation``."""
     DILATION_ABOVE_MAX = "dilation_above_max"
@@ -64,7 +64,7 @@ _DESCRIPTIONS: dict[SkipReason, str] = {
     SkipReason.GROUPED: "grouped convolution needs --extended-conv1x1",
     SkipReason.UNSUPPORTED_DTYPE: "weight type not supported by MatMul",
     SkipReason.INVALID_ATTRIBUTES: "attributes inconsistent with the weight",
-    SkipReason.NEEDS_EXTENDED_MODE: "strides/pads/auto_pad need --extended-conv1x1",
+    SkipReason.NEEDS_EXTENDED_MODE: "strides/pads need --extended-conv1x1",
     SkipReason.DILATION_NEEDS_OPT_IN: "dilation > 1 needs --allow-non-unit-dilation",
     SkipReason.DILATION_ABOVE_MAX: "dilation above --max-dilation",
     SkipReason.OPSET_UNSUPPORTED: "model opset or IR version cannot express the rewrite",
