@@ -36,16 +36,20 @@ def conv_model(
     opset: int = 17,
     seed: int = 0,
     name: str = "pw",
+    group: int = 1,
 ) -> onnx.ModelProto:
     """One Conv on input ``x`` [N, C, d1..dn] with symbolic dims.
 
     ``weight_source``: ``initializer``, ``constant`` (a Constant node),
     ``input_initializer`` (an initializer also listed as graph input) or ``input``.
+    With ``group`` above 1, the weight is ``[out_channels, in_channels / group, ...]``.
     """
     rng = np.random.default_rng(seed)
     kernel = list(kernel) if kernel is not None else [1] * spatial
     np_type = NP_TYPES[dtype]
-    w = rng.standard_normal((out_channels, in_channels, *kernel)).astype(np_type)
+    if group != 1:
+        attrs = {"group": group, **(attrs or {})}
+    w = rng.standard_normal((out_channels, in_channels // group, *kernel)).astype(np_type)
     b = rng.standard_normal(out_channels).astype(np_type)
     inputs = ["x", "W"] + (["B"] if bias else [])
     nodes = []
@@ -226,6 +230,51 @@ def stack_feeds(channels: int = 32) -> list[dict[str, np.ndarray]]:
     return [
         {"x": _STACK_RNG.standard_normal((b, t, channels)).astype(np.float32)} for b, t in ((1, 3), (2, 50))
     ]
+
+
+def fused_conv_model(
+    *,
+    activation: str | None = None,
+    params: Sequence[float] | None = None,
+    z: bool = False,
+    z_type: int | None = None,
+    **conv: object,
+) -> onnx.ModelProto:
+    """``conv_model`` with its Conv made a com.microsoft FusedConv (as onnxruntime's optimizer
+    writes it), with ``activation`` and ``activation_params``, and with the input Z ``z`` (of
+    the output's shape, or of ``z_type`` and unknown shape) when asked."""
+    model = conv_model(**conv)  # type: ignore[arg-type]
+    node = model.graph.node[-1]
+    node.op_type, node.domain = "FusedConv", "com.microsoft"
+    if activation is not None:
+        node.attribute.append(helper.make_attribute("activation", activation))
+    if params is not None:
+        node.attribute.append(helper.make_attribute("activation_params", list(params)))
+    if z or z_type is not None:
+        if len(node.input) == 2:
+            node.input.append("")
+        node.input.append("z")
+        output = model.graph.output[0].type.tensor_type
+        if z_type is None:
+            model.graph.input.append(helper.make_tensor_value_info("z", output.elem_type, None))
+            model.graph.input[-1].type.tensor_type.shape.CopyFrom(output.shape)
+        else:
+            model.graph.input.append(helper.make_tensor_value_info("z", z_type, None))
+    model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    return model
+
+
+def with_z(
+    feeds: list[dict[str, np.ndarray]], out_channels: int, seed: int = 2
+) -> list[dict[str, np.ndarray]]:
+    """``feeds`` with a random input ``z`` of the conv output's shape (no strides or pads)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for feed in feeds:
+        x = feed["x"]
+        shape = (x.shape[0], out_channels, *x.shape[2:])
+        out.append({**feed, "z": rng.standard_normal(shape).astype(x.dtype)})
+    return out
 
 
 # The shapes of Gemm's C the builder knows, as dims ("M" and "N" stand for those of the Gemm).

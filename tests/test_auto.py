@@ -18,6 +18,7 @@ from onnx_conv2matmul import auto
 from onnx_conv2matmul.auto import AutoConfig, AutoOptions, Setting, block_dequantize, block_quantize
 from onnx_conv2matmul.cli import main
 from onnx_conv2matmul.pipeline import quantize_file
+from onnx_conv2matmul.quantize import QuantizeOptions
 from onnx_conv2matmul.verify import VerifyOptions
 
 DATA = Path(__file__).parent / "data"
@@ -92,19 +93,22 @@ def test_search_meets_the_minimum_is_deterministic_and_replays(tmp_path: Path) -
     assert 1 <= len(first.auto.evaluations) <= 8
     assert len({c.setting for c in first.auto.choices}) > 1
 
-    # Replayed from its JSON config, the same bytes.
-    config = AutoConfig.from_config(json.loads(json.dumps(first.auto.config.to_config())))
-    assert config == first.auto.config
-    replay = quantize_file(ENCODER, tmp_path / "c.onnx", verify=VERIFY, config=config)
+    # Replayed from its settings file (the report's options.quantize), the same bytes.
+    config = first.auto.config.to_config()
+    assert config == first.options["quantize"]
+    replay = quantize_file(
+        ENCODER,
+        tmp_path / "c.onnx",
+        verify=VERIFY,
+        quantize_options=QuantizeOptions.from_config(json.loads(json.dumps(config))),
+    )
     assert replay.return_code == 0 and replay.auto is None
     assert (tmp_path / "c.onnx").read_bytes() == (tmp_path / "a.onnx").read_bytes()
 
-    int8 = quantize_file(ENCODER, tmp_path / "int8.onnx", verify=VERIFY, config=_everywhere(config, 8))
+    int8 = quantize_file(
+        ENCODER, tmp_path / "int8.onnx", verify=VERIFY, quantize_options=QuantizeOptions(bits=8)
+    )
     assert first.output_bytes < int8.output_bytes
-
-
-def _everywhere(config: AutoConfig, bits: int) -> AutoConfig:
-    return AutoConfig({name: Setting(bits, 64, False) for name in config.nodes})
 
 
 def test_a_looser_minimum_gives_a_smaller_model(tmp_path: Path) -> None:
@@ -174,6 +178,15 @@ def test_cli_auto_writes_config_and_report(tmp_path: Path) -> None:
     assert data["auto"]["full_evaluations"] == len(data["auto"]["evaluations"]) <= 8
     assert data["verification"]["criterion"] == {"kind": "min_cosine", "min_cosine": 0.995}
     assert len(data["auto"]["nodes"]) == len(saved["nodes"])
+    assert data["options"]["quantize"] == saved
+
+    # quantize --config replays it: the same bytes.
+    replay = tmp_path / "replay.onnx"
+    code, _, stderr = _invoke(
+        "quantize", str(ENCODER), str(replay), "--config", str(config), "--verify-lengths", "64,97", "-q"
+    )
+    assert code == 0, stderr
+    assert replay.read_bytes() == out.read_bytes()
 
 
 @pytest.mark.parametrize(
@@ -182,6 +195,8 @@ def test_cli_auto_writes_config_and_report(tmp_path: Path) -> None:
         (["--auto"], "--auto needs --min-cosine"),
         (["--save-config", "x.json"], "--save-config needs --auto"),
         (["--auto", "--min-cosine", "0.9", "--int8-dynamic"], "does not combine with --int8-dynamic"),
+        (["--auto", "--min-cosine", "0.9", "--bits-for", "*=8"], "does not combine with --bits-for"),
+        (["--auto", "--min-cosine", "0.9", "--algorithm", "k_quant"], "does not combine with --algorithm"),
     ],
 )
 def test_cli_auto_usage_errors(tmp_path: Path, args: list[str], message: str) -> None:

@@ -212,7 +212,8 @@ def test_nodes_show_their_attributes(tmp_path: Path) -> None:
     report = inspect_file(tmp_path / "m.onnx", ConvertOptions(extended=True), run_checker=False)
     by_name = {n.entry.name: n for n in report.nodes}
     assert by_name["k3"].kernel == [3] and by_name["k3"].pads == [1, 1]
-    assert by_name["grouped"].group == 2 and by_name["grouped"].entry.reason.value == "grouped"  # type: ignore[union-attr]
+    # Extended mode takes grouped convs too; this one's Transposes would stay.
+    assert by_name["grouped"].group == 2 and by_name["grouped"].entry.reason.value == "adds_transposes"  # type: ignore[union-attr]
     assert by_name["strided"].strides == [2]  # extended mode takes it; its Transposes would stay
     assert by_name["strided"].entry.reason.value == "adds_transposes"  # type: ignore[union-attr]
     assert by_name["dilated"].dilations == [2]
@@ -224,7 +225,7 @@ def test_nodes_show_their_attributes(tmp_path: Path) -> None:
 
 def test_an_op_convert_does_not_rewrite_still_shows_its_weight(tmp_path: Path) -> None:
     model = conv_model(spatial=1, bias=False)
-    model.graph.node[0].op_type = "FusedConv"
+    model.graph.node[0].op_type = "NhwcFusedConv"
     model.graph.node[0].domain = "com.microsoft"
     model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     onnx.save(model, tmp_path / "m.onnx")

@@ -81,6 +81,30 @@ class _Chain:
         kernel = (1,) * (self.rank - 2)
         return self.add("Conv", [self.current, self.weight((C, C, *kernel)), self.weight((C,))])
 
+    def grouped(self) -> str:
+        """A pointwise conv with 2 groups (extended mode converts it)."""
+        self.channels_first()
+        kernel = (1,) * (self.rank - 2)
+        return self.add("Conv", [self.current, self.weight((C, C // 2, *kernel)), self.weight((C,))], group=2)
+
+    def fused(self, activation: str | None, params: list[float] | None, z: bool) -> str:
+        """A com.microsoft FusedConv; with ``z`` its input Z is its input X too."""
+        self.channels_first()
+        h = self.current
+        kernel = (1,) * (self.rank - 2)
+        attrs: dict[str, object] = {}
+        if activation is not None:
+            attrs["activation"] = activation
+        if params is not None:
+            attrs["activation_params"] = params
+        inputs = [h, self.weight((C, C, *kernel)), self.weight((C,)), *([h] if z else [])]
+        name = f"fusedconv{len(self.nodes)}"
+        self.nodes.append(
+            helper.make_node("FusedConv", inputs, [name], name=name, domain="com.microsoft", **attrs)
+        )
+        self.current = name
+        return name
+
     def depthwise(self) -> str:
         self.channels_first()
         kernel = (3,) + (1,) * (self.rank - 3)
@@ -117,7 +141,9 @@ class _Chain:
             [helper.make_tensor_value_info(n, TensorProto.FLOAT, self._shape(lay)) for n, lay in outputs],
             self.inits,
         )
-        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        return helper.make_model(
+            graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+        )
 
     def feeds(self) -> list[dict[str, np.ndarray]]:
         out = []
@@ -404,7 +430,30 @@ def test_a_shared_transpose_also_read_by_a_conv_in_a_subgraph_stays() -> None:
 
 
 _STEPS = st.sampled_from(
-    ["pointwise", "depthwise", "transpose", "relu", "sigmoid", "residual", "fork", "tap", "tap"]
+    [
+        "pointwise",
+        "depthwise",
+        "transpose",
+        "relu",
+        "sigmoid",
+        "residual",
+        "fork",
+        "tap",
+        "tap",
+        "grouped",
+        "fused",
+    ]
+)
+# A FusedConv's activation: none, chain links (Relu, LeakyRelu, ...) and Clip, which ends a chain.
+_FUSED = st.sampled_from(
+    [
+        (None, None),
+        ("Relu", None),
+        ("Tanh", None),
+        ("LeakyRelu", [0.1]),
+        ("HardSigmoid", [0.2, 0.5]),
+        ("Clip", [-1.0, 1.0]),
+    ]
 )
 
 
@@ -419,6 +468,8 @@ def _chains(draw: st.DrawFn) -> _Chain:
             chain.transpose(draw(perms))
         elif step in ("relu", "sigmoid"):
             chain.unary(step.capitalize())
+        elif step == "fused":
+            chain.fused(*draw(_FUSED), z=draw(st.booleans()))
         else:
             getattr(chain, step)()
     # The end is a graph output: often right after a Transpose.

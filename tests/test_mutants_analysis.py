@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnx_ir as ir
+import pytest
 from onnx import TensorProto, helper
 
 from helpers import ALL, assert_equivalent, conv_model, op_types
@@ -173,4 +174,57 @@ def test_a_converted_weight_that_is_a_graph_output_stays_and_the_next_one_goes()
             "x2": rng.standard_normal((2, 4, 6)).astype(np.float32),
         }
     ]
+    assert_equivalent(model, rewritten, feeds)
+
+
+def test_skipped_entries_list_no_extra_ops_and_know_their_weight_bytes() -> None:
+    """A conv dropped for a shared weight lists no emitted ops; weight bytes are params x itemsize."""
+    model = conv_model(spatial=1, bias=False, name="pw", dtype=TensorProto.FLOAT16)
+    model.graph.node.append(helper.make_node("Relu", ["W"], ["r"], name="reader"))
+    model.graph.output.append(helper.make_tensor_value_info("r", TensorProto.FLOAT16, [5, 6, 1]))
+    _, report = convert(model, EXTENDED_ALL)
+    (entry,) = report.entries
+    assert (entry.reason, entry.extra_ops) == (SkipReason.WEIGHT_SHARED, [])
+    assert (entry.params, entry.weight_bytes) == (30, 60)
+    _, report = convert(conv_model(spatial=2, in_channels=3, out_channels=4), ALL)
+    (entry,) = report.entries
+    assert (entry.params, entry.weight_bytes) == (12, 48)
+
+
+def test_an_unnamed_conv_in_a_local_function_is_reported_without_a_name() -> None:
+    function = helper.make_function(
+        "local",
+        "PwConv",
+        ["x", "w"],
+        ["y"],
+        [helper.make_node("Conv", ["x", "w"], ["y"])],
+        opset_imports=[helper.make_opsetid("", 17)],
+    )
+    model = conv_model(spatial=1, bias=False)
+    model.graph.node[0].op_type = "PwConv"
+    model.graph.node[0].domain = "local"
+    model.functions.append(function)
+    model.opset_import.append(helper.make_opsetid("local", 1))
+    _, report = convert(model, ALL)
+    assert [(e.name, e.reason) for e in report.entries] == [("", SkipReason.IN_FUNCTION)]
+
+
+@pytest.mark.parametrize("source", ["constant", "initializer"])
+def test_every_dead_weight_is_counted(source: str) -> None:
+    """Two convs with their own weights: both old weights go, and the report counts both."""
+    model = conv_model(spatial=1, bias=False, name="a", weight_source=source)
+    rng = np.random.default_rng(5)
+    w2 = onnx.numpy_helper.from_array(rng.standard_normal((5, 5, 1)).astype(np.float32), "W2")
+    if source == "constant":
+        model.graph.node.append(helper.make_node("Constant", [], ["W2"], value=w2))
+    else:
+        model.graph.initializer.append(w2)
+    model.graph.node.append(helper.make_node("Conv", ["y", "W2"], ["z"], name="b"))
+    model.graph.output[0].CopyFrom(helper.make_tensor_value_info("z", TensorProto.FLOAT, ["N", 5, "o0"]))
+    rewritten, report = convert(model, ALL)
+    assert [e.status for e in report.entries] == [Status.CONVERTED] * 2
+    assert report.tensors_removed == 2
+    assert op_types(rewritten).count("Constant") == 0
+    rng = np.random.default_rng(6)
+    feeds = [{"x": rng.standard_normal((2, 6, t)).astype(np.float32)} for t in (3, 8)]
     assert_equivalent(model, rewritten, feeds)

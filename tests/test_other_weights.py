@@ -417,7 +417,7 @@ def test_cli_other_weights_reports_saved_bytes(tmp_path: Path) -> None:
     stored = {t["name"]: t for t in data["other_weights"]["stored"]}
     assert set(stored) == {"E", "W"}
     assert stored["E"]["saved_bytes"] == 500 * 64 * 3 - 500 * 4
-    assert data["options"]["other_weights"] == "int8"
+    assert data["options"]["quantize"]["other_weights"] == "int8"
     assert data["verification"]["passed"]
 
 

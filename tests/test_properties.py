@@ -3,7 +3,8 @@
 Exactness is checked in onnxruntime, against the original model and, for one conv,
 against the definition computed in float64 (which also covers what onnxruntime's Conv
 refuses to run: SAME auto_pad with a dilation). The graph is checked too: every conv
-becomes one MatMul whose input B is a 2-D initializer, one per weight.
+becomes one MatMul per group whose input B is a 2-D initializer, one per weight. Convs are
+grouped or not, and a com.microsoft FusedConv has any activation, with or without Z.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from helpers import (
     assert_matmul_weights_2d,
     conv_model,
     examples,
+    fused_conv_model,
     op_types,
     run,
 )
@@ -54,14 +56,20 @@ def conv_attrs(draw: st.DrawFn, spatial: int, *, same_with_dilation: bool = True
 
 
 @st.composite
-def conv_configs(draw: st.DrawFn) -> dict[str, object]:
+def conv_configs(draw: st.DrawFn, *, same_with_dilation: bool = True) -> dict[str, object]:
     spatial = draw(st.integers(1, 3))
+    group = draw(st.sampled_from([1, 1, 2, 3]))
+    if group == 1:
+        in_channels, out_channels = draw(st.integers(1, 9)), draw(st.integers(1, 9))
+    else:  # at least 2 input channels per group: 1 is a depthwise conv
+        in_channels, out_channels = group * draw(st.integers(2, 3)), group * draw(st.integers(1, 3))
     return {
         "spatial": spatial,
-        "in_channels": draw(st.integers(1, 9)),
-        "out_channels": draw(st.integers(1, 9)),
+        "in_channels": in_channels,
+        "out_channels": out_channels,
+        "group": group,
         "bias": draw(st.booleans()),
-        "attrs": draw(conv_attrs(spatial)),
+        "attrs": draw(conv_attrs(spatial, same_with_dilation=same_with_dilation)),
         "dtype": draw(DTYPES),
         "opset": draw(st.sampled_from([10, 11, 13, 17, 21])),
         "weight_source": draw(st.sampled_from(["initializer", "constant"])),
@@ -87,13 +95,25 @@ def _definition(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     constants = _constants(model)
     w = constants[node.input[1]].astype(np.float64)
+    group = int(attrs.get("group", 1))
     spatial = x.ndim - 2
     h = x.astype(np.float64)
     pads = list(attrs.get("pads", [0] * 2 * spatial))
     h = np.pad(h, [(0, 0), (0, 0), *zip(pads[:spatial], pads[spatial:], strict=True)])
     strides = list(attrs.get("strides", [1] * spatial))
     h = h[(slice(None), slice(None), *(slice(None, None, s) for s in strides))]
-    y = np.einsum("mc,nc...->nm...", w.reshape(w.shape[0], w.shape[1]), h)
+    rows, cols = w.shape[0] // group, w.shape[1]
+    y = np.concatenate(
+        [
+            np.einsum(
+                "mc,nc...->nm...",
+                w[i * rows : (i + 1) * rows].reshape(rows, cols),
+                h[:, i * cols : (i + 1) * cols],
+            )
+            for i in range(group)
+        ],
+        axis=1,
+    )
     if len(node.input) > 2:
         y += constants[node.input[2]].astype(np.float64).reshape(-1, *[1] * spatial)
     return y
@@ -108,7 +128,7 @@ def test_any_pointwise_conv_rewrites_exactly(config: dict[str, object], dims: li
     rewritten, report = convert(model, EVERYTHING)
     assert [e.status for e in report.entries] == [Status.CONVERTED]
     assert "Conv" not in op_types(rewritten)
-    assert_matmul_weights_2d(rewritten, 1)
+    assert_matmul_weights_2d(rewritten, config["group"])  # type: ignore[arg-type]
     np_type = NP_TYPES[config["dtype"]]  # type: ignore[index]
     spatial = config["spatial"]
     shape = (batch, config["in_channels"], *dims[:spatial])  # type: ignore[misc]
@@ -124,7 +144,61 @@ def test_any_pointwise_conv_rewrites_exactly(config: dict[str, object], dims: li
         event("SAME auto_pad with dilation: against the definition only")
     else:
         assert_close(run(model, {"x": x}), [actual], dtype=np_type)
-    event(f"{np_type.__name__}, {spatial} spatial")
+    event(f"{np_type.__name__}, {spatial} spatial, group {config['group']}")
+
+
+# (activation, activation_params) of a FusedConv: every one the rewrite expresses.
+FUSED_ACTIVATIONS = [
+    (None, None),
+    ("Relu", None),
+    ("Tanh", None),
+    ("Sigmoid", None),
+    ("LeakyRelu", [0.15]),
+    ("HardSigmoid", [0.25, 0.45]),
+    ("Clip", [-0.6, 0.9]),
+]
+
+
+def _output_dims(dims: list[int], attrs: dict[str, object]) -> list[int]:
+    """The spatial dims of a pointwise conv's output (every auto_pad pads nothing)."""
+    strides: list[int] = attrs.get("strides", [1] * len(dims))  # type: ignore[assignment]
+    pads: list[int] = attrs.get("pads", [0] * 2 * len(dims))  # type: ignore[assignment]
+    return [
+        (d + pads[i] + pads[i + len(dims)] - 1) // s + 1
+        for i, (d, s) in enumerate(zip(dims, strides, strict=True))
+    ]
+
+
+@settings(max_examples=examples(400))
+@given(
+    config=conv_configs(same_with_dilation=False),
+    activation=st.sampled_from(FUSED_ACTIVATIONS),
+    z=st.booleans(),
+    dims=st.lists(st.integers(1, 12), min_size=3, max_size=3),
+    batch=st.integers(1, 3),
+)
+def test_any_pointwise_fused_conv_rewrites_exactly(
+    config: dict[str, object],
+    activation: tuple[str | None, list[float] | None],
+    z: bool,
+    dims: list[int],
+    batch: int,
+) -> None:
+    """Against onnxruntime's own FusedConv: ``activation(conv + Z)``."""
+    model = fused_conv_model(activation=activation[0], params=activation[1], z=z, **config)
+    rewritten, report = convert(model, EVERYTHING)
+    assert [(e.op_type, e.status) for e in report.entries] == [("FusedConv", Status.CONVERTED)]
+    assert not {"Conv", "FusedConv"} & set(op_types(rewritten))
+    assert_matmul_weights_2d(rewritten, config["group"])  # type: ignore[arg-type]
+    np_type = NP_TYPES[config["dtype"]]  # type: ignore[index]
+    spatial: int = config["spatial"]  # type: ignore[assignment]
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((batch, config["in_channels"], *dims[:spatial])).astype(np_type)}  # type: ignore[misc]
+    if z:
+        out_dims = _output_dims(dims[:spatial], config["attrs"])  # type: ignore[arg-type]
+        feeds["z"] = rng.standard_normal((batch, config["out_channels"], *out_dims)).astype(np_type)  # type: ignore[misc]
+    assert_close(run(model, feeds), run(rewritten, feeds), dtype=np_type)
+    event(f"{np_type.__name__}, {activation[0]}, z {z}, group {config['group']}")
 
 
 class _Graph:

@@ -196,6 +196,26 @@ def test_quantize_auto_and_other_weights(files: dict[str, str], validator: Any, 
     assert (data["other_weights"] is not None) is ("--other-weights" in extra)
 
 
+def test_quantize_with_real_inputs_and_per_node_settings(files: dict[str, str], validator: Any) -> None:
+    import numpy as np
+
+    feed = Path(files["tmp"]) / "feed.npz"
+    np.savez(feed, x=np.ones((2, 64), np.float32))
+    settings = Path(files["tmp"]) / "settings.json"
+    settings.write_text(json.dumps({"config_version": 1, "nodes": {"mm": {"bits": 8, "symmetric": True}}}))
+    code, data = _run(
+        files, "quantize", "{mm}", "{out}", "--inputs", str(feed), "--config", str(settings), "-q"
+    )
+    assert code == 0
+    _validate(validator, data)
+    assert data["quantized"] == [{"node": "mm", "bits": 8, "block_size": 64, "symmetric": True}]
+    assert data["verification"]["input_files"] == [{"file": str(feed), "shapes": {"x": [2, 64]}}]
+    # The report's settings are a settings file, which the schema describes as well.
+    config_schema = {**json.loads(SCHEMA_PATH.read_text()), "$ref": "#/$defs/quantize_config"}
+    del config_schema["oneOf"]
+    jsonschema.Draft202012Validator(config_schema).validate(data["options"]["quantize"])
+
+
 # ---- bundle --------------------------------------------------------------------------------------
 
 

@@ -53,6 +53,15 @@ CASES = [
     ),
     ("1d-auto-pad-same-lower", 1, {"auto_pad": "SAME_LOWER", "strides": [3]}, EXTENDED, ["Slice"]),
     ("2d-auto-pad-same-unit", 2, {"auto_pad": "SAME_UPPER"}, EXTENDED, []),
+    # auto_pad with unit strides pads nothing for a kernel of 1: converted without extended mode.
+    ("1d-auto-pad-valid-default", 1, {"auto_pad": "VALID"}, ConvertOptions(allow_added_transposes=True), []),
+    (
+        "3d-auto-pad-same-lower-default",
+        3,
+        {"auto_pad": "SAME_LOWER"},
+        ConvertOptions(allow_added_transposes=True),
+        [],
+    ),
     ("1d-dilation", 1, {"dilations": [2]}, DILATED, []),
     ("2d-dilation-stride", 2, {"dilations": [3, 2], "strides": [2, 1]}, DILATED, ["Slice"]),
 ]

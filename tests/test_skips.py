@@ -15,7 +15,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from helpers import ALL, conv_model, gemm_model, op_types
+from helpers import ALL, conv_model, fused_conv_model, gemm_model, op_types
 from onnx_conv2matmul import ConvertOptions, SkipReason, Status, convert
 
 EXTENDED = ConvertOptions(allow_added_transposes=True, extended=True)
@@ -203,6 +203,44 @@ def _between(before: str | None, after: str | None, spatial: int = 1) -> onnx.Mo
     return model
 
 
+def _fused_conv(
+    *,
+    group: int = 1,
+    in_channels: int = 6,
+    out_channels: int = 6,
+    dtype: int = TensorProto.FLOAT,
+    opset: int = 17,
+    **fused: object,
+) -> onnx.ModelProto:
+    """A com.microsoft FusedConv: 2-D when grouped (``in_channels`` per group), else 1-D."""
+    return fused_conv_model(
+        spatial=2 if group > 1 else 1,
+        in_channels=in_channels * group,
+        out_channels=out_channels,
+        group=group,
+        dtype=dtype,
+        opset=opset,
+        **fused,  # type: ignore[arg-type]
+    )
+
+
+def _fused_conv_activation_not_a_string() -> onnx.ModelProto:
+    model = _fused_conv()
+    model.graph.node[-1].attribute.append(helper.make_attribute("activation", [1.0]))
+    return model
+
+
+def _grouped_input_declared(shape: list[int | str]) -> Callable[[], onnx.ModelProto]:
+    """A group-2 conv of weight [6, 3, 1] (6 input channels) whose input is declared ``shape``."""
+
+    def build() -> onnx.ModelProto:
+        model = conv_model(spatial=1, in_channels=3, out_channels=6, attrs={"group": 2})
+        model.graph.input[0].CopyFrom(helper.make_tensor_value_info("x", TensorProto.FLOAT, shape))
+        return model
+
+    return build
+
+
 def _gemm_weight(array: np.ndarray, **kwargs: object) -> onnx.ModelProto:
     """A Gemm without C whose weight B is ``array``."""
     model = gemm_model(c=None, **kwargs)  # type: ignore[arg-type]
@@ -300,7 +338,10 @@ def _gemm_c(shape: list[int | str], m: int | str = "M") -> onnx.ModelProto:
 EXAMPLES: dict[SkipReason, list[Example]] = {
     SkipReason.UNSUPPORTED_OP: [
         Example("conv-integer", _conv_integer),
-        Example("ms-fused-conv", lambda: _retyped("FusedConv", "com.microsoft"), detail="com.microsoft"),
+        Example(
+            "ms-nhwc-fused-conv", lambda: _retyped("NhwcFusedConv", "com.microsoft"), detail="com.microsoft"
+        ),
+        Example("fused-conv-default-domain", lambda: _retyped("FusedConv", ""), detail="ai.onnx::FusedConv"),
         Example("qlinear-conv-retyped", lambda: _retyped("QLinearConv", "")),
     ],
     SkipReason.WEIGHT_NOT_CONSTANT: [
@@ -337,15 +378,49 @@ EXAMPLES: dict[SkipReason, list[Example]] = {
             detail="group 2",
         ),
         Example(
-            "depthwise-1x1",
-            lambda: conv_model(spatial=2, in_channels=1, out_channels=6, attrs={"group": 6}),
-            detail="group 6",
-        ),
-        Example(
             "group3-3d",
             lambda: conv_model(spatial=3, in_channels=2, out_channels=6, attrs={"group": 3}),
             detail="group 3",
         ),
+        Example("fused-group2-2d", lambda: _fused_conv(group=2, activation="Relu"), detail="group 2"),
+    ],
+    SkipReason.DEPTHWISE: [
+        Example(
+            "depthwise-1x1",
+            lambda: conv_model(spatial=2, in_channels=1, out_channels=6, attrs={"group": 6}),
+            EXTENDED,
+            detail="group 6, one input channel per group",
+        ),
+        Example(
+            "depthwise-multiplier-1d",
+            lambda: conv_model(spatial=1, in_channels=1, out_channels=6, attrs={"group": 3}),
+            ConvertOptions(),
+            detail="group 3",
+        ),
+        Example(
+            "fused-depthwise-2d",
+            lambda: _fused_conv(group=6, in_channels=1, out_channels=6, activation="Relu"),
+            EXTENDED,
+        ),
+    ],
+    SkipReason.UNSUPPORTED_ACTIVATION: [
+        Example("unknown-name", lambda: _fused_conv(activation="Gelu"), detail="'Gelu' is not one of"),
+        Example("empty-name", lambda: _fused_conv(activation=""), detail="activation ''"),
+        Example(
+            "leaky-relu-without-alpha",
+            lambda: _fused_conv(activation="LeakyRelu"),
+            detail="LeakyRelu takes 1 activation_params, node has 0",
+        ),
+        Example(
+            "clip-one-bound",
+            lambda: _fused_conv(activation="Clip", params=[0.0]),
+            detail="Clip takes 2 activation_params, node has 1",
+        ),
+        Example("relu-with-params", lambda: _fused_conv(activation="Relu", params=[1.0]), detail="takes 0"),
+        Example(
+            "hard-sigmoid-3-params", lambda: _fused_conv(activation="HardSigmoid", params=[0.2, 0.5, 1.0])
+        ),
+        Example("activation-as-floats", _fused_conv_activation_not_a_string, detail="of type FLOATS"),
     ],
     SkipReason.UNSUPPORTED_DTYPE: [
         Example("int8", lambda: _with_weight(conv_model(spatial=1), _weight(conv_model()).astype(np.int8))),
@@ -354,6 +429,11 @@ EXAMPLES: dict[SkipReason, list[Example]] = {
             "uint8-2d",
             lambda: _with_weight(conv_model(spatial=2), np.ones((5, 6, 1, 1), np.uint8)),
             detail="UINT8",
+        ),
+        Example(
+            "fused-double",
+            lambda: _fused_conv(activation="Relu", dtype=TensorProto.DOUBLE),
+            detail="FusedConv for FLOAT and FLOAT16 only",
         ),
         Example("gemm-int32", lambda: _gemm_weight(np.ones((5, 6), np.int32)), detail="INT32"),
         Example("gemm-int64", lambda: _gemm_weight(np.ones((6, 5), np.int64), trans_b=False), detail="INT64"),
@@ -386,6 +466,24 @@ EXAMPLES: dict[SkipReason, list[Example]] = {
             _input_declared(["N", 6, "T"], TensorProto.FLOAT16),
             detail="input type FLOAT16 != weight type FLOAT",
         ),
+        Example(
+            "group-not-dividing-outputs",
+            lambda: conv_model(spatial=1, in_channels=3, out_channels=5, attrs={"group": 2}),
+            EXTENDED,
+            detail="group 2 for 5 output channels",
+        ),
+        Example("group-0", lambda: conv_model(spatial=1, attrs={"group": 0}), detail="group 0"),
+        Example(
+            "grouped-input-channels",
+            _grouped_input_declared(["N", 3, "T"]),
+            EXTENDED,
+            detail="input channels 3 != 6",
+        ),
+        Example(
+            "fused-z-type",
+            lambda: _fused_conv(activation="Relu", z_type=TensorProto.FLOAT16),
+            detail="input Z type FLOAT16 != weight type FLOAT",
+        ),
         # A Gemm's operands contradict its weight B [5, 6] (transB=1: K 6, N 5).
         Example("gemm-weight-rank", lambda: _gemm_weight(np.ones((5, 6, 1), np.float32)), detail="is 2-D"),
         Example("gemm-input-rank", lambda: _gemm_input_declared(["N", "T", 6]), detail="input rank 3"),
@@ -405,8 +503,15 @@ EXAMPLES: dict[SkipReason, list[Example]] = {
     SkipReason.NEEDS_EXTENDED_MODE: [
         Example("strides", lambda: conv_model(spatial=1, attrs={"strides": [2]}), detail="strides [2]"),
         Example("pads", lambda: conv_model(spatial=1, attrs={"pads": [1, 0]})),
-        Example("valid", lambda: conv_model(spatial=1, attrs={"auto_pad": "VALID"})),
-        Example("same-upper-2d", lambda: conv_model(spatial=2, attrs={"auto_pad": "SAME_UPPER"})),
+        Example(
+            "valid-strided",
+            lambda: conv_model(spatial=1, attrs={"auto_pad": "VALID", "strides": [2]}),
+            detail="strides [2], auto_pad VALID",
+        ),
+        Example(
+            "same-upper-2d-strided",
+            lambda: conv_model(spatial=2, attrs={"auto_pad": "SAME_UPPER", "strides": [1, 2]}),
+        ),
     ],
     SkipReason.DILATION_NEEDS_OPT_IN: [
         Example("1d", lambda: conv_model(spatial=1, attrs={"dilations": [2]}), EXTENDED),
@@ -435,6 +540,9 @@ EXAMPLES: dict[SkipReason, list[Example]] = {
         Example("strides-opset-9", lambda: conv_model(spatial=1, attrs={"strides": [2]}, opset=9), EXTENDED),
         Example("pads-opset-1", lambda: conv_model(spatial=1, attrs={"pads": [1, 1]}, opset=1), EXTENDED),
         Example("bfloat16-opset-12", lambda: _bfloat16(12), detail="bfloat16"),
+        Example(
+            "fused-relu-opset-5", lambda: _fused_conv(activation="Relu", opset=5), detail="Relu needs opset 6"
+        ),
         Example("no-default-opset", _no_default_opset, detail="no default-domain opset"),
         Example("ir-3-1d", lambda: _ir_version_3(1, bias=False), detail="IR version 3"),
         Example("ir-3-2d-bias", lambda: _ir_version_3(2, bias=True), detail="IR version 3"),

@@ -20,6 +20,11 @@ Transposes. The composed Transpose then goes too:
 functions, how many Transposes one conversion adds to the model (negative when it
 removes some), so the analysis can leave alone a conv whose conversion would add
 layout changes. A chain between two converted convs is counted once, by the later one.
+
+A converted ``FusedConv`` has its activation (and the Add of its input Z) after its
+Transpose out, as a Conv's activation is in a model (``_fused.after_transpose_out``). The
+prediction takes that into account: an activation that is a chain link is part of the
+chain below the conv's Transpose out; a Clip or an Add ends that chain there.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ import functools
 from collections.abc import Collection
 
 import onnx_ir as ir
+
+from onnx_conv2matmul._fused import after_transpose_out
 
 # Ops that act on each element alone: ``op(Transpose(x)) == Transpose(op(x))``.
 ELEMENTWISE_UNARY = frozenset(
@@ -139,6 +146,8 @@ def walk_up(
         if producer is None or producer.graph is not graph:
             break
         if id(producer) in converted:
+            if _ends_chain(producer):
+                break
             links.append(Link(producer, channels_last_perms(rank)[1], True))
             return links[::-1], None
         link = as_link(producer, rank, ours)
@@ -170,6 +179,12 @@ def walk_down(
         links.append(link)
         value = consumer.outputs[0]
     return links
+
+
+def _ends_chain(node: ir.Node) -> bool:
+    """A converted ``node`` whose rewrite puts an op that is no chain link (a Clip, an Add)
+    after its Transpose out: no chain goes past it."""
+    return any(op not in ELEMENTWISE_UNARY for op in after_transpose_out(node))
 
 
 def chain_perm(links: list[Link]) -> list[int]:
@@ -210,7 +225,8 @@ def above(
     if producer is None or producer.graph is not graph:
         return None
     if id(producer) in converted:
-        return producer, channels_last_perms(rank)[1]
+        # Not when ops come after its Transpose out: they produce ``start``.
+        return None if after_transpose_out(producer) else (producer, channels_last_perms(rank)[1])
     link = as_link(producer, rank, ours)
     if link is None or link.perm is None:
         return None
@@ -258,6 +274,8 @@ def _input_side(node: ir.Node, rank: int, converted: set[int]) -> int:
 
 
 def _output_side(node: ir.Node, rank: int, converted: set[int]) -> int:
+    if _ends_chain(node):
+        return 1  # its Transpose out stays, alone in its chain
     downs = walk_down(node.outputs[0], node.graph, rank, converted, ())
     if downs and downs[-1].ours:
         return 0  # a chain to another converted conv: counted by that conv's input side

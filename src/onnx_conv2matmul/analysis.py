@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import onnx_ir as ir
 
+from onnx_conv2matmul import _fused
 from onnx_conv2matmul._graphs import default_opset, walk_graphs
 from onnx_conv2matmul._layout import added_transposes
 from onnx_conv2matmul.options import ConvertOptions
@@ -21,7 +22,7 @@ from onnx_conv2matmul.report import ConvEntry, Status
 if TYPE_CHECKING:
     from onnx_conv2matmul.gemm import GemmPlan
 
-# Op types reported as convolutions even though they are never rewritten.
+# Op types reported as convolutions; of these only com.microsoft FusedConv is rewritten.
 _OTHER_CONV_OPS = frozenset(
     {"ConvInteger", "QLinearConv", "FusedConv", "NhwcConv", "NhwcFusedConv", "QLinearConvTranspose"}
 )
@@ -53,6 +54,12 @@ class Plan:
     pads_end: list[int]
     strides: list[int]
     opset: int
+    group: int = 1
+    """Groups of channels, each with its own MatMul (extended mode)."""
+    activation: _fused.Activation | None = None
+    """A FusedConv's activation, emitted as its standard op after the conv."""
+    sum_input: ir.Value | None = None
+    """A FusedConv's input Z, added before the activation."""
 
 
 class _Skip(Exception):
@@ -124,7 +131,7 @@ def _settle(plans: list[Plan | GemmPlan], options: ConvertOptions) -> list[Plan 
     weight shared with a conv that stays, so this runs until nothing changes. Every round
     but the last drops at least one plan, so there are at most ``len(plans) + 1`` rounds.
     """
-    for _ in range(len(plans) + 1):
+    for _ in range(len(plans) + 1):  # pragma: no mutate (equivalent: any larger bound)
         plans = _drop_shared_with_unconverted(plans)
         if options.allow_added_transposes:
             return plans
@@ -132,7 +139,7 @@ def _settle(plans: list[Plan | GemmPlan], options: ConvertOptions) -> list[Plan 
         if len(kept) == len(plans):
             return kept
         plans = kept
-    raise AssertionError("the plans kept changing after every conv was dropped")
+    raise AssertionError("the plans kept changing after every conv was dropped")  # pragma: no mutate
 
 
 def _drop_adding_transposes(plans: list[Plan | GemmPlan]) -> list[Plan | GemmPlan]:
@@ -260,13 +267,14 @@ def _plan(
     opset: int | None,
     options: ConvertOptions,
 ) -> Plan:
-    if node.op_type != "Conv" or node.domain not in ("", "ai.onnx"):
+    fused = _fused.is_fused_conv(node)
+    if (node.op_type != "Conv" or node.domain not in ("", "ai.onnx")) and not fused:
         domain = node.domain or "ai.onnx"
         raise _Skip(SkipReason.UNSUPPORTED_OP, f"{domain}::{node.op_type} is not rewritten")
     if opset is None:
         raise _Skip(SkipReason.OPSET_UNSUPPORTED, "model imports no default-domain opset")
     if len(node.inputs) < 2 or node.inputs[1] is None or node.inputs[0] is None:
-        raise _Skip(SkipReason.INVALID_ATTRIBUTES, "Conv without input or weight")
+        raise _Skip(SkipReason.INVALID_ATTRIBUTES, f"{node.op_type} without input or weight")
     weight = node.inputs[1]
     if weight.is_graph_input() and not weight.is_initializer():
         raise _Skip(SkipReason.WEIGHT_NOT_CONSTANT, f"weight {weight.name!r} is a graph input")
@@ -284,12 +292,25 @@ def _plan(
         raise _Skip(SkipReason.UNSUPPORTED_RANK, f"weight shape {shape}")
     if tensor.dtype not in _FLOAT_TYPES:
         raise _Skip(SkipReason.UNSUPPORTED_DTYPE, f"weight type {tensor.dtype.name}")
+    if fused and tensor.dtype not in _fused.DTYPES:
+        raise _Skip(
+            SkipReason.UNSUPPORTED_DTYPE,
+            f"weight type {tensor.dtype.name}: onnxruntime implements FusedConv for FLOAT and FLOAT16 only",
+        )
     kernel = shape[2:]
     if any(k != 1 for k in kernel):
         raise _Skip(SkipReason.KERNEL_NOT_POINTWISE, f"kernel {kernel}")
     group = node.attributes.get_int("group", 1)
-    if group != 1:
+    if group < 1 or shape[0] % group:
+        raise _Skip(SkipReason.INVALID_ATTRIBUTES, f"group {group} for {shape[0]} output channels")
+    if group != 1 and shape[1] == 1:
+        raise _Skip(SkipReason.DEPTHWISE, f"group {group}, one input channel per group")
+    if group != 1 and not options.extended:
         raise _Skip(SkipReason.GROUPED, f"group {group}")
+    activation, unsupported = _fused.activation(node) if fused else (None, None)
+    if unsupported is not None:
+        raise _Skip(SkipReason.UNSUPPORTED_ACTIVATION, unsupported)
+    sum_input = _fused.sum_input(node) if fused else None
     if weight.is_graph_input():
         raise _Skip(
             SkipReason.WEIGHT_OVERRIDABLE,
@@ -314,7 +335,12 @@ def _plan(
         raise _Skip(SkipReason.INVALID_ATTRIBUTES, f"auto_pad {auto_pad!r}")
     if auto_pad != "NOTSET" and "pads" in node.attributes:
         raise _Skip(SkipReason.INVALID_ATTRIBUTES, f"auto_pad {auto_pad} together with pads")
-    _check_shapes(node, shape, tensor.dtype)
+    _check_shapes(node, shape, tensor.dtype, group)
+    if sum_input is not None and sum_input.dtype is not None and sum_input.dtype != tensor.dtype:
+        raise _Skip(
+            SkipReason.INVALID_ATTRIBUTES,
+            f"input Z type {sum_input.dtype.name} != weight type {tensor.dtype.name}",
+        )
 
     if tensor.dtype == ir.DataType.BFLOAT16 and opset < MIN_OPSET_BFLOAT16_MATMUL:
         raise _Skip(SkipReason.OPSET_UNSUPPORTED, f"bfloat16 MatMul needs opset 13, model has {opset}")
@@ -324,7 +350,9 @@ def _plan(
         extended.append(f"strides {strides}")
     if any(p != 0 for p in pads):
         extended.append(f"pads {pads}")
-    if auto_pad != "NOTSET":
+    # For a kernel of 1, auto_pad pads nothing (see below): with unit strides the rewrite emits
+    # exactly what it emits without auto_pad, so only strides make it need extended mode.
+    if auto_pad != "NOTSET" and extended:
         extended.append(f"auto_pad {auto_pad}")
     if extended and not options.extended:
         raise _Skip(SkipReason.NEEDS_EXTENDED_MODE, ", ".join(extended))
@@ -348,8 +376,17 @@ def _plan(
             SkipReason.OPSET_UNSUPPORTED,
             f"Slice with steps needs opset {MIN_OPSET_SLICE_STEPS}, model has {opset}",
         )
-    entry.detail = ", ".join(extended + ([f"dilations {dilations}"] if max_dilation > 1 else []))
-    owner = constant_node.graph if constant_node is not None else weight.graph
+    if activation is not None and opset < _fused.MIN_OPSET_ACTIVATION:
+        raise _Skip(
+            SkipReason.OPSET_UNSUPPORTED,
+            f"{activation.op_type} needs opset {_fused.MIN_OPSET_ACTIVATION}, model has {opset}",
+        )
+    notes = extended + ([f"group {group}"] if group > 1 else [])
+    notes += [f"dilations {dilations}"] if max_dilation > 1 else []
+    notes += [f"activation {activation}"] if activation is not None else []
+    notes += ["input Z"] if sum_input is not None else []
+    entry.detail = ", ".join(notes)
+    owner = weight.graph  # a Constant's output belongs to the Constant's graph
     assert owner is not None
     bias = node.inputs[2] if len(node.inputs) > 2 else None
     return Plan(
@@ -366,12 +403,15 @@ def _plan(
         pads_end=pads_end,
         strides=strides,
         opset=opset,
+        group=group,
+        activation=activation,
+        sum_input=sum_input,
     )
 
 
-def _check_shapes(node: ir.Node, weight_shape: list[int], weight_dtype: ir.DataType) -> None:
+def _check_shapes(node: ir.Node, weight_shape: list[int], weight_dtype: ir.DataType, group: int) -> None:
     """Reject nodes whose input type, input shape or bias shape contradict the weight."""
-    out_channels, in_channels = weight_shape[0], weight_shape[1]
+    out_channels, in_channels = weight_shape[0], weight_shape[1] * group
     x = node.inputs[0]
     if x is not None and x.dtype is not None and x.dtype != weight_dtype:
         raise _Skip(

@@ -48,9 +48,14 @@ import onnx_ir as ir
 from onnx_conv2matmul import other_weights
 from onnx_conv2matmul._graphs import is_external
 from onnx_conv2matmul.errors import TargetUnreachable
-from onnx_conv2matmul.quantize import NBitsResult, QuantizeOptions, _constant_2d_weight, quantize_matmul_nbits
+from onnx_conv2matmul.quantize import (
+    NBitsResult,
+    NodeSetting,
+    QuantizeOptions,
+    _constant_2d_weight,
+    quantize_matmul_nbits,
+)
 
-CONFIG_VERSION = 1
 DEFAULT_MAX_EVALUATIONS = 8
 
 
@@ -73,12 +78,9 @@ class Setting:
             return {"bits": None}
         return {"bits": self.bits, "block_size": self.block_size, "symmetric": self.symmetric}
 
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Setting:
-        bits = data.get("bits")
-        if bits is None:
-            return FLOAT
-        return cls(int(bits), int(data.get("block_size", 64)), bool(data.get("symmetric", False)))
+    def node_setting(self) -> NodeSetting:
+        """The same as a per-node setting of :class:`QuantizeOptions`."""
+        return NodeSetting(self.bits, self.block_size, self.symmetric)
 
 
 FLOAT = Setting(None)
@@ -132,47 +134,27 @@ class AutoOptions:
 class AutoConfig:
     """A chosen configuration: a setting per MatMul (by name) and the other weights' storage.
 
-    :meth:`to_config` gives the JSON a ``--config`` file holds; :func:`apply` replays it.
+    :meth:`quantize_options` gives the equivalent options and :meth:`to_config` the settings
+    file ``quantize --config`` reads; :func:`apply` quantizes a model with them.
     """
 
     nodes: dict[str, Setting]
     other_weights: bool = False
     accuracy_level: int = 0
 
+    def quantize_options(self) -> QuantizeOptions:
+        """The equivalent options: every candidate node named in ``nodes`` (which overrides
+        the other settings), every other MatMul excluded, so it stays in float."""
+        return QuantizeOptions(
+            accuracy_level=self.accuracy_level,
+            exclude=("*",),
+            nodes={name: setting.node_setting() for name, setting in sorted(self.nodes.items())},
+            other_weights="int8" if self.other_weights else "keep",
+        )
+
     def to_config(self) -> dict[str, Any]:
-        """The equivalent options, as a settings file holds them.
-
-        Every candidate node is listed in ``nodes`` (which overrides the other keys), and
-        ``exclude: ["*"]`` keeps every other MatMul in float, as the search did.
-        """
-        return {
-            "config_version": CONFIG_VERSION,
-            "bits": 4,
-            "block_size": 64,
-            "symmetric": False,
-            "accuracy_level": self.accuracy_level,
-            "algorithm": "default",
-            "bits_for": [],
-            "exclude": ["*"],
-            "include": [],
-            "nodes": {name: setting.to_dict() for name, setting in sorted(self.nodes.items())},
-            "other_weights": "int8" if self.other_weights else "keep",
-        }
-
-    @classmethod
-    def from_config(cls, data: Mapping[str, Any]) -> AutoConfig:
-        """Read back :meth:`to_config`'s output (its ``nodes``, ``other_weights`` and accuracy level).
-
-        Raises:
-            ValueError: another version, or settings that are not a search's (defaults that
-                quantize nodes the config does not list).
-        """
-        if data.get("config_version") != CONFIG_VERSION:
-            raise ValueError(f"unsupported config_version {data.get('config_version')!r}")
-        if list(data.get("exclude", [])) != ["*"] or data.get("bits_for") or data.get("include"):
-            raise ValueError("not a search's configuration: it must list every node and exclude the rest")
-        nodes = {str(name): Setting.from_dict(s) for name, s in dict(data.get("nodes", {})).items()}
-        return cls(nodes, data.get("other_weights") == "int8", int(data.get("accuracy_level", 0)))
+        """The equivalent options as a settings file holds them (``quantize --config``)."""
+        return self.quantize_options().to_config()
 
     def counts(self) -> dict[str, int]:
         """How many nodes take each setting, by label."""
@@ -255,44 +237,20 @@ class AutoResult:
 
 
 def apply(model: ir.Model, config: AutoConfig) -> tuple[NBitsResult, other_weights.OtherWeightsResult | None]:
-    """Quantize ``model`` in place as ``config`` says; the MatMulNBits totals and the other weights' result.
+    """Quantize ``model`` in place as ``config`` says, as ``quantize`` does with its options.
 
-    Nodes of one setting are quantized in one pass; MatMuls the config does not list stay float.
+    Returns the MatMulNBits totals and, when the other weights are stored as int8, their result.
     """
-    total = NBitsResult()
-    groups: dict[Setting, list[str]] = {}
-    for name, setting in config.nodes.items():
-        if setting.bits is not None:
-            groups.setdefault(setting, []).append(name)
-    for setting in sorted(groups, key=_setting_key):
-        options = QuantizeOptions(
-            bits=setting.bits or 4,
-            block_size=setting.block_size,
-            symmetric=setting.symmetric,
-            accuracy_level=config.accuracy_level,
-            include=tuple(_glob_escape(name) for name in sorted(groups[setting])),
-        )
-        result = quantize_matmul_nbits(model, options)
-        total.quantized += result.quantized
-    total.matmuls = sum(1 for g, _ in _graphs(model) for n in g if n.op_type in ("MatMul", "MatMulNBits"))
-    total.excluded = sorted(name for name, setting in config.nodes.items() if setting.bits is None)
-    others = other_weights.quantize_other_weights(model) if config.other_weights else None
-    return total, others
+    options = config.quantize_options()
+    result = quantize_matmul_nbits(model, options)
+    others = other_weights.quantize_other_weights(model) if options.other_weights == "int8" else None
+    return result, others
 
 
 def _graphs(model: ir.Model) -> list[tuple[ir.Graph, str]]:
     from onnx_conv2matmul._graphs import walk_graphs
 
     return list(walk_graphs(model.graph))
-
-
-def _setting_key(setting: Setting) -> tuple[int, int, bool]:
-    return (setting.bits or 0, setting.block_size, setting.symmetric)
-
-
-def _glob_escape(name: str) -> str:
-    """A glob pattern that matches ``name`` only."""
-    return "".join(f"[{c}]" if c in "*?[" else c for c in name)
 
 
 # --------------------------------------------------------------------------- #

@@ -14,6 +14,7 @@ import click
 
 from onnx_conv2matmul import _entry, _io, api
 from onnx_conv2matmul._version import __version__
+from onnx_conv2matmul._weight_only import ALGORITHMS
 from onnx_conv2matmul.errors import Conv2MatMulError, ExitCode, Hint, InputError, exit_code_for
 from onnx_conv2matmul.options import ConvertOptions
 from onnx_conv2matmul.report import CommandReport, ErrorReport, VerifyCommandReport
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from onnx_conv2matmul.auto import AutoOptions
-    from onnx_conv2matmul.quantize import QuantizeOptions
+    from onnx_conv2matmul.quantize import QuantizeOptions as QuantizeOptionsType
     from onnx_conv2matmul.report import QuantizeReport
 
 PROGRESS_MIN_BYTES = 100 * 2**20
@@ -46,6 +47,7 @@ _HINTS: dict[Hint, tuple[str, str]] = {
     Hint.VERIFY_INPUTS: ("verify_inputs", "--verify-input, --verify-dim, --verify-lengths"),
     Hint.NOT_INT8_DYNAMIC: ("int8_dynamic", "without --int8-dynamic, the default MatMulNBits mode takes it"),
     Hint.KEPT_PATH: ("keep_on_failure", "--keep-on-failure moves a failed output there"),
+    Hint.CALIBRATION_INPUTS: ("inputs", "--inputs FILE.npz gives them"),
 }
 
 
@@ -439,7 +441,7 @@ _REWRITE_OPTIONS = [
         "--extended-conv1x1",
         "extended",
         is_flag=True,
-        help="Also rewrite convs with pads, strides > 1 or auto_pad (emits Pad/Slice).",
+        help="Also rewrite convs with pads or strides > 1 (emits Pad/Slice), and grouped convs.",
     ),
     click.option("--allow-non-unit-dilation", is_flag=True, help="Also rewrite convs with dilations > 1."),
     click.option(
@@ -502,19 +504,42 @@ def _build_rewrite_options(kwargs: dict[str, Any]) -> ConvertOptions:
     )
 
 
-def _build_verify_options(kwargs: dict[str, Any], min_cosine: float | None = None) -> VerifyOptions:
+_inputs_option = click.option(
+    "--inputs",
+    "inputs",
+    multiple=True,
+    metavar="FILE.npz",
+    type=click.Path(),
+    help=(
+        "Real inputs instead of synthesised ones: an .npz file whose keys are the model's input"
+        " names (one run per file), or a directory of .npz files. Repeatable."
+    ),
+)
+
+
+def _build_verify_options(
+    kwargs: dict[str, Any], min_cosine: float | None = None, inputs: tuple[str, ...] = ()
+) -> VerifyOptions:
     indices: tuple[int, ...] | None = None
     picked = [kwargs["verify_output_index"], kwargs["verify_length_output_index"]]
     if any(i is not None for i in picked):
         indices = tuple(i for i in picked if i is not None)
+    feeds = None
+    if inputs:
+        from onnx_conv2matmul.verify import load_inputs
+
+        feeds = tuple(load_inputs(inputs))
     try:
-        return _verify_options_from(kwargs, indices, min_cosine)
+        return _verify_options_from(kwargs, indices, min_cosine, feeds)
     except ValueError as err:
         raise InputError(str(err)) from err
 
 
 def _verify_options_from(
-    kwargs: dict[str, Any], indices: tuple[int, ...] | None, min_cosine: float | None
+    kwargs: dict[str, Any],
+    indices: tuple[int, ...] | None,
+    min_cosine: float | None,
+    feeds: tuple[Any, ...] | None = None,
 ) -> VerifyOptions:
     return VerifyOptions(
         lengths=kwargs["verify_lengths"],
@@ -529,6 +554,7 @@ def _verify_options_from(
         inputs=_parse_pairs(kwargs["verify_inputs"], "--verify-input", float),
         dims=_parse_pairs(kwargs["verify_dims"], "--verify-dim", int),
         deterministic=kwargs["verify_deterministic_cpu"],
+        feeds=feeds,
     )
 
 
@@ -604,6 +630,7 @@ def convert_command(
 @main.command("verify")
 @click.argument("original", type=click.Path())
 @click.argument("candidate", type=click.Path())
+@_inputs_option
 @verify_options
 @click.option("--cosine", is_flag=True, help="Also print the cosine similarity per output.")
 @click.option(
@@ -623,6 +650,7 @@ def convert_command(
 def verify_command(
     original: str,
     candidate: str,
+    inputs: tuple[str, ...],
     cosine: bool,
     min_cosine: float | None,
     report_json: str | None,
@@ -636,9 +664,9 @@ def verify_command(
         console = _stderr_console(quiet)
         from onnx_conv2matmul import render
 
-        options = _build_verify_options(verify_kwargs, min_cosine)
         for path in (original, candidate):
             _io.check_input_path(path)
+        options = _build_verify_options(verify_kwargs, min_cosine, inputs)
         if report_json is not None:
             api.check_report_path(report_json, inputs=[original, candidate], outputs=[])
         _OUTCOME.watch(report_json)
@@ -677,9 +705,37 @@ def verify_command(
     help="Quantize only MatMul nodes whose name matches a glob. Repeatable.",
 )
 @click.option(
+    "--bits-for",
+    "bits_for",
+    multiple=True,
+    metavar="PATTERN=BITS",
+    help="4 or 8 bits for MatMul nodes whose name matches the glob; a later one wins. Repeatable.",
+)
+@click.option(
+    "--algorithm",
+    type=click.Choice(ALGORITHMS),
+    default="default",
+    show_default=True,
+    help=(
+        "onnxruntime's weight-only algorithm: default (round-to-nearest), k_quant, gptq (calibrated"
+        " on --inputs) or hqq (needs torch)."
+    ),
+)
+@click.option(
+    "--config",
+    "config",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help=(
+        "Quantization settings from a JSON file (as in the report's options.quantize); options"
+        " given on the command line override the file's."
+    ),
+)
+@_inputs_option
+@click.option(
     "--strict-conv1x1",
     is_flag=True,
-    help="Rewrite only unit-stride, unpadded convs (extended mode is on by default here).",
+    help="Rewrite only unit-stride, unpadded, ungrouped convs (extended mode is on by default here).",
 )
 @click.option("--no-dilation", is_flag=True, help="Do not rewrite convs with dilation > 1.")
 @click.option("--max-dilation", type=click.IntRange(min=1), default=None)
@@ -737,6 +793,10 @@ def quantize_command(
     accuracy_level: int,
     exclude: tuple[str, ...],
     include: tuple[str, ...],
+    bits_for: tuple[str, ...],
+    algorithm: str,
+    config: str | None,
+    inputs: tuple[str, ...],
     strict_conv1x1: bool,
     no_dilation: bool,
     max_dilation: int | None,
@@ -762,20 +822,24 @@ def quantize_command(
     _OUTCOME.start(report_json_stdout, input_path)
     with _errors():
         from onnx_conv2matmul.pipeline import quantize_file
-        from onnx_conv2matmul.quantize import QuantizeOptions
 
         console = _stderr_console(quiet)
         from onnx_conv2matmul import render
 
+        given = {
+            "bits": int(bits),
+            "block_size": block_size,
+            "symmetric": symmetric,
+            "accuracy_level": accuracy_level,
+            "exclude": exclude,
+            "include": include,
+            "bits_for": _parse_bits_for(bits_for),
+            "algorithm": algorithm,
+        }
+        if other_weights is not None:
+            given["other_weights"] = other_weights
+        q_options = _quantize_options(given, config)
         try:
-            q_options = QuantizeOptions(
-                bits=int(bits),
-                block_size=block_size,
-                symmetric=symmetric,
-                accuracy_level=accuracy_level,
-                exclude=exclude,
-                include=include,
-            )
             c_options = ConvertOptions(
                 extended=not strict_conv1x1,
                 allow_non_unit_dilation=not no_dilation,
@@ -786,9 +850,10 @@ def quantize_command(
         except ValueError as err:
             raise InputError(str(err)) from err
         auto_options = _auto_options(
-            auto, min_cosine, max_evaluations, other_weights, save_config, int8_dynamic, q_options
+            auto, min_cosine, max_evaluations, other_weights, save_config, int8_dynamic, q_options, config
         )
-        v_options = _build_verify_options(verify_kwargs, min_cosine)
+        _io.check_input_path(input_path)
+        v_options = _build_verify_options(verify_kwargs, min_cosine, inputs)
         for path in (report_json, save_config):
             if path is not None:
                 api.check_report_path(path, inputs=[input_path], outputs=[output_path])
@@ -802,7 +867,6 @@ def quantize_command(
             verify=v_options,
             run_checker=not skip_checker,
             progress=_progress(console, input_path, quiet) if os.path.isfile(input_path) else None,
-            other_weights=other_weights == "int8",
             auto=auto_options,
         )
         render.print_quantize_report(console, report)
@@ -812,6 +876,42 @@ def quantize_command(
     sys.exit(report.return_code)
 
 
+def _parse_bits_for(values: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
+    pairs = []
+    for item in values:
+        pattern, sep, raw = item.rpartition("=")
+        if not sep or not pattern or raw not in ("4", "8"):
+            raise click.BadParameter(
+                f"expected PATTERN=4 or PATTERN=8, got {item!r}", param_hint="--bits-for"
+            )
+        pairs.append((pattern, int(raw)))
+    return tuple(pairs)
+
+
+def _quantize_options(given: dict[str, Any], config: str | None) -> QuantizeOptionsType:
+    """The settings file's options, overridden by those given on the command line.
+
+    Without a file, the command line's (defaults included). With one, an option takes the
+    command line's value only when given there; a repeatable option given there replaces
+    the file's whole list.
+    """
+    from click.core import ParameterSource
+
+    from onnx_conv2matmul.quantize import QuantizeOptions, load_config
+
+    fields = dict(given)
+    if config is not None:
+        ctx = click.get_current_context()
+        fields = load_config(config)
+        for name, value in given.items():
+            if name not in fields or ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE:
+                fields[name] = value
+    try:
+        return QuantizeOptions(**fields)
+    except ValueError as err:
+        raise InputError(str(err)) from err
+
+
 def _auto_options(
     auto: bool,
     min_cosine: float | None,
@@ -819,9 +919,10 @@ def _auto_options(
     other_weights: str | None,
     save_config: str | None,
     int8_dynamic: bool,
-    q_options: QuantizeOptions,
+    q_options: QuantizeOptionsType,
+    config: str | None,
 ) -> AutoOptions | None:
-    """The search's options, or None without --auto (refusing options that need it)."""
+    """The search's options, or None without --auto (refusing options that need it or clash)."""
     if not auto:
         if save_config is not None:
             raise click.UsageError("--save-config needs --auto")
@@ -830,6 +931,19 @@ def _auto_options(
         raise click.UsageError("--auto needs --min-cosine")
     if int8_dynamic:
         raise click.UsageError("--auto chooses MatMulNBits settings: it does not combine with --int8-dynamic")
+    clashes = [
+        name
+        for name, given in (
+            ("--config", config is not None),
+            ("--bits-for", bool(q_options.bits_for)),
+            ("--algorithm", q_options.algorithm != "default"),
+        )
+        if given
+    ]
+    if clashes:
+        raise click.UsageError(
+            f"--auto chooses every node's setting (round-to-nearest): it does not combine with {clashes[0]}"
+        )
     from onnx_conv2matmul.auto import AutoOptions
 
     return AutoOptions(
@@ -898,8 +1012,17 @@ def inspect_command(
 
 @main.command("bundle")
 @click.argument("directory", type=click.Path())
+@click.option(
+    "--manifest",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help=(
+        "Write a JSON manifest: every file of every model with its size and sha256, and each"
+        " model's quantization settings and accuracy from MODEL.report.json beside it."
+    ),
+)
 @click.option("--report-json-stdout", is_flag=True, help="Print the sizes as JSON on stdout.")
-def bundle_command(directory: str, report_json_stdout: bool) -> None:
+def bundle_command(directory: str, manifest: str | None, report_json_stdout: bool) -> None:
     """List the models in DIRECTORY with their external data, sizes and the total."""
     _OUTCOME.start(report_json_stdout, directory)
     with _errors():
@@ -908,9 +1031,21 @@ def bundle_command(directory: str, report_json_stdout: bool) -> None:
         console = _stderr_console(False)
         from onnx_conv2matmul import render
 
-        report = bundle_report(directory)
+        if manifest is not None:
+            models = [os.path.join(directory, n) for n in _onnx_names(directory)]
+            api.check_report_path(manifest, inputs=models, outputs=[])
+            _OUTCOME.watch(manifest)
+        report = bundle_report(directory, manifest=manifest is not None)
         console.print(render.bundle_table(report))
-        _emit_report(report, None)
+        _emit_report(report, manifest)
+
+
+def _onnx_names(directory: str) -> list[str]:
+    """The .onnx files in ``directory`` (none when it is not one: the command says so later)."""
+    try:
+        return [name for name in os.listdir(directory) if name.endswith(".onnx")]
+    except OSError:
+        return []
 
 
 if __name__ == "__main__":  # pragma: no cover

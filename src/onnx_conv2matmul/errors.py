@@ -45,6 +45,7 @@ class Hint(enum.Enum):
     VERIFY_INPUTS = "fix the synthesised inputs: input values, dim values or lengths (VerifyOptions)"
     NOT_INT8_DYNAMIC = "use MatMulNBits quantization, which takes the model"
     KEPT_PATH = "remove what is at the path where a failed output is kept"
+    CALIBRATION_INPUTS = "give real inputs of the model (VerifyOptions.feeds, load_inputs)"
 
 
 class Conv2MatMulError(Exception):

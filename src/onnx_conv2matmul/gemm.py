@@ -130,7 +130,7 @@ def plan_gemm(node: ir.Node, graph: ir.Graph, entry: ConvEntry, opset: int | Non
         details.append("C not read")
         c = None
     entry.detail = ", ".join(details)
-    owner = constant_node.graph if constant_node is not None else weight.graph
+    owner = weight.graph  # a Constant's output belongs to the Constant's graph
     assert owner is not None
     return GemmPlan(
         node=node,

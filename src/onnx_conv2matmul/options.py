@@ -10,8 +10,10 @@ class ConvertOptions:
     """What the rewrite may do.
 
     Attributes:
-        extended: Also rewrite convs with explicit pads, strides above 1 or an
-            ``auto_pad`` other than NOTSET (emits ``Pad``/``Slice`` as needed).
+        extended: Also rewrite convs with explicit pads or strides above 1 (emits
+            ``Pad``/``Slice`` as needed), and grouped pointwise convs with several input
+            channels per group (one MatMul per group). ``auto_pad`` alone never needs it:
+            for a kernel of 1 it pads nothing.
         allow_non_unit_dilation: Rewrite convs whose dilations are above 1. For a
             kernel of size 1 dilation has no effect on the result.
         max_dilation: With ``allow_non_unit_dilation``, skip convs with a dilation

@@ -23,6 +23,7 @@ from onnx_conv2matmul.api import NullProgress, Progress, check_paths, convert, l
 from onnx_conv2matmul.errors import Hint, InputError
 from onnx_conv2matmul.options import ConvertOptions
 from onnx_conv2matmul.quantize import (
+    NBitsResult,
     QuantizeOptions,
     int8_dynamic,
     int8_dynamic_obstacle,
@@ -31,10 +32,14 @@ from onnx_conv2matmul.quantize import (
 )
 from onnx_conv2matmul.report import BundleModel, BundleReport
 from onnx_conv2matmul.report import QuantizeReport as QuantizeReport  # its home before report.py
-from onnx_conv2matmul.verify import VerifyOptions, verify_models
+from onnx_conv2matmul.verify import VerifyOptions, check_feeds_for_graph, verify_models
 
 if TYPE_CHECKING:
-    from onnx_conv2matmul.auto import AutoConfig, AutoOptions
+    from collections.abc import Mapping, Sequence
+
+    import numpy as np
+
+    from onnx_conv2matmul.auto import AutoOptions
 
 
 def _peak_rss_bytes() -> int:
@@ -51,54 +56,51 @@ def quantize_file(
     verify: VerifyOptions | None = None,
     run_checker: bool = True,
     progress: Progress | None = None,
-    other_weights: bool = False,
     auto: AutoOptions | None = None,
-    config: AutoConfig | None = None,
 ) -> QuantizeReport:
     """Rewrite pointwise convs, quantize, compare with the fp32 input, then publish.
 
-    ``verify`` holds the input synthesis and the pass criterion (``min_cosine``).
-    Quantizing is lossy: without ``min_cosine`` (or without ``verify``) the accuracy is
-    measured and reported only (``report_only``). ``other_weights`` stores the float
-    weights MatMulNBits does not take as int8 (see :mod:`onnx_conv2matmul.other_weights`).
-    With ``auto``, the settings are searched for (see :mod:`onnx_conv2matmul.auto`) on the
-    inputs ``verify`` synthesises, ``quantize_options`` and ``other_weights`` are not used,
-    and the accuracy check requires ``auto.min_cosine``. ``config`` replays a configuration
-    (the search's, see :meth:`onnx_conv2matmul.auto.AutoConfig.from_config`) instead of
-    ``quantize_options`` and ``other_weights``.
+    ``verify`` holds the input synthesis and the pass criterion (``min_cosine``); its
+    ``feeds`` (real inputs), when given, are also the calibration inputs of the ``gptq``
+    algorithm. Quantizing is lossy: without ``min_cosine`` (or without ``verify``) the
+    accuracy is measured and reported only (``report_only``). ``quantize_options.other_weights``
+    ``int8`` stores the float weights MatMulNBits does not take as int8 (see
+    :mod:`onnx_conv2matmul.other_weights`).
+
+    With ``auto``, the settings are searched for (see :mod:`onnx_conv2matmul.auto`) on
+    ``verify``'s inputs (its feeds, or the synthesised ones); the options chosen replace
+    ``quantize_options`` (the report's ``options.quantize`` replays them) and the accuracy
+    check requires ``auto.min_cosine``.
 
     Raises:
+        InputError: also when the algorithm cannot run here (see
+            :func:`onnx_conv2matmul.quantize.quantize_matmul_nbits`), checked before any work.
         TargetUnreachable: with ``auto``, the minimum is not met even in float.
     """
     started = time.perf_counter()
     convert_options = convert_options or ConvertOptions(extended=True, allow_non_unit_dilation=True)
     quantize_options = quantize_options or QuantizeOptions()
     verify = verify or VerifyOptions()
-    if auto is not None or config is not None:
-        if auto is not None and config is not None:
-            raise InputError("give a configuration to replay or a search, not both")
-        if int8:
-            raise InputError(
-                "a search or a replayed configuration chooses MatMulNBits settings, not int8 dynamic"
-            )
     if auto is not None:
+        if int8:
+            raise InputError("the search chooses MatMulNBits settings, not int8 dynamic quantization")
         verify = dataclasses.replace(verify, min_cosine=auto.min_cosine, report_only=False)
     if verify.min_cosine is None:
         verify = dataclasses.replace(verify, report_only=True)
     progress = progress or NullProgress()
     src = os.fspath(input_path)
     dst = check_paths(src, os.fspath(output_path), inplace=False)
+    if not int8:
+        _check_quantize_options(quantize_options, verify)
     report = QuantizeReport(
         mode="int8_dynamic" if int8 else "matmul_nbits",
         input_path=src,
         options={
             "rewrite": convert_options.to_dict(),
             "quantize": {"int8_dynamic": True} if int8 else quantize_options.to_dict(),
-            "other_weights": "int8" if other_weights else "keep",
             "auto": None
             if auto is None
             else {"min_cosine": auto.min_cosine, "max_evaluations": auto.max_evaluations},
-            "config": None if config is None else config.to_config(),
         },
     )
     try:
@@ -113,9 +115,7 @@ def quantize_file(
                 run_checker,
                 progress,
                 report,
-                other_weights,
                 auto,
-                config,
             )
     finally:
         progress.close()
@@ -134,9 +134,7 @@ def _quantize_to(
     run_checker: bool,
     progress: Progress,
     report: QuantizeReport,
-    other_weights: bool = False,
     auto: AutoOptions | None = None,
-    config: AutoConfig | None = None,
 ) -> None:
     dst = output.path
     loaded = load_input(src, dst, inplace=False, run_checker=run_checker, progress=progress, timings={})
@@ -144,6 +142,9 @@ def _quantize_to(
     modes = _output.file_modes(loaded.path, loaded.external_files)
     report.input_bytes = loaded.total_bytes
     model = loaded.model
+    if verify.feeds is not None:
+        # Before the quantization (gptq runs them), not only when the accuracy check does.
+        check_feeds_for_graph(model.graph.inputs, verify.feeds)
     if int8:
         _check_int8_dynamic(model)
     report.weights_without_rewrite = weight_stats(model)
@@ -157,26 +158,22 @@ def _quantize_to(
     else:
         if auto is not None:
             _search(src, dst, model, auto, verify, progress, report)
+            assert report.auto is not None
+            quantize_options = report.auto.config.quantize_options()
+            report.options["quantize"] = quantize_options.to_dict()
         progress.phase("Quantizing")
-        chosen = report.auto.config if report.auto is not None else config
-        if chosen is not None:
-            from onnx_conv2matmul import auto as auto_search
-
-            result, others = auto_search.apply(model, chosen)
-            report.other_weights = others
-        else:
-            result = quantize_matmul_nbits(model, quantize_options)
-            if other_weights:
-                from onnx_conv2matmul.other_weights import quantize_other_weights
-
-                report.other_weights = quantize_other_weights(model)
+        result = quantize_matmul_nbits(
+            model, quantize_options, feeds=verify.feeds, scratch_dir=os.path.dirname(os.path.abspath(dst))
+        )
         report.matmuls = result.matmuls
         report.quantized_nodes = result.quantized
         report.excluded = result.excluded
-        if result.quantized == 0 and chosen is None:
-            report.warnings.append(
-                "no MatMul was quantized: check the include and exclude patterns against the node names"
-            )
+        report.settings = result.settings
+        report.warnings.extend(_nbits_warnings(result))
+        if quantize_options.other_weights == "int8":
+            from onnx_conv2matmul.other_weights import quantize_other_weights
+
+            report.other_weights = quantize_other_weights(model)
         progress.phase("Saving")
         staged = output.stage(model, external=external, progress=progress.advance)
     with staged:  # at once: from here on any error or interrupt removes the staged output
@@ -206,11 +203,16 @@ def _search(
     progress: Progress,
     report: QuantizeReport,
 ) -> None:
-    """Run the search on the inputs the accuracy check uses, in a scratch directory beside ``dst``."""
+    """Run the search on the inputs the accuracy check uses (given or synthesised), in a
+    scratch directory beside ``dst``."""
     from onnx_conv2matmul import auto as auto_search
 
-    progress.phase("Synthesising inputs")
-    feeds = auto_search.synthesised_feeds(src, verify)
+    feeds: Sequence[Mapping[str, np.ndarray]]
+    if verify.feeds is not None:
+        feeds = verify.feeds
+    else:
+        progress.phase("Synthesising inputs")
+        feeds = auto_search.synthesised_feeds(src, verify)
     workdir = tempfile.mkdtemp(prefix=".auto-", dir=os.path.dirname(os.path.abspath(dst)))
     try:
         report.auto = auto_search.search(
@@ -218,6 +220,31 @@ def _search(
         )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _check_quantize_options(options: QuantizeOptions, verify: VerifyOptions) -> None:
+    """Refuse, before any work, settings this run cannot apply."""
+    from onnx_conv2matmul._weight_only import check_available
+
+    check_available(options.algorithm, has_calibration=bool(verify.feeds))
+
+
+def _nbits_warnings(result: NBitsResult) -> list[str]:
+    warnings = []
+    if result.quantized == 0:
+        warnings.append(
+            "no MatMul was quantized: check the include and exclude patterns against the node names"
+        )
+    if result.unknown_nodes:
+        names = ", ".join(repr(n) for n in result.unknown_nodes[:5])
+        more = f" and {len(result.unknown_nodes) - 5} more" if len(result.unknown_nodes) > 5 else ""
+        warnings.append(f"per-node settings name no quantizable MatMul: {names}{more}")
+    reasons: dict[str, list[str]] = {}
+    for name, why in result.not_quantized:
+        reasons.setdefault(why, []).append(name)
+    for why, left in reasons.items():
+        warnings.append(f"{len(left)} MatMul(s) left in float ({why}): {', '.join(left[:5])}")
+    return warnings
 
 
 def _check_int8_dynamic(model: ir.Model) -> None:
@@ -256,6 +283,7 @@ def _int8_staged(
         out = os.path.join(directory, name)
         int8_dynamic(model, fp32_path, out, quantize_options, external_data=external)
         shutil.rmtree(fp32_dir)
+        _restore_model_fields(out, model)
         quantized = ir.load(out)
         report.matmuls = count_op(model, "MatMul")
         report.quantized_nodes = sum(
@@ -264,6 +292,25 @@ def _int8_staged(
         return out
 
     return output.stage_with(write)
+
+
+def _restore_model_fields(path: str, model: ir.Model) -> None:
+    """Give the model at ``path`` the producer, doc string and metadata of ``model``.
+
+    ``quantize_dynamic`` names itself the producer and adds its own metadata entry;
+    loaders such as sherpa-onnx read their settings from the input's metadata. Only the
+    ``.onnx`` file is rewritten: its external data stays where it is.
+    """
+    import onnx
+
+    proto = onnx.load(path, load_external_data=False)
+    proto.producer_name = model.producer_name or ""
+    proto.producer_version = model.producer_version or ""
+    proto.doc_string = model.doc_string or ""
+    del proto.metadata_props[:]
+    for key, value in model.metadata_props.items():
+        proto.metadata_props.add(key=key, value=value)
+    onnx.save_model(proto, path)
 
 
 def bundle_sizes(directory: str) -> list[tuple[str, int, list[str]]]:
@@ -289,6 +336,82 @@ def bundle_sizes(directory: str) -> list[tuple[str, int, list[str]]]:
     return models
 
 
-def bundle_report(directory: str) -> BundleReport:
-    """The bundle command's report: :func:`bundle_sizes` as typed data."""
-    return BundleReport(directory, [BundleModel(*model) for model in bundle_sizes(directory)])
+REPORT_SUFFIX = ".report.json"
+"""A model's quantize report beside it: ``encoder.int4.onnx`` -> ``encoder.int4.report.json``."""
+
+
+def report_path_for(model_path: str) -> str:
+    """Where ``bundle`` looks for a model's quantize report (see :data:`REPORT_SUFFIX`)."""
+    base = model_path[: -len(".onnx")] if model_path.endswith(".onnx") else model_path
+    return base + REPORT_SUFFIX
+
+
+def bundle_report(directory: str, *, manifest: bool = False) -> BundleReport:
+    """The bundle command's report: :func:`bundle_sizes` as typed data.
+
+    With ``manifest``, each model also lists its files (the ``.onnx`` and its data files)
+    with their sizes and sha256, and the quantization settings and accuracy from its
+    quantize report beside it (:func:`report_path_for`), when there is one.
+
+    Raises:
+        InputError: as :func:`bundle_sizes`; also a report beside a model that is not a
+            quantize report.
+    """
+    models = []
+    for name, size, data in bundle_sizes(directory):
+        files = quantization = None
+        if manifest:
+            files = [_file_entry(directory, n) for n in (name, *data)]
+            quantization = _quantization_from_report(os.path.join(directory, name))
+        models.append(BundleModel(name, size, data, files, quantization))
+    return BundleReport(directory, models)
+
+
+def _file_entry(directory: str, name: str) -> dict[str, object]:
+    import hashlib
+
+    digest = hashlib.sha256()
+    path = os.path.join(directory, name)
+    buffer = bytearray(1 << 20)
+    view = memoryview(buffer)
+    size = 0
+    with open(path, "rb", buffering=0) as file:
+        while n := file.readinto(buffer):
+            digest.update(view[:n])
+            size += n
+    return {"path": name, "bytes": size, "sha256": digest.hexdigest()}
+
+
+def _quantization_from_report(model_path: str) -> dict[str, object] | None:
+    """The settings and accuracy a model's quantize report gives, or None without one."""
+    import json
+
+    path = report_path_for(model_path)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as file:
+            data = json.load(file)
+    except (OSError, ValueError) as err:
+        raise InputError(f"cannot read the quantize report {path}: {err}") from err
+    if not isinstance(data, dict) or data.get("command") != "quantize" or "options" not in data:
+        raise InputError(f"not a quantize report: {path}")
+    verification = data.get("verification") or {}
+    cosines: dict[str, float] = {}
+    for row in verification.get("results", []):
+        if row.get("cosine") is not None:
+            name = row["output"]
+            cosines[name] = min(cosines.get(name, 1.0), row["cosine"])
+    options = data.get("options", {})
+    return {
+        "report": os.path.basename(path),
+        "mode": data.get("mode"),
+        "settings": options.get("quantize"),
+        "accuracy": {
+            "min_cosine_per_output": cosines,
+            "min_cosine": min(cosines.values()) if cosines else None,
+            "criterion": verification.get("criterion"),
+            "passed": verification.get("passed"),
+            "inputs": [item.get("file") for item in verification.get("input_files", [])] or "synthesised",
+        },
+    }

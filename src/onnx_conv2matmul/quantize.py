@@ -1,12 +1,15 @@
 """Weight-only quantization with onnxruntime's own quantizers, one weight at a time.
 
 ``MatMulNBitsQuantizer`` loads the whole model into protobuf (several times the model
-in memory for a 2.5 GB encoder). Here each MatMul is handed, with only its own weight,
-to the per-node quantizer that ``MatMulNBitsQuantizer`` itself uses
-(``DefaultWeightOnlyQuantizer.quantize``); the nodes and tensors it returns replace the
-MatMul in the onnx-ir model, and the fp32 weight is unmapped right after. Peak memory is
-the quantized model plus one fp32 weight. ``--int8-dynamic`` calls onnxruntime's
-``quantize_dynamic`` as is.
+in memory for a 2.5 GB encoder). Here each MatMul is quantized alone, with the setting
+:meth:`QuantizeOptions.setting_for` resolves for it, by the algorithm's per-node
+quantizer (see :mod:`onnx_conv2matmul._weight_only`): for the default algorithm,
+onnxruntime's ``DefaultWeightOnlyQuantizer.qbits_block_quant`` on the weight's array,
+with the node and tensors named as its ``quantize_matmul`` names them; otherwise the
+MatMul is handed, with only its own weight in a protobuf graph, to the algorithm's
+quantizer. The new node and tensors replace the MatMul in the onnx-ir model, and the
+fp32 weight is unmapped right after. Peak memory is the quantized model plus one fp32
+weight. ``--int8-dynamic`` calls onnxruntime's ``quantize_dynamic`` as is.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import contextlib
 import dataclasses
 import fnmatch
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -30,9 +33,51 @@ _FLOATS = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT1
 BLOCK_SIZES = (16, 32, 64, 128, 256)
 
 
+CONFIG_VERSION = 1
+"""The version of the settings file format (:meth:`QuantizeOptions.to_config`)."""
+OTHER_WEIGHTS = ("keep", "int8")
+"""What happens to float weights MatMulNBits does not take: kept, or stored as int8."""
+
+
+def _block_size_error(block_size: object) -> str:
+    sizes = ", ".join(map(str, BLOCK_SIZES[:-1])) + f" or {BLOCK_SIZES[-1]}"
+    return f"block size must be a power of 2 that MatMulNBits supports ({sizes}), got {block_size}"
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeSetting:
+    """How one MatMul is quantized.
+
+    Attributes:
+        bits: 4 or 8; None keeps the MatMul in float.
+        block_size: One of :data:`BLOCK_SIZES`.
+        symmetric: Symmetric quantization without zero points.
+    """
+
+    bits: int | None
+    block_size: int = 64
+    symmetric: bool = False
+
+    def __post_init__(self) -> None:
+        if self.bits is not None and (isinstance(self.bits, bool) or self.bits not in (4, 8)):
+            raise ValueError(f"bits must be 4 or 8 (or none for float), got {self.bits}")
+        if isinstance(self.block_size, bool) or self.block_size not in BLOCK_SIZES:
+            raise ValueError(_block_size_error(self.block_size))
+        if not isinstance(self.symmetric, bool):
+            raise ValueError(f"symmetric must be true or false, got {self.symmetric!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"bits": self.bits, "block_size": self.block_size, "symmetric": self.symmetric}
+
+
 @dataclasses.dataclass(frozen=True)
 class QuantizeOptions:
     """MatMulNBits settings (onnxruntime's names in brackets).
+
+    Each MatMul's setting (:meth:`setting_for`) is resolved in this order: the defaults
+    (``bits``, ``block_size``, ``symmetric``); then ``bits_for``, whose last matching
+    pattern sets the bits; ``exclude`` and ``include`` keep a node in float; last,
+    ``nodes`` names a node's whole setting and overrides all of the above.
 
     Attributes:
         bits: 4 or 8 (``bits``).
@@ -41,6 +86,16 @@ class QuantizeOptions:
         accuracy_level: 0-4 (``accuracy_level``); 0 leaves the attribute out.
         exclude: Glob patterns of MatMul node names to leave in float.
         include: When given, only MatMul nodes matching one of these are quantized.
+        bits_for: (glob pattern, 4 or 8) pairs: the bits of the nodes whose name matches;
+            a later pattern wins over an earlier one.
+        nodes: Exact MatMul node name to its setting; overrides everything else.
+        algorithm: One of :data:`onnx_conv2matmul._weight_only.ALGORITHMS`: ``default``
+            (onnxruntime's per-node round-to-nearest), ``k_quant``, ``gptq`` (needs
+            calibration inputs) or ``hqq`` (needs torch). ``gptq`` and ``hqq`` give
+            4 bits only; ``k_quant`` and ``hqq`` always store zero points, so they take no
+            symmetric setting.
+        other_weights: ``keep`` or ``int8``: what happens to the float weights that
+            MatMulNBits does not take.
     """
 
     bits: int = 4
@@ -49,27 +104,206 @@ class QuantizeOptions:
     accuracy_level: int = 0
     exclude: tuple[str, ...] = ()
     include: tuple[str, ...] = ()
+    bits_for: tuple[tuple[str, int], ...] = ()
+    nodes: Mapping[str, NodeSetting] = dataclasses.field(default_factory=dict)
+    algorithm: str = "default"
+    other_weights: str = "keep"
 
     def __post_init__(self) -> None:
-        if self.bits not in (4, 8):
+        from onnx_conv2matmul._weight_only import ALGORITHMS
+
+        if isinstance(self.bits, bool) or self.bits not in (4, 8):
             raise ValueError(f"bits must be 4 or 8, got {self.bits}")
-        if self.block_size not in BLOCK_SIZES:
-            sizes = ", ".join(map(str, BLOCK_SIZES[:-1])) + f" or {BLOCK_SIZES[-1]}"
-            raise ValueError(
-                f"block size must be a power of 2 that MatMulNBits supports ({sizes}), got {self.block_size}"
-            )
+        if isinstance(self.block_size, bool) or self.block_size not in BLOCK_SIZES:
+            raise ValueError(_block_size_error(self.block_size))
         if not 0 <= self.accuracy_level <= 4:
             raise ValueError(f"accuracy level must be 0-4, got {self.accuracy_level}")
+        for pattern, bits in self.bits_for:
+            if not pattern or isinstance(bits, bool) or bits not in (4, 8):
+                raise ValueError(f"bits for a pattern must be 4 or 8, got {pattern}={bits}")
+        for name, setting in self.nodes.items():
+            if not isinstance(setting, NodeSetting):
+                raise ValueError(f"the setting of node {name!r} is not a NodeSetting")
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"algorithm must be one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}")
+        if self.other_weights not in OTHER_WEIGHTS:
+            raise ValueError(f"other weights must be keep or int8, got {self.other_weights!r}")
+        self._check_algorithm()
+
+    def _check_algorithm(self) -> None:
+        """Refuse settings the algorithm cannot give."""
+        settings = [(f"node {name!r}", s) for name, s in self.nodes.items() if s.bits is not None]
+        if self.algorithm in ("k_quant", "hqq"):
+            symmetric = [where for where, s in [("the default", self._default()), *settings] if s.symmetric]
+            if symmetric:
+                raise ValueError(
+                    f"the {self.algorithm} algorithm always stores zero points: {symmetric[0]} is symmetric"
+                )
+        if self.algorithm in ("gptq", "hqq"):
+            # gptq: onnxruntime packs only 4 bits into MatMulNBits. hqq: its float zero points
+            # at 8 bits are refused by onnxruntime's CPU kernel.
+            bits: list[tuple[str, int | None]] = [("the default", self.bits)]
+            bits += [(f"pattern {p!r}", b) for p, b in self.bits_for]
+            bits += [(where, s.bits) for where, s in settings]
+            eight = [where for where, b in bits if b != 4]
+            if eight:
+                raise ValueError(f"the {self.algorithm} algorithm gives 4 bits only: {eight[0]} asks for 8")
+
+    def _default(self) -> NodeSetting:
+        return NodeSetting(self.bits, self.block_size, self.symmetric)
 
     def selects(self, name: str) -> bool:
+        """Whether ``exclude`` and ``include`` let the node be quantized (``nodes`` aside)."""
         if any(fnmatch.fnmatchcase(name, p) for p in self.exclude):
             return False
         return not self.include or any(fnmatch.fnmatchcase(name, p) for p in self.include)
 
+    def setting_for(self, name: str) -> NodeSetting:
+        """The resolved setting of the MatMul named ``name`` (see the class docstring)."""
+        if name in self.nodes:
+            return self.nodes[name]
+        if not self.selects(name):
+            return NodeSetting(None, self.block_size, self.symmetric)
+        bits = self.bits
+        for pattern, pattern_bits in self.bits_for:
+            if fnmatch.fnmatchcase(name, pattern):
+                bits = pattern_bits
+        return NodeSetting(bits, self.block_size, self.symmetric)
+
+    def to_config(self) -> dict[str, Any]:
+        """The settings file's JSON object (format version :data:`CONFIG_VERSION`).
+
+        ``from_config(to_config())`` gives these options back, so a run can be replayed.
+        """
+        return {
+            "config_version": CONFIG_VERSION,
+            "bits": self.bits,
+            "block_size": self.block_size,
+            "symmetric": self.symmetric,
+            "accuracy_level": self.accuracy_level,
+            "algorithm": self.algorithm,
+            "bits_for": [{"pattern": p, "bits": b} for p, b in self.bits_for],
+            "exclude": list(self.exclude),
+            "include": list(self.include),
+            "nodes": {name: setting.to_dict() for name, setting in self.nodes.items()},
+            "other_weights": self.other_weights,
+        }
+
     def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["exclude"], data["include"] = list(self.exclude), list(self.include)
-        return data
+        """For reports: the settings file's object (:meth:`to_config`), so it can be replayed."""
+        return self.to_config()
+
+    @classmethod
+    def from_config(cls, data: Any) -> QuantizeOptions:
+        """Options from a settings file's JSON object; keys left out take their defaults.
+
+        Raises:
+            ValueError: one line saying what is wrong (an unknown key or version, a value
+                of the wrong type or out of range).
+        """
+        return cls(**config_fields(data))
+
+
+_CONFIG_TYPES: dict[str, type | tuple[type, ...]] = {
+    "bits": int,
+    "block_size": int,
+    "symmetric": bool,
+    "accuracy_level": int,
+    "algorithm": str,
+    "bits_for": list,
+    "exclude": list,
+    "include": list,
+    "nodes": dict,
+    "other_weights": str,
+}
+
+
+def config_fields(data: Any) -> dict[str, Any]:
+    """The :class:`QuantizeOptions` fields a settings file's JSON object gives (only those it has).
+
+    Raises:
+        ValueError: one line saying what is wrong.
+    """
+    if not isinstance(data, dict):
+        raise ValueError("the settings must be a JSON object")
+    version = data.get("config_version")
+    if version != CONFIG_VERSION or isinstance(version, bool):
+        raise ValueError(f"config_version must be {CONFIG_VERSION}, got {version!r}")
+    unknown = sorted(set(data) - set(_CONFIG_TYPES) - {"config_version"})
+    if unknown:
+        raise ValueError(f"unknown settings key {unknown[0]!r} (known: {', '.join(_CONFIG_TYPES)})")
+    fields: dict[str, Any] = {}
+    for key, kind in _CONFIG_TYPES.items():
+        if key not in data:
+            continue
+        value = data[key]
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise ValueError(f"settings key {key!r} must be a JSON {_json_kind(kind)}, got {value!r}")
+        fields[key] = value
+    for key in ("exclude", "include"):
+        if key in fields:
+            if not all(isinstance(p, str) for p in fields[key]):
+                raise ValueError(f"settings key {key!r} must be a list of strings")
+            fields[key] = tuple(fields[key])
+    if "bits_for" in fields:
+        pairs = []
+        for item in fields["bits_for"]:
+            if not (
+                isinstance(item, dict)
+                and set(item) == {"pattern", "bits"}
+                and isinstance(item["pattern"], str)
+                and isinstance(item["bits"], int)
+            ):
+                raise ValueError(
+                    f'each bits_for entry must be {{"pattern": "...", "bits": 4 or 8}}, got {item!r}'
+                )
+            pairs.append((item["pattern"], item["bits"]))
+        fields["bits_for"] = tuple(pairs)
+    if "nodes" in fields:
+        fields["nodes"] = {name: _node_setting(name, value) for name, value in fields["nodes"].items()}
+    return fields
+
+
+def _node_setting(name: str, value: Any) -> NodeSetting:
+    keys = {"bits", "block_size", "symmetric"}
+    if not isinstance(value, dict) or "bits" not in value or not set(value) <= keys:
+        raise ValueError(
+            f"the setting of node {name!r} must be an object with bits (4, 8 or null)"
+            " and optionally block_size and symmetric"
+        )
+    try:
+        return NodeSetting(**value)
+    except ValueError as err:
+        raise ValueError(f"node {name!r}: {err}") from None
+
+
+def _json_kind(kind: type | tuple[type, ...]) -> str:
+    return {int: "integer", bool: "boolean", str: "string", list: "array", dict: "object"}[kind]  # type: ignore[index]
+
+
+def load_config(path: str) -> dict[str, Any]:
+    """The :class:`QuantizeOptions` fields a settings file gives (see :func:`config_fields`).
+
+    Raises:
+        InputError: an unreadable file, bad JSON or a bad setting, in one line naming the file.
+    """
+    import json
+
+    from onnx_conv2matmul.errors import InputError
+
+    try:
+        with open(path, encoding="utf-8") as file:
+            data = json.load(file)
+    except OSError as err:
+        raise InputError(f"cannot read the settings file {path}: {err.strerror or err}") from err
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise InputError(f"the settings file {path} is not valid JSON: {err}") from err
+    try:
+        fields = config_fields(data)
+        QuantizeOptions(**fields)  # every check at once, before any work
+    except ValueError as err:
+        raise InputError(f"bad settings file {path}: {err}") from err
+    return fields
 
 
 @dataclasses.dataclass
@@ -181,47 +415,97 @@ def nbits_projection(before: ir.Model, after: ir.Model, options: QuantizeOptions
 
 @dataclasses.dataclass
 class NBitsResult:
+    """What :func:`quantize_matmul_nbits` did.
+
+    Attributes:
+        quantized: How many MatMuls became MatMulNBits.
+        excluded: MatMuls with a constant 2-D weight left in float by the settings.
+        matmuls: Every MatMul of the model.
+        settings: The setting each quantized MatMul got, by node name.
+        not_quantized: Nodes the algorithm left in float, with why (e.g. gptq inside subgraphs).
+        unknown_nodes: Names in ``QuantizeOptions.nodes`` that are no quantizable MatMul.
+    """
+
     quantized: int = 0
     excluded: list[str] = dataclasses.field(default_factory=list)
     matmuls: int = 0
+    settings: dict[str, NodeSetting] = dataclasses.field(default_factory=dict)
+    not_quantized: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    unknown_nodes: list[str] = dataclasses.field(default_factory=list)
 
 
-def quantize_matmul_nbits(model: ir.Model, options: QuantizeOptions) -> NBitsResult:
-    """Replace every selected MatMul with a constant 2-D weight by MatMulNBits, in place."""
-    from onnxruntime.quantization.matmul_nbits_quantizer import (
-        DefaultWeightOnlyQuantConfig,
-        DefaultWeightOnlyQuantizer,
-    )
-    from onnxruntime.quantization.quant_utils import QuantFormat
+def quantize_matmul_nbits(
+    model: ir.Model,
+    options: QuantizeOptions,
+    *,
+    feeds: Sequence[Mapping[str, np.ndarray]] | None = None,
+    scratch_dir: str | None = None,
+) -> NBitsResult:
+    """Replace every selected MatMul with a constant 2-D weight by MatMulNBits, in place.
 
-    quantizer = DefaultWeightOnlyQuantizer(
-        DefaultWeightOnlyQuantConfig(
-            block_size=options.block_size,
-            is_symmetric=options.symmetric,
-            accuracy_level=options.accuracy_level,
-            quant_format=QuantFormat.QOperator,
-            op_types_to_quantize=("MatMul",),
-            bits=options.bits,
-        )
-    )
-    names = NameAllocator(used_names(model))
+    Each MatMul gets its setting from :meth:`QuantizeOptions.setting_for`, quantized by
+    the options' algorithm. ``gptq`` needs ``feeds`` (calibration inputs of the model): the
+    activations reaching each MatMul are captured first, with the model written once to
+    ``scratch_dir`` (a temporary directory by default).
+
+    Raises:
+        InputError: the algorithm cannot run here (``hqq`` without torch, ``gptq`` without feeds).
+    """
+    from onnx_conv2matmul import _weight_only
+
+    _weight_only.check_available(options.algorithm, has_calibration=bool(feeds))
     result = NBitsResult()
-    # Quantized tensors per fp32 weight, so a shared weight is quantized once.
-    done: dict[int, dict[str, ir.Value]] = {}
+    targets: list[tuple[ir.Graph, ir.Node, ir.Value, NodeSetting]] = []
     for graph, _ in walk_graphs(model.graph):
-        for node in list(graph):
-            b = _constant_2d_weight(node)
+        for node in graph:
             if node.op_type == "MatMul":
                 result.matmuls += 1
+            b = _constant_2d_weight(node)
             if b is None:
                 continue
-            if not options.selects(node.name or ""):
+            setting = options.setting_for(node.name or "")
+            if setting.bits is None:
                 result.excluded.append(node.name or "")
-                continue
-            _replace(node, graph, b, quantizer, names, done)
+            else:
+                targets.append((graph, node, b, setting))
+    known = {node.name for _, node, _, _ in targets} | set(result.excluded)
+    result.unknown_nodes = [name for name in options.nodes if name not in known]
+    activations: dict[str, list[np.ndarray]] | None = None
+    if options.algorithm == "gptq":
+        assert feeds
+        sources = sorted(
+            {
+                a.name
+                for g, n, _, _ in targets
+                if g is model.graph and (a := n.inputs[0]) is not None and a.name is not None
+            }
+        )
+        activations = _weight_only.capture_inputs(model, sources, feeds, scratch_dir=scratch_dir)
+    names = NameAllocator(used_names(model))
+    quantizers: dict[NodeSetting, Any] = {}
+    # Quantized tensors per fp32 weight and setting, so a shared weight is quantized once.
+    done: dict[tuple[int, NodeSetting], dict[str, ir.Value]] = {}
+    for graph, node, b, setting in targets:
+        quantizer = quantizers.get(setting)
+        if quantizer is None:
+            quantizer = quantizers[setting] = _weight_only.node_quantizer(
+                options.algorithm,
+                bits=setting.bits or 4,
+                block_size=setting.block_size,
+                symmetric=setting.symmetric,
+                accuracy_level=options.accuracy_level,
+                activations=activations,
+            )
+        # GPTQ's result depends on the activations too: no sharing.
+        share = options.algorithm != "gptq"
+        declined = _replace(node, graph, b, quantizer, names, done if share else {}, setting)
+        if declined is None:
             result.quantized += 1
-            if not b.uses() and b.graph is not None and b.name is not None:
-                b.graph.initializers.pop(b.name)
+            result.settings[node.name or ""] = setting
+        else:
+            result.not_quantized.append((node.name or "", declined))
+        if not b.uses() and b.graph is not None and b.name is not None:
+            b.graph.initializers.pop(b.name)
     model.opset_imports.setdefault("com.microsoft", 1)
     return result
 
@@ -232,11 +516,111 @@ def _replace(
     b: ir.Value,
     quantizer: Any,
     names: NameAllocator,
-    done: dict[int, dict[str, ir.Value]],
-) -> None:
+    done: dict[tuple[int, NodeSetting], dict[str, ir.Value]],
+    setting: NodeSetting,
+) -> str | None:
+    """Quantize one MatMul; why not when the quantizer declined it (the node is unchanged)."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantizer
+
+    from onnx_conv2matmul._weight_only import DeclinedError
+
     a = node.inputs[0]
     out = node.outputs[0]
     assert a is not None and b.name is not None and b.const_value is not None
+    owner = b.graph or graph
+    try:
+        direct = type(quantizer) is DefaultWeightOnlyQuantizer and b.const_value.dtype in _DIRECT_TYPES
+        if direct:
+            new_nodes, last = _quantize_direct(node, a, b, quantizer, names, done, setting, owner)
+        else:
+            new_nodes, last = _quantize_through_proto(node, a, b, quantizer, names, done, setting, owner)
+    except DeclinedError as declined:
+        return str(declined)
+    out_name_kept = out.name
+    out.name = names.new(f"{out_name_kept}__replaced")
+    last.name = out_name_kept
+    last.type, last.shape = out.type, out.shape
+    ir.convenience.replace_all_uses_with(out, last, replace_graph_outputs=True)
+    graph.insert_after(node, new_nodes)
+    graph.remove(node, safe=True)
+    return None
+
+
+# Weights the default algorithm quantizes without a protobuf round trip (bfloat16 takes it:
+# onnxruntime converts it to float32 and back on the way).
+_DIRECT_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16})
+
+
+def _initializer(owner: ir.Graph, names: NameAllocator, wanted: str, array: np.ndarray) -> ir.Value:
+    name = names.new(wanted)
+    value = ir.Value(name=name, const_value=ir.tensor(array, name=name))
+    value.type = ir.TensorType(value.const_value.dtype)  # type: ignore[union-attr]
+    value.shape = ir.Shape(list(array.shape))
+    owner.register_initializer(value)
+    return value
+
+
+def _quantize_direct(
+    node: ir.Node,
+    a: ir.Value,
+    b: ir.Value,
+    quantizer: Any,
+    names: NameAllocator,
+    done: dict[tuple[int, NodeSetting], dict[str, ir.Value]],
+    setting: NodeSetting,
+    owner: ir.Graph,
+) -> tuple[list[ir.Node], ir.Value]:
+    """The default algorithm on the weight's array: onnxruntime's block quantization, the node
+    and tensors as its ``quantize_matmul`` names them, without copying the fp32 weight into a
+    protobuf and back."""
+    assert b.name is not None and b.const_value is not None
+    tensor = b.const_value
+    bits = quantizer.config.bits
+    key = (id(b), setting)
+    tensors = done.get(key)
+    if tensors is None:
+        packed, scales, zero_points = quantizer.qbits_block_quant(tensor.numpy())
+        if is_external(tensor):
+            tensor.release()  # read once; drop the mapping
+        tensors = {
+            "packed": _initializer(owner, names, f"{b.name}_Q{bits}", packed),
+            "scales": _initializer(owner, names, f"{b.name}_scales", scales),
+        }
+        if not quantizer.config.is_symmetric:
+            tensors["zero_points"] = _initializer(owner, names, f"{b.name}_zero_points", zero_points)
+        done[key] = tensors
+    rows, cols = tensor.shape.numpy()
+    attributes = [ir.AttrInt64("K", rows), ir.AttrInt64("N", cols)]
+    if quantizer.config.accuracy_level:
+        attributes.append(ir.AttrInt64("accuracy_level", quantizer.config.accuracy_level))
+    attributes += [ir.AttrInt64("bits", bits), ir.AttrInt64("block_size", quantizer.config.block_size)]
+    name = node.name or f"{b.name}_MatMul"
+    last = ir.Value(name=names.new(f"{name}/MatMulNBits_out"))
+    new = ir.Node(
+        "com.microsoft",
+        "MatMulNBits",
+        [a, *tensors.values()],
+        attributes,
+        outputs=[last],
+        name=names.new(f"{name}_Q{bits}"),
+    )
+    return [new], last
+
+
+def _quantize_through_proto(
+    node: ir.Node,
+    a: ir.Value,
+    b: ir.Value,
+    quantizer: Any,
+    names: NameAllocator,
+    done: dict[tuple[int, NodeSetting], dict[str, ir.Value]],
+    setting: NodeSetting,
+    owner: ir.Graph,
+) -> tuple[list[ir.Node], ir.Value]:
+    """Hand onnxruntime's per-node quantizer the MatMul with only its own weight in a graph."""
+    from onnx_conv2matmul._weight_only import A_NAME, OUT_NAME, DeclinedError
+
+    assert b.name is not None and b.const_value is not None
     tensor = b.const_value
     # Materialize the bytes (an external tensor would be serialized as a file reference).
     loaded = ir.Tensor(tensor.numpy(), name=b.name)
@@ -244,16 +628,17 @@ def _replace(
     del loaded
     if is_external(tensor):
         tensor.release()  # the proto holds the bytes now; drop the mapping
-    a_name, out_name = "__a__", "__out__"
+    # Input A keeps its name: GPTQ looks its activations up by it.
+    a_name = a.name or A_NAME
     proto_node = onnx.helper.make_node(
-        "MatMul", [a_name, b.name], [out_name], name=node.name or f"{b.name}_MatMul"
+        "MatMul", [a_name, b.name], [OUT_NAME], name=node.name or f"{b.name}_MatMul"
     )
     with _quiet_quantizer_logs():
         new_protos: Sequence[onnx.NodeProto] = quantizer.quantize(proto_node, [scratch])
     if len(new_protos) == 1 and new_protos[0] is proto_node:
-        return  # the quantizer declined
-    owner = b.graph or graph
-    tensors = done.get(id(b))
+        raise DeclinedError("the quantizer left it in float")
+    key = (id(b), setting)
+    tensors = done.get(key)
     if tensors is None:
         tensors = {}
         for tp in scratch.initializer:
@@ -261,14 +646,9 @@ def _replace(
                 continue
             # Copy out of the proto: a tensor viewing it would keep the whole scratch graph,
             # fp32 weight included, alive.
-            name = names.new(tp.name)
             array = np.array(ir.serde.deserialize_tensor(tp).numpy(), copy=True)
-            value = ir.Value(name=name, const_value=ir.tensor(array, name=name))
-            value.type = ir.TensorType(value.const_value.dtype)  # type: ignore[union-attr]
-            value.shape = ir.Shape(list(tp.dims))
-            owner.register_initializer(value)
-            tensors[tp.name] = value
-        done[id(b)] = tensors
+            tensors[tp.name] = _initializer(owner, names, tp.name, array)
+        done[key] = tensors
     del scratch
     values: dict[str, ir.Value] = {a_name: a, **tensors}
     new_nodes: list[ir.Node] = []
@@ -291,25 +671,24 @@ def _replace(
                 name=names.new(proto.name or f"{node.name}/{proto.op_type}"),
             )
         )
-        last = values.get(out_name, last)
+        last = values.get(OUT_NAME, last)
     assert last is not None, "the quantizer must produce the MatMul's output"
-    out_name_kept = out.name
-    out.name = names.new(f"{out_name_kept}__replaced")
-    last.name = out_name_kept
-    last.type, last.shape = out.type, out.shape
-    ir.convenience.replace_all_uses_with(out, last, replace_graph_outputs=True)
-    graph.insert_after(node, new_nodes)
-    graph.remove(node, safe=True)
+    return new_nodes, last
 
 
 @contextlib.contextmanager
 def _quiet_quantizer_logs() -> Iterator[None]:
     """onnxruntime's quantizer logs every node at INFO level; keep the terminal for the report."""
+    import warnings
+
     logger = logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer")
     level = logger.level
     logger.setLevel(logging.WARNING)
     try:
-        yield
+        with warnings.catch_warnings():
+            # HQQ hands torch a read-only weight, which it only reads; torch warns all the same.
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            yield
     finally:
         logger.setLevel(level)
 

@@ -13,7 +13,7 @@ class SkipReason(str, enum.Enum):
     """Why a Conv-like node was not rewritten."""
 
     UNSUPPORTED_OP = "unsupported_op"
-    """Not a default-domain ``Conv`` (ConvInteger, QLinearConv, another domain)."""
+    """Not a default-domain ``Conv`` or a ``com.microsoft`` ``FusedConv`` (ConvInteger, QLinearConv, ...)."""
     WEIGHT_NOT_CONSTANT = "weight_not_constant"
     """The weight is computed at run time or is a graph input."""
     WEIGHT_OVERRIDABLE = "weight_overridable"
@@ -23,13 +23,13 @@ class SkipReason(str, enum.Enum):
     KERNEL_NOT_POINTWISE = "kernel_not_pointwise"
     """A kernel dimension is larger than 1."""
     GROUPED = "grouped"
-    """``group`` is not 1 (grouped or depthwise convolution)."""
+    """``group`` is above 1 with several input channels per group: converted in extended mode only."""
     UNSUPPORTED_DTYPE = "unsupported_dtype"
     """The weight is not a floating-point type MatMul accepts."""
     INVALID_ATTRIBUTES = "invalid_attributes"
     """Attributes or bias shape are inconsistent with the weight (the node is invalid as it is)."""
     NEEDS_EXTENDED_MODE = "needs_extended_mode"
-    """Strides, pads or auto_pad need ``--extended-conv1x1``."""
+    """Strides or pads need ``--extended-conv1x1`` (auto_pad alone does not: it pads nothing)."""
     DILATION_NEEDS_OPT_IN = "dilation_needs_opt_in"
     """A dilation above 1 needs ``--allow-non-unit-dilation``."""
     DILATION_ABOVE_MAX = "dilation_above_max"
@@ -44,6 +44,11 @@ class SkipReason(str, enum.Enum):
     """The node is inside a model-local function (not rewritten)."""
     ADDS_TRANSPOSES = "adds_transposes"
     """Its channels-last form would add Transposes to the model; ``--allow-added-transposes``."""
+    DEPTHWISE = "depthwise"
+    """A depthwise convolution (one input channel per group): a per-channel scale, no matrix."""
+    UNSUPPORTED_ACTIVATION = "unsupported_activation"
+    """A ``FusedConv`` activation the standard ops cannot express exactly (unknown name, wrong
+    ``activation_params`` count)."""
 
     @property
     def description(self) -> str:
@@ -51,15 +56,15 @@ class SkipReason(str, enum.Enum):
 
 
 _DESCRIPTIONS: dict[SkipReason, str] = {
-    SkipReason.UNSUPPORTED_OP: "not a default-domain Conv",
+    SkipReason.UNSUPPORTED_OP: "not a Conv or com.microsoft FusedConv",
     SkipReason.WEIGHT_NOT_CONSTANT: "weight is not a constant",
     SkipReason.WEIGHT_OVERRIDABLE: "weight initializer is also a graph input",
     SkipReason.UNSUPPORTED_RANK: "weight rank is not 3, 4 or 5",
     SkipReason.KERNEL_NOT_POINTWISE: "kernel is not pointwise",
-    SkipReason.GROUPED: "grouped or depthwise convolution",
+    SkipReason.GROUPED: "grouped convolution needs --extended-conv1x1",
     SkipReason.UNSUPPORTED_DTYPE: "weight type not supported by MatMul",
     SkipReason.INVALID_ATTRIBUTES: "attributes inconsistent with the weight",
-    SkipReason.NEEDS_EXTENDED_MODE: "strides/pads/auto_pad need --extended-conv1x1",
+    SkipReason.NEEDS_EXTENDED_MODE: "strides/pads need --extended-conv1x1",
     SkipReason.DILATION_NEEDS_OPT_IN: "dilation > 1 needs --allow-non-unit-dilation",
     SkipReason.DILATION_ABOVE_MAX: "dilation above --max-dilation",
     SkipReason.OPSET_UNSUPPORTED: "model opset or IR version cannot express the rewrite",
@@ -67,4 +72,6 @@ _DESCRIPTIONS: dict[SkipReason, str] = {
     SkipReason.AMBIGUOUS_WEIGHT: "weight name defined in several scopes",
     SkipReason.IN_FUNCTION: "inside a model-local function",
     SkipReason.ADDS_TRANSPOSES: "would add Transposes; --allow-added-transposes",
+    SkipReason.DEPTHWISE: "depthwise convolution",
+    SkipReason.UNSUPPORTED_ACTIVATION: "FusedConv activation not expressible",
 }

@@ -210,9 +210,19 @@ def _lengths_lines(verification: VerifyReport) -> list[str]:
 
 def print_verification(console: Console, verification: VerifyReport, *, cosine: bool = False) -> None:
     console.print(verification_table(verification, cosine=cosine))
-    inputs = ", ".join(f"{k}: {v}" for k, v in verification.inputs.items())
-    if inputs:
-        console.print(f"Inputs: {inputs}", highlight=False, soft_wrap=True)
+    files = verification.input_files
+    if files:
+        for number, item in enumerate(files, 1):
+            shapes = ", ".join(
+                f"{name} {'x'.join(map(str, shape)) or 'scalar'}" for name, shape in item["shapes"].items()
+            )
+            console.print(
+                f"Inputs {number}: {escape(item['file'])} ({shapes})", highlight=False, soft_wrap=True
+            )
+    else:
+        inputs = ", ".join(f"{k}: {v}" for k, v in verification.inputs.items())
+        if inputs:
+            console.print(f"Inputs: {inputs}", highlight=False, soft_wrap=True)
     for line in _lengths_lines(verification):
         console.print(line, highlight=False, soft_wrap=True)
     if verification.options.criterion is Criterion.REPORT_ONLY:
@@ -248,7 +258,9 @@ def print_quantize_report(console: Console, report: QuantizeReport) -> None:
     if report.mode == "matmul_nbits":
         table.add_row("MatMul -> MatMulNBits", f"{report.quantized_nodes} of {report.matmuls}")
         if report.excluded:
-            table.add_row("excluded by pattern", str(len(report.excluded)))
+            table.add_row("left in float by the settings", str(len(report.excluded)))
+        for setting, count in _setting_counts(report).items():
+            table.add_row(f"  {setting}", str(count))
         before, after = report.weights_without_rewrite, report.weights_with_rewrite
         if before and after:
             table.add_row("quantizable weight share without the rewrite", f"{before.share:.1%}")
@@ -291,6 +303,16 @@ def print_quantize_report(console: Console, report: QuantizeReport) -> None:
         console.print("Accuracy below --min-cosine: nothing was written.", highlight=False)
     else:
         console.print("Outputs that must match differ: nothing was written.", highlight=False)
+
+
+def _setting_counts(report: QuantizeReport) -> dict[str, int]:
+    """How many MatMuls got each setting, when they did not all get the same."""
+    counts: dict[str, int] = {}
+    for setting in report.settings.values():
+        kind = "symmetric" if setting.symmetric else "asymmetric"
+        key = f"{setting.bits} bits, block {setting.block_size}, {kind}"
+        counts[key] = counts.get(key, 0) + 1
+    return counts if len(counts) > 1 else {}
 
 
 def bundle_table(report: BundleReport) -> Table:

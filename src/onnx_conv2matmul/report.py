@@ -25,7 +25,7 @@ from onnx_conv2matmul.reasons import SkipReason
 if TYPE_CHECKING:
     from onnx_conv2matmul.auto import AutoResult
     from onnx_conv2matmul.other_weights import OtherWeightsResult
-    from onnx_conv2matmul.quantize import WeightStats
+    from onnx_conv2matmul.quantize import NodeSetting, WeightStats
     from onnx_conv2matmul.verify import VerifyReport
 
 SCHEMA_VERSION = 2
@@ -168,7 +168,8 @@ class ConvEntry:
         params: Number of weight elements (0 when unknown).
         weight_bytes: Size of the weight in bytes (0 when unknown).
         matmul: Name of the emitted MatMul node, for a quantizer's exclude list.
-        extra_ops: Ops emitted beside Transpose/MatMul/Add (``Pad``, ``Slice``).
+        extra_ops: Ops emitted beside Transpose/MatMul/Add (``Pad``, ``Slice``, ``Split`` and
+            ``Concat`` for groups, a FusedConv's activation).
     """
 
     name: str
@@ -336,7 +337,9 @@ class QuantizeReport(CommandReport):
     """What ``quantize`` did, as data.
 
     ``mode`` is ``matmul_nbits`` or ``int8_dynamic``; ``output_path`` is None when the
-    accuracy check failed and nothing was written.
+    accuracy check failed and nothing was written. ``settings`` is the resolved setting of
+    each MatMul that became MatMulNBits, by node name; ``options["quantize"]`` is a settings
+    file's object that replays the run.
     """
 
     COMMAND: ClassVar[Command] = Command.QUANTIZE
@@ -349,6 +352,7 @@ class QuantizeReport(CommandReport):
     matmuls: int = 0
     quantized_nodes: int = 0
     excluded: list[str] = dataclasses.field(default_factory=list)
+    settings: dict[str, NodeSetting] = dataclasses.field(default_factory=dict)
     weights_without_rewrite: WeightStats | None = None
     weights_with_rewrite: WeightStats | None = None
     input_bytes: int = 0
@@ -399,6 +403,7 @@ class QuantizeReport(CommandReport):
             "matmuls": self.matmuls,
             "quantized_nodes": self.quantized_nodes,
             "excluded": self.excluded,
+            "quantized": [{"node": name, **setting.to_dict()} for name, setting in self.settings.items()],
             "weights_without_rewrite": without.to_dict() if without else None,
             "weights_with_rewrite": with_.to_dict() if with_ else None,
             "files": {
@@ -419,11 +424,24 @@ class QuantizeReport(CommandReport):
 
 @dataclasses.dataclass(frozen=True)
 class BundleModel:
-    """One model of a bundle: its file name, its size with its external data, and those files."""
+    """One model of a bundle: its file name, its size with its external data, and those files.
+
+    In a manifest, also ``files`` (each file's ``path``, ``bytes`` and ``sha256``) and
+    ``quantization`` (from the model's quantize report, None without one).
+    """
 
     name: str
     size: int
     external_data: list[str]
+    files: list[dict[str, Any]] | None = None
+    quantization: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"model": self.name, "bytes": self.size, "external_data": self.external_data}
+        if self.files is not None:
+            data["files"] = self.files
+            data["quantization"] = self.quantization
+        return data
 
 
 @dataclasses.dataclass
@@ -453,9 +471,7 @@ class BundleReport(CommandReport):
 
     def body(self) -> dict[str, Any]:
         return {
-            "models": [
-                {"model": m.name, "bytes": m.size, "external_data": m.external_data} for m in self.models
-            ],
+            "models": [m.to_dict() for m in self.models],
             "total_bytes": self.total_bytes,
         }
 

@@ -21,6 +21,10 @@ finite rest is compared. Integer, bool and string outputs must match exactly (st
 as text). A sequence output must hold as many tensors as the reference's, each
 passing by these rules on its own.
 
+Real inputs can replace the synthesised ones (:func:`load_inputs`, ``VerifyOptions.feeds``):
+each feed is one run, checked against the model's input names, types and ranks; a row's
+``length`` is then the feed's number, from 1.
+
 Sessions are created from file paths and run one after the other, so external data is
 memory-mapped by onnxruntime and only one model is loaded at a time.
 """
@@ -33,7 +37,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 import gc
+import os
 import re
+import zipfile
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -107,6 +113,9 @@ class VerifyOptions:
         inputs: Fixed values per input name: a scalar fill.
         dims: Fixed values per symbolic dim name.
         deterministic: One thread, sequential execution, deterministic compute.
+        feeds: Real inputs instead of synthesised ones: one run per feed (a mapping of
+            input name to array, e.g. from :func:`load_inputs`). Excludes ``lengths``,
+            ``inputs`` and ``dims``.
     """
 
     lengths: tuple[int, ...] | None = None
@@ -122,8 +131,24 @@ class VerifyOptions:
     dims: Mapping[str, int] = dataclasses.field(default_factory=dict)
     deterministic: bool = False
     report_only: bool = False
+    # Arrays have no truth value: options holding feeds compare as equal whatever the arrays.
+    feeds: tuple[Mapping[str, np.ndarray], ...] | None = dataclasses.field(default=None, compare=False)
 
     def __post_init__(self) -> None:
+        if self.feeds is not None:
+            if not self.feeds:
+                raise ValueError("verify feeds must hold at least one set of inputs")
+            given = [
+                name
+                for name, value in (
+                    ("lengths", self.lengths),
+                    ("input values", self.inputs),
+                    ("dim values", self.dims),
+                )
+                if value
+            ]
+            if given:
+                raise ValueError(f"real inputs cannot be combined with {' or '.join(given)}")
         if self.report_only and self.min_cosine is not None:
             raise ValueError("a report-only verification takes no minimum cosine similarity")
         if self.lengths is not None and (not self.lengths or any(n < 1 for n in self.lengths)):
@@ -152,10 +177,126 @@ class VerifyOptions:
         return {"kind": criterion.value}
 
     def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
+        feeds = self.feeds
+        data = dataclasses.asdict(dataclasses.replace(self, feeds=None))
         data["inputs"] = dict(self.inputs)
         data["dims"] = dict(self.dims)
+        data["feeds"] = None if feeds is None else [feed_source(feed, i) for i, feed in enumerate(feeds)]
         return data
+
+
+class Feed(dict[str, np.ndarray]):
+    """One set of real inputs (input name to array) and the file it was read from."""
+
+    def __init__(self, arrays: Mapping[str, np.ndarray], source: str) -> None:
+        super().__init__(arrays)
+        self.source = source
+
+
+def feed_source(feed: Mapping[str, np.ndarray], index: int) -> str:
+    """Where a feed came from: its file, or ``feed <n>`` (from 1) for one made in memory."""
+    return getattr(feed, "source", None) or f"feed {index + 1}"
+
+
+def load_inputs(paths: Sequence[str | os.PathLike[str]]) -> list[Feed]:
+    """Read real inputs: each ``.npz`` file is one feed, its keys the model's input names.
+
+    A directory stands for the ``.npz`` files in it, in name order. The arrays are checked
+    against a model later (``VerifyOptions.feeds``); here only the files.
+
+    Raises:
+        InputError: a path that does not exist, a directory without ``.npz`` files, or a
+            file that is not a readable ``.npz`` of plain arrays.
+    """
+    files: list[str] = []
+    for path in (os.fspath(p) for p in paths):
+        if os.path.isdir(path):
+            found = sorted(
+                os.path.join(path, name)
+                for name in os.listdir(path)
+                if name.endswith(".npz") and os.path.isfile(os.path.join(path, name))
+            )
+            if not found:
+                raise InputError(f"no .npz files in the inputs directory {path}")
+            files.extend(found)
+        elif os.path.isfile(path):
+            files.append(path)
+        else:
+            raise InputError(f"inputs file not found: {path}")
+    if not files:
+        raise InputError("no inputs files given")
+    return [_read_npz(path) for path in files]
+
+
+def _read_npz(path: str) -> Feed:
+    try:
+        data = np.load(path, allow_pickle=False)
+        if not isinstance(data, np.lib.npyio.NpzFile):
+            raise InputError(f"not an .npz file (a single .npy array): {path}")
+        with data:
+            arrays = {name: np.asarray(data[name]) for name in data.files}
+    except InputError:
+        raise
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
+        raise InputError(f"cannot read inputs file {path}: {_first_line(err)}") from err
+    if not arrays:
+        raise InputError(f"inputs file holds no arrays: {path}")
+    return Feed(arrays, path)
+
+
+def check_feeds_for_graph(graph_inputs: Sequence[Any], feeds: Sequence[Mapping[str, np.ndarray]]) -> None:
+    """:func:`check_feeds` against an onnx-ir graph's inputs (initializers aside), before any run.
+
+    Raises:
+        InputError: as :func:`check_feeds`.
+    """
+    specs = []
+    for value in graph_inputs:
+        if value.is_initializer() or value.dtype is None:
+            continue
+        shape = value.shape
+        dims: list[int | str | None] = (
+            [d if isinstance(d, int) else (d.value if d.value else None) for d in shape] if shape else []
+        )
+        specs.append(_InputSpec(value.name, value.dtype.numpy(), dims))
+    check_feeds(specs, feeds)
+
+
+def check_feeds(specs: Sequence[_InputSpec], feeds: Sequence[Mapping[str, np.ndarray]]) -> None:
+    """Refuse feeds that do not fit the model: names, element types, ranks and static dims.
+
+    Raises:
+        InputError: one line naming the feed and the first problem found.
+    """
+    by_name = {spec.name: spec for spec in specs}
+    for index, feed in enumerate(feeds):
+        where = f"inputs {feed_source(feed, index)}"
+        missing = [name for name in by_name if name not in feed]
+        unknown = [name for name in feed if name not in by_name]
+        if missing or unknown:
+            parts = []
+            if missing:
+                parts.append(f"missing {_named('input', missing)}")
+            if unknown:
+                parts.append(f"unknown {_named('input', unknown)}")
+            known = ", ".join(by_name) or "none"
+            raise InputError(f"{where}: {'; '.join(parts)} (the model's inputs: {known})")
+        for name, spec in by_name.items():
+            array = feed[name]
+            want = np.dtype(spec.dtype)
+            if array.dtype != want:
+                raise InputError(f"{where}: input {name!r} is {array.dtype}, the model takes {want}")
+            if array.ndim != len(spec.shape):
+                raise InputError(
+                    f"{where}: input {name!r} has rank {array.ndim} {list(array.shape)},"
+                    f" the model takes rank {len(spec.shape)} {spec.shape}"
+                )
+            for axis, (got, dim) in enumerate(zip(array.shape, spec.shape, strict=True)):
+                if isinstance(dim, int) and dim > 0 and got != dim:
+                    raise InputError(
+                        f"{where}: input {name!r} has {got} on axis {axis}, the model takes {dim}"
+                        f" {spec.shape}"
+                    )
 
 
 @dataclasses.dataclass
@@ -213,6 +354,14 @@ class VerifyReport:
     lengths_not_run: list[tuple[int, str]] = dataclasses.field(default_factory=list)
 
     @property
+    def input_files(self) -> list[dict[str, Any]]:
+        """The real inputs used, one per run: file (or ``feed <n>``) and each input's shape."""
+        return [
+            {"file": feed_source(feed, i), "shapes": {name: list(a.shape) for name, a in feed.items()}}
+            for i, feed in enumerate(self.options.feeds or ())
+        ]
+
+    @property
     def passed(self) -> bool:
         return bool(self.results) and all(r.passed for r in self.results)
 
@@ -236,6 +385,7 @@ class VerifyReport:
             ),
             "options": self.options.to_dict(),
             "inputs": self.inputs,
+            "input_files": self.input_files,
             "lengths": {
                 "used": self.lengths,
                 "rule": self.lengths_rule,
@@ -342,7 +492,15 @@ def _is_length_input(spec: _InputSpec, options: VerifyOptions) -> bool:
 def synthesise_inputs(
     specs: Sequence[_InputSpec], length: int, options: VerifyOptions
 ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """Inputs for one run at ``length``, and how each was made."""
+    """Inputs for one run at ``length``, and how each was made.
+
+    With real inputs (``options.feeds``), ``length`` is the feed's number, from 1.
+    """
+    if options.feeds is not None:
+        feed = options.feeds[length - 1]
+        return {spec.name: feed[spec.name] for spec in specs}, {
+            spec.name: "from the input files" for spec in specs
+        }
     rng = np.random.default_rng([options.seed, length])
     batch_names = _batch_names(specs)
     feeds: dict[str, np.ndarray] = {}
@@ -396,6 +554,9 @@ def plan_lengths(specs: Sequence[_InputSpec], options: VerifyOptions) -> LengthP
     any other model (sequences: [B, C, T] and the like) gets :data:`DEFAULT_LENGTHS`,
     odd ones included. Default lengths come with spares; given ones are used as given.
     """
+    if options.feeds is not None:
+        rule = "real inputs: one run per file, each row's length is the file's number from 1"
+        return LengthPlan(tuple(range(1, len(options.feeds) + 1)), (), rule)
     if options.lengths is not None:
         return LengthPlan(options.lengths, (), "given")
     image = _image_input(specs, options)
@@ -430,6 +591,8 @@ def _open(
         )
     use = specs or own_specs
     check_names(use, options)
+    if options.feeds is not None:
+        check_feeds(use, options.feeds)
     names = [o.name for o in session.get_outputs()]
     for index in options.output_indices or ():
         if not 0 <= index < len(names):
@@ -448,8 +611,13 @@ def _run_at(session: Any, specs: list[_InputSpec], length: int, options: VerifyO
         return session.run(None, feeds, quiet)
     except Exception as err:
         shapes = ", ".join(f"{k}{list(v.shape)}" for k, v in feeds.items())
+        where = (
+            f"on inputs {feed_source(options.feeds[length - 1], length - 1)}"
+            if options.feeds is not None
+            else f"at length {length}"
+        )
         raise ModelRunError(
-            f"onnxruntime cannot run the {label} model at length {length} ({shapes}): {_first_line(err)}"
+            f"onnxruntime cannot run the {label} model {where} ({shapes}): {_first_line(err)}"
         ) from err
 
 
@@ -860,7 +1028,8 @@ def verify_models(original: str, candidate: str, options: VerifyOptions | None =
     """
     options = options or VerifyOptions()
     specs, names, plan, ref_outputs, not_run = _reference_outputs(original, options)
-    lengths = list(ref_outputs) if options.lengths is not None else sorted(ref_outputs)
+    given = options.lengths is not None or options.feeds is not None
+    lengths = list(ref_outputs) if given else sorted(ref_outputs)
     report = VerifyReport(original, candidate, options, _how(specs, lengths[0], options))
     report.lengths, report.lengths_rule, report.lengths_not_run = lengths, plan.rule, not_run
     try:
