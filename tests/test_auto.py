@@ -255,3 +255,37 @@ def test_next_step_stays_inside_the_bracket(
         fail, good, fail_cosine, good_cosine, min_cosine, predicted.__getitem__, bisect=bisect
     )
     assert fail < step < good
+
+
+def test_cli_auto_searches_on_given_inputs(tmp_path: Path) -> None:
+    """With --inputs, the search and the check run on those files (one feed each), not on
+    synthesised inputs."""
+    rng = np.random.default_rng(5)
+    files = []
+    for frames in (70, 110):
+        path = tmp_path / f"feed{frames}.npz"
+        np.savez(
+            path,
+            audio_signal=rng.standard_normal((1, 32, frames)).astype(np.float32),
+            length=np.array([frames], np.int64),
+        )
+        files.append(str(path))
+    report = tmp_path / "r.json"
+    code, _, stderr = _invoke(
+        "quantize",
+        str(ENCODER),
+        str(tmp_path / "q.onnx"),
+        "--auto",
+        "--min-cosine",
+        "0.995",
+        *(arg for path in files for arg in ("--inputs", path)),
+        "--report-json",
+        str(report),
+        "-q",
+    )
+    assert code == 0, stderr
+    data = json.loads(report.read_text())
+    assert data["auto"]["feeds"] == 2
+    assert [f["file"] for f in data["verification"]["input_files"]] == files
+    cosines = [r["cosine"] for r in data["verification"]["results"] if r["cosine"] is not None]
+    assert len(cosines) == 2 and min(cosines) >= 0.995
