@@ -12,8 +12,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from helpers import assert_equivalent
-from onnx_conv2matmul import ConvertOptions, convert
+from helpers import assert_equivalent, gemm_model
+from onnx_conv2matmul import ConvertOptions, Status, convert
+from onnx_conv2matmul.inspection import inspect_file
 from test_inspect import _assert_agree, invoke
 
 
@@ -137,3 +138,19 @@ def test_every_reached_node_converts_exactly() -> None:
         for cond in (True, False)
     ]
     assert_equivalent(model, rewritten, feeds)
+
+
+@pytest.mark.parametrize(("above", "counts"), [(False, (0, 1)), (True, (1, 0))], ids=["alone", "cancelled"])
+def test_a_trans_a_gemms_transpose_is_in_the_totals_only(
+    above: bool, counts: tuple[int, int], tmp_path: Path
+) -> None:
+    """As the README says: inspect leaves a Gemm's Transpose cost blank; the totals count it."""
+    model = gemm_model(trans_a=True)
+    if above:  # an exporter's Transpose [1, 0] into A: both go
+        model.graph.node.insert(0, helper.make_node("Transpose", ["x"], ["a"], perm=[1, 0], name="t"))
+        model.graph.input[0].CopyFrom(helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", 6]))
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    report = inspect_file(path)
+    assert [(n.entry.status, n.transposes_added) for n in report.nodes] == [(Status.CONVERTED, None)]
+    assert (report.rewrite.transposes_before, report.rewrite.transposes_after) == counts
