@@ -230,6 +230,13 @@ def _fused_conv_activation_not_a_string() -> onnx.ModelProto:
     return model
 
 
+def _fused_conv_params_not_floats() -> onnx.ModelProto:
+    """``activation_params`` as integers: the ONNX checker knows no com.microsoft schema."""
+    model = _fused_conv(activation="LeakyRelu")
+    model.graph.node[-1].attribute.append(helper.make_attribute("activation_params", [1]))
+    return model
+
+
 def _grouped_input_declared(shape: list[int | str]) -> Callable[[], onnx.ModelProto]:
     """A group-2 conv of weight [6, 3, 1] (6 input channels) whose input is declared ``shape``."""
 
@@ -421,6 +428,9 @@ EXAMPLES: dict[SkipReason, list[Example]] = {
             "hard-sigmoid-3-params", lambda: _fused_conv(activation="HardSigmoid", params=[0.2, 0.5, 1.0])
         ),
         Example("activation-as-floats", _fused_conv_activation_not_a_string, detail="of type FLOATS"),
+        Example(
+            "params-as-ints", _fused_conv_params_not_floats, detail="activation_params attribute of type INTS"
+        ),
     ],
     SkipReason.UNSUPPORTED_DTYPE: [
         Example("int8", lambda: _with_weight(conv_model(spatial=1), _weight(conv_model()).astype(np.int8))),

@@ -71,6 +71,8 @@ def activation(node: ir.Node) -> tuple[Activation | None, str | None]:
     if name not in ACTIVATION_PARAMS:
         return None, f"activation {name!r} is not one of {', '.join(ACTIVATION_PARAMS)}"
     params_attr = node.attributes.get("activation_params")
+    if params_attr is not None and params_attr.type != ir.AttributeType.FLOATS:
+        return None, f"activation_params attribute of type {params_attr.type.name}"
     params = tuple(params_attr.as_floats()) if params_attr is not None else ()
     if len(params) != ACTIVATION_PARAMS[name]:
         return (

@@ -48,7 +48,7 @@ class SkipReason(str, enum.Enum):
     """A depthwise convolution (one input channel per group): a per-channel scale, no matrix."""
     UNSUPPORTED_ACTIVATION = "unsupported_activation"
     """A ``FusedConv`` activation the standard ops cannot express exactly (unknown name, wrong
-    ``activation_params`` count)."""
+    ``activation_params`` count or type)."""
 
     @property
     def description(self) -> str:
