@@ -230,6 +230,17 @@ def _fused_conv_activation_not_a_string() -> onnx.ModelProto:
     return model
 
 
+def _with_attribute(model: onnx.ModelProto, name: str, value: object) -> onnx.ModelProto:
+    """``model`` with its last node's attribute ``name`` set to ``value`` (of another type than
+    the op defines: the ONNX checker refuses it for a standard op, is optional, and does not
+    know com.microsoft ops)."""
+    node = model.graph.node[-1]
+    kept = [a for a in node.attribute if a.name != name]
+    del node.attribute[:]
+    node.attribute.extend([*kept, helper.make_attribute(name, value)])
+    return model
+
+
 def _fused_conv_params_not_floats() -> onnx.ModelProto:
     """``activation_params`` as integers: the ONNX checker knows no com.microsoft schema."""
     model = _fused_conv(activation="LeakyRelu")
@@ -507,6 +518,21 @@ EXAMPLES: dict[SkipReason, list[Example]] = {
             detail="input type DOUBLE",
         ),
         Example("gemm-c-n", lambda: _gemm_c([3]), detail="C shape [3]"),
+        Example(
+            "fused-group-float",
+            lambda: _with_attribute(_fused_conv(activation="Relu"), "group", 1.0),
+            detail="attribute group of type FLOAT, not INT",
+        ),
+        Example(
+            "conv-strides-floats",
+            lambda: _with_attribute(conv_model(spatial=1), "strides", [1.0]),
+            detail="attribute strides of type FLOATS, not INTS",
+        ),
+        Example(
+            "gemm-alpha-int",
+            lambda: _with_attribute(gemm_model(alpha=2.0), "alpha", 2),
+            detail="attribute alpha of type INT, not FLOAT",
+        ),
         Example("gemm-c-rank-3", lambda: _gemm_c([1, 1, 5]), detail="C shape [1, 1, 5]"),
         Example("gemm-c-m", lambda: _gemm_c([3, 5], m=2), detail="C shape [3, 5]"),
     ],

@@ -253,6 +253,34 @@ def constant_tensor(value: ir.Value) -> tuple[ir.TensorProtocol, ir.Node | None]
     return None
 
 
+# The type of each attribute the plans read (``activation`` and ``activation_params`` are
+# checked in ``_fused``, with their own reason). The ONNX checker checks these for standard
+# ops but knows no com.microsoft schema, and is optional.
+_ATTRIBUTE_TYPES = {
+    "group": ir.AttributeType.INT,
+    "kernel_shape": ir.AttributeType.INTS,
+    "strides": ir.AttributeType.INTS,
+    "dilations": ir.AttributeType.INTS,
+    "pads": ir.AttributeType.INTS,
+    "auto_pad": ir.AttributeType.STRING,
+    "transA": ir.AttributeType.INT,
+    "transB": ir.AttributeType.INT,
+    "alpha": ir.AttributeType.FLOAT,
+    "beta": ir.AttributeType.FLOAT,
+}
+
+
+def check_attribute_types(node: ir.Node) -> None:
+    """Skip a node with an attribute of another type than its op defines (invalid as it is)."""
+    for name, attr in node.attributes.items():
+        expected = _ATTRIBUTE_TYPES.get(name)
+        if expected is not None and attr.type != expected:
+            raise _Skip(
+                SkipReason.INVALID_ATTRIBUTES,
+                f"attribute {name} of type {attr.type.name}, not {expected.name}",
+            )
+
+
 def _ints(node: ir.Node, name: str, default: list[int]) -> list[int]:
     attr = node.attributes.get(name)
     if attr is None:
@@ -273,6 +301,7 @@ def _plan(
         raise _Skip(SkipReason.UNSUPPORTED_OP, f"{domain}::{node.op_type} is not rewritten")
     if opset is None:
         raise _Skip(SkipReason.OPSET_UNSUPPORTED, "model imports no default-domain opset")
+    check_attribute_types(node)
     if len(node.inputs) < 2 or node.inputs[1] is None or node.inputs[0] is None:
         raise _Skip(SkipReason.INVALID_ATTRIBUTES, f"{node.op_type} without input or weight")
     weight = node.inputs[1]

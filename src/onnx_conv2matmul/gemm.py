@@ -37,7 +37,13 @@ import numpy as np
 import onnx_ir as ir
 
 from onnx_conv2matmul._graphs import mark_created
-from onnx_conv2matmul.analysis import _FLOAT_TYPES, MIN_OPSET_BFLOAT16_MATMUL, _Skip, constant_tensor
+from onnx_conv2matmul.analysis import (
+    _FLOAT_TYPES,
+    MIN_OPSET_BFLOAT16_MATMUL,
+    _Skip,
+    check_attribute_types,
+    constant_tensor,
+)
 from onnx_conv2matmul.reasons import SkipReason
 from onnx_conv2matmul.report import ConvEntry
 
@@ -86,6 +92,7 @@ def plan_gemm(node: ir.Node, graph: ir.Graph, entry: ConvEntry, opset: int | Non
     """The plan for ``node``, or ``_Skip`` with the reason it stays."""
     if opset is None:
         raise _Skip(SkipReason.OPSET_UNSUPPORTED, "model imports no default-domain opset")
+    check_attribute_types(node)
     if len(node.inputs) < 2 or node.inputs[0] is None or node.inputs[1] is None or len(node.outputs) != 1:
         raise _Skip(SkipReason.INVALID_ATTRIBUTES, "Gemm without input A or B, or not with one output")
     weight = node.inputs[1]

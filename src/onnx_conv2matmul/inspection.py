@@ -30,6 +30,15 @@ from onnx_conv2matmul.quantize import QuantizeOptions, nbits_projection
 from onnx_conv2matmul.report import ConvEntry, ConvertReport, InspectNode, InspectReport, Status
 
 _Key = tuple[str, str, str]
+_INTS = ir.AttributeType.INTS
+_SHOWN = {
+    "kernel_shape": _INTS,
+    "strides": _INTS,
+    "pads": _INTS,
+    "dilations": _INTS,
+    "group": ir.AttributeType.INT,
+    "auto_pad": ir.AttributeType.STRING,
+}
 
 
 def inspect_file(
@@ -131,7 +140,8 @@ def _inspect_node(entry: ConvEntry, node: ir.Node | None) -> InspectNode:
             entry.weight_bytes = int(tensor.nbytes)
     if "Conv" not in node.op_type:
         return InspectNode(entry)
-    attributes = node.attributes
+    # An attribute of another type than Conv's (the node is skipped for it) is shown as absent.
+    attributes = {k: a for k, a in node.attributes.items() if a.type == _SHOWN.get(k, a.type)}
     kernel = entry.weight_shape[2:] if entry.weight_shape and len(entry.weight_shape) > 2 else None
     if kernel is None and "kernel_shape" in attributes:
         kernel = list(attributes["kernel_shape"].as_ints())
@@ -145,11 +155,11 @@ def _inspect_node(entry: ConvEntry, node: ir.Node | None) -> InspectNode:
     return InspectNode(
         entry,
         kernel=kernel,
-        group=attributes.get_int("group", 1),
+        group=attributes["group"].as_int() if "group" in attributes else 1,
         strides=ints("strides", 1, spatial or 0),
         pads=ints("pads", 0, 2 * (spatial or 0)),
         dilations=ints("dilations", 1, spatial or 0),
-        auto_pad=attributes.get_string("auto_pad", "NOTSET"),
+        auto_pad=attributes["auto_pad"].as_string() if "auto_pad" in attributes else "NOTSET",
     )
 
 
