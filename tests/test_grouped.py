@@ -219,3 +219,23 @@ def test_quantize_takes_every_group_weight_and_a_fusedconvs() -> None:
         np.dot(expected.ravel(), actual.ravel()) / np.linalg.norm(expected) / np.linalg.norm(actual)
     )
     assert cosine > 0.98
+
+
+@pytest.mark.parametrize("groups", [(1, 2), (2, 4)], ids=["plain-and-grouped", "two-group-counts"])
+def test_a_weight_read_with_two_group_counts_is_not_stored_twice(groups: tuple[int, int]) -> None:
+    """W [8, 4, 1] read by convs of different ``group`` (4 and 8, or 8 and 16 input channels):
+    each would store it in another form, so both stay, with ``weight_shared``."""
+    rng = np.random.default_rng(0)
+    weight = numpy_helper.from_array(rng.standard_normal((8, 4, 1)).astype(np.float32), "W")
+    inputs = [helper.make_tensor_value_info(f"x{g}", TensorProto.FLOAT, ["N", 4 * g, "T"]) for g in groups]
+    outputs = [helper.make_tensor_value_info(f"y{g}", TensorProto.FLOAT, ["N", 8, "T"]) for g in groups]
+    nodes = [helper.make_node("Conv", [f"x{g}", "W"], [f"y{g}"], name=f"conv{g}", group=g) for g in groups]
+    graph = helper.make_graph(nodes, "g", inputs, outputs, [weight])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    rewritten, report = convert(model, EXTENDED)
+    assert [(e.status, e.reason) for e in report.entries] == [(Status.SKIPPED, SkipReason.WEIGHT_SHARED)] * 2
+    assert op_types(rewritten) == ["Conv", "Conv"]
+    assert [t.name for t in rewritten.graph.initializer] == ["W"]
+    feeds = {f"x{g}": rng.standard_normal((2, 4 * g, 5)).astype(np.float32) for g in groups}
+    for expected, actual in zip(run(model, feeds), run(rewritten, feeds), strict=True):
+        np.testing.assert_array_equal(expected, actual)

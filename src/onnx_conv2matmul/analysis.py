@@ -211,7 +211,10 @@ def _drop_shared_with_unconverted(plans: list[Plan | GemmPlan]) -> list[Plan | G
 def _stored_form(plan: Plan | GemmPlan) -> str | None:
     from onnx_conv2matmul.gemm import GemmPlan  # gemm imports this module
 
-    return plan.stored_form if isinstance(plan, GemmPlan) else "transposed"
+    if isinstance(plan, GemmPlan):
+        return plan.stored_form
+    # A grouped conv stores its weight cut into groups: another form than a whole transpose.
+    return "transposed" if plan.group == 1 else f"transposed in {plan.group} groups"
 
 
 def _function_entries(model: ir.Model, options: ConvertOptions) -> list[ConvEntry]:
