@@ -30,14 +30,19 @@ that is also a graph input) or shared with a node that stays is left alone as fo
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx_ir as ir
 
 from onnx_conv2matmul._graphs import mark_created
-from onnx_conv2matmul.analysis import _FLOAT_TYPES, MIN_OPSET_BFLOAT16_MATMUL, _Skip, constant_tensor
+from onnx_conv2matmul.analysis import (
+    _FLOAT_TYPES,
+    MIN_OPSET_BFLOAT16_MATMUL,
+    _Skip,
+    constant_tensor,
+    constant_weight,
+)
 from onnx_conv2matmul.reasons import SkipReason
 from onnx_conv2matmul.report import ConvEntry
 
@@ -89,17 +94,7 @@ def plan_gemm(node: ir.Node, graph: ir.Graph, entry: ConvEntry, opset: int | Non
     if len(node.inputs) < 2 or node.inputs[0] is None or node.inputs[1] is None or len(node.outputs) != 1:
         raise _Skip(SkipReason.INVALID_ATTRIBUTES, "Gemm without input A or B, or not with one output")
     weight = node.inputs[1]
-    if weight.is_graph_input() and not weight.is_initializer():
-        raise _Skip(SkipReason.WEIGHT_NOT_CONSTANT, f"weight {weight.name!r} is a graph input")
-    found = constant_tensor(weight)
-    if found is None:
-        raise _Skip(SkipReason.WEIGHT_NOT_CONSTANT, f"weight {weight.name!r} is computed at run time")
-    tensor, constant_node = found
-    shape = [int(d) for d in tensor.shape.numpy()]
-    entry.weight_shape = shape
-    entry.weight_dtype = tensor.dtype.name
-    entry.params = math.prod(shape)
-    entry.weight_bytes = int(entry.params * tensor.dtype.itemsize)
+    tensor, constant_node, shape = constant_weight(weight, entry)
     if tensor.dtype not in _FLOAT_TYPES:
         raise _Skip(SkipReason.UNSUPPORTED_DTYPE, f"weight type {tensor.dtype.name}")
     if len(shape) != 2:
