@@ -14,7 +14,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-MODULES = ["analysis", "rewrite", "cleanup", "_layout", "verify"]
+MODULES = ["analysis", "rewrite", "gemm", "_fused", "cleanup", "_layout", "verify"]
 # mutmut's exit codes (mutmut.stats.status_by_exit_code): 1 and 3 killed, 37 caught by mypy.
 KILLED = {1, 3, 37}
 STATUS = {0: "survived", 5: "no tests", 33: "no tests", 34: "skipped", 36: "timeout", None: "not checked"}

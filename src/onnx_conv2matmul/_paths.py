@@ -67,7 +67,7 @@ def files_read_by(model_path: str) -> set[str]:
     Tensors of the main graph, of subgraphs at any depth, of node attributes (Constant
     values) and of local functions count. A file that cannot be parsed gives only its own
     path: the loader reports it later. Costs one parse of the ``.onnx`` (tensor data that
-    lives inside it is read too: about a second per 2 GB).
+    lives inside it is read too, so a large single-file model takes a while).
     """
     files = {os.path.realpath(model_path)}
     try:

@@ -284,6 +284,26 @@ def check_attribute_types(node: ir.Node) -> None:
             )
 
 
+def constant_weight(
+    weight: ir.Value, entry: ConvEntry
+) -> tuple[ir.TensorProtocol, ir.Node | None, list[int]]:
+    """The constant tensor of a conv's or Gemm's weight input, the Constant node holding it (if
+    any) and its shape, recorded on ``entry`` with its type and size; ``_Skip`` when it is not
+    constant."""
+    if weight.is_graph_input() and not weight.is_initializer():
+        raise _Skip(SkipReason.WEIGHT_NOT_CONSTANT, f"weight {weight.name!r} is a graph input")
+    found = constant_tensor(weight)
+    if found is None:
+        raise _Skip(SkipReason.WEIGHT_NOT_CONSTANT, f"weight {weight.name!r} is computed at run time")
+    tensor, constant_node = found
+    shape = [int(d) for d in tensor.shape.numpy()]
+    entry.weight_shape = shape
+    entry.weight_dtype = tensor.dtype.name
+    entry.params = math.prod(shape)
+    entry.weight_bytes = int(entry.params * tensor.dtype.itemsize)
+    return tensor, constant_node, shape
+
+
 def _ints(node: ir.Node, name: str, default: list[int]) -> list[int]:
     attr = node.attributes.get(name)
     if attr is None:
@@ -308,17 +328,7 @@ def _plan(
     if len(node.inputs) < 2 or node.inputs[1] is None or node.inputs[0] is None:
         raise _Skip(SkipReason.INVALID_ATTRIBUTES, f"{node.op_type} without input or weight")
     weight = node.inputs[1]
-    if weight.is_graph_input() and not weight.is_initializer():
-        raise _Skip(SkipReason.WEIGHT_NOT_CONSTANT, f"weight {weight.name!r} is a graph input")
-    found = constant_tensor(weight)
-    if found is None:
-        raise _Skip(SkipReason.WEIGHT_NOT_CONSTANT, f"weight {weight.name!r} is computed at run time")
-    tensor, constant_node = found
-    shape = [int(d) for d in tensor.shape.numpy()]
-    entry.weight_shape = shape
-    entry.weight_dtype = tensor.dtype.name
-    entry.params = math.prod(shape)
-    entry.weight_bytes = int(entry.params * tensor.dtype.itemsize)
+    tensor, constant_node, shape = constant_weight(weight, entry)
 
     if len(shape) not in (3, 4, 5):
         raise _Skip(SkipReason.UNSUPPORTED_RANK, f"weight shape {shape}")

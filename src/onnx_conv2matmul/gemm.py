@@ -30,7 +30,6 @@ that is also a graph input) or shared with a node that stays is left alone as fo
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -43,6 +42,7 @@ from onnx_conv2matmul.analysis import (
     _Skip,
     check_attribute_types,
     constant_tensor,
+    constant_weight,
 )
 from onnx_conv2matmul.reasons import SkipReason
 from onnx_conv2matmul.report import ConvEntry
@@ -96,17 +96,7 @@ def plan_gemm(node: ir.Node, graph: ir.Graph, entry: ConvEntry, opset: int | Non
     if len(node.inputs) < 2 or node.inputs[0] is None or node.inputs[1] is None or len(node.outputs) != 1:
         raise _Skip(SkipReason.INVALID_ATTRIBUTES, "Gemm without input A or B, or not with one output")
     weight = node.inputs[1]
-    if weight.is_graph_input() and not weight.is_initializer():
-        raise _Skip(SkipReason.WEIGHT_NOT_CONSTANT, f"weight {weight.name!r} is a graph input")
-    found = constant_tensor(weight)
-    if found is None:
-        raise _Skip(SkipReason.WEIGHT_NOT_CONSTANT, f"weight {weight.name!r} is computed at run time")
-    tensor, constant_node = found
-    shape = [int(d) for d in tensor.shape.numpy()]
-    entry.weight_shape = shape
-    entry.weight_dtype = tensor.dtype.name
-    entry.params = math.prod(shape)
-    entry.weight_bytes = int(entry.params * tensor.dtype.itemsize)
+    tensor, constant_node, shape = constant_weight(weight, entry)
     if tensor.dtype not in _FLOAT_TYPES:
         raise _Skip(SkipReason.UNSUPPORTED_DTYPE, f"weight type {tensor.dtype.name}")
     if len(shape) != 2:

@@ -1,7 +1,7 @@
 """Weight-only quantization with onnxruntime's own quantizers, one weight at a time.
 
 ``MatMulNBitsQuantizer`` loads the whole model into protobuf (several times the model
-in memory for a 2.5 GB encoder). Here each MatMul is quantized alone, with the setting
+in memory). Here each MatMul is quantized alone, with the setting
 :meth:`QuantizeOptions.setting_for` resolves for it, by the algorithm's per-node
 quantizer (see :mod:`onnx_conv2matmul._weight_only`): for the default algorithm,
 onnxruntime's ``DefaultWeightOnlyQuantizer.qbits_block_quant`` on the weight's array,
