@@ -1,0 +1,30 @@
+"""Error paths of quantize's real inputs, settings files and search, seen from the command line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from click.testing import CliRunner
+
+from onnx_conv2matmul.cli import main
+
+ENCODER = Path(__file__).parent / "data" / "conformer_small.onnx"
+
+
+def _invoke(*args: object) -> tuple[int, str]:
+    result = CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+    return result.exit_code, result.stderr
+
+
+def test_a_model_run_error_on_real_inputs_names_no_refused_flag(tmp_path: Path) -> None:
+    """Inputs that pass the signature check but that the model cannot run on (batch 2 audio,
+    3 lengths): the hint points at the files, not at options refused together with --inputs."""
+    bad = tmp_path / "batch.npz"
+    np.savez(bad, audio_signal=np.zeros((2, 32, 20), np.float32), length=np.full(3, 20, np.int64))
+    for extra in ([], ["--algorithm", "gptq"]):
+        code, stderr = _invoke("quantize", ENCODER, tmp_path / "q.onnx", "--inputs", bad, *extra)
+        assert code == 2 and "batch.npz" in stderr and "--inputs files" in stderr, stderr
+        assert "--verify" not in stderr and "dim values" not in stderr, stderr
+        assert len(stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "q.onnx").exists()
