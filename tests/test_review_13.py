@@ -28,3 +28,21 @@ def test_a_model_run_error_on_real_inputs_names_no_refused_flag(tmp_path: Path) 
         assert "--verify" not in stderr and "dim values" not in stderr, stderr
         assert len(stderr.strip().splitlines()) == 1
     assert not (tmp_path / "q.onnx").exists()
+
+
+def test_unreachable_shows_the_worst_cosine_below_the_minimum(tmp_path: Path) -> None:
+    """A worst cosine just under 1 is not printed as 1 when the minimum asked is 1."""
+    import pytest
+
+    from onnx_conv2matmul import auto
+
+    assert auto._below(1 - 6e-8, 1.0) == "0.9999999"
+    assert auto._below(0.5, 0.99) == "0.5"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(auto, "_worst_cosine", lambda *_args: (1 - 6e-8, ""))
+        code, stderr = _invoke(
+            "quantize", ENCODER, tmp_path / "q.onnx", "--auto", "--min-cosine", "1", "--verify-lengths", "64",
+            "--max-evaluations", "2",
+        )  # fmt: skip
+    assert code == 1 and "minimum cosine similarity of 1 " in stderr and "worst cosine 0.9999999 " in stderr
+
