@@ -46,3 +46,9 @@ def test_unreachable_shows_the_worst_cosine_below_the_minimum(tmp_path: Path) ->
         )  # fmt: skip
     assert code == 1 and "minimum cosine similarity of 1 " in stderr and "worst cosine 0.9999999 " in stderr
 
+
+def test_settings_file_quotes_a_string_where_a_number_belongs(tmp_path: Path) -> None:
+    config = tmp_path / "c.json"
+    config.write_text('{"config_version": 1, "nodes": {"n": {"bits": "4"}}}')
+    code, stderr = _invoke("quantize", ENCODER, tmp_path / "q.onnx", "--config", config)
+    assert code == 2 and "got '4'" in stderr, stderr

@@ -60,7 +60,7 @@ class NodeSetting:
 
     def __post_init__(self) -> None:
         if self.bits is not None and (isinstance(self.bits, bool) or self.bits not in (4, 8)):
-            raise ValueError(f"bits must be 4 or 8 (or none for float), got {self.bits}")
+            raise ValueError(f"bits must be 4 or 8 (or none for float), got {self.bits!r}")
         if isinstance(self.block_size, bool) or self.block_size not in BLOCK_SIZES:
             raise ValueError(_block_size_error(self.block_size))
         if not isinstance(self.symmetric, bool):
@@ -113,7 +113,7 @@ class QuantizeOptions:
         from onnx_conv2matmul._weight_only import ALGORITHMS
 
         if isinstance(self.bits, bool) or self.bits not in (4, 8):
-            raise ValueError(f"bits must be 4 or 8, got {self.bits}")
+            raise ValueError(f"bits must be 4 or 8, got {self.bits!r}")
         if isinstance(self.block_size, bool) or self.block_size not in BLOCK_SIZES:
             raise ValueError(_block_size_error(self.block_size))
         if not 0 <= self.accuracy_level <= 4:
