@@ -52,3 +52,15 @@ def test_settings_file_quotes_a_string_where_a_number_belongs(tmp_path: Path) ->
     config.write_text('{"config_version": 1, "nodes": {"n": {"bits": "4"}}}')
     code, stderr = _invoke("quantize", ENCODER, tmp_path / "q.onnx", "--config", config)
     assert code == 2 and "got '4'" in stderr, stderr
+
+
+def test_a_file_that_is_not_npz_is_named_so(tmp_path: Path) -> None:
+    """numpy reads a text file as a pickle and says "pickled (object) data": say what it is."""
+    text = tmp_path / "notes.npz"
+    text.write_text("not a zip")
+    pickled = tmp_path / "obj.npz"
+    np.savez(pickled, a=np.array([{"x": 1}], dtype=object))
+    code, stderr = _invoke("quantize", ENCODER, tmp_path / "q.onnx", "--inputs", text)
+    assert code == 2 and "notes.npz: not an .npz file" in stderr and "pickled" not in stderr, stderr
+    code, stderr = _invoke("quantize", ENCODER, tmp_path / "q.onnx", "--inputs", pickled)
+    assert code == 2 and "obj.npz: Object arrays" in stderr, stderr

@@ -238,7 +238,10 @@ def _read_npz(path: str) -> Feed:
     except InputError:
         raise
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
-        raise InputError(f"cannot read inputs file {path}: {_first_line(err)}") from err
+        # numpy takes any file that is neither zip nor .npy for a pickle, and says so.
+        pickle_guess = isinstance(err, ValueError) and not zipfile.is_zipfile(path)
+        why = "not an .npz file (numpy.savez writes a zip archive)" if pickle_guess else _first_line(err)
+        raise InputError(f"cannot read inputs file {path}: {why}") from err
     if not arrays:
         raise InputError(f"inputs file holds no arrays: {path}")
     return Feed(arrays, path)
