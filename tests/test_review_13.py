@@ -64,3 +64,21 @@ def test_a_file_that_is_not_npz_is_named_so(tmp_path: Path) -> None:
     assert code == 2 and "notes.npz: not an .npz file" in stderr and "pickled" not in stderr, stderr
     code, stderr = _invoke("quantize", ENCODER, tmp_path / "q.onnx", "--inputs", pickled)
     assert code == 2 and "obj.npz: Object arrays" in stderr, stderr
+
+
+def test_patterns_that_match_nothing_are_a_warning(tmp_path: Path) -> None:
+    """A typo in --include, --exclude or --bits-for is reported, not silently ignored."""
+    import json
+
+    result = CliRunner().invoke(
+        main,
+        [
+            "quantize", str(ENCODER), str(tmp_path / "q.onnx"), "--include", "node_MatMul_14",
+            "--include", "zzz*", "--exclude", "node_MatMul_4*", "--bits-for", "*self_attn*=8",
+            "--verify-lengths", "64", "--report-json-stdout", "-q",
+        ],
+        catch_exceptions=False,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    warnings = json.loads(result.stdout)["warnings"]
+    assert warnings == ["patterns that match no quantizable MatMul: 'zzz*', '*self_attn*'"]
