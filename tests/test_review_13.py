@@ -82,3 +82,16 @@ def test_patterns_that_match_nothing_are_a_warning(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.stderr
     warnings = json.loads(result.stdout)["warnings"]
     assert warnings == ["patterns that match no quantizable MatMul: 'zzz*', '*self_attn*'"]
+
+
+def test_save_config_path_errors_name_the_settings_file(tmp_path: Path) -> None:
+    """A --save-config path that cannot be written is refused before any work, called what it is."""
+    out = tmp_path / "q.onnx"
+    for path, message in (
+        (tmp_path / "no" / "c.json", "settings file directory does not exist"),
+        (ENCODER, "settings file would overwrite a model file"),
+    ):
+        args = ["--auto", "--min-cosine", "0.9", "--save-config", path]
+        code, stderr = _invoke("quantize", ENCODER, out, *args)
+        assert code == 2 and message in stderr and "report" not in stderr, stderr
+    assert not out.exists()

@@ -855,9 +855,9 @@ def quantize_command(
         )
         _io.check_input_path(input_path)
         v_options = _build_verify_options(verify_kwargs, min_cosine, inputs)
-        for path in (report_json, save_config):
+        for path, what in ((report_json, "report"), (save_config, "settings file")):
             if path is not None:
-                api.check_report_path(path, inputs=[input_path], outputs=[output_path])
+                api.check_report_path(path, inputs=[input_path], outputs=[output_path], what=what)
         _OUTCOME.watch(output_path, output_path + ".data", report_json, save_config)
         report = quantize_file(
             input_path,
