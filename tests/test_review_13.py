@@ -95,3 +95,17 @@ def test_save_config_path_errors_name_the_settings_file(tmp_path: Path) -> None:
         code, stderr = _invoke("quantize", ENCODER, out, *args)
         assert code == 2 and message in stderr and "report" not in stderr, stderr
     assert not out.exists()
+
+
+def test_int8_dynamic_refuses_matmulnbits_settings_it_would_ignore(tmp_path: Path) -> None:
+    config = tmp_path / "c.json"
+    config.write_text('{"config_version": 1, "nodes": {"node_MatMul_14": {"bits": 8}}}')
+    for args, name in (
+        (["--bits-for", "node_*=8"], "--bits-for"),
+        (["--algorithm", "k_quant"], "--algorithm"),
+        (["--other-weights", "int8"], "--other-weights int8"),
+        (["--config", config], "the settings file's nodes"),
+    ):
+        code, stderr = _invoke("quantize", ENCODER, tmp_path / "q.onnx", "--int8-dynamic", *args)
+        assert code == 2 and f"{name}: a MatMulNBits setting" in stderr, stderr
+    assert not (tmp_path / "q.onnx").exists()

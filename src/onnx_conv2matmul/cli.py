@@ -840,6 +840,8 @@ def quantize_command(
         if other_weights is not None:
             given["other_weights"] = other_weights
         q_options = _quantize_options(given, config)
+        if int8_dynamic:
+            _refuse_with_int8_dynamic(q_options)
         try:
             c_options = ConvertOptions(
                 extended=not strict_conv1x1,
@@ -911,6 +913,22 @@ def _quantize_options(given: dict[str, Any], config: str | None) -> QuantizeOpti
         return QuantizeOptions(**fields)
     except ValueError as err:
         raise InputError(str(err)) from err
+
+
+def _refuse_with_int8_dynamic(options: QuantizeOptionsType) -> None:
+    """Refuse MatMulNBits settings that ``quantize_dynamic`` would silently not apply."""
+    clashes = [
+        name
+        for name, given in (
+            ("--bits-for", bool(options.bits_for)),
+            ("--algorithm", options.algorithm != "default"),
+            ("--other-weights int8", options.other_weights == "int8"),
+            ("the settings file's nodes", bool(options.nodes)),
+        )
+        if given
+    ]
+    if clashes:
+        raise click.UsageError(f"{clashes[0]}: a MatMulNBits setting, which --int8-dynamic would not apply")
 
 
 def _auto_options(
