@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import jsonschema
 import numpy as np
+import pytest
 from click.testing import CliRunner
 
+from onnx_conv2matmul import auto
 from onnx_conv2matmul.cli import main
 
 ENCODER = Path(__file__).parent / "data" / "conformer_small.onnx"
+SCHEMA = Path(__file__).resolve().parent.parent / "schema" / "report.schema.json"
 
 
 def _invoke(*args: object) -> tuple[int, str]:
@@ -32,10 +37,6 @@ def test_a_model_run_error_on_real_inputs_names_no_refused_flag(tmp_path: Path) 
 
 def test_unreachable_shows_the_worst_cosine_below_the_minimum(tmp_path: Path) -> None:
     """A worst cosine just under 1 is not printed as 1 when the minimum asked is 1."""
-    import pytest
-
-    from onnx_conv2matmul import auto
-
     assert auto._below(1 - 6e-8, 1.0) == "0.9999999"
     assert auto._below(0.5, 0.99) == "0.5"
     with pytest.MonkeyPatch.context() as patch:
@@ -68,8 +69,6 @@ def test_a_file_that_is_not_npz_is_named_so(tmp_path: Path) -> None:
 
 def test_patterns_that_match_nothing_are_a_warning(tmp_path: Path) -> None:
     """A typo in --include, --exclude or --bits-for is reported, not silently ignored."""
-    import json
-
     result = CliRunner().invoke(
         main,
         [
@@ -109,3 +108,30 @@ def test_int8_dynamic_refuses_matmulnbits_settings_it_would_ignore(tmp_path: Pat
         code, stderr = _invoke("quantize", ENCODER, tmp_path / "q.onnx", "--int8-dynamic", *args)
         assert code == 2 and f"{name}: a MatMulNBits setting" in stderr, stderr
     assert not (tmp_path / "q.onnx").exists()
+
+
+def test_reports_of_the_other_algorithms_and_of_refusals_validate(tmp_path: Path) -> None:
+    """The JSON of k_quant with per-pattern bits, of gptq on real inputs, and the envelopes of an
+    unreachable search and of a refused combination, against schema/report.schema.json."""
+    schema = json.loads(SCHEMA.read_text())
+    feed = tmp_path / "u.npz"
+    rng = np.random.default_rng(5)
+    np.savez(feed, audio_signal=rng.standard_normal((1, 32, 24), np.float32), length=np.array([24], np.int64))
+    out = tmp_path / "q.onnx"
+    runs = (
+        (["--algorithm", "k_quant", "--bits-for", "node_linear*=8", "--verify-lengths", "64"], 0),
+        (["--algorithm", "gptq", "--inputs", feed], 0),
+        (["--auto", "--min-cosine", "0.9", "--max-evaluations", "2", "--verify-lengths", "64"], 1),
+        (["--int8-dynamic", "--bits-for", "x=8"], 2),
+    )
+    for args, expected in runs:
+        with pytest.MonkeyPatch.context() as patch:
+            if "--auto" in args:  # every candidate below the minimum, float included
+                patch.setattr(auto, "_worst_cosine", lambda *_args: (0.5, ""))
+            result = CliRunner().invoke(
+                main, ["quantize", str(ENCODER), str(out), *map(str, args), "--report-json-stdout", "-q"]
+            )
+        assert result.exit_code == expected, result.stderr
+        data = json.loads(result.stdout)
+        jsonschema.validate(data, schema)
+        assert data["return_code"] == expected
