@@ -91,26 +91,27 @@ def check_replaceable(path: str, *, what: str = "output") -> None:
         )
 
 
-def check_report_path(path: str) -> None:
+def check_report_path(path: str, *, what: str = "report") -> None:
     """Refuse, before any work, a report path :func:`write_text_atomic` cannot write.
 
     A symbolic link, a character device or a FIFO is written through, so it must lead to
     a writable regular file, character device or FIFO (not a directory, a block device or
-    a socket); any other path must pass :func:`check_output_path`.
+    a socket); any other path must pass :func:`check_output_path`. ``what`` names the file in
+    messages.
     """
-    _check_path_text(path, "report")
+    _check_path_text(path, what)
     if not _written_through(path):
-        check_output_path(path, what="report")
+        check_output_path(path, what=what)
         return
     if not os.path.exists(path):
-        raise InputError(f"report is a broken symbolic link: {path}")
+        raise InputError(f"{what} is a broken symbolic link: {path}")
     mode = os.stat(path).st_mode
     if stat.S_ISDIR(mode):
-        raise InputError(f"report is a directory: {path}")
+        raise InputError(f"{what} is a directory: {path}")
     if not (stat.S_ISREG(mode) or stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)):
-        raise InputError(f"report is not a regular file, a character device or a FIFO: {path}")
+        raise InputError(f"{what} is not a regular file, a character device or a FIFO: {path}")
     if not os.access(path, os.W_OK):
-        raise InputError(f"report exists and is not writable: {path}")
+        raise InputError(f"{what} exists and is not writable: {path}")
 
 
 def check_kept_path(path: str) -> None:

@@ -249,7 +249,8 @@ def capture_inputs(
             first = (str(err).strip().splitlines() or [type(err).__name__])[0]
             raise ModelRunError(
                 f"onnxruntime cannot run the model on inputs {feed_source(feed, index)}"
-                f" to calibrate gptq: {first}"
+                f" to calibrate gptq: {first}",
+                hint=Hint.INPUT_FILES,
             ) from err
         for name, value in zip(names, values, strict=True):
             captured[name].append(value)

@@ -138,15 +138,18 @@ def load_input(
     return loaded
 
 
-def check_report_path(report_path: str, *, inputs: list[str], outputs: list[str]) -> None:
+def check_report_path(
+    report_path: str, *, inputs: list[str], outputs: list[str], what: str = "report"
+) -> None:
     """Refuse, before any work, a JSON report path that cannot be written or would replace a
     model file: an input, a file an input reads (its external data, however named), or an
     output being written (with its ``.data``).
 
     The inputs are parsed (one protobuf parse each, no tensor data) only when the report
-    path is an existing regular file: nothing else can be a file a model reads.
+    path is an existing regular file: nothing else can be a file a model reads. ``what`` names
+    the file in messages (another JSON file written the same way, e.g. a settings file).
     """
-    _io.check_report_path(report_path)
+    _io.check_report_path(report_path, what=what)
     protected = {os.path.realpath(p) for p in inputs}
     for out in outputs:
         protected.update({os.path.realpath(out), os.path.realpath(out + ".data")})
@@ -159,7 +162,7 @@ def check_report_path(report_path: str, *, inputs: list[str], outputs: list[str]
         for path in inputs:
             protected |= files_read_by(path)
     if target in protected:
-        raise InputError(f"the report would overwrite a model file: {report_path}")
+        raise InputError(f"the {what} would overwrite a model file: {report_path}")
 
 
 def convert_file(

@@ -514,7 +514,8 @@ def search(
             if not passed:
                 raise TargetUnreachable(
                     f"a minimum cosine similarity of {options.min_cosine:g} is not met even with every"
-                    f" weight in float (worst cosine {cosine:.6g} over {len(feeds)} input(s))"
+                    f" weight in float (worst cosine {_below(cosine, options.min_cosine)} over"
+                    f" {len(feeds)} input(s))"
                 )
             reached = cosine
     config = config_at(good)
@@ -538,6 +539,15 @@ def search(
 # The step aims at this fraction of the predicted error the straight line allows, so that
 # it rather passes (a usable result) than fails by a hair.
 _AIM = 0.8
+
+
+def _below(value: float, target: float) -> str:
+    """``value`` with enough digits to show that it is below ``target`` (0.9999999, not 1)."""
+    for digits in range(6, 18):
+        text = f"{value:.{digits}g}"
+        if float(text) < target:
+            return text
+    return repr(value)
 
 
 def _next_index(

@@ -48,6 +48,7 @@ _HINTS: dict[Hint, tuple[str, str]] = {
     Hint.NOT_INT8_DYNAMIC: ("int8_dynamic", "without --int8-dynamic, the default MatMulNBits mode takes it"),
     Hint.KEPT_PATH: ("keep_on_failure", "--keep-on-failure moves a failed output there"),
     Hint.CALIBRATION_INPUTS: ("inputs", "--inputs FILE.npz gives them"),
+    Hint.INPUT_FILES: ("inputs", "check the --inputs files: the model cannot run on them"),
 }
 
 
@@ -839,6 +840,8 @@ def quantize_command(
         if other_weights is not None:
             given["other_weights"] = other_weights
         q_options = _quantize_options(given, config)
+        if int8_dynamic:
+            _refuse_with_int8_dynamic(q_options)
         try:
             c_options = ConvertOptions(
                 extended=not strict_conv1x1,
@@ -854,9 +857,9 @@ def quantize_command(
         )
         _io.check_input_path(input_path)
         v_options = _build_verify_options(verify_kwargs, min_cosine, inputs)
-        for path in (report_json, save_config):
+        for path, what in ((report_json, "report"), (save_config, "settings file")):
             if path is not None:
-                api.check_report_path(path, inputs=[input_path], outputs=[output_path])
+                api.check_report_path(path, inputs=[input_path], outputs=[output_path], what=what)
         _OUTCOME.watch(output_path, output_path + ".data", report_json, save_config)
         report = quantize_file(
             input_path,
@@ -910,6 +913,22 @@ def _quantize_options(given: dict[str, Any], config: str | None) -> QuantizeOpti
         return QuantizeOptions(**fields)
     except ValueError as err:
         raise InputError(str(err)) from err
+
+
+def _refuse_with_int8_dynamic(options: QuantizeOptionsType) -> None:
+    """Refuse MatMulNBits settings that ``quantize_dynamic`` would silently not apply."""
+    clashes = [
+        name
+        for name, given in (
+            ("--bits-for", bool(options.bits_for)),
+            ("--algorithm", options.algorithm != "default"),
+            ("--other-weights int8", options.other_weights == "int8"),
+            ("the settings file's nodes", bool(options.nodes)),
+        )
+        if given
+    ]
+    if clashes:
+        raise click.UsageError(f"{clashes[0]}: a MatMulNBits setting, which --int8-dynamic would not apply")
 
 
 def _auto_options(

@@ -46,6 +46,7 @@ class Hint(enum.Enum):
     NOT_INT8_DYNAMIC = "use MatMulNBits quantization, which takes the model"
     KEPT_PATH = "remove what is at the path where a failed output is kept"
     CALIBRATION_INPUTS = "give real inputs of the model (VerifyOptions.feeds, load_inputs)"
+    INPUT_FILES = "fix the real inputs given (VerifyOptions.feeds): the model cannot run on them"
 
 
 class Conv2MatMulError(Exception):

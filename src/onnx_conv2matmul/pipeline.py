@@ -239,6 +239,9 @@ def _nbits_warnings(result: NBitsResult) -> list[str]:
         names = ", ".join(repr(n) for n in result.unknown_nodes[:5])
         more = f" and {len(result.unknown_nodes) - 5} more" if len(result.unknown_nodes) > 5 else ""
         warnings.append(f"per-node settings name no quantizable MatMul: {names}{more}")
+    if result.unmatched_patterns:
+        patterns = ", ".join(repr(p) for p in result.unmatched_patterns)
+        warnings.append(f"patterns that match no quantizable MatMul: {patterns}")
     reasons: dict[str, list[str]] = {}
     for name, why in result.not_quantized:
         reasons.setdefault(why, []).append(name)

@@ -60,7 +60,7 @@ class NodeSetting:
 
     def __post_init__(self) -> None:
         if self.bits is not None and (isinstance(self.bits, bool) or self.bits not in (4, 8)):
-            raise ValueError(f"bits must be 4 or 8 (or none for float), got {self.bits}")
+            raise ValueError(f"bits must be 4 or 8 (or none for float), got {self.bits!r}")
         if isinstance(self.block_size, bool) or self.block_size not in BLOCK_SIZES:
             raise ValueError(_block_size_error(self.block_size))
         if not isinstance(self.symmetric, bool):
@@ -113,7 +113,7 @@ class QuantizeOptions:
         from onnx_conv2matmul._weight_only import ALGORITHMS
 
         if isinstance(self.bits, bool) or self.bits not in (4, 8):
-            raise ValueError(f"bits must be 4 or 8, got {self.bits}")
+            raise ValueError(f"bits must be 4 or 8, got {self.bits!r}")
         if isinstance(self.block_size, bool) or self.block_size not in BLOCK_SIZES:
             raise ValueError(_block_size_error(self.block_size))
         if not 0 <= self.accuracy_level <= 4:
@@ -424,6 +424,8 @@ class NBitsResult:
         settings: The setting each quantized MatMul got, by node name.
         not_quantized: Nodes the algorithm left in float, with why (e.g. gptq inside subgraphs).
         unknown_nodes: Names in ``QuantizeOptions.nodes`` that are no quantizable MatMul.
+        unmatched_patterns: ``exclude``, ``include`` and ``bits_for`` patterns that match no
+            quantizable MatMul.
     """
 
     quantized: int = 0
@@ -432,6 +434,7 @@ class NBitsResult:
     settings: dict[str, NodeSetting] = dataclasses.field(default_factory=dict)
     not_quantized: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     unknown_nodes: list[str] = dataclasses.field(default_factory=list)
+    unmatched_patterns: list[str] = dataclasses.field(default_factory=list)
 
 
 def quantize_matmul_nbits(
@@ -470,6 +473,10 @@ def quantize_matmul_nbits(
                 targets.append((graph, node, b, setting))
     known = {node.name for _, node, _, _ in targets} | set(result.excluded)
     result.unknown_nodes = [name for name in options.nodes if name not in known]
+    patterns = [*options.exclude, *options.include, *(p for p, _ in options.bits_for)]
+    result.unmatched_patterns = [
+        p for p in dict.fromkeys(patterns) if not any(fnmatch.fnmatchcase(n or "", p) for n in known)
+    ]
     activations: dict[str, list[np.ndarray]] | None = None
     if options.algorithm == "gptq":
         assert feeds

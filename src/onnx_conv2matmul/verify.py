@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from onnx_conv2matmul.errors import InputError
+from onnx_conv2matmul.errors import Hint, InputError
 from onnx_conv2matmul.errors import ModelRunError as ModelRunError  # its home before errors.py
 
 DEFAULT_LENGTHS = (64, 80, 97, 128, 191)
@@ -238,7 +238,10 @@ def _read_npz(path: str) -> Feed:
     except InputError:
         raise
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
-        raise InputError(f"cannot read inputs file {path}: {_first_line(err)}") from err
+        # numpy takes any file that is neither zip nor .npy for a pickle, and says so.
+        pickle_guess = isinstance(err, ValueError) and not zipfile.is_zipfile(path)
+        why = "not an .npz file (numpy.savez writes a zip archive)" if pickle_guess else _first_line(err)
+        raise InputError(f"cannot read inputs file {path}: {why}") from err
     if not arrays:
         raise InputError(f"inputs file holds no arrays: {path}")
     return Feed(arrays, path)
@@ -617,7 +620,8 @@ def _run_at(session: Any, specs: list[_InputSpec], length: int, options: VerifyO
             else f"at length {length}"
         )
         raise ModelRunError(
-            f"onnxruntime cannot run the {label} model {where} ({shapes}): {_first_line(err)}"
+            f"onnxruntime cannot run the {label} model {where} ({shapes}): {_first_line(err)}",
+            hint=Hint.INPUT_FILES if options.feeds is not None else None,
         ) from err
 
 
@@ -641,6 +645,8 @@ def _run_original(
             outputs[length] = _run_at(session, specs, length, options, "original")
         except ModelRunError as err:
             if not plan.spares:
+                if options.feeds is not None:
+                    raise
                 raise ModelRunError(f"{err}; fix input values, dim values or lengths") from err
             first_error = first_error or err
             not_run.append((length, _first_line(err.__cause__ or err)))
