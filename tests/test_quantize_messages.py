@@ -1,4 +1,4 @@
-"""Error paths of quantize's real inputs, settings files and search, seen from the command line."""
+"""Messages and refusals of quantize, verify and their settings: one clear line, the right hint."""
 
 from __future__ import annotations
 
