@@ -42,7 +42,7 @@ _MIN_OPSET = {ir.DataType.FLOAT: 13, ir.DataType.FLOAT16: 19}
 class KeptReason(str, enum.Enum):
     """Why a float tensor of at least :data:`MIN_BYTES` was left as it was.
 
-    The values are part of the JSON report and are documented in the README: never
+    The values are part of the JSON report and are documented in docs/quantize.md: never
     rename one, only add new members.
     """
 
