@@ -105,3 +105,48 @@ def test_beta_zero_drops_a_constant_c_nothing_else_reads() -> None:
     assert "c_const" not in [n.name for n in rewritten.graph.node]
     assert report.tensors_removed == 2  # B (now B_matmul) and the unread C
     assert_equivalent(model, rewritten, _feeds())
+
+
+def test_a_converted_gemm_says_what_it_folded() -> None:
+    _, report = convert(_gemm(), ConvertOptions())
+    assert report.entries[0].detail == "transA, transB, alpha 2, beta 3"
+    _, report = convert(_gemm(c_source="constant", beta=0.0), ConvertOptions())
+    assert report.entries[0].detail == "transA, transB, alpha 2, beta 0, C not read"
+
+
+def test_gemms_the_rewrite_cannot_express_say_why() -> None:
+    from onnx_conv2matmul import SkipReason
+
+    no_opset = _gemm()
+    del no_opset.opset_import[:]
+    no_opset.opset_import.append(helper.make_opsetid("other", 1))
+    _, report = convert(no_opset, ConvertOptions())
+    assert [(e.reason, e.detail) for e in report.entries] == [
+        (SkipReason.OPSET_UNSUPPORTED, "model imports no default-domain opset")
+    ]
+    model = ir.serde.deserialize_model(_gemm())
+    (gemm,) = model.graph
+    gemm.replace_input_with(1, None)
+    _, report = convert(model, ConvertOptions())
+    assert [(e.reason, e.detail) for e in report.entries] == [
+        (SkipReason.INVALID_ATTRIBUTES, "Gemm without input A or B, or not with one output")
+    ]
+
+
+def test_a_c_of_shape_m_by_1_is_checked_against_the_rows_of_a() -> None:
+    """A [3, 4] (M = 3), C [3, 1]: C broadcasts over the columns, so the Gemm converts."""
+    rng = np.random.default_rng(2)
+    b = numpy_helper.from_array(rng.standard_normal((4, 5)).astype(np.float32), "B")
+    c = numpy_helper.from_array(rng.standard_normal((3, 1)).astype(np.float32), "C")
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["a", "B", "C"], ["y"], name="g")],
+        "g",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, [3, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 5])],
+        [b, c],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    rewritten, report = convert(model, ConvertOptions())
+    assert [e.status for e in report.entries] == [Status.CONVERTED]
+    feeds = [{"a": rng.standard_normal((3, 4)).astype(np.float32)} for _ in range(2)]
+    assert_equivalent(model, rewritten, feeds)
