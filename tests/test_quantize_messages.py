@@ -104,6 +104,10 @@ def test_int8_dynamic_refuses_matmulnbits_settings_it_would_ignore(tmp_path: Pat
         (["--algorithm", "k_quant"], "--algorithm"),
         (["--other-weights", "int8"], "--other-weights int8"),
         (["--config", config], "the settings file's nodes"),
+        (["--bits", "8"], "--bits"),
+        (["--block-size", "32"], "--block-size"),
+        (["--symmetric"], "--symmetric/--asymmetric"),
+        (["--accuracy-level", "4"], "--accuracy-level"),
     ):
         code, stderr = _invoke("quantize", ENCODER, tmp_path / "q.onnx", "--int8-dynamic", *args)
         assert code == 2 and f"{name}: a MatMulNBits setting" in stderr, stderr

@@ -917,7 +917,19 @@ def _quantize_options(given: dict[str, Any], config: str | None) -> QuantizeOpti
 
 def _refuse_with_int8_dynamic(options: QuantizeOptionsType) -> None:
     """Refuse MatMulNBits settings that ``quantize_dynamic`` would silently not apply."""
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context()
+    typed = {
+        "bits": "--bits",
+        "block_size": "--block-size",
+        "symmetric": "--symmetric/--asymmetric",
+        "accuracy_level": "--accuracy-level",
+    }
     clashes = [
+        flag for name, flag in typed.items() if ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE
+    ]
+    clashes += [
         name
         for name, given in (
             ("--bits-for", bool(options.bits_for)),
