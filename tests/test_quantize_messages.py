@@ -7,6 +7,7 @@ from pathlib import Path
 
 import jsonschema
 import numpy as np
+import onnx
 import pytest
 from click.testing import CliRunner
 
@@ -139,3 +140,22 @@ def test_reports_of_the_other_algorithms_and_of_refusals_validate(tmp_path: Path
         data = json.loads(result.stdout)
         jsonschema.validate(data, schema)
         assert data["return_code"] == expected
+
+
+def test_a_model_onnxruntime_cannot_load_gets_no_hint_about_inputs(tmp_path: Path) -> None:
+    """No input value, dim or length makes onnxruntime load an op it does not know: the error
+    says what failed and suggests no --verify-* option."""
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Unknown", ["x"], ["y"], domain="nowhere")],
+        "g",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 4])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 4])],
+    )
+    model = onnx.helper.make_model(
+        graph, opset_imports=[onnx.helper.make_opsetid("", 17), onnx.helper.make_opsetid("nowhere", 1)]
+    )
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    code, stderr = _invoke("verify", path, path)
+    assert code == 2 and "onnxruntime cannot load the original model" in stderr, stderr
+    assert "--verify" not in stderr, stderr

@@ -74,7 +74,13 @@ class DestinationBusy(InputError):
 class ModelRunError(Conv2MatMulError):
     """onnxruntime could not load or run a model on the synthesised inputs."""
 
-    default_hint = Hint.VERIFY_INPUTS
+    default_hint: Hint | None = Hint.VERIFY_INPUTS
+
+
+class ModelLoadError(ModelRunError):
+    """onnxruntime could not load a model at all: no input or length can fix that, so no hint."""
+
+    default_hint = None
 
 
 class CheckerError(Conv2MatMulError):

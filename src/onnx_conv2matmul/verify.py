@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from onnx_conv2matmul.errors import Hint, InputError
+from onnx_conv2matmul.errors import Hint, InputError, ModelLoadError
 from onnx_conv2matmul.errors import ModelRunError as ModelRunError  # its home before errors.py
 
 DEFAULT_LENGTHS = (64, 80, 97, 128, 191)
@@ -586,7 +586,7 @@ def _open(
     try:
         session = _session(path, options)
     except Exception as err:
-        raise ModelRunError(f"onnxruntime cannot load the {label} model: {_first_line(err)}") from err
+        raise ModelLoadError(f"onnxruntime cannot load the {label} model: {_first_line(err)}") from err
     own_specs = _specs(session)
     if specs is not None and not _same_signature(specs, own_specs):
         raise InputError(
