@@ -38,8 +38,12 @@ MIN_IR_VERSION = 4
 
 
 @dataclasses.dataclass
-class Plan:
-    """How one Conv is rewritten. Built by :func:`analyze`, applied by ``rewrite.py``."""
+class WeightPlan:
+    """What every plan holds: the node, its report entry and its constant weight.
+
+    The steps that settle plans against each other (shared weights, the form a weight is
+    stored in) read only these fields, whatever the op.
+    """
 
     node: ir.Node
     graph: ir.Graph
@@ -48,6 +52,12 @@ class Plan:
     weight_tensor: ir.TensorProtocol
     weight_owner: ir.Graph
     weight_constant_node: ir.Node | None
+
+
+@dataclasses.dataclass
+class Plan(WeightPlan):
+    """How one Conv is rewritten. Built by :func:`analyze`, applied by ``rewrite.py``."""
+
     bias: ir.Value | None
     spatial_rank: int
     pads_begin: list[int]

@@ -39,6 +39,7 @@ from onnx_conv2matmul._graphs import mark_created
 from onnx_conv2matmul.analysis import (
     _FLOAT_TYPES,
     MIN_OPSET_BFLOAT16_MATMUL,
+    WeightPlan,
     _Skip,
     check_attribute_types,
     constant_tensor,
@@ -56,16 +57,9 @@ MIN_OPSET_GEMM = 7
 
 
 @dataclasses.dataclass
-class GemmPlan:
+class GemmPlan(WeightPlan):
     """How one Gemm is rewritten. Built by :func:`plan_gemm`, applied by :func:`apply_gemm`."""
 
-    node: ir.Node
-    graph: ir.Graph
-    entry: ConvEntry
-    weight: ir.Value
-    weight_tensor: ir.TensorProtocol
-    weight_owner: ir.Graph
-    weight_constant_node: ir.Node | None
     trans_a: bool
     trans_b: bool
     alpha: float
