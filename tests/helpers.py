@@ -365,3 +365,35 @@ def random_feeds(
             feed[value.name] = rng.standard_normal(shape).astype(np_type)
         feeds.append(feed)
     return feeds
+
+
+def bfloat16_conv_model(opset: int) -> onnx.ModelProto:
+    """One pointwise Conv1D in bfloat16 (onnxruntime runs no bfloat16 Conv on CPU)."""
+    rng = np.random.default_rng(0)
+    w = helper.make_tensor("W", TensorProto.BFLOAT16, [5, 6, 1], rng.standard_normal(30).tolist())
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "W"], ["y"], name="pw")],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.BFLOAT16, ["N", 6, "T"])],
+        [helper.make_tensor_value_info("y", TensorProto.BFLOAT16, ["N", 5, "T"])],
+        [w],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def conv_in_function_model(spatial: int, conv_name: str = "fn_conv") -> onnx.ModelProto:
+    """A pointwise Conv inside the model-local function ``local::PwConv`` that the graph calls."""
+    function = helper.make_function(
+        "local",
+        "PwConv",
+        ["x", "w"],
+        ["y"],
+        [helper.make_node("Conv", ["x", "w"], ["y"], name=conv_name)],
+        opset_imports=[helper.make_opsetid("", 17)],
+    )
+    model = conv_model(spatial=spatial, bias=False)
+    model.graph.node[0].op_type = "PwConv"
+    model.graph.node[0].domain = "local"
+    model.functions.append(function)
+    model.opset_import.append(helper.make_opsetid("local", 1))
+    return model

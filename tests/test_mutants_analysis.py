@@ -14,33 +14,20 @@ import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper
 
-from helpers import ALL, assert_equivalent, conv_model, op_types
+from helpers import ALL, assert_equivalent, bfloat16_conv_model, conv_in_function_model, conv_model, op_types
 from onnx_conv2matmul import ConvertOptions, SkipReason, convert
 from onnx_conv2matmul.report import Status
 
 EXTENDED_ALL = ConvertOptions(extended=True, allow_added_transposes=True)
 
 
-def _bfloat16(opset: int) -> onnx.ModelProto:
-    rng = np.random.default_rng(0)
-    w = helper.make_tensor("W", TensorProto.BFLOAT16, [5, 6, 1], rng.standard_normal(30).tolist())
-    graph = helper.make_graph(
-        [helper.make_node("Conv", ["x", "W"], ["y"], name="pw")],
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.BFLOAT16, ["N", 6, "T"])],
-        [helper.make_tensor_value_info("y", TensorProto.BFLOAT16, ["N", 5, "T"])],
-        [w],
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-
-
 def test_bfloat16_converts_from_opset_13_exactly() -> None:
-    rewritten, report = convert(_bfloat16(13), ALL)
+    rewritten, report = convert(bfloat16_conv_model(13), ALL)
     assert [(e.status, e.reason) for e in report.entries] == [(Status.CONVERTED, None)]
     assert op_types(rewritten) == ["Transpose", "MatMul", "Transpose"]
     (weight,) = rewritten.graph.initializer
     assert weight.data_type == TensorProto.BFLOAT16 and list(weight.dims) == [6, 5]
-    _, report = convert(_bfloat16(12), ALL)
+    _, report = convert(bfloat16_conv_model(12), ALL)
     assert [e.reason for e in report.entries] == [SkipReason.OPSET_UNSUPPORTED]
 
 
@@ -66,19 +53,7 @@ def test_a_weight_shared_with_an_unnamed_node_says_so() -> None:
 
 
 def test_a_conv_in_a_local_function_has_a_fixed_detail() -> None:
-    function = helper.make_function(
-        "local",
-        "PwConv",
-        ["x", "w"],
-        ["y"],
-        [helper.make_node("Conv", ["x", "w"], ["y"], name="fn_conv")],
-        opset_imports=[helper.make_opsetid("", 17)],
-    )
-    model = conv_model(spatial=1, bias=False)
-    model.graph.node[0].op_type = "PwConv"
-    model.graph.node[0].domain = "local"
-    model.functions.append(function)
-    model.opset_import.append(helper.make_opsetid("local", 1))
+    model = conv_in_function_model(1)
     _, report = convert(model, ALL)
     (entry,) = report.entries
     assert (entry.status, entry.reason) == (Status.SKIPPED, SkipReason.IN_FUNCTION)
@@ -192,19 +167,7 @@ def test_skipped_entries_list_no_extra_ops_and_know_their_weight_bytes() -> None
 
 
 def test_an_unnamed_conv_in_a_local_function_is_reported_without_a_name() -> None:
-    function = helper.make_function(
-        "local",
-        "PwConv",
-        ["x", "w"],
-        ["y"],
-        [helper.make_node("Conv", ["x", "w"], ["y"])],
-        opset_imports=[helper.make_opsetid("", 17)],
-    )
-    model = conv_model(spatial=1, bias=False)
-    model.graph.node[0].op_type = "PwConv"
-    model.graph.node[0].domain = "local"
-    model.functions.append(function)
-    model.opset_import.append(helper.make_opsetid("local", 1))
+    model = conv_in_function_model(1, conv_name="")
     _, report = convert(model, ALL)
     assert [(e.name, e.reason) for e in report.entries] == [("", SkipReason.IN_FUNCTION)]
 

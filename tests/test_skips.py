@@ -15,7 +15,15 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from helpers import ALL, conv_model, fused_conv_model, gemm_model, op_types
+from helpers import (
+    ALL,
+    bfloat16_conv_model,
+    conv_in_function_model,
+    conv_model,
+    fused_conv_model,
+    gemm_model,
+    op_types,
+)
 from onnx_conv2matmul import ConvertOptions, SkipReason, Status, convert
 
 EXTENDED = ConvertOptions(allow_added_transposes=True, extended=True)
@@ -67,19 +75,6 @@ def _weight_through_identity() -> onnx.ModelProto:
     model.graph.node.insert(0, helper.make_node("Identity", ["W"], ["W2"]))
     model.graph.node[1].input[1] = "W2"
     return model
-
-
-def _bfloat16(opset: int) -> onnx.ModelProto:
-    rng = np.random.default_rng(0)
-    w = helper.make_tensor("W", TensorProto.BFLOAT16, [5, 6, 1], rng.standard_normal(30).tolist())
-    graph = helper.make_graph(
-        [helper.make_node("Conv", ["x", "W"], ["y"], name="pw")],
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.BFLOAT16, ["N", 6, "T"])],
-        [helper.make_tensor_value_info("y", TensorProto.BFLOAT16, ["N", 5, "T"])],
-        [w],
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
 def _ir_version_3(spatial: int, bias: bool) -> onnx.ModelProto:
@@ -168,23 +163,6 @@ def _if_defining(name: str, *, conv_inside: bool) -> onnx.ModelProto:
         main_inits,
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-
-
-def _in_function(spatial: int) -> onnx.ModelProto:
-    function = helper.make_function(
-        "local",
-        "PwConv",
-        ["x", "w"],
-        ["y"],
-        [helper.make_node("Conv", ["x", "w"], ["y"], name="fn_conv")],
-        opset_imports=[helper.make_opsetid("", 17)],
-    )
-    model = conv_model(spatial=spatial, bias=False)
-    model.graph.node[0].op_type = "PwConv"
-    model.graph.node[0].domain = "local"
-    model.functions.append(function)
-    model.opset_import.append(helper.make_opsetid("local", 1))
-    return model
 
 
 def _between(before: str | None, after: str | None, spatial: int = 1) -> onnx.ModelProto:
@@ -575,7 +553,7 @@ EXAMPLES: dict[SkipReason, list[Example]] = {
     SkipReason.OPSET_UNSUPPORTED: [
         Example("strides-opset-9", lambda: conv_model(spatial=1, attrs={"strides": [2]}, opset=9), EXTENDED),
         Example("pads-opset-1", lambda: conv_model(spatial=1, attrs={"pads": [1, 1]}, opset=1), EXTENDED),
-        Example("bfloat16-opset-12", lambda: _bfloat16(12), detail="bfloat16"),
+        Example("bfloat16-opset-12", lambda: bfloat16_conv_model(12), detail="bfloat16"),
         Example(
             "fused-relu-opset-5", lambda: _fused_conv(activation="Relu", opset=5), detail="Relu needs opset 6"
         ),
@@ -609,8 +587,8 @@ EXAMPLES: dict[SkipReason, list[Example]] = {
         Example("gemm-in-branch", lambda: _gemm_in_if(gemm_inside=True)),
     ],
     SkipReason.IN_FUNCTION: [
-        Example("conv1d", lambda: _in_function(1), detail="model-local"),
-        Example("conv2d", lambda: _in_function(2)),
+        Example("conv1d", lambda: conv_in_function_model(1), detail="model-local"),
+        Example("conv2d", lambda: conv_in_function_model(2)),
         Example("gemm", _gemm_in_function, detail="Gemm nodes inside model-local"),
     ],
     SkipReason.ADDS_TRANSPOSES: [
@@ -801,7 +779,7 @@ def test_ambiguous_weight_name_across_scopes() -> None:
 
 
 def test_conv_in_a_local_function_is_reported_with_its_scope() -> None:
-    _, report = convert(_in_function(1), ALL)
+    _, report = convert(conv_in_function_model(1), ALL)
     assert [(e.name, e.reason, e.scope) for e in report.entries] == [
         ("fn_conv", SkipReason.IN_FUNCTION, "function local::PwConv")
     ]
