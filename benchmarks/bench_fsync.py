@@ -26,13 +26,13 @@ from pathlib import Path
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "onnx-conv2matmul-bench"
 EXPORTS = ("encoder-dynamo", "encoder-legacy")
 FLAGS = ["--extended-conv1x1", "--allow-non-unit-dilation", "--max-dilation", "4", "-q"]
-AS_SHIPPED = "import sys; from onnx_conv2matmul._entry import run; sys.argv[0] = 'onnx-conv2matmul'; run()"
+AS_SHIPPED = "import sys; from onnx_conv2matmul.cli.entry import run; sys.argv[0] = 'onnx-conv2matmul'; run()"
 NO_FSYNC = (
     "import os, sys\n"
     "os.fsync = lambda fd: None\n"
-    "from onnx_conv2matmul import _datafile\n"
+    "from onnx_conv2matmul.files import datafile as _datafile\n"
     "_datafile._start_writeback = lambda *args: None\n"
-    "from onnx_conv2matmul._entry import run\n"
+    "from onnx_conv2matmul.cli.entry import run\n"
     "sys.argv[0] = 'onnx-conv2matmul'\n"
     "run()\n"
 )

@@ -54,7 +54,7 @@ print(json.dumps({"load": t1 - t0, "quantize": t2 - t1, "save": t3 - t2}))
 OURS_SCRIPT = """
 import json, sys, time
 t0 = time.perf_counter()
-from onnx_conv2matmul import pipeline
+from onnx_conv2matmul.quantize import workflow as pipeline
 
 class Stop(Exception):
     pass
@@ -79,7 +79,7 @@ profile = "--profile" in sys.argv[3:]
 if "--through-proto" in sys.argv[3:]:
     # Every weight through a protobuf graph and onnxruntime's DefaultWeightOnlyQuantizer.quantize,
     # as before the array path existed.
-    from onnx_conv2matmul import quantize
+    from onnx_conv2matmul.quantize import nbits as quantize
     quantize._DIRECT_TYPES = frozenset()
 if profile:
     import cProfile, pstats

@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from onnx_conv2matmul.rewrite import transpose_2d
+from onnx_conv2matmul.rewrite.apply import transpose_2d
 
 # [out_channels, in_channels] of pointwise-conv weights in a Parakeet-sized encoder, and a small one.
 SHAPES = [(256, 256), (1024, 1024), (2048, 1024), (4096, 1024)]

@@ -3,7 +3,7 @@
 #   pip install -e '.[test,mutation]'
 # Usage: scripts/mutation.sh [MUTANT_NAME_OR_GLOB...]
 #   scripts/mutation.sh                                  every mutant not yet run
-#   scripts/mutation.sh 'onnx_conv2matmul.cleanup.*'     (re)run those mutants
+#   scripts/mutation.sh 'onnx_conv2matmul.rewrite.cleanup.*'     (re)run those mutants
 # Runs niced, with at most MUTATION_CHILDREN (default 2) workers and the hypothesis
 # profile `mutation` (tests/conftest.py), then prints the score per module
 # (scripts/mutation_scores.py; add --survivors there to list what was not killed).

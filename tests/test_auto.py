@@ -14,12 +14,12 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from helpers import examples, run
-from onnx_conv2matmul import auto
-from onnx_conv2matmul.auto import AutoConfig, AutoOptions, Setting, block_dequantize, block_quantize
-from onnx_conv2matmul.cli import main
-from onnx_conv2matmul.pipeline import quantize_file
-from onnx_conv2matmul.quantize import QuantizeOptions
-from onnx_conv2matmul.verify import VerifyOptions
+from onnx_conv2matmul.quantize import search as auto
+from onnx_conv2matmul.quantize.search import AutoConfig, AutoOptions, Setting, block_dequantize, block_quantize
+from onnx_conv2matmul.cli.app import main
+from onnx_conv2matmul.quantize.workflow import quantize_file
+from onnx_conv2matmul.quantize.nbits import QuantizeOptions
+from onnx_conv2matmul.verify.check import VerifyOptions
 
 DATA = Path(__file__).parent / "data"
 ENCODER = DATA / "conformer_small.onnx"

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 import unwritable
 from helpers import conv_model
 from onnx_conv2matmul import ConvertOptions, __version__
-from onnx_conv2matmul.cli import main
+from onnx_conv2matmul.cli.app import main
 
 
 @pytest.fixture
@@ -186,7 +186,7 @@ def test_progress_only_on_a_terminal_for_big_models(
 ) -> None:
     from rich.console import Console
 
-    from onnx_conv2matmul import cli
+    from onnx_conv2matmul.cli import app as cli
 
     def terminal() -> Console:
         return Console(file=io.StringIO(), force_terminal=True, width=100, color_system=None)
@@ -251,9 +251,11 @@ def test_progress_reports_each_phase_and_the_save(
     written the count only grows, the total stays, and the last count is the total."""
     from rich.console import Console
 
-    from onnx_conv2matmul import _datafile, cli
+    from onnx_conv2matmul.files import datafile as _datafile
+
+    from onnx_conv2matmul.cli import app as cli
     from onnx_conv2matmul.api import convert_file
-    from onnx_conv2matmul.pipeline import quantize_file
+    from onnx_conv2matmul.quantize.workflow import quantize_file
 
     src = _external_model(tmp_path)
     events: list[str | tuple[int, int]] = []
@@ -320,7 +322,7 @@ def test_the_command_draws_the_bar_only_on_a_terminal(tmp_path: Path, command: s
     """The command as a process with stderr on a pseudo-terminal (or a pipe), every model
     counting as big: the bar is drawn, and closed on the last phase, only on the terminal."""
     src = _external_model(tmp_path)
-    code = "import sys; from onnx_conv2matmul import cli; cli.PROGRESS_MIN_BYTES = 1; cli.run()"
+    code = "import sys; from onnx_conv2matmul.cli import app as cli; cli.PROGRESS_MIN_BYTES = 1; cli.run()"
     argv = [
         sys.executable,
         "-c",
@@ -413,7 +415,7 @@ def test_console_script_exit_codes(tmp_path: Path) -> None:
     import sys
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        code = "import sys; from onnx_conv2matmul._entry import run; sys.argv[0] = 'onnx-conv2matmul'; run()"
+        code = "import sys; from onnx_conv2matmul.cli.entry import run; sys.argv[0] = 'onnx-conv2matmul'; run()"
         return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
 
     encoder = Path(__file__).parent / "data" / "conformer_small.onnx"

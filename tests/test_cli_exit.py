@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from helpers import conv_model, matmul_model
 from onnx_conv2matmul import api
-from onnx_conv2matmul.cli import main
+from onnx_conv2matmul.cli.app import main
 
 
 def invoke(*args: str) -> tuple[int, str, str]:

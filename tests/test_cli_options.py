@@ -10,8 +10,8 @@ from click.testing import CliRunner
 from onnx import TensorProto, helper
 
 from helpers import matmul_model
-from onnx_conv2matmul.cli import main
-from onnx_conv2matmul.quantize import QuantizeOptions
+from onnx_conv2matmul.cli.app import main
+from onnx_conv2matmul.quantize.nbits import QuantizeOptions
 
 
 def invoke(*args: str) -> tuple[int, str, str]:
@@ -36,7 +36,7 @@ def test_block_size_outside_what_matmulnbits_supports(
     def no_work(*args: object, **kwargs: object) -> None:
         raise AssertionError("the model was loaded")
 
-    monkeypatch.setattr("onnx_conv2matmul.pipeline.load_input", no_work)
+    monkeypatch.setattr("onnx_conv2matmul.quantize.workflow.load_input", no_work)
     code, _, stderr = invoke("quantize", str(src), str(tmp_path / "q.onnx"), "--block-size", str(block_size))
     assert code == 2, stderr
     assert "16, 32, 64, 128 or 256" in stderr and one_line(stderr)

@@ -14,8 +14,9 @@ import pytest
 from click.testing import CliRunner
 
 from helpers import conv_model
-from onnx_conv2matmul import _io, api
-from onnx_conv2matmul.cli import main
+from onnx_conv2matmul import api
+from onnx_conv2matmul.files import load as _io
+from onnx_conv2matmul.cli.app import main
 
 
 def invoke(*args: str) -> tuple[int, str, str]:
@@ -130,7 +131,7 @@ def test_files_read_by_lists_subgraph_tensors(tmp_path: Path) -> None:
     onnx.save(
         helper.make_model(graph), src, save_as_external_data=True, location="branch.bin", size_threshold=0
     )
-    from onnx_conv2matmul._paths import files_read_by
+    from onnx_conv2matmul.files.paths import files_read_by
 
     assert files_read_by(str(src)) == {os.path.realpath(src), os.path.realpath(tmp_path / "branch.bin")}
 

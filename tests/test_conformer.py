@@ -10,7 +10,7 @@ from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
 from helpers import all_nodes, assert_equivalent, assert_matmul_weights_2d, session
 from onnx_conv2matmul import ConvertOptions, SkipReason, Status, convert, convert_file
-from onnx_conv2matmul.verify import VerifyOptions
+from onnx_conv2matmul.verify.check import VerifyOptions
 
 MODEL = Path(__file__).parent / "data" / "conformer_small.onnx"
 

@@ -19,7 +19,7 @@ from onnx.external_data_helper import set_external_data
 
 from helpers import assert_equivalent, stack_feeds, stack_model
 from onnx_conv2matmul import ConvertOptions, api, convert_file
-from onnx_conv2matmul import _datafile as datafile_mod
+from onnx_conv2matmul.files import datafile as datafile_mod
 from onnx_conv2matmul._graphs import is_external
 
 RNG = np.random.default_rng(5)
@@ -166,7 +166,7 @@ def test_without_kernel_copy_the_bytes_are_the_same(tmp_path: Path, monkeypatch:
 @pytest.mark.parametrize("inplace", [False, True], ids=["output", "inplace"])
 def test_copy_failure_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, inplace: bool) -> None:
     """The disk fills up in the middle of the copy: an error, the input and old output intact."""
-    from onnx_conv2matmul.cli import main
+    from onnx_conv2matmul.cli.app import main
 
     src, dst = tmp_path / "m.onnx", tmp_path / "o.onnx"
     model = stack_model()
@@ -268,7 +268,7 @@ def test_the_copy_starts_before_onnx_ir_is_imported(tmp_path: Path) -> None:
     onnx.save(stack_model(), src, save_as_external_data=True, location="m.onnx.data", size_threshold=0)
     code = (
         "import sys\n"
-        "from onnx_conv2matmul import cli, _datafile\n"
+        "from onnx_conv2matmul.cli import app as cli\nfrom onnx_conv2matmul.files import datafile as _datafile\n"
         "assert 'onnx_ir' not in sys.modules and 'rich' not in sys.modules, 'imported with the CLI'\n"
         "start = _datafile.DataFileWriter.start.__func__\n"
         "seen = []\n"
@@ -338,7 +338,8 @@ def test_places_of_converted_weights_are_not_copied(tmp_path: Path, monkeypatch:
     """The old bytes under a transposed weight are left out of the copy when the rewrite
     placed it before the copy got there: here the copy is held in its first chunk (4 KB)
     until the tensors are placed, and copies nothing more (the whole file is 16 KB)."""
-    from onnx_conv2matmul import _io, _output
+    from onnx_conv2matmul.files import load as _io
+    from onnx_conv2matmul.files import output as _output
     from onnx_conv2matmul.api import convert
 
     src = tmp_path / "m.onnx"
@@ -400,7 +401,8 @@ def test_new_weights_ahead_of_the_copy_do_not_wait_for_it(
 
 def test_tensor_list_attribute_in_external_data_is_moved(tmp_path: Path) -> None:
     """A node's list of tensors kept in external data ends up in the output's data file too."""
-    from onnx_conv2matmul import _io, _output
+    from onnx_conv2matmul.files import load as _io
+    from onnx_conv2matmul.files import output as _output
 
     values = [RNG.standard_normal(512).astype(np.float32) for _ in range(2)]
     node = helper.make_node(

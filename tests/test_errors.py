@@ -13,8 +13,10 @@ import pytest
 from click.testing import CliRunner
 
 from helpers import conv_model
-from onnx_conv2matmul import _publish, api, errors, verify
-from onnx_conv2matmul.cli import _HINTS, main
+from onnx_conv2matmul import api, errors
+from onnx_conv2matmul.files import publish as _publish
+from onnx_conv2matmul.verify import check as verify
+from onnx_conv2matmul.cli.app import _HINTS, main
 from onnx_conv2matmul.errors import (
     CheckerError,
     Conv2MatMulError,

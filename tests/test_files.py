@@ -15,7 +15,7 @@ from onnx import TensorProto
 import unwritable
 from helpers import assert_equivalent, conv_model, stack_feeds, stack_model
 from onnx_conv2matmul import ConvertOptions, InputError, convert_file
-from onnx_conv2matmul import _io as io_mod
+from onnx_conv2matmul.files import load as io_mod
 from onnx_conv2matmul.errors import Hint
 
 RNG = np.random.default_rng(11)
@@ -27,7 +27,7 @@ def _files(directory: Path) -> set[str]:
 
 def _size(path: Path) -> int:
     """The .onnx plus the data files it refers to."""
-    from onnx_conv2matmul._publish import referenced_files
+    from onnx_conv2matmul.files.publish import referenced_files
 
     return path.stat().st_size + sum(os.path.getsize(p) for p in referenced_files(str(path)) or ())
 
@@ -270,7 +270,7 @@ def test_failure_in_the_middle_of_writing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: BaseException
 ) -> None:
     """A weight that fails while the data file is half written: nothing published, temp removed."""
-    from onnx_conv2matmul import rewrite as rewrite_mod
+    from onnx_conv2matmul.rewrite import apply as rewrite_mod
 
     src, dst = tmp_path / "m.onnx", tmp_path / "o.onnx"
     onnx.save(stack_model(), src, save_as_external_data=True, location="m.onnx.data", size_threshold=0)

@@ -32,7 +32,7 @@ from helpers import (
     run,
 )
 from onnx_conv2matmul import ConvertOptions, SkipReason, Status, convert
-from onnx_conv2matmul.cli import main
+from onnx_conv2matmul.cli.app import main
 
 FP = [TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE]
 
@@ -436,7 +436,7 @@ def test_gemm_in_a_loop_body() -> None:
 def test_float16_within_the_verification_criterion(config: dict[str, object], tmp_path: Path) -> None:
     """The tool's own check (--verify) passes on a wide fp16 Gemm, alpha and beta included."""
     from onnx_conv2matmul import convert_file
-    from onnx_conv2matmul.verify import VerifyOptions
+    from onnx_conv2matmul.verify.check import VerifyOptions
 
     source = tmp_path / "m.onnx"
     onnx.save(gemm_model(k=512, n=256, dtype=TensorProto.FLOAT16, **config), source)  # type: ignore[arg-type]

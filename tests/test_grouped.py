@@ -25,7 +25,7 @@ from helpers import (
     with_z,
 )
 from onnx_conv2matmul import ConvertOptions, SkipReason, Status, convert
-from onnx_conv2matmul.quantize import QuantizeOptions, quantize_matmul_nbits
+from onnx_conv2matmul.quantize.nbits import QuantizeOptions, quantize_matmul_nbits
 
 EXTENDED = ConvertOptions(allow_added_transposes=True, extended=True)
 

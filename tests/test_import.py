@@ -52,12 +52,12 @@ IMPORTS = [
     "import onnx_conv2matmul",
     "from onnx_conv2matmul import convert, convert_file",
     "import onnx_conv2matmul.api",
-    "import onnx_conv2matmul.verify",
-    "import onnx_conv2matmul.quantize",
-    "import onnx_conv2matmul.pipeline",
-    "import onnx_conv2matmul.inspection",
-    "import onnx_conv2matmul.render",
-    "import onnx_conv2matmul.cli",
+    "import onnx_conv2matmul.verify.check",
+    "import onnx_conv2matmul.quantize.nbits",
+    "import onnx_conv2matmul.quantize.workflow",
+    "import onnx_conv2matmul.quantize.inspection",
+    "import onnx_conv2matmul.cli.render",
+    "import onnx_conv2matmul.cli.app",
 ]
 
 
@@ -121,7 +121,7 @@ def test_running_the_command_in_process_changes_nothing(tmp_path: Path) -> None:
 
     from click.testing import CliRunner
 
-    from onnx_conv2matmul import cli
+    from onnx_conv2matmul.cli import app as cli
 
     src = tmp_path / "m.onnx"
     onnx.save(conv_model(), src)
@@ -179,7 +179,7 @@ def test_cli_run_ends_as_any_program_does(tmp_path: Path) -> None:
     interpreter's teardown, and the same exit code and output."""
     src = tmp_path / "m.onnx"
     onnx.save(conv_model(), src)
-    code = TEARDOWN + "from onnx_conv2matmul import cli\ncli.run()\n"
+    code = TEARDOWN + "from onnx_conv2matmul.cli import app as cli\ncli.run()\n"
     args = [str(src), str(tmp_path / "o.onnx"), "--report-json-stdout", "-q"]
     proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
@@ -221,7 +221,7 @@ def test_the_deferral_is_undone_by_the_first_use_of_sympy() -> None:
     _python("""
         import builtins, importlib, sys, types
         original_import, meta_path = builtins.__import__, list(sys.meta_path)
-        from onnx_conv2matmul import _lazy
+        from onnx_conv2matmul.cli import lazy_import as _lazy
         _lazy.install()
         import onnx_ir as ir
         from onnx_ir import _core
@@ -241,7 +241,7 @@ def test_the_deferral_does_nothing_once_sympy_is_imported() -> None:
     _python("""
         import sys, sympy, types
         meta_path = list(sys.meta_path)
-        from onnx_conv2matmul import _lazy
+        from onnx_conv2matmul.cli import lazy_import as _lazy
         _lazy.install()
         assert sys.meta_path == meta_path
         import onnx_ir as ir

@@ -20,12 +20,12 @@ from onnx import TensorProto, helper, numpy_helper
 
 from helpers import ALL, conv_model, stack_model
 from onnx_conv2matmul import ConvertOptions, Status, api
-from onnx_conv2matmul._io import tensor_bytes
-from onnx_conv2matmul.cli import main
-from onnx_conv2matmul.inspection import inspect_file
-from onnx_conv2matmul.pipeline import quantize_file
-from onnx_conv2matmul.quantize import QuantizeOptions, matmul_nbits_sizes
-from onnx_conv2matmul.verify import VerifyOptions
+from onnx_conv2matmul.files.load import tensor_bytes
+from onnx_conv2matmul.cli.app import main
+from onnx_conv2matmul.quantize.inspection import inspect_file
+from onnx_conv2matmul.quantize.workflow import quantize_file
+from onnx_conv2matmul.quantize.nbits import QuantizeOptions, matmul_nbits_sizes
+from onnx_conv2matmul.verify.check import VerifyOptions
 from test_real_models import MODELS, _fetch
 from test_skips import CASES
 from test_subgraphs import _if_loop_model
@@ -401,7 +401,7 @@ def test_no_external_data_is_mapped(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
 _RSS_SCRIPT = """
 import resource, sys
-from onnx_conv2matmul import cli
+from onnx_conv2matmul.cli import app as cli
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 try:
     cli.main([*sys.argv[1:], "--json", "-q"])
@@ -583,7 +583,7 @@ def test_help_of_the_console_script() -> None:
 
 def test_rewrite_and_nbits_options_are_shared() -> None:
     """inspect takes every rewrite option convert takes, and quantize's MatMulNBits settings."""
-    from onnx_conv2matmul.cli import nbits_options, rewrite_options
+    from onnx_conv2matmul.cli.app import nbits_options, rewrite_options
 
     def declared(decorator: Any) -> set[str]:
         return {param.name for param in decorator(lambda: None).__click_params__}

@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from helpers import assert_equivalent, gemm_model
 from onnx_conv2matmul import ConvertOptions, Status, convert
-from onnx_conv2matmul.inspection import inspect_file
+from onnx_conv2matmul.quantize.inspection import inspect_file
 from test_inspect import _assert_agree, invoke
 
 

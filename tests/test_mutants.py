@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from onnx_conv2matmul.verify import (
+from onnx_conv2matmul.verify.check import (
     OutputComparison,
     VerifyOptions,
     _nonfinite_mismatches,

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from helpers import all_nodes, examples, run
-from onnx_conv2matmul.other_weights import (
+from onnx_conv2matmul.quantize.other_weights import (
     MIN_BYTES,
     KeptReason,
     dequantize_int8,
@@ -391,7 +391,7 @@ def test_cli_other_weights_reports_saved_bytes(tmp_path: Path) -> None:
 
     from click.testing import CliRunner
 
-    from onnx_conv2matmul.cli import main
+    from onnx_conv2matmul.cli.app import main
 
     source = tmp_path / "table.onnx"
     onnx.save(_gather_conv_model(), source)
@@ -423,7 +423,7 @@ def test_cli_other_weights_reports_saved_bytes(tmp_path: Path) -> None:
 
 def test_matmulnbits_scales_are_not_other_weights() -> None:
     """After MatMulNBits quantization its float scales (here 64 KiB and more) stay as they are."""
-    from onnx_conv2matmul.quantize import QuantizeOptions, quantize_matmul_nbits
+    from onnx_conv2matmul.quantize.nbits import QuantizeOptions, quantize_matmul_nbits
 
     weight = RNG.standard_normal((512, 1024)).astype(np.float32)
     model = _model(

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from helpers import assert_equivalent, assert_matmul_weights_2d, conv_feeds, conv_model, op_types
 from onnx_conv2matmul import ConvertOptions, SkipReason
-from onnx_conv2matmul.passes import ConvToMatMulPass, ConvToMatMulResult
+from onnx_conv2matmul.rewrite.passes import ConvToMatMulPass, ConvToMatMulResult
 
 CHANNELS = 6
 

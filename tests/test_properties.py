@@ -29,7 +29,7 @@ from helpers import (
     run,
 )
 from onnx_conv2matmul import ConvertOptions, Status, convert
-from onnx_conv2matmul._layout import channels_last_perms
+from onnx_conv2matmul.rewrite.layout import channels_last_perms
 
 EVERYTHING = ConvertOptions(allow_added_transposes=True, extended=True, allow_non_unit_dilation=True)
 DTYPES = st.sampled_from([TensorProto.FLOAT, TensorProto.FLOAT16])

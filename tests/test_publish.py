@@ -16,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from helpers import run
 from onnx_conv2matmul import InputError, convert_file
-from onnx_conv2matmul._publish import Destination, DestinationBusy, referenced_files
+from onnx_conv2matmul.files.publish import Destination, DestinationBusy, referenced_files
 
 RNG = np.random.default_rng(5)
 CHANNELS = 32
@@ -37,7 +37,7 @@ def counted(real):
     return call
 for name in ("rename", "replace", "unlink", "fsync"):
     setattr(os, name, counted(getattr(os, name)))
-from onnx_conv2matmul.cli import main
+from onnx_conv2matmul.cli.app import main
 try:
     main(sys.argv[1:], standalone_mode=False)
 finally:
@@ -202,7 +202,7 @@ def test_interrupt_during_publish_is_held_until_the_model_is_in_place(
     """A SIGINT that arrives between the two renames is delivered after the switch."""
     import signal
 
-    from onnx_conv2matmul import _publish
+    from onnx_conv2matmul.files import publish as _publish
 
     src, expected = _setup(tmp_path / "m")
     out = tmp_path / "m" / "o.onnx"

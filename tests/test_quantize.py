@@ -14,8 +14,8 @@ from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
 from helpers import all_nodes, matmul_model, session
 from onnx_conv2matmul import ConvertOptions, convert
-from onnx_conv2matmul.cli import main
-from onnx_conv2matmul.quantize import QuantizeOptions, quantize_matmul_nbits
+from onnx_conv2matmul.cli.app import main
+from onnx_conv2matmul.quantize.nbits import QuantizeOptions, quantize_matmul_nbits
 
 DATA = Path(__file__).parent / "data"
 ENCODER = DATA / "conformer_small.onnx"
@@ -247,7 +247,7 @@ def test_int8_failure_after_quantize_dynamic_leaves_no_staging(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An error while the quantized model is read back removes its staging directory."""
-    from onnx_conv2matmul import pipeline
+    from onnx_conv2matmul.quantize import workflow as pipeline
 
     src = tmp_path / "m.onnx"
     onnx.save(matmul_model(), src)
@@ -264,7 +264,7 @@ def test_int8_failure_after_quantize_dynamic_leaves_no_staging(
 @pytest.mark.parametrize("int8", [False, True], ids=["matmulnbits", "int8-dynamic"])
 def test_interrupt_right_after_staging_leaves_no_staging(tmp_path: Path, int8: bool) -> None:
     """Ctrl-C between staging the output and measuring it: the staged output is removed."""
-    from onnx_conv2matmul import pipeline
+    from onnx_conv2matmul.quantize import workflow as pipeline
 
     src = tmp_path / "m.onnx"
     onnx.save(matmul_model(), src)

@@ -24,9 +24,9 @@ from onnxruntime.quantization.matmul_nbits_quantizer import (
 
 from helpers import all_initializers, all_nodes, matmul_model, session
 from onnx_conv2matmul import ConvertOptions, convert
-from onnx_conv2matmul._weight_only import torch_available
+from onnx_conv2matmul.quantize.weight_only import torch_available
 from onnx_conv2matmul.errors import InputError
-from onnx_conv2matmul.quantize import NodeSetting, QuantizeOptions, quantize_matmul_nbits
+from onnx_conv2matmul.quantize.nbits import NodeSetting, QuantizeOptions, quantize_matmul_nbits
 
 ENCODER = Path(__file__).parent / "data" / "conformer_small.onnx"
 
@@ -224,7 +224,7 @@ def test_algorithm_refusals() -> None:
 
 
 def test_hqq_without_torch_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    from onnx_conv2matmul import _weight_only
+    from onnx_conv2matmul.quantize import weight_only as _weight_only
 
     monkeypatch.setattr(_weight_only, "torch_available", lambda: False)
     model = ir.serde.deserialize_model(_rewritten())

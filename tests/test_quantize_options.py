@@ -14,10 +14,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from helpers import all_nodes
-from onnx_conv2matmul.cli import main
+from onnx_conv2matmul.cli.app import main
 from onnx_conv2matmul.errors import InputError
-from onnx_conv2matmul.quantize import CONFIG_VERSION, NodeSetting, QuantizeOptions, load_config
-from onnx_conv2matmul.verify import VerifyOptions, load_inputs
+from onnx_conv2matmul.quantize.nbits import CONFIG_VERSION, NodeSetting, QuantizeOptions, load_config
+from onnx_conv2matmul.verify.check import VerifyOptions, load_inputs
 
 DATA = Path(__file__).parent / "data"
 ENCODER = DATA / "conformer_small.onnx"

@@ -18,9 +18,10 @@ import pytest
 
 from helpers import ALL, assert_equivalent, assert_matmul_weights_2d, run
 from model_cache import FETCHER, Packaged
-from onnx_conv2matmul import ConvertOptions, SkipReason, auto, convert, convert_file
-from onnx_conv2matmul.quantize import QuantizeOptions, quantize_matmul_nbits
-from onnx_conv2matmul.verify import VerifyOptions
+from onnx_conv2matmul import ConvertOptions, SkipReason, convert, convert_file
+from onnx_conv2matmul.quantize import search as auto
+from onnx_conv2matmul.quantize.nbits import QuantizeOptions, quantize_matmul_nbits
+from onnx_conv2matmul.verify.check import VerifyOptions
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,7 +225,7 @@ def test_dtln_cancels_the_transpose_pair_at_the_graph_output(
 @pytest.mark.network
 def test_quantize_covers_the_gemms_of_a_real_model(tmp_path: Path) -> None:
     """PLCMOS: its 12 Gemms and its one pointwise conv all become MatMulNBits."""
-    from onnx_conv2matmul.pipeline import quantize_file
+    from onnx_conv2matmul.quantize.workflow import quantize_file
 
     model = next(m for m in MODELS if m.id == "plcmos-gemm-linear-layers")
     output = tmp_path / "q.onnx"

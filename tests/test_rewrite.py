@@ -198,7 +198,7 @@ def test_ir_model_is_converted_in_place() -> None:
 @pytest.mark.parametrize("shape", [(1, 1), (3, 5), (17, 64), (100, 33), (2048, 40)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
 def test_blocked_transpose_is_the_transpose(shape: tuple[int, int], dtype: type) -> None:
-    from onnx_conv2matmul.rewrite import transpose_2d
+    from onnx_conv2matmul.rewrite.apply import transpose_2d
 
     a = np.random.default_rng(0).standard_normal(shape).astype(dtype)
     out = transpose_2d(a)

@@ -109,7 +109,7 @@ def external_model(tmp_path: Path) -> Path:
     [
         ("convert", ("onnx_conv2matmul.api", "convert")),  # the data file is being copied
         ("convert --verify", ("onnx_conv2matmul.api", "verify_models")),  # a staged output
-        ("quantize", ("onnx_conv2matmul.pipeline", "verify_models")),  # a staged quantized output
+        ("quantize", ("onnx_conv2matmul.quantize.workflow", "verify_models")),  # a staged quantized output
     ],
     ids=["convert-copying", "convert-verifying", "quantize-measuring"],
 )
@@ -140,7 +140,7 @@ def test_signal_after_publishing_says_what_was_written(
     tmp_path: Path, external_model: Path, signum: int, code: int
 ) -> None:
     out = tmp_path / "o.onnx"
-    proc = spawn(stall("onnx_conv2matmul.render", "print_convert_report"), str(external_model), str(out))
+    proc = spawn(stall("onnx_conv2matmul.cli.render", "print_convert_report"), str(external_model), str(out))
     wait_for_marker(proc)
     assert out.exists() and not staging(tmp_path)
     proc.send_signal(signum)
@@ -156,8 +156,8 @@ def test_signal_after_publishing_says_what_was_written(
 @pytest.mark.parametrize(
     ("module", "args"),
     [
-        ("onnx_conv2matmul.cli", ["{model}", "{out}"]),  # the entry point importing the CLI
-        ("onnx_conv2matmul.render", ["verify", "{model}", "{model}"]),  # a command importing
+        ("onnx_conv2matmul.cli.app", ["{model}", "{out}"]),  # the entry point importing the CLI
+        ("onnx_conv2matmul.cli.render", ["verify", "{model}", "{model}"]),  # a command importing
     ],
     ids=["importing-cli", "importing-in-a-command"],
 )
@@ -193,7 +193,7 @@ def test_importing_the_package_leaves_signal_handling_alone() -> None:
     """Only the console entry point installs handlers: a library import changes nothing."""
     code = (
         "import signal\n"
-        "import onnx_conv2matmul._entry, onnx_conv2matmul.cli, onnx_conv2matmul.api\n"
+        "import onnx_conv2matmul.cli.entry, onnx_conv2matmul.cli.app, onnx_conv2matmul.api\n"
         "assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL\n"
         "assert signal.getsignal(signal.SIGINT) is signal.default_int_handler\n"
     )

@@ -13,9 +13,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from helpers import ALL, conv_model
 from onnx_conv2matmul import ConvertOptions, convert, convert_file
-from onnx_conv2matmul import rewrite as rewrite_mod
-from onnx_conv2matmul.cli import main
-from onnx_conv2matmul.verify import VerifyOptions, verify_models
+from onnx_conv2matmul.rewrite import apply as rewrite_mod
+from onnx_conv2matmul.cli.app import main
+from onnx_conv2matmul.verify.check import VerifyOptions, verify_models
 
 RNG = np.random.default_rng(5)
 EXTENDED = ConvertOptions(allow_added_transposes=True, extended=True)
@@ -367,7 +367,7 @@ def test_candidate_that_onnxruntime_cannot_load_fails_with_exit_1(tmp_path: Path
 
 
 def test_input_synthesis_rules() -> None:
-    from onnx_conv2matmul.verify import _InputSpec, synthesise_inputs
+    from onnx_conv2matmul.verify.check import _InputSpec, synthesise_inputs
 
     specs = [
         _InputSpec("audio", np.float32, ["B", 80, "T"]),
@@ -423,7 +423,7 @@ def test_rank_1_signal_input_takes_the_lengths(tmp_path: Path) -> None:
 
 
 def test_output_index_is_checked_before_running(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from onnx_conv2matmul import verify as verify_mod
+    from onnx_conv2matmul.verify import check as verify_mod
 
     src = _save(conv_model(spatial=1), tmp_path / "m.onnx")
     monkeypatch.setattr(verify_mod, "synthesise_inputs", lambda *a: pytest.fail("ran the model"))
@@ -507,7 +507,7 @@ def test_error_in_a_quiet_channel_next_to_a_loud_one_fails(tmp_path: Path) -> No
 
 def test_error_in_a_quiet_time_step_fails() -> None:
     """The same for a slice along any other axis: one quiet time step among loud ones."""
-    from onnx_conv2matmul.verify import compare_arrays
+    from onnx_conv2matmul.verify.check import compare_arrays
 
     ref = (RNG.standard_normal((1, 4, 50)) * 1000).astype(np.float32)
     ref[:, :, 7] /= 1000
@@ -690,14 +690,14 @@ def test_lengths_the_original_cannot_run_are_replaced(tmp_path: Path) -> None:
     assert all("Concat" in entry["error"] for entry in data["not_run"]), data
     assert sorted({r.length for r in report.results}) == [64, 128, 192, 256]
     # Lengths given by the user are used as given: no spares.
-    from onnx_conv2matmul.verify import ModelRunError
+    from onnx_conv2matmul.verify.check import ModelRunError
 
     with pytest.raises(ModelRunError, match="at length 96"):
         verify_models(src, src, VerifyOptions(lengths=(64, 96)))
 
 
 def test_sequence_inputs_keep_the_default_lengths(tmp_path: Path) -> None:
-    from onnx_conv2matmul.verify import DEFAULT_LENGTHS
+    from onnx_conv2matmul.verify.check import DEFAULT_LENGTHS
 
     src = _save(conv_model(spatial=1), tmp_path / "m.onnx")
     lengths = verify_models(src, src).to_dict()["lengths"]

@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Any
 
 from onnx_conv2matmul._version import __version__
 from onnx_conv2matmul.errors import CheckerError, Conv2MatMulError, InputError
-from onnx_conv2matmul.options import ConvertOptions
-from onnx_conv2matmul.reasons import SkipReason
+from onnx_conv2matmul.rewrite.options import ConvertOptions
+from onnx_conv2matmul.rewrite.reasons import SkipReason
 from onnx_conv2matmul.report import ConvEntry, ConvertReport, Status
 
 if TYPE_CHECKING:
     from onnx_conv2matmul.api import convert, convert_file
-    from onnx_conv2matmul.passes import ConvToMatMulPass
+    from onnx_conv2matmul.rewrite.passes import ConvToMatMulPass
 
 __all__ = [
     "CheckerError",
@@ -40,20 +40,8 @@ __all__ = [
 
 
 # Imported on first use: they import onnx-ir.
-_LAZY = {"convert": "api", "convert_file": "api", "ConvToMatMulPass": "passes"}
-_SUBMODULES = (
-    "analysis",
-    "api",
-    "cleanup",
-    "cli",
-    "inspection",
-    "passes",
-    "pipeline",
-    "quantize",
-    "render",
-    "rewrite",
-    "verify",
-)
+_LAZY = {"convert": "api", "convert_file": "api", "ConvToMatMulPass": "rewrite.passes"}
+_SUBMODULES = ("api", "cli", "files", "quantize", "report", "rewrite", "verify")
 
 
 def __getattr__(name: str) -> Any:

@@ -1,3 +1,3 @@
-from onnx_conv2matmul._entry import run
+from onnx_conv2matmul.cli.entry import run
 
 run()

@@ -8,11 +8,13 @@ from typing import TYPE_CHECKING, Protocol, overload
 
 import onnx
 
-from onnx_conv2matmul import _io, _output
+from onnx_conv2matmul.files import load as _io
+
+from onnx_conv2matmul.files import output as _output
 from onnx_conv2matmul.errors import CheckerError, Hint, InputError
-from onnx_conv2matmul.options import ConvertOptions
+from onnx_conv2matmul.rewrite.options import ConvertOptions
 from onnx_conv2matmul.report import ConvertReport
-from onnx_conv2matmul.verify import VerifyOptions, verify_models
+from onnx_conv2matmul.verify.check import VerifyOptions, verify_models
 
 if TYPE_CHECKING:
     # onnx-ir and the rewrite are imported where used, so that convert_file has parsed its
@@ -44,7 +46,7 @@ class NullProgress:
 
 
 def _convert_ir(model: ir.Model, options: ConvertOptions) -> ConvertReport:
-    from onnx_conv2matmul.passes import ConvToMatMulPass
+    from onnx_conv2matmul.rewrite.passes import ConvToMatMulPass
 
     rewrite = ConvToMatMulPass(options)
     rewrite(model)
@@ -157,7 +159,7 @@ def check_report_path(
         protected.add(os.path.realpath(path + ".data"))
     target = os.path.realpath(report_path)
     if target not in protected and os.path.isfile(report_path):
-        from onnx_conv2matmul._paths import files_read_by
+        from onnx_conv2matmul.files.paths import files_read_by
 
         for path in inputs:
             protected |= files_read_by(path)

@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from onnx_conv2matmul._version import __version__
 from onnx_conv2matmul.errors import ExitCode
-from onnx_conv2matmul.reasons import SkipReason
+from onnx_conv2matmul.rewrite.reasons import SkipReason
 
 if TYPE_CHECKING:
-    from onnx_conv2matmul.auto import AutoResult
-    from onnx_conv2matmul.other_weights import OtherWeightsResult
-    from onnx_conv2matmul.quantize import NodeSetting, WeightStats
-    from onnx_conv2matmul.verify import VerifyReport
+    from onnx_conv2matmul.quantize.search import AutoResult
+    from onnx_conv2matmul.quantize.other_weights import OtherWeightsResult
+    from onnx_conv2matmul.quantize.nbits import NodeSetting, WeightStats
+    from onnx_conv2matmul.verify.check import VerifyReport
 
 SCHEMA_VERSION = 2
 TOOL = "onnx-conv2matmul"

@@ -3,7 +3,7 @@
 ``MatMulNBitsQuantizer`` loads the whole model into protobuf (several times the model
 in memory). Here each MatMul is quantized alone, with the setting
 :meth:`QuantizeOptions.setting_for` resolves for it, by the algorithm's per-node
-quantizer (see :mod:`onnx_conv2matmul._weight_only`): for the default algorithm,
+quantizer (see :mod:`onnx_conv2matmul.quantize.weight_only`): for the default algorithm,
 onnxruntime's ``DefaultWeightOnlyQuantizer.qbits_block_quant`` on the weight's array,
 with the node and tensors named as its ``quantize_matmul`` names them; otherwise the
 MatMul is handed, with only its own weight in a protobuf graph, to the algorithm's
@@ -89,7 +89,7 @@ class QuantizeOptions:
         bits_for: (glob pattern, 4 or 8) pairs: the bits of the nodes whose name matches;
             a later pattern wins over an earlier one.
         nodes: Exact MatMul node name to its setting; overrides everything else.
-        algorithm: One of :data:`onnx_conv2matmul._weight_only.ALGORITHMS`: ``default``
+        algorithm: One of :data:`onnx_conv2matmul.quantize.weight_only.ALGORITHMS`: ``default``
             (onnxruntime's per-node round-to-nearest), ``k_quant``, ``gptq`` (needs
             calibration inputs) or ``hqq`` (needs torch). ``gptq`` and ``hqq`` give
             4 bits only; ``k_quant`` and ``hqq`` always store zero points, so they take no
@@ -110,7 +110,7 @@ class QuantizeOptions:
     other_weights: str = "keep"
 
     def __post_init__(self) -> None:
-        from onnx_conv2matmul._weight_only import ALGORITHMS
+        from onnx_conv2matmul.quantize.weight_only import ALGORITHMS
 
         if isinstance(self.bits, bool) or self.bits not in (4, 8):
             raise ValueError(f"bits must be 4 or 8, got {self.bits!r}")
@@ -382,7 +382,7 @@ def nbits_projection(before: ir.Model, after: ir.Model, options: QuantizeOptions
     shared by several of them is quantized once, and its float bytes go when every reader
     is quantized.
     """
-    from onnx_conv2matmul._io import tensor_bytes
+    from onnx_conv2matmul.files.load import tensor_bytes
 
     projection = NBitsProjection(
         bits=options.bits,
@@ -454,7 +454,7 @@ def quantize_matmul_nbits(
     Raises:
         InputError: the algorithm cannot run here (``hqq`` without torch, ``gptq`` without feeds).
     """
-    from onnx_conv2matmul import _weight_only
+    from onnx_conv2matmul.quantize import weight_only as _weight_only
 
     _weight_only.check_available(options.algorithm, has_calibration=bool(feeds))
     result = NBitsResult()
@@ -529,7 +529,7 @@ def _replace(
     """Quantize one MatMul; why not when the quantizer declined it (the node is unchanged)."""
     from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantizer
 
-    from onnx_conv2matmul._weight_only import DeclinedError
+    from onnx_conv2matmul.quantize.weight_only import DeclinedError
 
     a = node.inputs[0]
     out = node.outputs[0]
@@ -625,7 +625,7 @@ def _quantize_through_proto(
     owner: ir.Graph,
 ) -> tuple[list[ir.Node], ir.Value]:
     """Hand onnxruntime's per-node quantizer the MatMul with only its own weight in a graph."""
-    from onnx_conv2matmul._weight_only import A_NAME, OUT_NAME, DeclinedError
+    from onnx_conv2matmul.quantize.weight_only import A_NAME, OUT_NAME, DeclinedError
 
     assert b.name is not None and b.const_value is not None
     tensor = b.const_value

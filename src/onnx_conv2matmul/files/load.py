@@ -1,7 +1,7 @@
 """Reading model files and checking paths before any work.
 
 Loading parses only the ``.onnx`` protobuf; external data stays on disk and is
-memory-mapped by onnx-ir when a tensor is read. Writing is :mod:`onnx_conv2matmul._output`.
+memory-mapped by onnx-ir when a tensor is read. Writing is :mod:`onnx_conv2matmul.files.output`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import onnx
 from google.protobuf.message import DecodeError
 
-from onnx_conv2matmul._paths import contained_location
+from onnx_conv2matmul.files.paths import contained_location
 from onnx_conv2matmul.errors import CheckerError, Hint, InputError
 
 if TYPE_CHECKING:  # imported where used: loading parses and starts the copy before importing onnx-ir
@@ -250,7 +250,7 @@ def build_model(proto: onnx.ModelProto, path: str) -> LoadedModel:
 
 def check_not_overwriting_inputs(loaded: LoadedModel, destination: str) -> None:
     """Refuse an output ``.onnx`` that is a file the input reads (its data file never
-    takes an existing name, see :mod:`onnx_conv2matmul._publish`)."""
+    takes an existing name, see :mod:`onnx_conv2matmul.files.publish`)."""
     targets = {os.path.realpath(destination)}
     inputs = {os.path.realpath(p) for p in loaded.external_files}
     if os.path.realpath(destination) != os.path.realpath(loaded.path):

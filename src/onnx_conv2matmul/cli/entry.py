@@ -74,7 +74,7 @@ def error_json(command: str | None, return_code: int, error: str) -> str:
 def run() -> None:
     """The console script: signal handlers, then the command line (``cli.run``).
 
-    Being the whole process, it also defers sympy (see :mod:`onnx_conv2matmul._lazy`),
+    Being the whole process, it also defers sympy (see :mod:`onnx_conv2matmul.cli.lazy_import`),
     and ends the process with ``os._exit`` once the command has finished (every file
     written and closed, every thread joined), skipping the teardown that frees a large
     graph object by object. Each was kept because it measurably shortens a conversion;
@@ -82,12 +82,12 @@ def run() -> None:
     copies data files, made no measurable difference).
     """
     install_signal_handlers()
-    from onnx_conv2matmul import _lazy
+    from onnx_conv2matmul.cli import lazy_import as _lazy
 
     _lazy.install()
     started = False
     try:
-        from onnx_conv2matmul import cli
+        from onnx_conv2matmul.cli import app as cli
 
         started = True
         cli.run()

@@ -12,15 +12,15 @@ from typing import TYPE_CHECKING
 
 import onnx_ir as ir
 
-from onnx_conv2matmul import _fused
+from onnx_conv2matmul.rewrite import fused as _fused
 from onnx_conv2matmul._graphs import default_opset, walk_graphs
-from onnx_conv2matmul._layout import added_transposes
-from onnx_conv2matmul.options import ConvertOptions
-from onnx_conv2matmul.reasons import SkipReason
+from onnx_conv2matmul.rewrite.layout import added_transposes
+from onnx_conv2matmul.rewrite.options import ConvertOptions
+from onnx_conv2matmul.rewrite.reasons import SkipReason
 from onnx_conv2matmul.report import ConvEntry, Status
 
 if TYPE_CHECKING:
-    from onnx_conv2matmul.gemm import GemmPlan
+    from onnx_conv2matmul.rewrite.gemm import GemmPlan
 
 # Op types reported as convolutions; of these only com.microsoft FusedConv is rewritten.
 _OTHER_CONV_OPS = frozenset(
@@ -88,7 +88,7 @@ def is_conv_like(node: ir.Node) -> bool:
 def analyze(model: ir.Model, options: ConvertOptions) -> tuple[list[Plan | GemmPlan], list[ConvEntry]]:
     """Return the plans and the report entry of every Conv-like node (and Gemm, with
     ``options.gemm``), in graph order."""
-    from onnx_conv2matmul.gemm import is_gemm, plan_gemm  # gemm imports this module
+    from onnx_conv2matmul.rewrite.gemm import is_gemm, plan_gemm  # gemm imports this module
 
     opset = default_opset(model)
     ambiguous = _names_in_several_scopes(model)
@@ -153,7 +153,7 @@ def _settle(plans: list[Plan | GemmPlan], options: ConvertOptions) -> list[Plan 
 
 
 def _drop_adding_transposes(plans: list[Plan | GemmPlan]) -> list[Plan | GemmPlan]:
-    from onnx_conv2matmul.gemm import GemmPlan  # gemm imports this module
+    from onnx_conv2matmul.rewrite.gemm import GemmPlan  # gemm imports this module
 
     converted = {id(p.node) for p in plans if not isinstance(p, GemmPlan)}
     kept: list[Plan | GemmPlan] = []
@@ -219,7 +219,7 @@ def _drop_shared_with_unconverted(plans: list[Plan | GemmPlan]) -> list[Plan | G
 
 
 def _stored_form(plan: Plan | GemmPlan) -> str | None:
-    from onnx_conv2matmul.gemm import GemmPlan  # gemm imports this module
+    from onnx_conv2matmul.rewrite.gemm import GemmPlan  # gemm imports this module
 
     if isinstance(plan, GemmPlan):
         return plan.stored_form
@@ -228,7 +228,7 @@ def _stored_form(plan: Plan | GemmPlan) -> str | None:
 
 
 def _function_entries(model: ir.Model, options: ConvertOptions) -> list[ConvEntry]:
-    from onnx_conv2matmul.gemm import is_gemm  # gemm imports this module
+    from onnx_conv2matmul.rewrite.gemm import is_gemm  # gemm imports this module
 
     entries = []
     for function in model.functions.values():

@@ -10,7 +10,7 @@ import dataclasses
 import onnx_ir as ir
 
 from onnx_conv2matmul._graphs import is_created, walk_graphs
-from onnx_conv2matmul._layout import (
+from onnx_conv2matmul.rewrite.layout import (
     Link,
     above,
     as_link,

@@ -222,7 +222,7 @@ def capture_inputs(
     """
     import onnxruntime as ort
 
-    from onnx_conv2matmul import _output
+    from onnx_conv2matmul.files import output as _output
 
     values = {v.name: v for v in _main_graph_values(model.graph)}
     wanted = [values[name] for name in names]
@@ -244,7 +244,7 @@ def capture_inputs(
         try:
             values = session.run(list(names), dict(feed))
         except Exception as err:
-            from onnx_conv2matmul.verify import feed_source
+            from onnx_conv2matmul.verify.check import feed_source
 
             first = (str(err).strip().splitlines() or [type(err).__name__])[0]
             raise ModelRunError(

@@ -1,11 +1,11 @@
 """The write path: a model in, its files out at the destination, never half written.
 
 :class:`Output` is the only way in. It holds the destination for the run (see
-:class:`~onnx_conv2matmul._publish.Destination`: the lock, the data file's name, the
+:class:`~onnx_conv2matmul.files.publish.Destination`: the lock, the data file's name, the
 atomic publishing), stages the model's files in a hidden directory beside it, and hands
 back a :class:`Staged` output to check, then publish or keep aside.
 
-Writing costs about one copy of the files (see :mod:`onnx_conv2matmul._datafile`). When
+Writing costs about one copy of the files (see :mod:`onnx_conv2matmul.files.datafile`). When
 the input keeps its weights in external data, :meth:`Output.prefetch` starts copying its
 data files into the new data file as soon as the input is parsed, while the graph is
 built and rewritten; :meth:`Output.stage` then places the final model's tensors. Without
@@ -22,8 +22,12 @@ from typing import TYPE_CHECKING
 
 import onnx
 
-from onnx_conv2matmul import _datafile, _io, _publish
-from onnx_conv2matmul._datafile import ProgressCallback
+from onnx_conv2matmul.files import datafile as _datafile
+
+from onnx_conv2matmul.files import load as _io
+
+from onnx_conv2matmul.files import publish as _publish
+from onnx_conv2matmul.files.datafile import ProgressCallback
 from onnx_conv2matmul.errors import InputError
 
 if TYPE_CHECKING:  # imported where used: the copy starts before onnx-ir is imported
@@ -177,7 +181,7 @@ class Staged:
         return size
 
     def publish(self, modes: tuple[int, int]) -> None:
-        """Put the model in place (see :mod:`onnx_conv2matmul._publish`)."""
+        """Put the model in place (see :mod:`onnx_conv2matmul.files.publish`)."""
         self.destination.publish(self.directory, self.onnx_path, self.data_path, modes=modes)
         self.directory = ""
 

@@ -41,7 +41,7 @@ from typing import Any
 
 import onnx
 
-from onnx_conv2matmul._paths import data_files
+from onnx_conv2matmul.files.paths import data_files
 from onnx_conv2matmul.errors import DestinationBusy, InputError
 
 _JOURNAL = "obsolete.json"

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from onnx_conv2matmul.reasons import SkipReason
+from onnx_conv2matmul.rewrite.reasons import SkipReason
 from onnx_conv2matmul.report import (
     BundleReport,
     CommandReport,
@@ -22,7 +22,7 @@ from onnx_conv2matmul.report import (
     InspectReport,
     QuantizeReport,
 )
-from onnx_conv2matmul.verify import Criterion, OutputComparison, VerifyReport
+from onnx_conv2matmul.verify.check import Criterion, OutputComparison, VerifyReport
 
 MAX_SKIPPED_ROWS = 25
 

@@ -4,7 +4,7 @@ Example::
 
     import onnx_ir as ir
     from onnx_conv2matmul import ConvertOptions
-    from onnx_conv2matmul.passes import ConvToMatMulPass
+    from onnx_conv2matmul.rewrite.passes import ConvToMatMulPass
 
     model = ir.load("encoder.onnx")
     pass_ = ConvToMatMulPass(ConvertOptions(extended=True))
@@ -26,11 +26,11 @@ from onnx_conv2matmul._graphs import (
     default_opset,
     used_names,
 )
-from onnx_conv2matmul.analysis import analyze
-from onnx_conv2matmul.cleanup import cancel_transposes, remove_dead_weights, sink_transposes
-from onnx_conv2matmul.options import ConvertOptions
+from onnx_conv2matmul.rewrite.analysis import analyze
+from onnx_conv2matmul.rewrite.cleanup import cancel_transposes, remove_dead_weights, sink_transposes
+from onnx_conv2matmul.rewrite.options import ConvertOptions
 from onnx_conv2matmul.report import ConvertReport
-from onnx_conv2matmul.rewrite import Rewriter
+from onnx_conv2matmul.rewrite.apply import Rewriter
 
 
 @dataclasses.dataclass
@@ -47,10 +47,10 @@ class ConvToMatMulPass(ir.passes.InPlacePass):
 
     1. Analyse every Conv-like node (and, with ``options.gemm``, every Gemm) of every graph:
        a plan, or a skip with its reason.
-    2. Apply the plans (:class:`~onnx_conv2matmul.rewrite.Rewriter`); each node made is
+    2. Apply the plans (:class:`~onnx_conv2matmul.rewrite.apply.Rewriter`); each node made is
        marked on ``node.meta``.
     3. Collapse the Transpose chains holding a marked node
-       (:mod:`~onnx_conv2matmul.cleanup`).
+       (:mod:`~onnx_conv2matmul.rewrite.cleanup`).
     4. Remove the weights nothing reads any more.
 
     Transposed weights are lazy: they are computed when the model is serialized or

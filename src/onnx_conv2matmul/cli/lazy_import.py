@@ -3,7 +3,7 @@
 onnx-ir imports sympy, a large share of a command's start-up, for arithmetic on symbolic
 dimensions (``SymbolicDim("T") + 1``), which this tool never does. :func:`install` changes
 how the interpreter imports onnx-ir, so only the console entry point calls it, in a process
-of its own (:func:`onnx_conv2matmul._entry.run`); importing the library never does.
+of its own (:func:`onnx_conv2matmul.cli.entry.run`); importing the library never does.
 
 While onnx-ir's package first runs, wherever it is imported from, its ``import sympy`` gets
 a stand-in, and its expression parser (which reads sympy attributes when it runs) is a

@@ -1,7 +1,7 @@
 """What ``convert`` would do to a model, and what MatMulNBits would then take: nothing is written.
 
 The model is loaded as ``convert`` loads it (the ``.onnx`` parsed, external data checked but
-left on disk), and the rewrite pass ``convert`` runs (:class:`~onnx_conv2matmul.passes.ConvToMatMulPass`)
+left on disk), and the rewrite pass ``convert`` runs (:class:`~onnx_conv2matmul.rewrite.passes.ConvToMatMulPass`)
 is applied to it in memory. The report is that pass's own, so ``inspect`` and ``convert``
 agree by construction, whatever node types the pass handles. The model is never saved: the
 transposed weights, which are lazy, are never made, and no weight byte is read.
@@ -19,14 +19,14 @@ from collections import defaultdict
 
 import onnx_ir as ir
 
-from onnx_conv2matmul import _io
+from onnx_conv2matmul.files import load as _io
 from onnx_conv2matmul._graphs import walk_graphs
-from onnx_conv2matmul._layout import added_transposes
-from onnx_conv2matmul.analysis import constant_tensor
+from onnx_conv2matmul.rewrite.layout import added_transposes
+from onnx_conv2matmul.rewrite.analysis import constant_tensor
 from onnx_conv2matmul.errors import CheckerError, Hint, InputError
-from onnx_conv2matmul.options import ConvertOptions
-from onnx_conv2matmul.passes import ConvToMatMulPass
-from onnx_conv2matmul.quantize import QuantizeOptions, nbits_projection
+from onnx_conv2matmul.rewrite.options import ConvertOptions
+from onnx_conv2matmul.rewrite.passes import ConvToMatMulPass
+from onnx_conv2matmul.quantize.nbits import QuantizeOptions, nbits_projection
 from onnx_conv2matmul.report import ConvEntry, ConvertReport, InspectNode, InspectReport, Status
 
 _Key = tuple[str, str, str]

@@ -10,7 +10,7 @@ The search, on a rewritten fp32 model and a list of input feeds:
    quantization uses) and dequantized in numpy; its error is the output error energy
    that the activations would see, relative to the output's:
    ``sum_k h_k |W_k - Q(W)_k|^2 / sum_k h_k |W_k|^2``. The other weights (see
-   :mod:`onnx_conv2matmul.other_weights`) get their relative int8 error, the largest of
+   :mod:`onnx_conv2matmul.quantize.other_weights`) get their relative int8 error, the largest of
    them standing for all.
 3. **Allocation.** For a trade-off ``l`` (bytes per unit of error) each MatMul takes
    the setting with the least ``bytes + l * error`` (float: its fp32 bytes, error 0), and
@@ -45,10 +45,10 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from onnx_conv2matmul import other_weights
+from onnx_conv2matmul.quantize import other_weights
 from onnx_conv2matmul._graphs import is_external
 from onnx_conv2matmul.errors import TargetUnreachable
-from onnx_conv2matmul.quantize import (
+from onnx_conv2matmul.quantize.nbits import (
     NBitsResult,
     NodeSetting,
     QuantizeOptions,
@@ -376,7 +376,7 @@ def _worst_cosine(
     reference: Sequence[Sequence[Any]], outputs: Sequence[Sequence[Any]], names: Sequence[str]
 ) -> tuple[float, str]:
     """The smallest cosine over every float output and feed; -1 and a note when an exact output differs."""
-    from onnx_conv2matmul.verify import VerifyOptions, compare_outputs
+    from onnx_conv2matmul.verify.check import VerifyOptions, compare_outputs
 
     options = VerifyOptions(report_only=True)
     worst = 1.0
@@ -415,7 +415,7 @@ def search(
     Raises:
         TargetUnreachable: the all-float model does not meet the minimum either.
     """
-    from onnx_conv2matmul import _output
+    from onnx_conv2matmul.files import output as _output
 
     started = time.perf_counter()
     say = progress or (lambda _text: None)
@@ -732,7 +732,7 @@ def _evaluate(
     deterministic: bool,
 ) -> tuple[float, str]:
     """Build ``config`` from the fp32 copy, save it, run every feed: the worst cosine and a note."""
-    from onnx_conv2matmul import _output
+    from onnx_conv2matmul.files import output as _output
 
     model = ir.load(fp32_path)
     for _ in range(len(added)):
@@ -765,7 +765,7 @@ def synthesised_feeds(path: str, options: Any) -> list[dict[str, np.ndarray]]:
     Raises:
         ModelRunError: the model cannot be loaded or run on them.
     """
-    from onnx_conv2matmul.verify import _open, _run_original, plan_lengths, synthesise_inputs
+    from onnx_conv2matmul.verify.check import _open, _run_original, plan_lengths, synthesise_inputs
 
     session, specs, _ = _open(path, "original", options)
     plan = plan_lengths(specs, options)

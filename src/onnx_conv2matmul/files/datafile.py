@@ -25,7 +25,7 @@ each transposed weight written over the place of the weight it replaces.
 
 The ``.onnx`` refers to the data file as ``onnx_ir.save(..., external_data=...)``
 would write it, and the in-memory model is left as it was. Only
-:mod:`onnx_conv2matmul._output` uses this module.
+:mod:`onnx_conv2matmul.files.output` uses this module.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnx
 
-from onnx_conv2matmul._paths import contained_location
+from onnx_conv2matmul.files.paths import contained_location
 
 if TYPE_CHECKING:  # imported where used: the copy starts before onnx-ir is imported
     import onnx_ir as ir

@@ -12,13 +12,17 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
-from onnx_conv2matmul import _entry, _io, api
+from onnx_conv2matmul import api
+
+from onnx_conv2matmul.cli import entry as _entry
+
+from onnx_conv2matmul.files import load as _io
 from onnx_conv2matmul._version import __version__
-from onnx_conv2matmul._weight_only import ALGORITHMS
+from onnx_conv2matmul.quantize.weight_only import ALGORITHMS
 from onnx_conv2matmul.errors import Conv2MatMulError, ExitCode, Hint, InputError, exit_code_for
-from onnx_conv2matmul.options import ConvertOptions
+from onnx_conv2matmul.rewrite.options import ConvertOptions
 from onnx_conv2matmul.report import CommandReport, ErrorReport, VerifyCommandReport
-from onnx_conv2matmul.verify import (
+from onnx_conv2matmul.verify.check import (
     DEFAULT_LENGTHS,
     DEFAULT_MAX_ABS,
     DEFAULT_MEAN_ABS,
@@ -31,8 +35,8 @@ from onnx_conv2matmul.verify import (
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from onnx_conv2matmul.auto import AutoOptions
-    from onnx_conv2matmul.quantize import QuantizeOptions as QuantizeOptionsType
+    from onnx_conv2matmul.quantize.search import AutoOptions
+    from onnx_conv2matmul.quantize.nbits import QuantizeOptions as QuantizeOptionsType
     from onnx_conv2matmul.report import QuantizeReport
 
 PROGRESS_MIN_BYTES = 100 * 2**20
@@ -256,7 +260,7 @@ def _emit_report(report: CommandReport, path: str | None, error: str | None = No
 
     Called last, after the tables: nothing may follow the object on stdout.
     """
-    from onnx_conv2matmul import render
+    from onnx_conv2matmul.cli import render
 
     text = render.report_json(report, error=error)
     if path is not None:
@@ -527,7 +531,7 @@ def _build_verify_options(
         indices = tuple(i for i in picked if i is not None)
     feeds = None
     if inputs:
-        from onnx_conv2matmul.verify import load_inputs
+        from onnx_conv2matmul.verify.check import load_inputs
 
         feeds = tuple(load_inputs(inputs))
     try:
@@ -621,7 +625,7 @@ def convert_command(
             keep_on_failure=keep_on_failure,
             progress=_progress(console, input_path, quiet) if console is not None else None,
         )
-        from onnx_conv2matmul import render
+        from onnx_conv2matmul.cli import render
 
         render.print_convert_report(console or _stderr_console(quiet), report)
         _emit_report(report, report_json)
@@ -663,7 +667,7 @@ def verify_command(
     _OUTCOME.start(report_json_stdout, [original, candidate])
     with _errors():
         console = _stderr_console(quiet)
-        from onnx_conv2matmul import render
+        from onnx_conv2matmul.cli import render
 
         for path in (original, candidate):
             _io.check_input_path(path)
@@ -822,10 +826,10 @@ def quantize_command(
     """
     _OUTCOME.start(report_json_stdout, input_path)
     with _errors():
-        from onnx_conv2matmul.pipeline import quantize_file
+        from onnx_conv2matmul.quantize.workflow import quantize_file
 
         console = _stderr_console(quiet)
-        from onnx_conv2matmul import render
+        from onnx_conv2matmul.cli import render
 
         given = {
             "bits": int(bits),
@@ -900,7 +904,7 @@ def _quantize_options(given: dict[str, Any], config: str | None) -> QuantizeOpti
     """
     from click.core import ParameterSource
 
-    from onnx_conv2matmul.quantize import QuantizeOptions, load_config
+    from onnx_conv2matmul.quantize.nbits import QuantizeOptions, load_config
 
     fields = dict(given)
     if config is not None:
@@ -975,7 +979,7 @@ def _auto_options(
         raise click.UsageError(
             f"--auto chooses every node's setting (round-to-nearest): it does not combine with {clashes[0]}"
         )
-    from onnx_conv2matmul.auto import AutoOptions
+    from onnx_conv2matmul.quantize.search import AutoOptions
 
     return AutoOptions(
         min_cosine=min_cosine,
@@ -1025,15 +1029,15 @@ def inspect_command(
     """
     _OUTCOME.start(json_stdout, input_path)
     with _errors():
-        from onnx_conv2matmul.quantize import QuantizeOptions
+        from onnx_conv2matmul.quantize.nbits import QuantizeOptions
 
         options = _build_rewrite_options(kwargs)
         try:
             q_options = QuantizeOptions(bits=int(bits), block_size=block_size, symmetric=symmetric)
         except ValueError as err:
             raise InputError(str(err)) from err
-        from onnx_conv2matmul import render
-        from onnx_conv2matmul.inspection import inspect_file
+        from onnx_conv2matmul.cli import render
+        from onnx_conv2matmul.quantize.inspection import inspect_file
 
         report = inspect_file(input_path, options, q_options, run_checker=not skip_checker)
         render.print_inspect_report(_stderr_console(quiet), report)
@@ -1057,10 +1061,10 @@ def bundle_command(directory: str, manifest: str | None, report_json_stdout: boo
     """List the models in DIRECTORY with their external data, sizes and the total."""
     _OUTCOME.start(report_json_stdout, directory)
     with _errors():
-        from onnx_conv2matmul.pipeline import bundle_report
+        from onnx_conv2matmul.quantize.workflow import bundle_report
 
         console = _stderr_console(False)
-        from onnx_conv2matmul import render
+        from onnx_conv2matmul.cli import render
 
         if manifest is not None:
             models = [os.path.join(directory, n) for n in _onnx_names(directory)]
@@ -1087,7 +1091,7 @@ def run() -> None:
     """:func:`main` as a process: SIGINT and SIGTERM handled, exit codes as documented.
 
     Both signals unwind like Ctrl-C (staging directories removed) and exit 128 + signal
-    (see :mod:`onnx_conv2matmul._entry`); so does a signal that arrives while the end of
+    (see :mod:`onnx_conv2matmul.cli.entry`); so does a signal that arrives while the end of
     the run is reported. Otherwise this ends with :exc:`SystemExit`, as :func:`main` does,
     and the interpreter's teardown as usual: nothing else about the process is changed.
     """

@@ -13,7 +13,7 @@ A weight shared by several convs gets one ``Wt``. A grouped conv (``group`` g) h
 the MatMul. A FusedConv's input Z and activation come after the Transpose back, where
 a Conv's activation would be in a model (``_fused.py``). Every node created for a conv is marked
 (:func:`mark_created`): the cleanup touches only Transpose chains that hold one of them.
-A Gemm's plan is applied by :func:`~onnx_conv2matmul.gemm.apply_gemm`, with the same store
+A Gemm's plan is applied by :func:`~onnx_conv2matmul.rewrite.gemm.apply_gemm`, with the same store
 of weights.
 """
 
@@ -24,11 +24,11 @@ from collections.abc import Callable
 import numpy as np
 import onnx_ir as ir
 
-from onnx_conv2matmul import _fused
+from onnx_conv2matmul.rewrite import fused as _fused
 from onnx_conv2matmul._graphs import NameAllocator, is_external, mark_created
-from onnx_conv2matmul._layout import channels_last_perms
-from onnx_conv2matmul.analysis import Plan
-from onnx_conv2matmul.gemm import GemmPlan, apply_gemm
+from onnx_conv2matmul.rewrite.layout import channels_last_perms
+from onnx_conv2matmul.rewrite.analysis import Plan
+from onnx_conv2matmul.rewrite.gemm import GemmPlan, apply_gemm
 
 _INT64_MAX = np.iinfo(np.int64).max
 MIN_OPSET_SPLIT_NUM_OUTPUTS = 18

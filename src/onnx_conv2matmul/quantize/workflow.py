@@ -17,12 +17,14 @@ from typing import TYPE_CHECKING
 
 import onnx_ir as ir
 
-from onnx_conv2matmul import _io, _output
+from onnx_conv2matmul.files import load as _io
+
+from onnx_conv2matmul.files import output as _output
 from onnx_conv2matmul._graphs import count_op
 from onnx_conv2matmul.api import NullProgress, Progress, check_paths, convert, load_input
 from onnx_conv2matmul.errors import Hint, InputError
-from onnx_conv2matmul.options import ConvertOptions
-from onnx_conv2matmul.quantize import (
+from onnx_conv2matmul.rewrite.options import ConvertOptions
+from onnx_conv2matmul.quantize.nbits import (
     NBitsResult,
     QuantizeOptions,
     int8_dynamic,
@@ -32,14 +34,14 @@ from onnx_conv2matmul.quantize import (
 )
 from onnx_conv2matmul.report import BundleModel, BundleReport
 from onnx_conv2matmul.report import QuantizeReport as QuantizeReport  # its home before report.py
-from onnx_conv2matmul.verify import VerifyOptions, check_feeds_for_graph, verify_models
+from onnx_conv2matmul.verify.check import VerifyOptions, check_feeds_for_graph, verify_models
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
     import numpy as np
 
-    from onnx_conv2matmul.auto import AutoOptions
+    from onnx_conv2matmul.quantize.search import AutoOptions
 
 
 def _peak_rss_bytes() -> int:
@@ -65,16 +67,16 @@ def quantize_file(
     algorithm. Quantizing is lossy: without ``min_cosine`` (or without ``verify``) the
     accuracy is measured and reported only (``report_only``). ``quantize_options.other_weights``
     ``int8`` stores the float weights MatMulNBits does not take as int8 (see
-    :mod:`onnx_conv2matmul.other_weights`).
+    :mod:`onnx_conv2matmul.quantize.other_weights`).
 
-    With ``auto``, the settings are searched for (see :mod:`onnx_conv2matmul.auto`) on
+    With ``auto``, the settings are searched for (see :mod:`onnx_conv2matmul.quantize.search`) on
     ``verify``'s inputs (its feeds, or the synthesised ones); the options chosen replace
     ``quantize_options`` (the report's ``options.quantize`` replays them) and the accuracy
     check requires ``auto.min_cosine``.
 
     Raises:
         InputError: also when the algorithm cannot run here (see
-            :func:`onnx_conv2matmul.quantize.quantize_matmul_nbits`), checked before any work.
+            :func:`onnx_conv2matmul.quantize.nbits.quantize_matmul_nbits`), checked before any work.
         TargetUnreachable: with ``auto``, the minimum is not met even in float.
     """
     started = time.perf_counter()
@@ -171,7 +173,7 @@ def _quantize_to(
         report.settings = result.settings
         report.warnings.extend(_nbits_warnings(result))
         if quantize_options.other_weights == "int8":
-            from onnx_conv2matmul.other_weights import quantize_other_weights
+            from onnx_conv2matmul.quantize.other_weights import quantize_other_weights
 
             report.other_weights = quantize_other_weights(model)
         progress.phase("Saving")
@@ -205,7 +207,7 @@ def _search(
 ) -> None:
     """Run the search on the inputs the accuracy check uses (given or synthesised), in a
     scratch directory beside ``dst``."""
-    from onnx_conv2matmul import auto as auto_search
+    from onnx_conv2matmul.quantize import search as auto_search
 
     feeds: Sequence[Mapping[str, np.ndarray]]
     if verify.feeds is not None:
@@ -224,7 +226,7 @@ def _search(
 
 def _check_quantize_options(options: QuantizeOptions, verify: VerifyOptions) -> None:
     """Refuse, before any work, settings this run cannot apply."""
-    from onnx_conv2matmul._weight_only import check_available
+    from onnx_conv2matmul.quantize.weight_only import check_available
 
     check_available(options.algorithm, has_calibration=bool(verify.feeds))
 

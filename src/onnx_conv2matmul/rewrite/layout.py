@@ -35,7 +35,7 @@ from collections.abc import Collection
 
 import onnx_ir as ir
 
-from onnx_conv2matmul._fused import after_transpose_out
+from onnx_conv2matmul.rewrite.fused import after_transpose_out
 
 # Ops that act on each element alone: ``op(Transpose(x)) == Transpose(op(x))``.
 ELEMENTWISE_UNARY = frozenset(

@@ -36,7 +36,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnx_conv2matmul._graphs import mark_created
-from onnx_conv2matmul.analysis import (
+from onnx_conv2matmul.rewrite.analysis import (
     _FLOAT_TYPES,
     MIN_OPSET_BFLOAT16_MATMUL,
     WeightPlan,
@@ -45,11 +45,11 @@ from onnx_conv2matmul.analysis import (
     constant_tensor,
     constant_weight,
 )
-from onnx_conv2matmul.reasons import SkipReason
+from onnx_conv2matmul.rewrite.reasons import SkipReason
 from onnx_conv2matmul.report import ConvEntry
 
 if TYPE_CHECKING:
-    from onnx_conv2matmul.rewrite import Rewriter
+    from onnx_conv2matmul.rewrite.apply import Rewriter
 
 # Gemm-7 is the first without the ``broadcast`` attribute (and Add-7 the first with numpy
 # broadcasting).
