@@ -14,11 +14,17 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from helpers import examples, run
-from onnx_conv2matmul.quantize import search as auto
-from onnx_conv2matmul.quantize.search import AutoConfig, AutoOptions, Setting, block_dequantize, block_quantize
 from onnx_conv2matmul.cli.app import main
-from onnx_conv2matmul.quantize.workflow import quantize_file
+from onnx_conv2matmul.quantize import search as auto
 from onnx_conv2matmul.quantize.nbits import QuantizeOptions
+from onnx_conv2matmul.quantize.search import (
+    AutoConfig,
+    AutoOptions,
+    Setting,
+    block_dequantize,
+    block_quantize,
+)
+from onnx_conv2matmul.quantize.workflow import quantize_file
 from onnx_conv2matmul.verify.check import VerifyOptions
 
 DATA = Path(__file__).parent / "data"

@@ -13,8 +13,8 @@ import pytest
 from click.testing import CliRunner
 
 from helpers import matmul_model
-from onnx_conv2matmul.quantize import workflow as pipeline
 from onnx_conv2matmul.cli.app import main
+from onnx_conv2matmul.quantize import workflow as pipeline
 
 SCHEMA = json.loads((Path(__file__).resolve().parent.parent / "schema" / "report.schema.json").read_text())
 

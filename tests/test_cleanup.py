@@ -12,8 +12,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from helpers import ALL, all_nodes, assert_equivalent, assert_matmul_weights_2d, op_types
 from onnx_conv2matmul import ConvertOptions, Status, convert
-from onnx_conv2matmul.rewrite.layout import channels_last_perms, compose
 from onnx_conv2matmul.rewrite.cleanup import cancel_transposes
+from onnx_conv2matmul.rewrite.layout import channels_last_perms, compose
 
 C, M = 6, 5
 # Distinct sizes on every axis, so that a wrong permutation changes the output's shape.

@@ -251,10 +251,9 @@ def test_progress_reports_each_phase_and_the_save(
     written the count only grows, the total stays, and the last count is the total."""
     from rich.console import Console
 
-    from onnx_conv2matmul.files import datafile as _datafile
-
-    from onnx_conv2matmul.cli import app as cli
     from onnx_conv2matmul.api import convert_file
+    from onnx_conv2matmul.cli import app as cli
+    from onnx_conv2matmul.files import datafile as _datafile
     from onnx_conv2matmul.quantize.workflow import quantize_file
 
     src = _external_model(tmp_path)
@@ -415,7 +414,9 @@ def test_console_script_exit_codes(tmp_path: Path) -> None:
     import sys
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        code = "import sys; from onnx_conv2matmul.cli.entry import run; sys.argv[0] = 'onnx-conv2matmul'; run()"
+        code = (
+            "import sys; from onnx_conv2matmul.cli.entry import run; sys.argv[0] = 'onnx-conv2matmul'; run()"
+        )
         return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
 
     encoder = Path(__file__).parent / "data" / "conformer_small.onnx"

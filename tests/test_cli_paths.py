@@ -15,8 +15,8 @@ from click.testing import CliRunner
 
 from helpers import conv_model
 from onnx_conv2matmul import api
-from onnx_conv2matmul.files import load as _io
 from onnx_conv2matmul.cli.app import main
+from onnx_conv2matmul.files import load as _io
 
 
 def invoke(*args: str) -> tuple[int, str, str]:

@@ -19,8 +19,8 @@ from onnx.external_data_helper import set_external_data
 
 from helpers import assert_equivalent, stack_feeds, stack_model
 from onnx_conv2matmul import ConvertOptions, api, convert_file
-from onnx_conv2matmul.files import datafile as datafile_mod
 from onnx_conv2matmul._graphs import is_external
+from onnx_conv2matmul.files import datafile as datafile_mod
 
 RNG = np.random.default_rng(5)
 
@@ -268,7 +268,8 @@ def test_the_copy_starts_before_onnx_ir_is_imported(tmp_path: Path) -> None:
     onnx.save(stack_model(), src, save_as_external_data=True, location="m.onnx.data", size_threshold=0)
     code = (
         "import sys\n"
-        "from onnx_conv2matmul.cli import app as cli\nfrom onnx_conv2matmul.files import datafile as _datafile\n"
+        "from onnx_conv2matmul.cli import app as cli\n"
+        "from onnx_conv2matmul.files import datafile as _datafile\n"
         "assert 'onnx_ir' not in sys.modules and 'rich' not in sys.modules, 'imported with the CLI'\n"
         "start = _datafile.DataFileWriter.start.__func__\n"
         "seen = []\n"
@@ -338,9 +339,9 @@ def test_places_of_converted_weights_are_not_copied(tmp_path: Path, monkeypatch:
     """The old bytes under a transposed weight are left out of the copy when the rewrite
     placed it before the copy got there: here the copy is held in its first chunk (4 KB)
     until the tensors are placed, and copies nothing more (the whole file is 16 KB)."""
+    from onnx_conv2matmul.api import convert
     from onnx_conv2matmul.files import load as _io
     from onnx_conv2matmul.files import output as _output
-    from onnx_conv2matmul.api import convert
 
     src = tmp_path / "m.onnx"
     onnx.save(stack_model(), src, save_as_external_data=True, location="m.onnx.data")

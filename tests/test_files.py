@@ -15,8 +15,8 @@ from onnx import TensorProto
 import unwritable
 from helpers import assert_equivalent, conv_model, stack_feeds, stack_model
 from onnx_conv2matmul import ConvertOptions, InputError, convert_file
-from onnx_conv2matmul.files import load as io_mod
 from onnx_conv2matmul.errors import Hint
+from onnx_conv2matmul.files import load as io_mod
 
 RNG = np.random.default_rng(11)
 

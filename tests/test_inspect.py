@@ -20,11 +20,11 @@ from onnx import TensorProto, helper, numpy_helper
 
 from helpers import ALL, conv_model, stack_model
 from onnx_conv2matmul import ConvertOptions, Status, api
-from onnx_conv2matmul.files.load import tensor_bytes
 from onnx_conv2matmul.cli.app import main
+from onnx_conv2matmul.files.load import tensor_bytes
 from onnx_conv2matmul.quantize.inspection import inspect_file
-from onnx_conv2matmul.quantize.workflow import quantize_file
 from onnx_conv2matmul.quantize.nbits import QuantizeOptions, matmul_nbits_sizes
+from onnx_conv2matmul.quantize.workflow import quantize_file
 from onnx_conv2matmul.verify.check import VerifyOptions
 from test_real_models import MODELS, _fetch
 from test_skips import CASES

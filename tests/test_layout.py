@@ -11,8 +11,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from helpers import assert_equivalent, examples, op_types
 from onnx_conv2matmul import ConvertOptions, SkipReason, Status, convert
-from onnx_conv2matmul.rewrite.layout import added_transposes, channels_last_perms, compose, is_identity
 from onnx_conv2matmul.rewrite.analysis import analyze
+from onnx_conv2matmul.rewrite.layout import added_transposes, channels_last_perms, compose, is_identity
 
 C = 8
 DEFAULT = ConvertOptions(extended=True)

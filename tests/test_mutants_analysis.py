@@ -16,7 +16,7 @@ from onnx import TensorProto, helper
 
 from helpers import ALL, assert_equivalent, bfloat16_conv_model, conv_in_function_model, conv_model, op_types
 from onnx_conv2matmul import ConvertOptions, SkipReason, convert
-from onnx_conv2matmul.report import Status
+from onnx_conv2matmul.rewrite.report import Status
 
 EXTENDED_ALL = ConvertOptions(extended=True, allow_added_transposes=True)
 

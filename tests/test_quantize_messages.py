@@ -11,8 +11,8 @@ import onnx
 import pytest
 from click.testing import CliRunner
 
-from onnx_conv2matmul.quantize import search as auto
 from onnx_conv2matmul.cli.app import main
+from onnx_conv2matmul.quantize import search as auto
 
 ENCODER = Path(__file__).parent / "data" / "conformer_small.onnx"
 SCHEMA = Path(__file__).resolve().parent.parent / "schema" / "report.schema.json"

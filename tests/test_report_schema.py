@@ -13,10 +13,10 @@ from click.testing import CliRunner
 
 from helpers import conv_model, matmul_model
 from onnx_conv2matmul import api, convert
-from onnx_conv2matmul.cli import entry as _entry
+from onnx_conv2matmul.cli import signals as _entry
 from onnx_conv2matmul.cli.app import main
-from onnx_conv2matmul.rewrite.reasons import SkipReason
 from onnx_conv2matmul.report import SCHEMA_VERSION, Command, ErrorReport, envelope
+from onnx_conv2matmul.rewrite.reasons import SkipReason
 from onnx_conv2matmul.verify.check import Criterion, verify_models
 
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schema" / "report.schema.json"

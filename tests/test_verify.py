@@ -13,8 +13,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from helpers import ALL, conv_model
 from onnx_conv2matmul import ConvertOptions, convert, convert_file
-from onnx_conv2matmul.rewrite import apply as rewrite_mod
 from onnx_conv2matmul.cli.app import main
+from onnx_conv2matmul.rewrite import apply as rewrite_mod
 from onnx_conv2matmul.verify.check import VerifyOptions, verify_models
 
 RNG = np.random.default_rng(5)

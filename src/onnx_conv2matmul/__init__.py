@@ -17,7 +17,7 @@ from onnx_conv2matmul._version import __version__
 from onnx_conv2matmul.errors import CheckerError, Conv2MatMulError, InputError
 from onnx_conv2matmul.rewrite.options import ConvertOptions
 from onnx_conv2matmul.rewrite.reasons import SkipReason
-from onnx_conv2matmul.report import ConvEntry, ConvertReport, Status
+from onnx_conv2matmul.rewrite.report import ConvEntry, ConvertReport, Status
 
 if TYPE_CHECKING:
     from onnx_conv2matmul.api import convert, convert_file

@@ -8,12 +8,11 @@ from typing import TYPE_CHECKING, Protocol, overload
 
 import onnx
 
-from onnx_conv2matmul.files import load as _io
-
-from onnx_conv2matmul.files import output as _output
 from onnx_conv2matmul.errors import CheckerError, Hint, InputError
+from onnx_conv2matmul.files import load as _io
+from onnx_conv2matmul.files import output as _output
 from onnx_conv2matmul.rewrite.options import ConvertOptions
-from onnx_conv2matmul.report import ConvertReport
+from onnx_conv2matmul.rewrite.report import ConvertReport
 from onnx_conv2matmul.verify.check import VerifyOptions, verify_models
 
 if TYPE_CHECKING:

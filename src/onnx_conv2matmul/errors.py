@@ -94,7 +94,7 @@ class TargetUnreachable(Conv2MatMulError):
 class Interrupted(KeyboardInterrupt):
     """SIGINT or SIGTERM arrived while the console entry point ran.
 
-    Raised by the handler :func:`onnx_conv2matmul.cli.entry.install_signal_handlers` installs,
+    Raised by the handler :func:`onnx_conv2matmul.cli.signals.install_signal_handlers` installs,
     so a SIGTERM unwinds like Ctrl-C and every cleanup runs; the exit code is 128 + ``signum``.
     """
 

@@ -13,15 +13,13 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import click
 
 from onnx_conv2matmul import api
-
-from onnx_conv2matmul.cli import entry as _entry
-
-from onnx_conv2matmul.files import load as _io
 from onnx_conv2matmul._version import __version__
-from onnx_conv2matmul.quantize.weight_only import ALGORITHMS
+from onnx_conv2matmul.cli import signals
 from onnx_conv2matmul.errors import Conv2MatMulError, ExitCode, Hint, InputError, exit_code_for
+from onnx_conv2matmul.files import load as _io
+from onnx_conv2matmul.quantize.weight_only import ALGORITHMS
+from onnx_conv2matmul.report import CommandReport, ErrorReport
 from onnx_conv2matmul.rewrite.options import ConvertOptions
-from onnx_conv2matmul.report import CommandReport, ErrorReport, VerifyCommandReport
 from onnx_conv2matmul.verify.check import (
     DEFAULT_LENGTHS,
     DEFAULT_MAX_ABS,
@@ -31,13 +29,14 @@ from onnx_conv2matmul.verify.check import (
     VerifyOptions,
     verify_models,
 )
+from onnx_conv2matmul.verify.report import VerifyCommandReport
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from onnx_conv2matmul.quantize.search import AutoOptions
     from onnx_conv2matmul.quantize.nbits import QuantizeOptions as QuantizeOptionsType
-    from onnx_conv2matmul.report import QuantizeReport
+    from onnx_conv2matmul.quantize.report import QuantizeReport
+    from onnx_conv2matmul.quantize.search import AutoOptions
 
 PROGRESS_MIN_BYTES = 100 * 2**20
 
@@ -90,7 +89,7 @@ class _Outcome:
     def interrupted_detail(self) -> str:
         """What an interrupt leaves behind: nothing, or the watched paths written so far."""
         written = self.written()
-        return f"already written: {', '.join(written)}" if written else _entry.NOTHING_WRITTEN
+        return f"already written: {', '.join(written)}" if written else signals.NOTHING_WRITTEN
 
     def print_json(self, text: str) -> None:
         """Print the command's JSON report on stdout, when asked for and not printed yet."""
@@ -134,7 +133,7 @@ class _DefaultGroup(click.Group):
     """
 
     def main(self, args: Sequence[str] | None = None, *rest: Any, **kwargs: Any) -> Any:
-        _OUTCOME.reset(json_stdout=_entry.asks_for_json(sys.argv[1:] if args is None else list(args)))
+        _OUTCOME.reset(json_stdout=signals.asks_for_json(sys.argv[1:] if args is None else list(args)))
         try:
             return super().main(args, *rest, **kwargs)
         except SystemExit as exit_:
@@ -224,7 +223,7 @@ def _errors(*, click_shows_usage: bool = False) -> Iterator[None]:
     except Conv2MatMulError as err:
         _fail(_with_hint(str(err), err.hint), exit_code_for(err))
     except KeyboardInterrupt as interrupt:
-        _fail(_entry.interrupted_message(interrupt, _OUTCOME.interrupted_detail()), exit_code_for(interrupt))
+        _fail(signals.interrupted_message(interrupt, _OUTCOME.interrupted_detail()), exit_code_for(interrupt))
     except MemoryError as err:
         _fail("out of memory", exit_code_for(err))
     except OSError as err:
@@ -1095,8 +1094,8 @@ def run() -> None:
     the run is reported. Otherwise this ends with :exc:`SystemExit`, as :func:`main` does,
     and the interpreter's teardown as usual: nothing else about the process is changed.
     """
-    _entry.install_signal_handlers()
+    signals.install_signal_handlers()
     try:
         main()
     except KeyboardInterrupt as interrupt:  # a signal while the end of the run was reported
-        _entry.exit_interrupted(interrupt, _OUTCOME.interrupted_detail(), _OUTCOME.print_error_json)
+        signals.exit_interrupted(interrupt, _OUTCOME.interrupted_detail(), _OUTCOME.print_error_json)

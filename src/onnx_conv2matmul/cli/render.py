@@ -13,15 +13,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from onnx_conv2matmul.quantize.report import BundleReport, InspectNode, InspectReport, QuantizeReport
+from onnx_conv2matmul.report import CommandReport
 from onnx_conv2matmul.rewrite.reasons import SkipReason
-from onnx_conv2matmul.report import (
-    BundleReport,
-    CommandReport,
-    ConvertReport,
-    InspectNode,
-    InspectReport,
-    QuantizeReport,
-)
+from onnx_conv2matmul.rewrite.report import ConvertReport
 from onnx_conv2matmul.verify.check import Criterion, OutputComparison, VerifyReport
 
 MAX_SKIPPED_ROWS = 25

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 import onnx
 from google.protobuf.message import DecodeError
 
-from onnx_conv2matmul.files.paths import contained_location
 from onnx_conv2matmul.errors import CheckerError, Hint, InputError
+from onnx_conv2matmul.files.paths import contained_location
 
 if TYPE_CHECKING:  # imported where used: loading parses and starts the copy before importing onnx-ir
     import onnx_ir as ir

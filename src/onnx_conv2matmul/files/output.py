@@ -22,13 +22,11 @@ from typing import TYPE_CHECKING
 
 import onnx
 
+from onnx_conv2matmul.errors import InputError
 from onnx_conv2matmul.files import datafile as _datafile
-
 from onnx_conv2matmul.files import load as _io
-
 from onnx_conv2matmul.files import publish as _publish
 from onnx_conv2matmul.files.datafile import ProgressCallback
-from onnx_conv2matmul.errors import InputError
 
 if TYPE_CHECKING:  # imported where used: the copy starts before onnx-ir is imported
     import onnx_ir as ir

@@ -41,8 +41,8 @@ from typing import Any
 
 import onnx
 
-from onnx_conv2matmul.files.paths import data_files
 from onnx_conv2matmul.errors import DestinationBusy, InputError
+from onnx_conv2matmul.files.paths import data_files
 
 _JOURNAL = "obsolete.json"
 # The replaced .onnx is parsed to find the data files it reads only up to this size; a

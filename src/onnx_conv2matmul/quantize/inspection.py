@@ -1,15 +1,15 @@
 """What ``convert`` would do to a model, and what MatMulNBits would then take: nothing is written.
 
-The model is loaded as ``convert`` loads it (the ``.onnx`` parsed, external data checked but
-left on disk), and the rewrite pass ``convert`` runs (:class:`~onnx_conv2matmul.rewrite.passes.ConvToMatMulPass`)
-is applied to it in memory. The report is that pass's own, so ``inspect`` and ``convert``
-agree by construction, whatever node types the pass handles. The model is never saved: the
-transposed weights, which are lazy, are never made, and no weight byte is read.
+The model is loaded as ``convert`` loads it (the ``.onnx`` parsed, external data checked but left
+on disk), and the rewrite pass ``convert`` runs
+(:class:`~onnx_conv2matmul.rewrite.passes.ConvToMatMulPass`) is applied to it in memory. The
+report is that pass's own, so ``inspect`` and ``convert`` agree by construction, whatever node
+types the pass handles. The model is never saved: the transposed weights, which are lazy, are
+never made, and no weight byte is read.
 
-A second graph built from the same parsed protobuf (its tensors shared, not copied) stays as
-the input was. It gives what the rewritten graph no longer has: each node's attributes, the
-Transpose cost of each converted convolution, and the weights MatMulNBits could take
-without the rewrite.
+A second graph built from the same parsed protobuf (its tensors shared, not copied) stays as the
+input was. It gives what the rewritten graph no longer has: each node's attributes, the Transpose
+cost of each converted convolution, and the weights MatMulNBits could take without the rewrite.
 """
 
 from __future__ import annotations
@@ -19,15 +19,16 @@ from collections import defaultdict
 
 import onnx_ir as ir
 
-from onnx_conv2matmul.files import load as _io
 from onnx_conv2matmul._graphs import walk_graphs
-from onnx_conv2matmul.rewrite.layout import added_transposes
-from onnx_conv2matmul.rewrite.analysis import constant_tensor
 from onnx_conv2matmul.errors import CheckerError, Hint, InputError
+from onnx_conv2matmul.files import load as _io
+from onnx_conv2matmul.quantize.nbits import QuantizeOptions, nbits_projection
+from onnx_conv2matmul.quantize.report import InspectNode, InspectReport
+from onnx_conv2matmul.rewrite.layout import added_transposes
 from onnx_conv2matmul.rewrite.options import ConvertOptions
 from onnx_conv2matmul.rewrite.passes import ConvToMatMulPass
-from onnx_conv2matmul.quantize.nbits import QuantizeOptions, nbits_projection
-from onnx_conv2matmul.report import ConvEntry, ConvertReport, InspectNode, InspectReport, Status
+from onnx_conv2matmul.rewrite.report import ConvEntry, ConvertReport, Status
+from onnx_conv2matmul.rewrite.weights import constant_tensor
 
 _Key = tuple[str, str, str]
 _INTS = ir.AttributeType.INTS

@@ -26,7 +26,6 @@ import onnx
 import onnx_ir as ir
 
 from onnx_conv2matmul._graphs import NameAllocator, is_external, used_names, walk_graphs
-from onnx_conv2matmul.report import NBitsProjection
 
 _FLOATS = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
 # The block sizes onnxruntime's MatMulNBits quantizer (MlasQuantizeBlockwise) accepts.
@@ -750,3 +749,69 @@ def int8_dynamic(
         )
     finally:
         root.setLevel(level)
+
+
+@dataclasses.dataclass
+class NBitsProjection:
+    """What MatMulNBits quantization would make of a model, worked out from shapes alone.
+
+    Attributes:
+        bits, block_size, symmetric: The quantizer's settings.
+        weights_without_rewrite: Float weight bytes of the model as it is, and the share on
+            MatMul input B (what the quantizer takes).
+        weights_with_rewrite: The same after the rewrite.
+        packed_bytes: The quantized weights, ``[N, ceil(K / block), block * bits / 8]`` uint8
+            each.
+        scale_bytes: The scales, ``[N, ceil(K / block)]`` in the weight's float type each.
+        zero_point_bytes: The zero points (asymmetric only), ``[N, ceil(blocks * bits / 8)]``
+            uint8 each.
+        float_bytes_removed: The float weights the quantized ones replace (a weight another
+            node also reads stays).
+        tensor_bytes: Every tensor of the rewritten model, in bytes.
+        projected_tensor_bytes: The same after quantization.
+        model_bytes: The input's files (the ``.onnx`` and its external data).
+        projected_model_bytes: The quantized model's files: ``projected_tensor_bytes`` plus
+            what the input's files hold besides tensors (the graph, names, attributes).
+    """
+
+    bits: int
+    block_size: int
+    symmetric: bool
+    weights_without_rewrite: WeightStats
+    weights_with_rewrite: WeightStats
+    packed_bytes: int = 0
+    scale_bytes: int = 0
+    zero_point_bytes: int = 0
+    float_bytes_removed: int = 0
+    tensor_bytes: int = 0
+    model_bytes: int = 0
+
+    @property
+    def quantized_bytes(self) -> int:
+        return self.packed_bytes + self.scale_bytes + self.zero_point_bytes
+
+    @property
+    def projected_tensor_bytes(self) -> int:
+        return self.tensor_bytes - self.float_bytes_removed + self.quantized_bytes
+
+    @property
+    def projected_model_bytes(self) -> int:
+        return self.projected_tensor_bytes + self.model_bytes - self.tensor_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "bits": self.bits,
+            "block_size": self.block_size,
+            "symmetric": self.symmetric,
+            "weights_without_rewrite": self.weights_without_rewrite.to_dict(),
+            "weights_with_rewrite": self.weights_with_rewrite.to_dict(),
+            "matmul_nbits": self.weights_with_rewrite.quantizable_matmuls,
+            "packed_bytes": self.packed_bytes,
+            "scale_bytes": self.scale_bytes,
+            "zero_point_bytes": self.zero_point_bytes,
+            "float_bytes_removed": self.float_bytes_removed,
+            "tensor_bytes": self.tensor_bytes,
+            "projected_tensor_bytes": self.projected_tensor_bytes,
+            "model_bytes": self.model_bytes,
+            "projected_model_bytes": self.projected_model_bytes,
+        }

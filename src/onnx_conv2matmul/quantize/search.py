@@ -45,9 +45,9 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from onnx_conv2matmul.quantize import other_weights
 from onnx_conv2matmul._graphs import is_external
 from onnx_conv2matmul.errors import TargetUnreachable
+from onnx_conv2matmul.quantize import other_weights
 from onnx_conv2matmul.quantize.nbits import (
     NBitsResult,
     NodeSetting,

@@ -17,13 +17,11 @@ from typing import TYPE_CHECKING
 
 import onnx_ir as ir
 
-from onnx_conv2matmul.files import load as _io
-
-from onnx_conv2matmul.files import output as _output
 from onnx_conv2matmul._graphs import count_op
 from onnx_conv2matmul.api import NullProgress, Progress, check_paths, convert, load_input
 from onnx_conv2matmul.errors import Hint, InputError
-from onnx_conv2matmul.rewrite.options import ConvertOptions
+from onnx_conv2matmul.files import load as _io
+from onnx_conv2matmul.files import output as _output
 from onnx_conv2matmul.quantize.nbits import (
     NBitsResult,
     QuantizeOptions,
@@ -32,8 +30,9 @@ from onnx_conv2matmul.quantize.nbits import (
     quantize_matmul_nbits,
     weight_stats,
 )
-from onnx_conv2matmul.report import BundleModel, BundleReport
-from onnx_conv2matmul.report import QuantizeReport as QuantizeReport  # its home before report.py
+from onnx_conv2matmul.quantize.report import BundleModel, BundleReport
+from onnx_conv2matmul.quantize.report import QuantizeReport as QuantizeReport  # its home before report.py
+from onnx_conv2matmul.rewrite.options import ConvertOptions
 from onnx_conv2matmul.verify.check import VerifyOptions, check_feeds_for_graph, verify_models
 
 if TYPE_CHECKING:

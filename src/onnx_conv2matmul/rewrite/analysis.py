@@ -7,51 +7,37 @@ can be rewritten and a skipped :class:`ConvEntry` (with its reason) for every ot
 from __future__ import annotations
 
 import dataclasses
-import math
-from typing import TYPE_CHECKING
 
 import onnx_ir as ir
 
-from onnx_conv2matmul.rewrite import fused as _fused
 from onnx_conv2matmul._graphs import default_opset, walk_graphs
+from onnx_conv2matmul.rewrite import fused as _fused
+from onnx_conv2matmul.rewrite.gemm import GemmPlan, is_gemm, plan_gemm
 from onnx_conv2matmul.rewrite.layout import added_transposes
 from onnx_conv2matmul.rewrite.options import ConvertOptions
 from onnx_conv2matmul.rewrite.reasons import SkipReason
-from onnx_conv2matmul.report import ConvEntry, Status
-
-if TYPE_CHECKING:
-    from onnx_conv2matmul.rewrite.gemm import GemmPlan
+from onnx_conv2matmul.rewrite.report import ConvEntry, Status
+from onnx_conv2matmul.rewrite.weights import (
+    _FLOAT_TYPES,
+    MIN_OPSET_BFLOAT16_MATMUL,
+    WeightPlan,
+    _Skip,
+    check_attribute_types,
+    constant_tensor,
+    constant_weight,
+)
 
 # Op types reported as convolutions; of these only com.microsoft FusedConv is rewritten.
 _OTHER_CONV_OPS = frozenset(
     {"ConvInteger", "QLinearConv", "FusedConv", "NhwcConv", "NhwcFusedConv", "QLinearConvTranspose"}
 )
-_FLOAT_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE, ir.DataType.BFLOAT16})
 _AUTO_PADS = frozenset({"NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER"})
 
 # Opsets the emitted ops need.
 MIN_OPSET_PAD = 2  # Pad-2: pads as an attribute; Pad-11: pads as an input
 MIN_OPSET_SLICE_STEPS = 10
-MIN_OPSET_BFLOAT16_MATMUL = 13
 # Before IR version 4 every initializer must also be a graph input (so it could be overridden).
 MIN_IR_VERSION = 4
-
-
-@dataclasses.dataclass
-class WeightPlan:
-    """What every plan holds: the node, its report entry and its constant weight.
-
-    The steps that settle plans against each other (shared weights, the form a weight is
-    stored in) read only these fields, whatever the op.
-    """
-
-    node: ir.Node
-    graph: ir.Graph
-    entry: ConvEntry
-    weight: ir.Value
-    weight_tensor: ir.TensorProtocol
-    weight_owner: ir.Graph
-    weight_constant_node: ir.Node | None
 
 
 @dataclasses.dataclass
@@ -72,13 +58,6 @@ class Plan(WeightPlan):
     """A FusedConv's input Z, added before the activation."""
 
 
-class _Skip(Exception):
-    def __init__(self, reason: SkipReason, detail: str) -> None:
-        super().__init__(detail)  # pragma: no mutate (equivalent: analyze() reads .detail, never str())
-        self.reason = reason
-        self.detail = detail
-
-
 def is_conv_like(node: ir.Node) -> bool:
     if node.op_type == "Conv":
         return True
@@ -88,7 +67,6 @@ def is_conv_like(node: ir.Node) -> bool:
 def analyze(model: ir.Model, options: ConvertOptions) -> tuple[list[Plan | GemmPlan], list[ConvEntry]]:
     """Return the plans and the report entry of every Conv-like node (and Gemm, with
     ``options.gemm``), in graph order."""
-    from onnx_conv2matmul.rewrite.gemm import is_gemm, plan_gemm  # gemm imports this module
 
     opset = default_opset(model)
     ambiguous = _names_in_several_scopes(model)
@@ -153,7 +131,6 @@ def _settle(plans: list[Plan | GemmPlan], options: ConvertOptions) -> list[Plan 
 
 
 def _drop_adding_transposes(plans: list[Plan | GemmPlan]) -> list[Plan | GemmPlan]:
-    from onnx_conv2matmul.rewrite.gemm import GemmPlan  # gemm imports this module
 
     converted = {id(p.node) for p in plans if not isinstance(p, GemmPlan)}
     kept: list[Plan | GemmPlan] = []
@@ -219,7 +196,6 @@ def _drop_shared_with_unconverted(plans: list[Plan | GemmPlan]) -> list[Plan | G
 
 
 def _stored_form(plan: Plan | GemmPlan) -> str | None:
-    from onnx_conv2matmul.rewrite.gemm import GemmPlan  # gemm imports this module
 
     if isinstance(plan, GemmPlan):
         return plan.stored_form
@@ -228,7 +204,6 @@ def _stored_form(plan: Plan | GemmPlan) -> str | None:
 
 
 def _function_entries(model: ir.Model, options: ConvertOptions) -> list[ConvEntry]:
-    from onnx_conv2matmul.rewrite.gemm import is_gemm  # gemm imports this module
 
     entries = []
     for function in model.functions.values():
@@ -246,72 +221,6 @@ def _function_entries(model: ir.Model, options: ConvertOptions) -> list[ConvEntr
                     )
                 )
     return entries
-
-
-def constant_tensor(value: ir.Value) -> tuple[ir.TensorProtocol, ir.Node | None] | None:
-    """The constant behind ``value`` (initializer or Constant node), if it has one.
-
-    Not ``ir.convenience.get_const_tensor``: that renames the tensor held by a Constant node
-    after its output (this module only reads), raises on a malformed Constant (here: not a
-    constant, the node is skipped), and does not say which Constant node holds the tensor,
-    which the rewrite needs to remove it.
-    """
-    if value.is_initializer() and value.const_value is not None:
-        return value.const_value, None
-    producer = value.producer()
-    if producer is not None and producer.op_type == "Constant" and producer.domain in ("", "ai.onnx"):
-        attr = producer.attributes.get("value")
-        if attr is not None and attr.type == ir.AttributeType.TENSOR:
-            return attr.value, producer
-    return None
-
-
-# The type of each attribute the plans read (``activation`` and ``activation_params`` are
-# checked in ``_fused``, with their own reason). The ONNX checker checks these for standard
-# ops but knows no com.microsoft schema, and is optional.
-_ATTRIBUTE_TYPES = {
-    "group": ir.AttributeType.INT,
-    "kernel_shape": ir.AttributeType.INTS,
-    "strides": ir.AttributeType.INTS,
-    "dilations": ir.AttributeType.INTS,
-    "pads": ir.AttributeType.INTS,
-    "auto_pad": ir.AttributeType.STRING,
-    "transA": ir.AttributeType.INT,
-    "transB": ir.AttributeType.INT,
-    "alpha": ir.AttributeType.FLOAT,
-    "beta": ir.AttributeType.FLOAT,
-}
-
-
-def check_attribute_types(node: ir.Node) -> None:
-    """Skip a node with an attribute of another type than its op defines (invalid as it is)."""
-    for name, attr in node.attributes.items():
-        expected = _ATTRIBUTE_TYPES.get(name)
-        if expected is not None and attr.type != expected:
-            raise _Skip(
-                SkipReason.INVALID_ATTRIBUTES,
-                f"attribute {name} of type {attr.type.name}, not {expected.name}",
-            )
-
-
-def constant_weight(
-    weight: ir.Value, entry: ConvEntry
-) -> tuple[ir.TensorProtocol, ir.Node | None, list[int]]:
-    """The constant tensor of a conv's or Gemm's weight input, the Constant node holding it (if
-    any) and its shape, recorded on ``entry`` with its type and size; ``_Skip`` when it is not
-    constant."""
-    if weight.is_graph_input() and not weight.is_initializer():
-        raise _Skip(SkipReason.WEIGHT_NOT_CONSTANT, f"weight {weight.name!r} is a graph input")
-    found = constant_tensor(weight)
-    if found is None:
-        raise _Skip(SkipReason.WEIGHT_NOT_CONSTANT, f"weight {weight.name!r} is computed at run time")
-    tensor, constant_node = found
-    shape = [int(d) for d in tensor.shape.numpy()]
-    entry.weight_shape = shape
-    entry.weight_dtype = tensor.dtype.name
-    entry.params = math.prod(shape)
-    entry.weight_bytes = int(entry.params * tensor.dtype.itemsize)
-    return tensor, constant_node, shape
 
 
 def _ints(node: ir.Node, name: str, default: list[int]) -> list[int]:

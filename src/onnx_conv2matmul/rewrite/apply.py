@@ -13,7 +13,7 @@ A weight shared by several convs gets one ``Wt``. A grouped conv (``group`` g) h
 the MatMul. A FusedConv's input Z and activation come after the Transpose back, where
 a Conv's activation would be in a model (``_fused.py``). Every node created for a conv is marked
 (:func:`mark_created`): the cleanup touches only Transpose chains that hold one of them.
-A Gemm's plan is applied by :func:`~onnx_conv2matmul.rewrite.gemm.apply_gemm`, with the same store
+A Gemm's plan is applied by :func:`apply_gemm` (below), with the same store
 of weights.
 """
 
@@ -24,11 +24,12 @@ from collections.abc import Callable
 import numpy as np
 import onnx_ir as ir
 
-from onnx_conv2matmul.rewrite import fused as _fused
 from onnx_conv2matmul._graphs import NameAllocator, is_external, mark_created
-from onnx_conv2matmul.rewrite.layout import channels_last_perms
+from onnx_conv2matmul.rewrite import fused as _fused
 from onnx_conv2matmul.rewrite.analysis import Plan
-from onnx_conv2matmul.rewrite.gemm import GemmPlan, apply_gemm
+from onnx_conv2matmul.rewrite.gemm import GemmPlan
+from onnx_conv2matmul.rewrite.layout import channels_last_perms
+from onnx_conv2matmul.rewrite.weights import constant_tensor
 
 _INT64_MAX = np.iinfo(np.int64).max
 MIN_OPSET_SPLIT_NUM_OUTPUTS = 18
@@ -231,3 +232,59 @@ class Rewriter:
         out = add("Concat", products, {"axis": rank - 1}, "matmul")
         plan.entry.extra_ops.extend(["Split", "Concat"])
         return out
+
+
+def _scalar(rewriter: Rewriter, base: str, what: str, value: float, dtype: ir.DataType) -> ir.Node:
+    name = rewriter.names.new(f"{base}/{what}")
+    tensor = ir.tensor(np.array(value, dtype=dtype.numpy()), dtype=dtype, name=name)
+    out = ir.Value(name=name, type=ir.TensorType(dtype), shape=ir.Shape([]))
+    const_name = rewriter.names.new(f"{base}/{what}_const")
+    return ir.node("Constant", [], {"value": tensor}, outputs=[out], name=const_name)
+
+
+def apply_gemm(plan: GemmPlan, rewriter: Rewriter) -> None:
+    """Replace ``plan.node`` by its MatMul form (see the module's docstring)."""
+    node = plan.node
+    gemm_out = node.outputs[0]
+    base = node.name or (gemm_out.name or "Gemm")
+    dtype = plan.weight_tensor.dtype
+    nodes: list[ir.Node] = []
+
+    def add(op: str, inputs: list[ir.Value | None], attrs: dict[str, object], what: str) -> ir.Value:
+        out = ir.Value(name=rewriter.names.new(f"{base}/{what}"), type=ir.TensorType(dtype))
+        nodes.append(
+            ir.node(op, inputs, attrs, outputs=[out], name=rewriter.names.new(f"{base}/{op}"))  # type: ignore[arg-type]
+        )
+        return out
+
+    h = node.inputs[0]
+    if plan.trans_a:
+        h = add("Transpose", [h], {"perm": [1, 0]}, "a_transposed")
+        mark_created(nodes[-1])  # the cleanup may cancel it against a Transpose above
+        plan.entry.extra_ops.append("Transpose")
+    # An initializer read as it is feeds the MatMul itself: nothing is copied.
+    stored = plan.stored_form is not None
+    weight = rewriter.matmul_weight(plan, transpose=plan.trans_b) if stored else plan.weight
+    h = add("MatMul", [h, weight], {}, "matmul")
+    plan.entry.matmul = nodes[-1].name
+    if plan.alpha != 1:
+        alpha = _scalar(rewriter, base, "alpha", plan.alpha, dtype)
+        nodes.append(alpha)
+        h = add("Mul", [h, alpha.outputs[0]], {}, "scaled")
+        plan.entry.extra_ops.append("Mul")
+    if plan.c is not None:
+        c: ir.Value = plan.c
+        if plan.beta != 1:
+            beta = _scalar(rewriter, base, "beta", plan.beta, dtype)
+            nodes.append(beta)
+            c = add("Mul", [c, beta.outputs[0]], {}, "c_scaled")
+            plan.entry.extra_ops.append("Mul")
+        h = add("Add", [h, c], {}, "biased")
+    unread_c = node.inputs[2] if len(node.inputs) > 2 and plan.c is None else None
+    if unread_c is not None:
+        # beta 0: a constant C nothing else reads is removed with the converted weights.
+        found = constant_tensor(unread_c)
+        rewriter.converted_weights.append((unread_c, found[1] if found is not None else None))
+    assert h is not None
+    h.shape = None  # the Gemm output's shape, when it has one, is taken over
+    ir.convenience.replace_nodes_and_values(plan.graph, node, [node], nodes, [gemm_out], [h])

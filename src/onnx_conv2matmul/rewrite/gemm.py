@@ -30,13 +30,12 @@ that is also a graph input) or shared with a node that stays is left alone as fo
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
-import numpy as np
 import onnx_ir as ir
 
-from onnx_conv2matmul._graphs import mark_created
-from onnx_conv2matmul.rewrite.analysis import (
+from onnx_conv2matmul.rewrite.reasons import SkipReason
+from onnx_conv2matmul.rewrite.report import ConvEntry
+from onnx_conv2matmul.rewrite.weights import (
     _FLOAT_TYPES,
     MIN_OPSET_BFLOAT16_MATMUL,
     WeightPlan,
@@ -45,11 +44,6 @@ from onnx_conv2matmul.rewrite.analysis import (
     constant_tensor,
     constant_weight,
 )
-from onnx_conv2matmul.rewrite.reasons import SkipReason
-from onnx_conv2matmul.report import ConvEntry
-
-if TYPE_CHECKING:
-    from onnx_conv2matmul.rewrite.apply import Rewriter
 
 # Gemm-7 is the first without the ``broadcast`` attribute (and Add-7 the first with numpy
 # broadcasting).
@@ -177,59 +171,3 @@ def _check_operands(
     pairs = zip(c_shape, wanted, strict=False)
     if len(c_shape) > 2 or any(isinstance(d, int) and w is not None and d not in (1, w) for d, w in pairs):
         raise _Skip(SkipReason.INVALID_ATTRIBUTES, f"C shape {c_shape} does not broadcast to [M, {n}]")
-
-
-def _scalar(rewriter: Rewriter, base: str, what: str, value: float, dtype: ir.DataType) -> ir.Node:
-    name = rewriter.names.new(f"{base}/{what}")
-    tensor = ir.tensor(np.array(value, dtype=dtype.numpy()), dtype=dtype, name=name)
-    out = ir.Value(name=name, type=ir.TensorType(dtype), shape=ir.Shape([]))
-    const_name = rewriter.names.new(f"{base}/{what}_const")
-    return ir.node("Constant", [], {"value": tensor}, outputs=[out], name=const_name)
-
-
-def apply_gemm(plan: GemmPlan, rewriter: Rewriter) -> None:
-    """Replace ``plan.node`` by its MatMul form (see the module's docstring)."""
-    node = plan.node
-    gemm_out = node.outputs[0]
-    base = node.name or (gemm_out.name or "Gemm")
-    dtype = plan.weight_tensor.dtype
-    nodes: list[ir.Node] = []
-
-    def add(op: str, inputs: list[ir.Value | None], attrs: dict[str, object], what: str) -> ir.Value:
-        out = ir.Value(name=rewriter.names.new(f"{base}/{what}"), type=ir.TensorType(dtype))
-        nodes.append(
-            ir.node(op, inputs, attrs, outputs=[out], name=rewriter.names.new(f"{base}/{op}"))  # type: ignore[arg-type]
-        )
-        return out
-
-    h = node.inputs[0]
-    if plan.trans_a:
-        h = add("Transpose", [h], {"perm": [1, 0]}, "a_transposed")
-        mark_created(nodes[-1])  # the cleanup may cancel it against a Transpose above
-        plan.entry.extra_ops.append("Transpose")
-    # An initializer read as it is feeds the MatMul itself: nothing is copied.
-    stored = plan.stored_form is not None
-    weight = rewriter.matmul_weight(plan, transpose=plan.trans_b) if stored else plan.weight
-    h = add("MatMul", [h, weight], {}, "matmul")
-    plan.entry.matmul = nodes[-1].name
-    if plan.alpha != 1:
-        alpha = _scalar(rewriter, base, "alpha", plan.alpha, dtype)
-        nodes.append(alpha)
-        h = add("Mul", [h, alpha.outputs[0]], {}, "scaled")
-        plan.entry.extra_ops.append("Mul")
-    if plan.c is not None:
-        c: ir.Value = plan.c
-        if plan.beta != 1:
-            beta = _scalar(rewriter, base, "beta", plan.beta, dtype)
-            nodes.append(beta)
-            c = add("Mul", [c, beta.outputs[0]], {}, "c_scaled")
-            plan.entry.extra_ops.append("Mul")
-        h = add("Add", [h, c], {}, "biased")
-    unread_c = node.inputs[2] if len(node.inputs) > 2 and plan.c is None else None
-    if unread_c is not None:
-        # beta 0: a constant C nothing else reads is removed with the converted weights.
-        found = constant_tensor(unread_c)
-        rewriter.converted_weights.append((unread_c, found[1] if found is not None else None))
-    assert h is not None
-    h.shape = None  # the Gemm output's shape, when it has one, is taken over
-    ir.convenience.replace_nodes_and_values(plan.graph, node, [node], nodes, [gemm_out], [h])

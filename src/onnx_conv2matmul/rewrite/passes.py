@@ -27,10 +27,10 @@ from onnx_conv2matmul._graphs import (
     used_names,
 )
 from onnx_conv2matmul.rewrite.analysis import analyze
+from onnx_conv2matmul.rewrite.apply import Rewriter
 from onnx_conv2matmul.rewrite.cleanup import cancel_transposes, remove_dead_weights, sink_transposes
 from onnx_conv2matmul.rewrite.options import ConvertOptions
-from onnx_conv2matmul.report import ConvertReport
-from onnx_conv2matmul.rewrite.apply import Rewriter
+from onnx_conv2matmul.rewrite.report import ConvertReport
 
 
 @dataclasses.dataclass

@@ -344,7 +344,7 @@ class VerifyReport:
 
     ``passed`` when there is at least one row and every row passed; ``to_dict()`` is the
     ``verification`` section of a report (the verify command's report wraps it, see
-    :class:`onnx_conv2matmul.report.VerifyCommandReport`).
+    :class:`onnx_conv2matmul.verify.report.VerifyCommandReport`).
     """
 
     original: str
