@@ -186,21 +186,21 @@ def test_progress_only_on_a_terminal_for_big_models(
 ) -> None:
     from rich.console import Console
 
-    from onnx_conv2matmul.cli import app as cli
+    from onnx_conv2matmul.cli import common
 
     def terminal() -> Console:
         return Console(file=io.StringIO(), force_terminal=True, width=100, color_system=None)
 
     pipe = Console(file=io.StringIO(), force_terminal=False)
-    assert cli._progress(terminal(), str(model_path), quiet=False) is None, "small model: no bar"
-    monkeypatch.setattr(cli, "PROGRESS_MIN_BYTES", 1)
-    assert cli._progress(pipe, str(model_path), quiet=False) is None
-    assert cli._progress(terminal(), str(model_path), quiet=True) is None
+    assert common.progress_for(terminal(), str(model_path), quiet=False) is None, "small model: no bar"
+    monkeypatch.setattr(common, "PROGRESS_MIN_BYTES", 1)
+    assert common.progress_for(pipe, str(model_path), quiet=False) is None
+    assert common.progress_for(terminal(), str(model_path), quiet=True) is None
 
     def shown(*calls: tuple[str, ...] | tuple[str, int, int]) -> str:
         """What the bar shows after ``calls`` (its last frame, drawn when it is closed)."""
         console = terminal()
-        bar = cli._progress(console, str(model_path), quiet=False)
+        bar = common.progress_for(console, str(model_path), quiet=False)
         assert bar is not None
         for name, *args in calls:
             getattr(bar, name)(*args)
@@ -252,16 +252,16 @@ def test_progress_reports_each_phase_and_the_save(
     from rich.console import Console
 
     from onnx_conv2matmul.api import convert_file
-    from onnx_conv2matmul.cli import app as cli
+    from onnx_conv2matmul.cli import common
     from onnx_conv2matmul.files import datafile as _datafile
     from onnx_conv2matmul.quantize.workflow import quantize_file
 
     src = _external_model(tmp_path)
     events: list[str | tuple[int, int]] = []
     reported = threading.Event()
-    monkeypatch.setattr(cli, "PROGRESS_MIN_BYTES", 1)
+    monkeypatch.setattr(common, "PROGRESS_MIN_BYTES", 1)
     console = Console(file=io.StringIO(), force_terminal=True, width=100, color_system=None)
-    bar = cli._progress(console, str(src), quiet=False)
+    bar = common.progress_for(console, str(src), quiet=False)
     assert bar is not None
 
     class Recording:
@@ -321,7 +321,9 @@ def test_the_command_draws_the_bar_only_on_a_terminal(tmp_path: Path, command: s
     """The command as a process with stderr on a pseudo-terminal (or a pipe), every model
     counting as big: the bar is drawn, and closed on the last phase, only on the terminal."""
     src = _external_model(tmp_path)
-    code = "import sys; from onnx_conv2matmul.cli import app as cli; cli.PROGRESS_MIN_BYTES = 1; cli.run()"
+    code = (
+        "import sys; from onnx_conv2matmul.cli import app, common; common.PROGRESS_MIN_BYTES = 1; app.run()"
+    )
     argv = [
         sys.executable,
         "-c",

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from helpers import conv_model
 from onnx_conv2matmul import api
 from onnx_conv2matmul.cli.app import main
+from onnx_conv2matmul.errors import InputError
 from onnx_conv2matmul.files import load as _io
 
 
@@ -352,7 +353,7 @@ def test_keep_on_failure_target_must_be_a_directory(
     assert "o.onnx.verify-failed" in stderr and "not a directory" in stderr
     assert len(stderr.strip().splitlines()) == 1
     assert snapshot(tmp_path) == before
-    with pytest.raises(api.InputError, match="not a directory"):
+    with pytest.raises(InputError, match="not a directory"):
         api.convert_file(
             src, tmp_path / "o.onnx", verify=api.VerifyOptions(), keep_on_failure=True, run_checker=False
         )

@@ -13,8 +13,9 @@ import pytest
 from click.testing import CliRunner
 
 from helpers import conv_model
-from onnx_conv2matmul import api, errors
-from onnx_conv2matmul.cli.app import _HINTS, main
+from onnx_conv2matmul import errors
+from onnx_conv2matmul.cli.app import main
+from onnx_conv2matmul.cli.common import HINTS as _HINTS
 from onnx_conv2matmul.errors import (
     CheckerError,
     Conv2MatMulError,
@@ -27,6 +28,7 @@ from onnx_conv2matmul.errors import (
     exit_code_for,
 )
 from onnx_conv2matmul.files import publish as _publish
+from onnx_conv2matmul.files.load import check_paths
 from onnx_conv2matmul.verify import check as verify
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "onnx_conv2matmul"
@@ -103,7 +105,7 @@ def test_library_message_and_hint_then_the_cli_names_the_flag(tmp_path: Path) ->
     src = tmp_path / "m.onnx"
     onnx.save(conv_model(), src)
     with pytest.raises(InputError) as raised:
-        api.check_paths(str(src), str(src), inplace=False)
+        check_paths(str(src), str(src), inplace=False)
     assert str(raised.value) == "output is the input" and raised.value.hint is Hint.OUTPUT_IS_INPUT
     result = CliRunner().invoke(main, [str(src), str(src)])
     assert result.exit_code == 2

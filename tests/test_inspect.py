@@ -583,7 +583,7 @@ def test_help_of_the_console_script() -> None:
 
 def test_rewrite_and_nbits_options_are_shared() -> None:
     """inspect takes every rewrite option convert takes, and quantize's MatMulNBits settings."""
-    from onnx_conv2matmul.cli.app import nbits_options, rewrite_options
+    from onnx_conv2matmul.cli.flags import nbits_options, rewrite_options
 
     def declared(decorator: Any) -> set[str]:
         return {param.name for param in decorator(lambda: None).__click_params__}

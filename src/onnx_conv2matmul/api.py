@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING, Protocol, overload
+from typing import TYPE_CHECKING, overload
 
 import onnx
 
-from onnx_conv2matmul.errors import CheckerError, Hint, InputError
 from onnx_conv2matmul.files import load as _io
 from onnx_conv2matmul.files import output as _output
+from onnx_conv2matmul.files.load import check_paths, load_input
+from onnx_conv2matmul.files.progress import NullProgress, Progress
 from onnx_conv2matmul.rewrite.options import ConvertOptions
 from onnx_conv2matmul.rewrite.report import ConvertReport
 from onnx_conv2matmul.verify.check import VerifyOptions, verify_models
@@ -21,36 +22,6 @@ if TYPE_CHECKING:
     import onnx_ir as ir
 
 FAILED_SUFFIX = ".verify-failed"
-
-
-class Progress(Protocol):
-    """Receives progress of long steps (the CLI draws it; the API is silent by default)."""
-
-    def phase(self, name: str) -> None: ...
-
-    def advance(self, done: int, total: int) -> None: ...
-
-    def close(self) -> None: ...
-
-
-class NullProgress:
-    def phase(self, name: str) -> None:
-        pass
-
-    def advance(self, done: int, total: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def _convert_ir(model: ir.Model, options: ConvertOptions) -> ConvertReport:
-    from onnx_conv2matmul.rewrite.passes import ConvToMatMulPass
-
-    rewrite = ConvToMatMulPass(options)
-    rewrite(model)
-    assert rewrite.report is not None
-    return rewrite.report
 
 
 @overload
@@ -68,102 +39,16 @@ def convert(
     changed: a new one is returned. Weights are transposed lazily, when the
     model is serialized or saved.
     """
+    from onnx_conv2matmul.rewrite.passes import rewrite_model
+
     options = options or ConvertOptions()
     if isinstance(model, onnx.ModelProto):
         import onnx_ir as ir
 
         ir_model = ir.serde.deserialize_model(model)
-        report = _convert_ir(ir_model, options)
+        report = rewrite_model(ir_model, options)
         return ir.serde.serialize_model(ir_model), report
-    return model, _convert_ir(model, options)
-
-
-def check_paths(input_path: str, output_path: str | None, *, inplace: bool) -> str:
-    """Validate the paths before any heavy work; return the output path.
-
-    Raises:
-        InputError: a bad input or output path; an output path together with ``inplace``,
-            none without it, or one that is the input.
-    """
-    _io.check_input_path(input_path)
-    if inplace and output_path is not None:
-        raise InputError(
-            "an output path and replacing the input in place cannot be used together",
-            hint=Hint.OUTPUT_AND_INPLACE,
-        )
-    if not inplace and output_path is None:
-        raise InputError("give an output path, or replace the input in place", hint=Hint.NO_OUTPUT)
-    output = input_path if inplace else output_path
-    assert output is not None
-    if not inplace and os.path.abspath(output) == os.path.abspath(input_path):
-        raise InputError("output is the input", hint=Hint.OUTPUT_IS_INPUT)
-    _io.check_output_path(output)
-    _io.check_replaceable(output + ".data", what="output data file")
-    return output
-
-
-def load_input(
-    src: str,
-    dst: str,
-    *,
-    inplace: bool,
-    run_checker: bool,
-    progress: Progress,
-    timings: dict[str, float],
-    output: _output.Output | None = None,
-) -> _io.LoadedModel:
-    """Load the input and check it before any heavy work (shared by the commands that write).
-
-    With ``output``, its data file starts copying as soon as the input is parsed.
-    """
-    start = time.perf_counter()
-    progress.phase("Loading")
-    proto = _io.parse_model(src)
-    if output is not None:
-        output.prefetch(proto, os.path.dirname(os.path.abspath(src)))
-    loaded = _io.build_model(proto, src)
-    del proto
-    if not inplace:
-        _io.check_not_overwriting_inputs(loaded, dst)
-        if output is not None:
-            output.protect(loaded.external_files)
-    timings["load"] = time.perf_counter() - start
-    if run_checker:
-        progress.phase("Checking the input")
-        start = time.perf_counter()
-        try:
-            _io.run_checker(src, "the input")
-        except CheckerError as err:
-            raise InputError(str(err), hint=Hint.SKIP_INPUT_CHECKER) from err
-        timings["checker_input"] = time.perf_counter() - start
-    return loaded
-
-
-def check_report_path(
-    report_path: str, *, inputs: list[str], outputs: list[str], what: str = "report"
-) -> None:
-    """Refuse, before any work, a JSON report path that cannot be written or would replace a
-    model file: an input, a file an input reads (its external data, however named), or an
-    output being written (with its ``.data``).
-
-    The inputs are parsed (one protobuf parse each, no tensor data) only when the report
-    path is an existing regular file: nothing else can be a file a model reads. ``what`` names
-    the file in messages (another JSON file written the same way, e.g. a settings file).
-    """
-    _io.check_report_path(report_path, what=what)
-    protected = {os.path.realpath(p) for p in inputs}
-    for out in outputs:
-        protected.update({os.path.realpath(out), os.path.realpath(out + ".data")})
-    for path in inputs:
-        protected.add(os.path.realpath(path + ".data"))
-    target = os.path.realpath(report_path)
-    if target not in protected and os.path.isfile(report_path):
-        from onnx_conv2matmul.files.paths import files_read_by
-
-        for path in inputs:
-            protected |= files_read_by(path)
-    if target in protected:
-        raise InputError(f"the {what} would overwrite a model file: {report_path}")
+    return model, rewrite_model(model, options)
 
 
 def convert_file(

@@ -10,6 +10,7 @@ import dataclasses
 import os
 import stat
 import tempfile
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -21,6 +22,9 @@ from onnx_conv2matmul.files.paths import contained_location
 
 if TYPE_CHECKING:  # imported where used: loading parses and starts the copy before importing onnx-ir
     import onnx_ir as ir
+
+    from onnx_conv2matmul.files.output import Output
+    from onnx_conv2matmul.files.progress import Progress
 
 # Tensors at or below this size stay inside the .onnx file: onnxruntime cannot read
 # shape-like inputs (Reshape shapes, axes) from external data.
@@ -307,3 +311,95 @@ def run_checker(path: str, label: str | None = None) -> None:
     except onnx.checker.ValidationError as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else "invalid model"
         raise CheckerError(f"ONNX checker rejected {label or path}: {first}") from err
+
+
+def check_paths(input_path: str, output_path: str | None, *, inplace: bool) -> str:
+    """Validate the paths before any heavy work; return the output path.
+
+    Raises:
+        InputError: a bad input or output path; an output path together with ``inplace``,
+            none without it, or one that is the input.
+    """
+    check_input_path(input_path)
+    if inplace and output_path is not None:
+        raise InputError(
+            "an output path and replacing the input in place cannot be used together",
+            hint=Hint.OUTPUT_AND_INPLACE,
+        )
+    if not inplace and output_path is None:
+        raise InputError("give an output path, or replace the input in place", hint=Hint.NO_OUTPUT)
+    output = input_path if inplace else output_path
+    assert output is not None
+    if not inplace and os.path.abspath(output) == os.path.abspath(input_path):
+        raise InputError("output is the input", hint=Hint.OUTPUT_IS_INPUT)
+    check_output_path(output)
+    check_replaceable(output + ".data", what="output data file")
+    return output
+
+
+def load_input(
+    src: str,
+    dst: str,
+    *,
+    inplace: bool,
+    run_checker: bool,
+    progress: Progress,
+    timings: dict[str, float],
+    output: Output | None = None,
+) -> LoadedModel:
+    """Load the input and check it before any heavy work (shared by the commands that write).
+
+    With ``output``, its data file starts copying as soon as the input is parsed.
+    """
+    start = time.perf_counter()
+    progress.phase("Loading")
+    proto = parse_model(src)
+    if output is not None:
+        output.prefetch(proto, os.path.dirname(os.path.abspath(src)))
+    loaded = build_model(proto, src)
+    del proto
+    if not inplace:
+        check_not_overwriting_inputs(loaded, dst)
+        if output is not None:
+            output.protect(loaded.external_files)
+    timings["load"] = time.perf_counter() - start
+    if run_checker:
+        progress.phase("Checking the input")
+        start = time.perf_counter()
+        try:
+            check_model(src, "the input")
+        except CheckerError as err:
+            raise InputError(str(err), hint=Hint.SKIP_INPUT_CHECKER) from err
+        timings["checker_input"] = time.perf_counter() - start
+    return loaded
+
+
+def check_report_target(
+    report_path: str, *, inputs: list[str], outputs: list[str], what: str = "report"
+) -> None:
+    """Refuse, before any work, a JSON report path that cannot be written or would replace a
+    model file: an input, a file an input reads (its external data, however named), or an
+    output being written (with its ``.data``).
+
+    The inputs are parsed (one protobuf parse each, no tensor data) only when the report
+    path is an existing regular file: nothing else can be a file a model reads. ``what`` names
+    the file in messages (another JSON file written the same way, e.g. a settings file).
+    """
+    check_report_path(report_path, what=what)
+    protected = {os.path.realpath(p) for p in inputs}
+    for out in outputs:
+        protected.update({os.path.realpath(out), os.path.realpath(out + ".data")})
+    for path in inputs:
+        protected.add(os.path.realpath(path + ".data"))
+    target = os.path.realpath(report_path)
+    if target not in protected and os.path.isfile(report_path):
+        from onnx_conv2matmul.files.paths import files_read_by
+
+        for path in inputs:
+            protected |= files_read_by(path)
+    if target in protected:
+        raise InputError(f"the {what} would overwrite a model file: {report_path}")
+
+
+# ``load_input`` takes a flag of the same name.
+check_model = run_checker

@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING
 import onnx_ir as ir
 
 from onnx_conv2matmul._graphs import count_op
-from onnx_conv2matmul.api import NullProgress, Progress, check_paths, convert, load_input
 from onnx_conv2matmul.errors import Hint, InputError
 from onnx_conv2matmul.files import load as _io
 from onnx_conv2matmul.files import output as _output
+from onnx_conv2matmul.files.load import check_paths, load_input
+from onnx_conv2matmul.files.progress import NullProgress, Progress
 from onnx_conv2matmul.quantize.nbits import (
     NBitsResult,
     QuantizeOptions,
@@ -33,6 +34,7 @@ from onnx_conv2matmul.quantize.nbits import (
 from onnx_conv2matmul.quantize.report import BundleModel, BundleReport
 from onnx_conv2matmul.quantize.report import QuantizeReport as QuantizeReport  # its home before report.py
 from onnx_conv2matmul.rewrite.options import ConvertOptions
+from onnx_conv2matmul.rewrite.passes import rewrite_model
 from onnx_conv2matmul.verify.check import VerifyOptions, check_feeds_for_graph, verify_models
 
 if TYPE_CHECKING:
@@ -150,7 +152,7 @@ def _quantize_to(
         _check_int8_dynamic(model)
     report.weights_without_rewrite = weight_stats(model)
     progress.phase("Rewriting")
-    model, rewrite = convert(model, convert_options)
+    rewrite = rewrite_model(model, convert_options)
     report.rewrite = rewrite.totals()
     report.weights_with_rewrite = weight_stats(model)
     external = loaded.has_external_data or _io.tensor_bytes(model) > _io.SINGLE_FILE_LIMIT_BYTES

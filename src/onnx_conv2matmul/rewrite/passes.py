@@ -92,3 +92,11 @@ class ConvToMatMulPass(ir.passes.InPlacePass):
         report.nodes_after = count_nodes(model)
         self.report = report
         return ConvToMatMulResult(model, modified=bool(plans), report=report)
+
+
+def rewrite_model(model: ir.Model, options: ConvertOptions) -> ConvertReport:
+    """Run the pass once on ``model`` (changed in place) and return its report."""
+    rewrite = ConvToMatMulPass(options)
+    rewrite(model)
+    assert rewrite.report is not None
+    return rewrite.report

@@ -1,0 +1,248 @@
+"""What every command shares: the outcome of the run, errors as one line and an exit code, the
+console, progress and the report's JSON.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, NoReturn
+
+import click
+
+from onnx_conv2matmul._version import __version__
+from onnx_conv2matmul.cli import signals
+from onnx_conv2matmul.errors import Conv2MatMulError, ExitCode, Hint, exit_code_for
+from onnx_conv2matmul.files import load as _io
+from onnx_conv2matmul.report import CommandReport, ErrorReport
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from onnx_conv2matmul.files.progress import Progress
+
+
+PROGRESS_MIN_BYTES = 100 * 2**20
+
+
+# How the command line words each hint an error carries: the option it names (a hint is
+# shown only by a command that has that option) and the text appended to the message.
+HINTS: dict[Hint, tuple[str, str]] = {
+    Hint.OUTPUT_IS_INPUT: ("inplace", "use --inplace to replace the input"),
+    Hint.NO_OUTPUT: ("inplace", "--inplace replaces the input"),
+    Hint.OUTPUT_AND_INPLACE: ("inplace", "give OUTPUT or --inplace, not both"),
+    Hint.SKIP_INPUT_CHECKER: ("skip_checker", "--skip-checker skips this check"),
+    Hint.VERIFY_INPUTS: ("verify_inputs", "--verify-input, --verify-dim, --verify-lengths"),
+    Hint.NOT_INT8_DYNAMIC: ("int8_dynamic", "without --int8-dynamic, the default MatMulNBits mode takes it"),
+    Hint.KEPT_PATH: ("keep_on_failure", "--keep-on-failure moves a failed output there"),
+    Hint.CALIBRATION_INPUTS: ("inputs", "--inputs FILE.npz gives them"),
+    Hint.INPUT_FILES: ("inputs", "check the --inputs files: the model cannot run on them"),
+}
+
+
+class Outcome:
+    """How this run ends, so that every exit says the same things.
+
+    With ``--report-json-stdout`` stdout gets exactly one JSON object: the command's report,
+    or, when the command ends without one (an error, a usage error, an interrupt), an object
+    with ``return_code`` and ``error``. On an interrupt, the paths the command may write are
+    compared with what they were when it started, to say truthfully what was written.
+    """
+
+    def __init__(self) -> None:
+        self.reset(json_stdout=False)
+
+    def reset(self, *, json_stdout: bool) -> None:
+        """Start a run (``main`` may be called more than once in one process, as tests do)."""
+        self.json_stdout = json_stdout
+        self.command: str | None = None
+        self.inputs: str | list[str] | None = None
+        self.error: str | None = None
+        self._printed = False
+        self._watched: dict[str, tuple[int, ...] | None] = {}
+
+    def watch(self, *paths: str | None) -> None:
+        """Remember the state of ``paths`` (those the command may write) from now on."""
+        for path in paths:
+            if path:
+                self._watched.setdefault(path, fingerprint(path))
+
+    def written(self) -> list[str]:
+        """The watched paths that changed since they were first watched."""
+        return [path for path, before in self._watched.items() if fingerprint(path) != before]
+
+    def interrupted_detail(self) -> str:
+        """What an interrupt leaves behind: nothing, or the watched paths written so far."""
+        written = self.written()
+        return f"already written: {', '.join(written)}" if written else signals.NOTHING_WRITTEN
+
+    def print_json(self, text: str) -> None:
+        """Print the command's JSON report on stdout, when asked for and not printed yet."""
+        if self.json_stdout and not self._printed:
+            self._printed = True
+            click.echo(text)
+
+    def start(self, json_stdout: bool, inputs: str | list[str]) -> None:
+        """A command starts: whether it prints its JSON on stdout, and its input(s) for the error object."""
+        self.json_stdout = json_stdout
+        self.inputs = inputs
+
+    def print_error_json(self, code: int, error: str) -> None:
+        """Print the error object instead of a report, when asked for and nothing printed yet."""
+        self.print_json(json.dumps(ErrorReport(self.command, code, error, self.inputs).to_dict(), indent=2))
+
+    def finish(self, code: int) -> None:
+        """The exit: a failure that printed no report prints the error object instead."""
+        if code != 0:
+            with contextlib.suppress(OSError):  # a closed pipe: nothing more to say
+                self.print_error_json(code, self.error or f"exit code {code}")
+
+
+def fingerprint(path: str) -> tuple[int, ...] | None:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+OUTCOME = Outcome()
+
+
+def stderr_console(quiet: bool) -> Console:
+    from rich.console import Console  # imported when needed: convert starts its copy first
+
+    # Off a terminal (CI logs, pipes) rich would wrap tables at 80 columns.
+    return Console(stderr=True, quiet=quiet, width=None if sys.stderr.isatty() else 160)
+
+
+def fail(message: str, code: int) -> NoReturn:
+    from rich.console import Console
+    from rich.markup import escape
+
+    OUTCOME.error = message
+    Console(stderr=True).print(
+        f"[bold red]error:[/bold red] {escape(message)}", highlight=False, soft_wrap=True
+    )
+    sys.exit(code)
+
+
+@contextmanager
+def handled_errors(*, click_shows_usage: bool = False) -> Iterator[None]:
+    """Map every exception to one line on stderr and an exit code; never a traceback.
+
+    The exit code is :func:`onnx_conv2matmul.errors.exit_code_for`'s (click's usage errors:
+    2); an internal error (3) is re-raised for a traceback with ONNX_CONV2MATMUL_DEBUG=1.
+    The message of an error of this package gets the flag its hint names (see
+    :data:`HINTS`). With ``click_shows_usage`` click's usage errors go on to click, which
+    prints the usage too.
+    """
+    try:
+        yield
+    except (click.exceptions.Exit, click.Abort):
+        raise  # --help, --version: click ends the run
+    except click.ClickException as err:
+        if click_shows_usage:
+            OUTCOME.error = err.format_message()
+            raise
+        fail(err.format_message(), ExitCode.USAGE)
+    except Conv2MatMulError as err:
+        fail(with_hint(str(err), err.hint), exit_code_for(err))
+    except KeyboardInterrupt as interrupt:
+        fail(signals.interrupted_message(interrupt, OUTCOME.interrupted_detail()), exit_code_for(interrupt))
+    except MemoryError as err:
+        fail("out of memory", exit_code_for(err))
+    except OSError as err:
+        fail(f"{err.strerror or err}: {err.filename or ''}".rstrip(": "), exit_code_for(err))
+    except Exception as err:
+        if os.environ.get("ONNX_CONV2MATMUL_DEBUG"):
+            raise
+        fail(internal_error(err), exit_code_for(err))
+
+
+def with_hint(message: str, hint: Hint | None) -> str:
+    """``message (hint)``, the hint worded with the flag it names, when this command has that flag."""
+    if hint is None:
+        return message
+    option, text = HINTS[hint]
+    ctx = click.get_current_context(silent=True)
+    if ctx is None or option not in {param.name for param in ctx.command.params}:
+        return message
+    return f"{message} ({text})"
+
+
+def internal_error(err: Exception) -> str:
+    text = str(err).strip()
+    first = text.splitlines()[0] if text else ""
+    return (
+        f"internal error: {err.__class__.__name__}: {first} -- a bug in onnx-conv2matmul {__version__},"
+        " please report it (set ONNX_CONV2MATMUL_DEBUG=1 for a traceback)"
+    )
+
+
+def emit_report(report: CommandReport, path: str | None, error: str | None = None) -> None:
+    """The JSON report to ``path`` and/or stdout; ``error`` words a failure (default: the report's).
+
+    Called last, after the tables: nothing may follow the object on stdout.
+    """
+    from onnx_conv2matmul.cli import render
+
+    text = render.report_json(report, error=error)
+    if path is not None:
+        _io.write_text_atomic(path, text + "\n")
+    OUTCOME.print_json(text)
+
+
+class RichProgress:
+    """One bar on stderr whose label follows the phase; the save phase counts tensors."""
+
+    def __init__(self, console: Console) -> None:
+        from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+
+        self._progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TaskProgressColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        )
+        self._task = self._progress.add_task("Starting", total=None)
+        self._progress.start()
+
+    def phase(self, name: str) -> None:
+        # A new task per phase: rich's update() cannot set a known total back to unknown.
+        self._progress.remove_task(self._task)
+        self._task = self._progress.add_task(name, total=None)
+
+    def advance(self, done: int, total: int) -> None:
+        self._progress.update(self._task, completed=done, total=total)
+
+    def close(self) -> None:
+        self._progress.stop()
+
+
+def progress_for(console: Console, input_path: str, quiet: bool) -> Progress | None:
+    """A progress bar for models above ~100 MB, only when stderr is a terminal."""
+    if quiet or not console.is_terminal or model_bytes(input_path) < PROGRESS_MIN_BYTES:
+        return None
+    return RichProgress(console)
+
+
+def model_bytes(path: str) -> int:
+    """The .onnx file plus what lies beside it, counted until the threshold (a cheap estimate)."""
+    total = os.path.getsize(path)
+    if total >= PROGRESS_MIN_BYTES:
+        return total
+    # External data: one .data file or one file per tensor (legacy torch exporter).
+    with os.scandir(os.path.dirname(os.path.abspath(path))) as entries:
+        for entry in entries:
+            if entry.is_file() and not entry.name.endswith(".onnx"):
+                total += entry.stat().st_size
+                if total >= PROGRESS_MIN_BYTES:
+                    break
+    return total

@@ -1,0 +1,151 @@
+"""The ``convert`` and ``verify`` commands."""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from onnx_conv2matmul import api
+from onnx_conv2matmul.files import load as _io
+from onnx_conv2matmul.files.load import check_paths, check_report_target
+from onnx_conv2matmul.verify.check import (
+    verify_models,
+)
+from onnx_conv2matmul.verify.report import VerifyCommandReport
+
+if TYPE_CHECKING:
+    pass
+from onnx_conv2matmul.cli.common import (
+    OUTCOME,
+    emit_report,
+    handled_errors,
+    progress_for,
+    stderr_console,
+)
+from onnx_conv2matmul.cli.flags import (
+    build_rewrite_options,
+    build_verify_options,
+    inputs_option,
+    rewrite_options,
+    verify_options,
+)
+
+
+@click.command("convert")
+@click.argument("input_path", metavar="INPUT", type=click.Path(dir_okay=True))
+@click.argument("output_path", metavar="[OUTPUT]", required=False, type=click.Path())
+@click.option("--inplace", is_flag=True, help="Replace INPUT (atomically) instead of writing OUTPUT.")
+@rewrite_options
+@click.option("--skip-checker", is_flag=True, help="Do not run the ONNX checker on input and output.")
+@click.option(
+    "--report-json",
+    "report_json",
+    type=click.Path(dir_okay=False),
+    help="Write the JSON report to this file.",
+)
+@click.option("--report-json-stdout", is_flag=True, help="Print the JSON report on stdout and nothing else.")
+@click.option(
+    "--verify",
+    is_flag=True,
+    help="Prove the output equal to the input in onnxruntime before writing it.",
+)
+@click.option(
+    "--keep-on-failure",
+    is_flag=True,
+    help="When verification fails, keep the output in OUTPUT.verify-failed/.",
+)
+@verify_options
+@click.option("-q", "--quiet", is_flag=True, help="No tables or progress on stderr.")
+def convert_command(
+    input_path: str,
+    output_path: str | None,
+    inplace: bool,
+    skip_checker: bool,
+    report_json: str | None,
+    report_json_stdout: bool,
+    verify: bool,
+    keep_on_failure: bool,
+    quiet: bool,
+    **kwargs: Any,
+) -> None:
+    """Rewrite INPUT into OUTPUT (or INPUT itself with --inplace)."""
+    # Off a terminal the console is made after the rewrite: importing rich would delay its start.
+    OUTCOME.start(report_json_stdout, input_path)
+    console = stderr_console(quiet) if sys.stderr.isatty() else None
+    with handled_errors():
+        options = build_rewrite_options(kwargs)
+        verify_opts = build_verify_options(kwargs) if verify else None
+        output = check_paths(input_path, output_path, inplace=inplace)
+        OUTCOME.watch(output, output + ".data", output + api.FAILED_SUFFIX, report_json)
+        if report_json is not None:
+            check_report_target(
+                report_json,
+                inputs=[input_path],
+                outputs=[] if inplace or output_path is None else [output_path],
+            )
+        report = api.convert_file(
+            input_path,
+            None if inplace else output_path,
+            options,
+            inplace=inplace,
+            run_checker=not skip_checker,
+            verify=verify_opts,
+            keep_on_failure=keep_on_failure,
+            progress=progress_for(console, input_path, quiet) if console is not None else None,
+        )
+        from onnx_conv2matmul.cli import render
+
+        render.print_convert_report(console or stderr_console(quiet), report)
+        emit_report(report, report_json)
+    sys.exit(report.return_code)
+
+
+@click.command("verify")
+@click.argument("original", type=click.Path())
+@click.argument("candidate", type=click.Path())
+@inputs_option
+@verify_options
+@click.option("--cosine", is_flag=True, help="Also print the cosine similarity per output.")
+@click.option(
+    "--min-cosine",
+    type=click.FloatRange(-1, 1),
+    default=None,
+    help="Pass when every float output's cosine similarity is at least X (quantized models).",
+)
+@click.option(
+    "--report-json",
+    "report_json",
+    type=click.Path(dir_okay=False),
+    help="Write the verification report to this file.",
+)
+@click.option("--report-json-stdout", is_flag=True, help="Print the JSON report on stdout only.")
+@click.option("-q", "--quiet", is_flag=True, help="No tables on stderr.")
+def verify_command(
+    original: str,
+    candidate: str,
+    inputs: tuple[str, ...],
+    cosine: bool,
+    min_cosine: float | None,
+    report_json: str | None,
+    report_json_stdout: bool,
+    quiet: bool,
+    **verify_kwargs: Any,
+) -> None:
+    """Compare two models with the same inputs and outputs in onnxruntime."""
+    OUTCOME.start(report_json_stdout, [original, candidate])
+    with handled_errors():
+        console = stderr_console(quiet)
+        from onnx_conv2matmul.cli import render
+
+        for path in (original, candidate):
+            _io.check_input_path(path)
+        options = build_verify_options(verify_kwargs, min_cosine, inputs)
+        if report_json is not None:
+            check_report_target(report_json, inputs=[original, candidate], outputs=[])
+        OUTCOME.watch(report_json)
+        report = VerifyCommandReport(verify_models(original, candidate, options))
+        render.print_verification(console, report.verification, cosine=cosine)
+        emit_report(report, report_json)
+    sys.exit(report.return_code)

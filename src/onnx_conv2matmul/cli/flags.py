@@ -1,0 +1,260 @@
+"""Options several commands share (the check, the rewrite, MatMulNBits) and their mapping to the
+library's option types.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from onnx_conv2matmul.errors import InputError
+from onnx_conv2matmul.rewrite.options import ConvertOptions
+from onnx_conv2matmul.verify.check import (
+    DEFAULT_LENGTHS,
+    DEFAULT_MAX_ABS,
+    DEFAULT_MEAN_ABS,
+    IMAGE_LENGTHS,
+    VerifyOptions,
+)
+
+if TYPE_CHECKING:
+    pass
+
+
+def parse_pairs(values: tuple[str, ...], option: str, kind: type) -> dict[str, Any]:
+    pairs: dict[str, Any] = {}
+    for item in values:
+        name, sep, raw = item.partition("=")
+        if not sep or not name:
+            raise click.BadParameter(f"expected NAME=VALUE, got {item!r}", param_hint=option)
+        try:
+            pairs[name] = kind(raw)
+        except ValueError:
+            raise click.BadParameter(f"{raw!r} is not a {kind.__name__}", param_hint=option) from None
+    return pairs
+
+
+def parse_lengths(_ctx: click.Context, _param: click.Parameter, value: str | None) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    try:
+        lengths = tuple(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers, got {value!r}") from None
+    if not lengths or any(n < 1 for n in lengths):
+        raise click.BadParameter("lengths must be positive integers")
+    return lengths
+
+
+VERIFY_OPTIONS = [
+    click.option(
+        "--verify-deterministic-cpu",
+        is_flag=True,
+        help="One thread, sequential execution, deterministic compute.",
+    ),
+    click.option(
+        "--verify-lengths",
+        default=None,
+        callback=parse_lengths,
+        help=(
+            "Values each symbolic non-batch dim takes in turn, used as given. Default:"
+            f" {','.join(map(str, DEFAULT_LENGTHS))}; {','.join(map(str, IMAGE_LENGTHS))} (multiples"
+            " of 32) when an input has a symbolic height and width; a length the original"
+            " cannot run at is replaced by another."
+        ),
+    ),
+    click.option(
+        "--verify-batch",
+        type=click.IntRange(min=1),
+        default=1,
+        show_default=True,
+        help="Value of the batch dim (the first symbolic dim of each input).",
+    ),
+    click.option("--verify-signal-input-name", default=None, help="Main signal input (random)."),
+    click.option(
+        "--verify-length-input-name",
+        default=None,
+        help="Input that gets the sequence length per batch row.",
+    ),
+    click.option(
+        "--verify-output-index",
+        type=click.IntRange(min=0),
+        default=None,
+        help="Compare only this output (with --verify-length-output-index).",
+    ),
+    click.option(
+        "--verify-length-output-index",
+        type=click.IntRange(min=0),
+        default=None,
+        help="Also compare this (length) output; integer outputs must match exactly.",
+    ),
+    click.option("--verify-seed", type=int, default=0, show_default=True),
+    click.option(
+        "--verify-max-abs",
+        type=click.FloatRange(min=0),
+        default=DEFAULT_MAX_ABS,
+        show_default=True,
+        help="Max scaled absolute difference.",
+    ),
+    click.option(
+        "--verify-mean-abs",
+        type=click.FloatRange(min=0),
+        default=DEFAULT_MEAN_ABS,
+        show_default=True,
+        help="Max mean scaled absolute difference.",
+    ),
+    click.option(
+        "--verify-input",
+        "verify_inputs",
+        multiple=True,
+        metavar="NAME=VALUE",
+        help="Fill an input with a value (e.g. sr=16000). Repeatable.",
+    ),
+    click.option(
+        "--verify-dim",
+        "verify_dims",
+        multiple=True,
+        metavar="NAME=VALUE",
+        help="Fix a symbolic dim (e.g. batch=2). Repeatable.",
+    ),
+]
+
+
+allow_added_transposes = click.option(
+    "--allow-added-transposes",
+    is_flag=True,
+    help="Also rewrite convs whose channels-last form adds Transpose nodes (between depthwise convs).",
+)
+
+
+no_gemm = click.option(
+    "--no-gemm",
+    is_flag=True,
+    help="Leave Gemm nodes as they are (by default a Gemm with a constant weight becomes MatMul).",
+)
+
+
+# What the rewrite may do: convert's options, which inspect takes too (ConvertOptions).
+REWRITE_OPTIONS = [
+    click.option(
+        "--extended-conv1x1",
+        "extended",
+        is_flag=True,
+        help="Also rewrite convs with pads or strides > 1 (emits Pad/Slice), and grouped convs.",
+    ),
+    click.option("--allow-non-unit-dilation", is_flag=True, help="Also rewrite convs with dilations > 1."),
+    click.option(
+        "--max-dilation",
+        type=click.IntRange(min=1),
+        default=None,
+        help="With --allow-non-unit-dilation, skip convs whose dilation is above N.",
+    ),
+    allow_added_transposes,
+    no_gemm,
+]
+
+
+# MatMulNBits settings: quantize's options, which inspect takes to project the quantized size.
+NBITS_OPTIONS = [
+    click.option(
+        "--bits", type=click.Choice(["4", "8"]), default="4", show_default=True, help="MatMulNBits bits."
+    ),
+    click.option(
+        "--block-size",
+        type=int,
+        default=64,
+        show_default=True,
+        help="MatMulNBits block size: 16, 32, 64, 128 or 256.",
+    ),
+    click.option(
+        "--symmetric/--asymmetric",
+        default=False,
+        show_default=True,
+        help="MatMulNBits without/with zero points.",
+    ),
+]
+
+
+def apply_options(options: Sequence[Any], func: Callable[..., Any]) -> Callable[..., Any]:
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def verify_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    return apply_options(VERIFY_OPTIONS, func)
+
+
+def rewrite_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    return apply_options(REWRITE_OPTIONS, func)
+
+
+def nbits_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    return apply_options(NBITS_OPTIONS, func)
+
+
+def build_rewrite_options(kwargs: dict[str, Any]) -> ConvertOptions:
+    """The :data:`REWRITE_OPTIONS` of a command, taken out of ``kwargs``."""
+    return ConvertOptions(
+        extended=kwargs.pop("extended"),
+        allow_non_unit_dilation=kwargs.pop("allow_non_unit_dilation"),
+        max_dilation=kwargs.pop("max_dilation"),
+        allow_added_transposes=kwargs.pop("allow_added_transposes"),
+        gemm=not kwargs.pop("no_gemm"),
+    )
+
+
+inputs_option = click.option(
+    "--inputs",
+    "inputs",
+    multiple=True,
+    metavar="FILE.npz",
+    type=click.Path(),
+    help=(
+        "Real inputs instead of synthesised ones: an .npz file whose keys are the model's input"
+        " names (one run per file), or a directory of .npz files. Repeatable."
+    ),
+)
+
+
+def build_verify_options(
+    kwargs: dict[str, Any], min_cosine: float | None = None, inputs: tuple[str, ...] = ()
+) -> VerifyOptions:
+    indices: tuple[int, ...] | None = None
+    picked = [kwargs["verify_output_index"], kwargs["verify_length_output_index"]]
+    if any(i is not None for i in picked):
+        indices = tuple(i for i in picked if i is not None)
+    feeds = None
+    if inputs:
+        from onnx_conv2matmul.verify.check import load_inputs
+
+        feeds = tuple(load_inputs(inputs))
+    try:
+        return verify_options_from(kwargs, indices, min_cosine, feeds)
+    except ValueError as err:
+        raise InputError(str(err)) from err
+
+
+def verify_options_from(
+    kwargs: dict[str, Any],
+    indices: tuple[int, ...] | None,
+    min_cosine: float | None,
+    feeds: tuple[Any, ...] | None = None,
+) -> VerifyOptions:
+    return VerifyOptions(
+        lengths=kwargs["verify_lengths"],
+        batch=kwargs["verify_batch"],
+        seed=kwargs["verify_seed"],
+        max_abs=kwargs["verify_max_abs"],
+        mean_abs=kwargs["verify_mean_abs"],
+        min_cosine=min_cosine,
+        signal_input=kwargs["verify_signal_input_name"],
+        length_input=kwargs["verify_length_input_name"],
+        output_indices=indices,
+        inputs=parse_pairs(kwargs["verify_inputs"], "--verify-input", float),
+        dims=parse_pairs(kwargs["verify_dims"], "--verify-dim", int),
+        deterministic=kwargs["verify_deterministic_cpu"],
+        feeds=feeds,
+    )

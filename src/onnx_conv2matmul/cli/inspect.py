@@ -1,0 +1,70 @@
+"""The ``inspect`` command."""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from onnx_conv2matmul.errors import InputError
+
+if TYPE_CHECKING:
+    pass
+from onnx_conv2matmul.cli.common import (
+    OUTCOME,
+    emit_report,
+    handled_errors,
+    stderr_console,
+)
+from onnx_conv2matmul.cli.flags import (
+    build_rewrite_options,
+    nbits_options,
+    rewrite_options,
+)
+
+
+@click.command("inspect")
+@click.argument("input_path", metavar="MODEL", type=click.Path())
+@rewrite_options
+@nbits_options
+@click.option("--skip-checker", is_flag=True, help="Do not run the ONNX checker on MODEL.")
+@click.option(
+    "--json",
+    "--report-json-stdout",
+    "json_stdout",
+    is_flag=True,
+    help="Print the report as one JSON object on stdout and nothing else.",
+)
+@click.option("-q", "--quiet", is_flag=True, help="No tables on stderr.")
+def inspect_command(
+    input_path: str,
+    bits: str,
+    block_size: int,
+    symmetric: bool,
+    skip_checker: bool,
+    json_stdout: bool,
+    quiet: bool,
+    **kwargs: Any,
+) -> None:
+    """Show what convert would do to MODEL, and its projected MatMulNBits size; write nothing.
+
+    Takes convert's rewrite options; --bits, --block-size and --symmetric/--asymmetric are
+    quantize's settings for the projection.
+    """
+    OUTCOME.start(json_stdout, input_path)
+    with handled_errors():
+        from onnx_conv2matmul.quantize.nbits import QuantizeOptions
+
+        options = build_rewrite_options(kwargs)
+        try:
+            q_options = QuantizeOptions(bits=int(bits), block_size=block_size, symmetric=symmetric)
+        except ValueError as err:
+            raise InputError(str(err)) from err
+        from onnx_conv2matmul.cli import render
+        from onnx_conv2matmul.quantize.inspection import inspect_file
+
+        report = inspect_file(input_path, options, q_options, run_checker=not skip_checker)
+        render.print_inspect_report(stderr_console(quiet), report)
+        emit_report(report, None)
+    sys.exit(report.return_code)

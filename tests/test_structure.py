@@ -1,0 +1,142 @@
+"""The package's shape: no import circle at run time, stage folders that import only downward."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = "onnx_conv2matmul"
+SRC = Path(__file__).resolve().parent.parent / "src" / PACKAGE
+
+
+def _module_name(path: Path) -> str:
+    parts = [PACKAGE, *path.relative_to(SRC).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for p in SRC.rglob("*.py")}
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _runtime_imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement that runs (at import or in a call), not those under TYPE_CHECKING."""
+    found: list[ast.Import | ast.ImportFrom] = []
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.append(node)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return found
+
+
+def imports_of(module: str) -> set[str]:
+    """The package's modules that ``module`` imports at run time (a package's names resolve to its
+    ``__init__``, a submodule named in ``from pkg import sub`` to the submodule)."""
+    path = MODULES[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    targets: set[str] = set()
+    for node in _runtime_imports(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets.update(a.name for a in node.names if a.name in MODULES)
+            continue
+        base = node.module or ""
+        if node.level:
+            anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+            base = ".".join([*anchor, *([base] if base else [])])
+        if not base.startswith(PACKAGE):
+            continue
+        for alias in node.names:
+            sub = f"{base}.{alias.name}"
+            targets.add(sub if sub in MODULES else base)
+    targets.discard(module)
+    return {t for t in targets if t in MODULES}
+
+
+def _circles() -> list[list[str]]:
+    graph = {m: imports_of(m) for m in MODULES}
+    circles: list[list[str]] = []
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                circles.append([*stack[stack.index(nxt) :], nxt])
+            elif nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module)
+    return circles
+
+
+def test_no_import_circle() -> None:
+    assert _circles() == []
+
+
+def test_the_check_finds_a_circle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reader itself: two modules importing each other (one inside a function) are a circle;
+    an import under TYPE_CHECKING is not."""
+    (tmp_path / "a.py").write_text("from onnx_conv2matmul import b\n")
+    (tmp_path / "b.py").write_text("def f():\n    from onnx_conv2matmul.a import x\n")
+    (tmp_path / "c.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import onnx_conv2matmul.a\n"
+    )
+    (tmp_path / "d.py").write_text("from . import c\n")
+    fake = {f"{PACKAGE}.{n}": tmp_path / f"{n}.py" for n in "abcd"}
+    monkeypatch.setattr(f"{__name__}.MODULES", fake)
+    monkeypatch.setattr(f"{__name__}.SRC", tmp_path)
+    assert imports_of(f"{PACKAGE}.c") == set()
+    assert imports_of(f"{PACKAGE}.d") == {f"{PACKAGE}.c"}
+    assert _circles() == [[f"{PACKAGE}.a", f"{PACKAGE}.b", f"{PACKAGE}.a"]]
+
+
+# What each stage may import (besides the shared modules at the package's top).
+SHARED = {"errors", "report", "_graphs", "_version"}
+MAY_IMPORT = {
+    "rewrite": set(),
+    "files": set(),
+    "verify": set(),
+    "quantize": {"rewrite", "verify", "files"},
+    "bundle": {"quantize", "rewrite", "verify", "files"},
+    "speed": {"verify", "files"},
+}
+
+
+@pytest.mark.parametrize("stage", sorted(MAY_IMPORT))
+def test_stages_import_only_downward(stage: str) -> None:
+    prefix = f"{PACKAGE}.{stage}"
+    allowed = {stage, *MAY_IMPORT[stage], *SHARED}
+    wrong = {
+        (module, target)
+        for module in MODULES
+        if module == prefix or module.startswith(prefix + ".")
+        for target in imports_of(module)
+        if target != PACKAGE and target.split(".")[1] not in allowed
+    }
+    assert wrong == set()
+
+
+def test_every_stage_says_what_it_does_and_may_import() -> None:
+    for stage in ("rewrite", "verify", "quantize", "files", "cli"):
+        doc = ast.get_docstring(ast.parse((SRC / stage / "__init__.py").read_text()))
+        assert (doc is not None and "May import" in doc) or "may import" in (doc or ""), stage
