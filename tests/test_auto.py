@@ -16,14 +16,8 @@ from onnx import TensorProto, helper, numpy_helper
 from helpers import examples, run
 from onnx_conv2matmul.cli.app import main
 from onnx_conv2matmul.quantize import search as auto
-from onnx_conv2matmul.quantize.nbits import QuantizeOptions
-from onnx_conv2matmul.quantize.search import (
-    AutoConfig,
-    AutoOptions,
-    Setting,
-    block_dequantize,
-    block_quantize,
-)
+from onnx_conv2matmul.quantize.options import LADDER, AutoOptions, QuantizeOptions, Setting
+from onnx_conv2matmul.quantize.search import AutoConfig, block_dequantize, block_quantize
 from onnx_conv2matmul.quantize.workflow import quantize_file
 from onnx_conv2matmul.verify.check import VerifyOptions
 
@@ -38,7 +32,7 @@ def _invoke(*args: str) -> tuple[int, str, str]:
     return result.exit_code, result.stdout, result.stderr
 
 
-@pytest.mark.parametrize("setting", [*auto.LADDER, Setting(4, 16, False), Setting(8, 32, True)])
+@pytest.mark.parametrize("setting", [*LADDER, Setting(4, 16, False), Setting(8, 32, True)])
 def test_block_dequantize_is_what_matmulnbits_computes(setting: Setting) -> None:
     """The sensitivity's dequantized weight equals MatMulNBits' own (A = identity), K padded."""
     k, n = 70, 24

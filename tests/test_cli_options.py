@@ -11,7 +11,7 @@ from onnx import TensorProto, helper
 
 from helpers import matmul_model
 from onnx_conv2matmul.cli.app import main
-from onnx_conv2matmul.quantize.nbits import QuantizeOptions
+from onnx_conv2matmul.quantize.options import QuantizeOptions
 
 
 def invoke(*args: str) -> tuple[int, str, str]:

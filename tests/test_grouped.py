@@ -25,7 +25,8 @@ from helpers import (
     with_z,
 )
 from onnx_conv2matmul import ConvertOptions, SkipReason, Status, convert
-from onnx_conv2matmul.quantize.nbits import QuantizeOptions, quantize_matmul_nbits
+from onnx_conv2matmul.quantize.nbits import quantize_matmul_nbits
+from onnx_conv2matmul.quantize.options import QuantizeOptions
 
 EXTENDED = ConvertOptions(allow_added_transposes=True, extended=True)
 

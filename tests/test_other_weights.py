@@ -423,7 +423,8 @@ def test_cli_other_weights_reports_saved_bytes(tmp_path: Path) -> None:
 
 def test_matmulnbits_scales_are_not_other_weights() -> None:
     """After MatMulNBits quantization its float scales (here 64 KiB and more) stay as they are."""
-    from onnx_conv2matmul.quantize.nbits import QuantizeOptions, quantize_matmul_nbits
+    from onnx_conv2matmul.quantize.nbits import quantize_matmul_nbits
+    from onnx_conv2matmul.quantize.options import QuantizeOptions
 
     weight = RNG.standard_normal((512, 1024)).astype(np.float32)
     model = _model(

@@ -15,7 +15,8 @@ from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 from helpers import all_nodes, matmul_model, session
 from onnx_conv2matmul import ConvertOptions, convert
 from onnx_conv2matmul.cli.app import main
-from onnx_conv2matmul.quantize.nbits import QuantizeOptions, quantize_matmul_nbits
+from onnx_conv2matmul.quantize.nbits import quantize_matmul_nbits
+from onnx_conv2matmul.quantize.options import QuantizeOptions
 
 DATA = Path(__file__).parent / "data"
 ENCODER = DATA / "conformer_small.onnx"

@@ -25,7 +25,8 @@ from onnxruntime.quantization.matmul_nbits_quantizer import (
 from helpers import all_initializers, all_nodes, matmul_model, session
 from onnx_conv2matmul import ConvertOptions, convert
 from onnx_conv2matmul.errors import InputError
-from onnx_conv2matmul.quantize.nbits import NodeSetting, QuantizeOptions, quantize_matmul_nbits
+from onnx_conv2matmul.quantize.nbits import quantize_matmul_nbits
+from onnx_conv2matmul.quantize.options import NodeSetting, QuantizeOptions
 from onnx_conv2matmul.quantize.weight_only import torch_available
 
 ENCODER = Path(__file__).parent / "data" / "conformer_small.onnx"

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from helpers import all_nodes
 from onnx_conv2matmul.cli.app import main
 from onnx_conv2matmul.errors import InputError
-from onnx_conv2matmul.quantize.nbits import CONFIG_VERSION, NodeSetting, QuantizeOptions, load_config
+from onnx_conv2matmul.quantize.options import CONFIG_VERSION, NodeSetting, QuantizeOptions, load_config
 from onnx_conv2matmul.verify.check import VerifyOptions, load_inputs
 
 DATA = Path(__file__).parent / "data"
@@ -391,3 +391,59 @@ def test_algorithms_on_the_command_line(tmp_path: Path) -> None:
         "quantize", ENCODER, tmp_path / "x.onnx", "--algorithm", "k_quant", "--symmetric"
     )
     assert code == 2 and "always stores zero points" in stderr
+
+
+# resolve(): the one place quantize options are decided (the command line only maps flags to it).
+
+
+def test_resolve_takes_the_defaults_then_the_file_then_what_is_given(tmp_path: Path) -> None:
+    from onnx_conv2matmul.quantize.options import resolve
+
+    assert resolve().quantize == QuantizeOptions()
+    config = tmp_path / "s.json"
+    config.write_text(json.dumps(QuantizeOptions(bits=8, block_size=32, exclude=("a*",)).to_config()))
+    got = resolve({"block_size": 128}, config=str(config)).quantize
+    assert (got.bits, got.block_size, got.exclude) == (8, 128, ("a*",))
+    assert resolve({"exclude": ("b*",)}, config=str(config)).quantize.exclude == ("b*",)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "template", "options"),
+    [
+        ({"save_config": True}, "{0} needs {1}", ("save_config", "auto")),
+        ({"max_evaluations": 3}, "{0} needs {1}", ("max_evaluations", "auto")),
+        ({"auto": True}, "{0} needs {1}", ("auto", "min_cosine")),
+        ({"auto": True, "min_cosine": 0.9, "int8_dynamic": True}, None, ("auto", "int8_dynamic")),
+        ({"auto": True, "min_cosine": 0.9, "given": {"bits_for": (("*", 8),)}}, None, ("auto", "bits_for")),
+        ({"auto": True, "min_cosine": 0.9, "given": {"algorithm": "k_quant"}}, None, ("auto", "algorithm")),
+        ({"int8_dynamic": True, "given": {"block_size": 64}}, None, ("block_size", "int8_dynamic")),
+        (
+            {"int8_dynamic": True, "given": {"other_weights": "int8"}},
+            None,
+            ("other_weights_int8", "int8_dynamic"),
+        ),
+    ],
+)
+def test_resolve_names_the_conflicting_options_by_field(
+    kwargs: dict[str, Any], template: str | None, options: tuple[str, ...]
+) -> None:
+    from onnx_conv2matmul.errors import OptionConflict
+    from onnx_conv2matmul.quantize.options import resolve
+
+    given = kwargs.pop("given", None)
+    with pytest.raises(OptionConflict) as info:
+        resolve(given, **kwargs)
+    assert info.value.options == options
+    assert template is None or info.value.template == template
+    assert "--" not in str(info.value)  # the library names fields, never flags
+
+
+def test_resolve_builds_the_search_options() -> None:
+    from onnx_conv2matmul.quantize.options import resolve
+
+    got = resolve({"exclude": ("x",), "other_weights": "keep"}, auto=True, min_cosine=0.99, max_evaluations=3)
+    assert got.auto is not None
+    assert (got.auto.min_cosine, got.auto.max_evaluations, got.auto.exclude) == (0.99, 3, ("x",))
+    assert got.auto.other_weights is False
+    assert resolve(auto=True, min_cosine=0.99).auto.other_weights is None  # type: ignore[union-attr]
+    assert resolve({"bits": 8}, int8_dynamic=False).auto is None

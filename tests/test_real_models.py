@@ -20,7 +20,8 @@ from helpers import ALL, assert_equivalent, assert_matmul_weights_2d, run
 from model_cache import FETCHER, Packaged
 from onnx_conv2matmul import ConvertOptions, SkipReason, convert, convert_file
 from onnx_conv2matmul.quantize import search as auto
-from onnx_conv2matmul.quantize.nbits import QuantizeOptions, quantize_matmul_nbits
+from onnx_conv2matmul.quantize.nbits import quantize_matmul_nbits
+from onnx_conv2matmul.quantize.options import DEFAULT_MAX_EVALUATIONS, AutoOptions, QuantizeOptions
 from onnx_conv2matmul.verify.check import VerifyOptions
 
 
@@ -289,11 +290,11 @@ def test_ppocr_detector_auto_reaches_099_below_int8_size(tmp_path: Path) -> None
 
     workdir = tmp_path / "search"
     workdir.mkdir()
-    found = auto.search(rewritten(), feeds, auto.AutoOptions(min_cosine=0.99), str(workdir))
+    found = auto.search(rewritten(), feeds, AutoOptions(min_cosine=0.99), str(workdir))
     auto_bytes, auto_cosine = build("auto.onnx", lambda m: auto.apply(m, found.config))
     _, int4_cosine = build("int4.onnx", lambda m: quantize_matmul_nbits(m, QuantizeOptions()))
     int8_bytes, int8_cosine = build("int8.onnx", lambda m: quantize_matmul_nbits(m, QuantizeOptions(bits=8)))
     assert int4_cosine < 0.95 < 0.99 < int8_cosine
     assert auto_cosine >= 0.99 and found.reached_cosine >= 0.99
     assert auto_bytes < int8_bytes
-    assert len(found.evaluations) <= auto.DEFAULT_MAX_EVALUATIONS
+    assert len(found.evaluations) <= DEFAULT_MAX_EVALUATIONS

@@ -67,6 +67,21 @@ class InputError(Conv2MatMulError):
     """Bad input, output path or option: the user can fix it."""
 
 
+class OptionConflict(InputError):
+    """Options that cannot be applied as given: missing one they need, or combined with one that
+    would not be applied.
+
+    ``template`` names them ``{0}``, ``{1}``, ...; ``options`` are their names as the API has
+    them (fields of the options types, e.g. ``bits_for``). The message fills in those names; the
+    command line fills in its flags instead.
+    """
+
+    def __init__(self, template: str, *options: str) -> None:
+        super().__init__(template.format(*options))
+        self.template = template
+        self.options = options
+
+
 class DestinationBusy(InputError):
     """Another process is writing the same destination."""
 

@@ -16,7 +16,7 @@ import click
 
 from onnx_conv2matmul._version import __version__
 from onnx_conv2matmul.cli import signals
-from onnx_conv2matmul.errors import Conv2MatMulError, ExitCode, Hint, exit_code_for
+from onnx_conv2matmul.errors import Conv2MatMulError, ExitCode, Hint, OptionConflict, exit_code_for
 from onnx_conv2matmul.files import load as _io
 from onnx_conv2matmul.report import CommandReport, ErrorReport
 
@@ -150,6 +150,8 @@ def handled_errors(*, click_shows_usage: bool = False) -> Iterator[None]:
             OUTCOME.error = err.format_message()
             raise
         fail(err.format_message(), ExitCode.USAGE)
+    except OptionConflict as err:
+        fail(err.template.format(*map(flag_for, err.options)), ExitCode.USAGE)
     except Conv2MatMulError as err:
         fail(with_hint(str(err), err.hint), exit_code_for(err))
     except KeyboardInterrupt as interrupt:
@@ -162,6 +164,19 @@ def handled_errors(*, click_shows_usage: bool = False) -> Iterator[None]:
         if os.environ.get("ONNX_CONV2MATMUL_DEBUG"):
             raise
         fail(internal_error(err), exit_code_for(err))
+
+
+# Options whose flag is not their name with dashes.
+_FLAGS = {
+    "symmetric": "--symmetric/--asymmetric",
+    "other_weights_int8": "--other-weights int8",
+    "nodes": "the settings file's nodes",
+}
+
+
+def flag_for(option: str) -> str:
+    """The command line's words for an option the library names by its field."""
+    return _FLAGS.get(option, "--" + option.replace("_", "-"))
 
 
 def with_hint(message: str, hint: Hint | None) -> str:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from onnx_conv2matmul.errors import InputError
+from onnx_conv2matmul.quantize.options import QuantizeOptions
 from onnx_conv2matmul.rewrite.options import ConvertOptions
 from onnx_conv2matmul.verify.check import (
     DEFAULT_LENGTHS,
@@ -21,6 +22,8 @@ from onnx_conv2matmul.verify.check import (
 
 if TYPE_CHECKING:
     pass
+
+_DEFAULTS = QuantizeOptions()
 
 
 def parse_pairs(values: tuple[str, ...], option: str, kind: type) -> dict[str, Any]:
@@ -157,24 +160,37 @@ REWRITE_OPTIONS = [
 
 
 # MatMulNBits settings: quantize's options, which inspect takes to project the quantized size.
+# No defaults here: an option left out is left to the settings file, then to QuantizeOptions.
 NBITS_OPTIONS = [
     click.option(
-        "--bits", type=click.Choice(["4", "8"]), default="4", show_default=True, help="MatMulNBits bits."
+        "--bits",
+        type=click.Choice(["4", "8"]),
+        default=None,
+        help=f"MatMulNBits bits [default: {_DEFAULTS.bits}].",
     ),
     click.option(
         "--block-size",
         type=int,
-        default=64,
-        show_default=True,
-        help="MatMulNBits block size: 16, 32, 64, 128 or 256.",
+        default=None,
+        help=f"MatMulNBits block size: 16, 32, 64, 128 or 256 [default: {_DEFAULTS.block_size}].",
     ),
     click.option(
         "--symmetric/--asymmetric",
-        default=False,
-        show_default=True,
-        help="MatMulNBits without/with zero points.",
+        default=None,
+        help="MatMulNBits without/with zero points [default: "
+        + ("symmetric" if _DEFAULTS.symmetric else "asymmetric")
+        + "].",
     ),
 ]
+
+
+def nbits_given(**values: Any) -> dict[str, Any]:
+    """The MatMulNBits settings given on the command line, by QuantizeOptions field (the rest
+    left out: a settings file or the defaults decide them)."""
+    given = {name: value for name, value in values.items() if value is not None and value != ()}
+    if "bits" in given:
+        given["bits"] = int(given["bits"])
+    return given
 
 
 def apply_options(options: Sequence[Any], func: Callable[..., Any]) -> Callable[..., Any]:

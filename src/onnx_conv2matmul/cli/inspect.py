@@ -7,8 +7,6 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from onnx_conv2matmul.errors import InputError
-
 if TYPE_CHECKING:
     pass
 from onnx_conv2matmul.cli.common import (
@@ -19,6 +17,7 @@ from onnx_conv2matmul.cli.common import (
 )
 from onnx_conv2matmul.cli.flags import (
     build_rewrite_options,
+    nbits_given,
     nbits_options,
     rewrite_options,
 )
@@ -39,9 +38,9 @@ from onnx_conv2matmul.cli.flags import (
 @click.option("-q", "--quiet", is_flag=True, help="No tables on stderr.")
 def inspect_command(
     input_path: str,
-    bits: str,
-    block_size: int,
-    symmetric: bool,
+    bits: str | None,
+    block_size: int | None,
+    symmetric: bool | None,
     skip_checker: bool,
     json_stdout: bool,
     quiet: bool,
@@ -54,13 +53,10 @@ def inspect_command(
     """
     OUTCOME.start(json_stdout, input_path)
     with handled_errors():
-        from onnx_conv2matmul.quantize.nbits import QuantizeOptions
+        from onnx_conv2matmul.quantize.options import resolve
 
         options = build_rewrite_options(kwargs)
-        try:
-            q_options = QuantizeOptions(bits=int(bits), block_size=block_size, symmetric=symmetric)
-        except ValueError as err:
-            raise InputError(str(err)) from err
+        q_options = resolve(nbits_given(bits=bits, block_size=block_size, symmetric=symmetric)).quantize
         from onnx_conv2matmul.cli import render
         from onnx_conv2matmul.quantize.inspection import inspect_file
 

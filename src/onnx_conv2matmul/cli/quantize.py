@@ -19,9 +19,7 @@ from onnx_conv2matmul.verify.check import (
 )
 
 if TYPE_CHECKING:
-    from onnx_conv2matmul.quantize.nbits import QuantizeOptions as QuantizeOptionsType
     from onnx_conv2matmul.quantize.report import QuantizeReport
-    from onnx_conv2matmul.quantize.search import AutoOptions
 from onnx_conv2matmul.cli.common import (
     OUTCOME,
     emit_report,
@@ -33,10 +31,12 @@ from onnx_conv2matmul.cli.flags import (
     allow_added_transposes,
     build_verify_options,
     inputs_option,
+    nbits_given,
     nbits_options,
     no_gemm,
     verify_options,
 )
+from onnx_conv2matmul.quantize.options import DEFAULT_MAX_EVALUATIONS, resolve
 
 
 @click.command("quantize")
@@ -51,9 +51,8 @@ from onnx_conv2matmul.cli.flags import (
 @click.option(
     "--accuracy-level",
     type=click.IntRange(0, 4),
-    default=0,
-    show_default=True,
-    help="MatMulNBits accuracy level.",
+    default=None,
+    help="MatMulNBits accuracy level [default: 0].",
 )
 @click.option(
     "--exclude",
@@ -77,11 +76,10 @@ from onnx_conv2matmul.cli.flags import (
 @click.option(
     "--algorithm",
     type=click.Choice(ALGORITHMS),
-    default="default",
-    show_default=True,
+    default=None,
     help=(
         "onnxruntime's weight-only algorithm: default (round-to-nearest), k_quant, gptq (calibrated"
-        " on --inputs) or hqq (needs torch)."
+        " on --inputs) or hqq (needs torch) [default: default]."
     ),
 )
 @click.option(
@@ -131,9 +129,8 @@ from onnx_conv2matmul.cli.flags import (
 @click.option(
     "--max-evaluations",
     type=click.IntRange(min=2),
-    default=8,
-    show_default=True,
-    help="With --auto, the most full-model evaluations the search makes.",
+    default=None,
+    help=f"With --auto, the most full-model evaluations [default: {DEFAULT_MAX_EVALUATIONS}].",
 )
 @click.option(
     "--save-config",
@@ -150,14 +147,14 @@ def quantize_command(
     input_path: str,
     output_path: str,
     int8_dynamic: bool,
-    bits: str,
-    block_size: int,
-    symmetric: bool,
-    accuracy_level: int,
+    bits: str | None,
+    block_size: int | None,
+    symmetric: bool | None,
+    accuracy_level: int | None,
     exclude: tuple[str, ...],
     include: tuple[str, ...],
     bits_for: tuple[str, ...],
-    algorithm: str,
+    algorithm: str | None,
     config: str | None,
     inputs: tuple[str, ...],
     strict_conv1x1: bool,
@@ -168,7 +165,7 @@ def quantize_command(
     min_cosine: float | None,
     other_weights: str | None,
     auto: bool,
-    max_evaluations: int,
+    max_evaluations: int | None,
     save_config: str | None,
     skip_checker: bool,
     report_json: str | None,
@@ -189,21 +186,26 @@ def quantize_command(
         console = stderr_console(quiet)
         from onnx_conv2matmul.cli import render
 
-        given = {
-            "bits": int(bits),
-            "block_size": block_size,
-            "symmetric": symmetric,
-            "accuracy_level": accuracy_level,
-            "exclude": exclude,
-            "include": include,
-            "bits_for": _parse_bits_for(bits_for),
-            "algorithm": algorithm,
-        }
-        if other_weights is not None:
-            given["other_weights"] = other_weights
-        q_options = _quantize_options(given, config)
-        if int8_dynamic:
-            _refuse_with_int8_dynamic(q_options)
+        given = nbits_given(
+            bits=bits,
+            block_size=block_size,
+            symmetric=symmetric,
+            accuracy_level=accuracy_level,
+            exclude=exclude,
+            include=include,
+            bits_for=_parse_bits_for(bits_for),
+            algorithm=algorithm,
+            other_weights=other_weights,
+        )
+        resolved = resolve(
+            given,
+            config=config,
+            int8_dynamic=int8_dynamic,
+            auto=auto,
+            min_cosine=min_cosine,
+            max_evaluations=max_evaluations,
+            save_config=save_config is not None,
+        )
         try:
             c_options = ConvertOptions(
                 extended=not strict_conv1x1,
@@ -214,9 +216,6 @@ def quantize_command(
             )
         except ValueError as err:
             raise InputError(str(err)) from err
-        auto_options = _auto_options(
-            auto, min_cosine, max_evaluations, other_weights, save_config, int8_dynamic, q_options, config
-        )
         _io.check_input_path(input_path)
         v_options = build_verify_options(verify_kwargs, min_cosine, inputs)
         for path, what in ((report_json, "report"), (save_config, "settings file")):
@@ -227,12 +226,12 @@ def quantize_command(
             input_path,
             output_path,
             convert_options=c_options,
-            quantize_options=q_options,
-            int8=int8_dynamic,
+            quantize_options=resolved.quantize,
+            int8=resolved.int8_dynamic,
             verify=v_options,
             run_checker=not skip_checker,
             progress=progress_for(console, input_path, quiet) if os.path.isfile(input_path) else None,
-            auto=auto_options,
+            auto=resolved.auto,
         )
         render.print_quantize_report(console, report)
         if save_config is not None and report.auto is not None:
@@ -251,102 +250,6 @@ def _parse_bits_for(values: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
             )
         pairs.append((pattern, int(raw)))
     return tuple(pairs)
-
-
-def _quantize_options(given: dict[str, Any], config: str | None) -> QuantizeOptionsType:
-    """The settings file's options, overridden by those given on the command line.
-
-    Without a file, the command line's (defaults included). With one, an option takes the
-    command line's value only when given there; a repeatable option given there replaces
-    the file's whole list.
-    """
-    from click.core import ParameterSource
-
-    from onnx_conv2matmul.quantize.nbits import QuantizeOptions, load_config
-
-    fields = dict(given)
-    if config is not None:
-        ctx = click.get_current_context()
-        fields = load_config(config)
-        for name, value in given.items():
-            if name not in fields or ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE:
-                fields[name] = value
-    try:
-        return QuantizeOptions(**fields)
-    except ValueError as err:
-        raise InputError(str(err)) from err
-
-
-def _refuse_with_int8_dynamic(options: QuantizeOptionsType) -> None:
-    """Refuse MatMulNBits settings that ``quantize_dynamic`` would silently not apply."""
-    from click.core import ParameterSource
-
-    ctx = click.get_current_context()
-    typed = {
-        "bits": "--bits",
-        "block_size": "--block-size",
-        "symmetric": "--symmetric/--asymmetric",
-        "accuracy_level": "--accuracy-level",
-    }
-    clashes = [
-        flag for name, flag in typed.items() if ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE
-    ]
-    clashes += [
-        name
-        for name, given in (
-            ("--bits-for", bool(options.bits_for)),
-            ("--algorithm", options.algorithm != "default"),
-            ("--other-weights int8", options.other_weights == "int8"),
-            ("the settings file's nodes", bool(options.nodes)),
-        )
-        if given
-    ]
-    if clashes:
-        raise click.UsageError(f"{clashes[0]}: a MatMulNBits setting, which --int8-dynamic would not apply")
-
-
-def _auto_options(
-    auto: bool,
-    min_cosine: float | None,
-    max_evaluations: int,
-    other_weights: str | None,
-    save_config: str | None,
-    int8_dynamic: bool,
-    q_options: QuantizeOptionsType,
-    config: str | None,
-) -> AutoOptions | None:
-    """The search's options, or None without --auto (refusing options that need it or clash)."""
-    if not auto:
-        if save_config is not None:
-            raise click.UsageError("--save-config needs --auto")
-        return None
-    if min_cosine is None:
-        raise click.UsageError("--auto needs --min-cosine")
-    if int8_dynamic:
-        raise click.UsageError("--auto chooses MatMulNBits settings: it does not combine with --int8-dynamic")
-    clashes = [
-        name
-        for name, given in (
-            ("--config", config is not None),
-            ("--bits-for", bool(q_options.bits_for)),
-            ("--algorithm", q_options.algorithm != "default"),
-        )
-        if given
-    ]
-    if clashes:
-        raise click.UsageError(
-            f"--auto chooses every node's setting (round-to-nearest): it does not combine with {clashes[0]}"
-        )
-    from onnx_conv2matmul.quantize.search import AutoOptions
-
-    return AutoOptions(
-        min_cosine=min_cosine,
-        max_evaluations=max_evaluations,
-        other_weights=None if other_weights is None else other_weights == "int8",
-        accuracy_level=q_options.accuracy_level,
-        exclude=q_options.exclude,
-        include=q_options.include,
-    )
 
 
 def _quantize_error(report: QuantizeReport) -> str | None:

@@ -401,5 +401,6 @@ def check_report_target(
         raise InputError(f"the {what} would overwrite a model file: {report_path}")
 
 
-# ``load_input`` takes a flag of the same name.
-check_model = run_checker
+def check_model(path: str, label: str | None = None) -> None:
+    """:func:`run_checker`, for :func:`load_input`, whose flag has that name."""
+    run_checker(path, label)

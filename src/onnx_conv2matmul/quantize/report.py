@@ -9,7 +9,8 @@ from onnx_conv2matmul.errors import ExitCode
 from onnx_conv2matmul.report import Command, CommandReport
 
 if TYPE_CHECKING:
-    from onnx_conv2matmul.quantize.nbits import NBitsProjection, NodeSetting, WeightStats
+    from onnx_conv2matmul.quantize.nbits import NBitsProjection, WeightStats
+    from onnx_conv2matmul.quantize.options import NodeSetting
     from onnx_conv2matmul.quantize.other_weights import OtherWeightsResult
     from onnx_conv2matmul.quantize.search import AutoResult
     from onnx_conv2matmul.rewrite.report import ConvEntry, ConvertReport

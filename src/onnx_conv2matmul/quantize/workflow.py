@@ -25,12 +25,12 @@ from onnx_conv2matmul.files.load import check_paths, load_input
 from onnx_conv2matmul.files.progress import NullProgress, Progress
 from onnx_conv2matmul.quantize.nbits import (
     NBitsResult,
-    QuantizeOptions,
     int8_dynamic,
     int8_dynamic_obstacle,
     quantize_matmul_nbits,
     weight_stats,
 )
+from onnx_conv2matmul.quantize.options import QuantizeOptions
 from onnx_conv2matmul.quantize.report import BundleModel, BundleReport
 from onnx_conv2matmul.quantize.report import QuantizeReport as QuantizeReport  # its home before report.py
 from onnx_conv2matmul.rewrite.options import ConvertOptions
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
     import numpy as np
 
-    from onnx_conv2matmul.quantize.search import AutoOptions
+    from onnx_conv2matmul.quantize.options import AutoOptions
 
 
 def _peak_rss_bytes() -> int:
