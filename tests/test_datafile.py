@@ -21,6 +21,7 @@ from helpers import assert_equivalent, stack_feeds, stack_model
 from onnx_conv2matmul import ConvertOptions, api, convert_file
 from onnx_conv2matmul._graphs import is_external
 from onnx_conv2matmul.files import datafile as datafile_mod
+from onnx_conv2matmul.files import ranges as ranges_mod
 
 RNG = np.random.default_rng(5)
 
@@ -326,7 +327,7 @@ def test_one_file_per_tensor_without_lengths(tmp_path: Path) -> None:
             del tensor.external_data[:]
             tensor.external_data.add(key="location", value=location)
     onnx.save(proto, src)
-    ranges = list(datafile_mod.external_ranges(proto, str(tmp_path), 1024).values())
+    ranges = list(ranges_mod.external_ranges(proto, str(tmp_path), 1024).values())
     assert len(ranges) == 4 and all(end - start == 32 * 32 * 4 for _, start, end in ranges)
     copies, inside = datafile_mod._whole_file_copies(ranges)
     assert len(copies) == 4 and len(inside) == 4  # every file starts copying before the rewrite

@@ -27,6 +27,7 @@ from onnx_conv2matmul.files import datafile as _datafile
 from onnx_conv2matmul.files import load as _io
 from onnx_conv2matmul.files import publish as _publish
 from onnx_conv2matmul.files.datafile import ProgressCallback
+from onnx_conv2matmul.files.ranges import external_ranges
 
 if TYPE_CHECKING:  # imported where used: the copy starts before onnx-ir is imported
     import onnx_ir as ir
@@ -102,7 +103,7 @@ class Output:
             raise RuntimeError("prefetch() was already called")
         if not any(t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer):
             return
-        ranges = _datafile.external_ranges(proto, base_dir, INLINE_THRESHOLD_BYTES)
+        ranges = external_ranges(proto, base_dir, INLINE_THRESHOLD_BYTES)
         self._prefetch_dir = self._destination.staging_dir()
         data_path = os.path.join(self._prefetch_dir, self.data_name)
         self._prefetch = _datafile.DataFileWriter.start(data_path, list(ranges.values()))

@@ -48,6 +48,12 @@ import onnx_ir as ir
 from onnx_conv2matmul._graphs import is_external
 from onnx_conv2matmul.errors import TargetUnreachable
 from onnx_conv2matmul.quantize import other_weights
+from onnx_conv2matmul.quantize.blockwise import (
+    _sampled_columns,
+    _weighted_error,
+    block_dequantize,
+    block_quantize,
+)
 from onnx_conv2matmul.quantize.nbits import NBitsResult, _constant_2d_weight, quantize_matmul_nbits
 from onnx_conv2matmul.quantize.options import (
     _OTHER_INT8,
@@ -211,74 +217,6 @@ class _Node:
             if cost < best_cost or (cost == best_cost and size < best[2]):
                 best, best_cost = (setting, error, size), cost
         return best
-
-
-def block_quantize(weight: np.ndarray, setting: Setting) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """onnxruntime's MatMulNBits block quantization of ``weight [K, N]``: packed, scales, zero points.
-
-    The zero points are None when symmetric (MatMulNBits then has no such input).
-    """
-    from onnxruntime.quantization.matmul_nbits_quantizer import (
-        DefaultWeightOnlyQuantConfig,
-        DefaultWeightOnlyQuantizer,
-    )
-    from onnxruntime.quantization.quant_utils import QuantFormat
-
-    assert setting.bits is not None
-    quantizer = DefaultWeightOnlyQuantizer(
-        DefaultWeightOnlyQuantConfig(
-            block_size=setting.block_size,
-            is_symmetric=setting.symmetric,
-            quant_format=QuantFormat.QOperator,
-            op_types_to_quantize=("MatMul",),
-            bits=setting.bits,
-        )
-    )
-    packed, scales, zero_points = quantizer.qbits_block_quant(np.ascontiguousarray(weight))
-    return packed, scales, None if setting.symmetric else zero_points
-
-
-def block_dequantize(
-    packed: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, bits: int, k: int
-) -> np.ndarray:
-    """What MatMulNBits multiplies by: the ``[K, N]`` weight its packed data, scales and zero points hold.
-
-    ``packed [N, blocks, blob]`` holds ``8 // bits`` values per byte, the first in the low
-    bits; zero points (``[N, ceil(blocks * bits / 8)]``, packed the same way) default to
-    ``2 ** (bits - 1)``.
-    """
-    n, blocks, _ = packed.shape
-    if bits == 4:
-        q = np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(n, blocks, -1)
-    else:
-        q = packed.reshape(n, blocks, -1)
-    if zero_points is None:
-        zp = np.full((n, blocks), 2 ** (bits - 1), dtype=np.float32)
-    elif bits == 4:
-        zp = np.stack([zero_points & 0x0F, zero_points >> 4], axis=-1).reshape(n, -1)[:, :blocks]
-    else:
-        zp = zero_points.reshape(n, -1)[:, :blocks]
-    scale = scales.reshape(n, blocks).astype(np.float32)
-    values = (q.astype(np.float32) - zp.astype(np.float32)[:, :, None]) * scale[:, :, None]
-    return values.reshape(n, -1)[:, :k].T
-
-
-def _weighted_error(weight: np.ndarray, approx: np.ndarray, h: np.ndarray) -> float:
-    """``sum_k h_k |W_k - Q_k|^2 / sum_k h_k |W_k|^2`` for ``weight`` and ``approx`` ``[K, n]`` (float32)."""
-    diff = weight - approx
-    error = np.einsum("kn,kn->k", diff, diff).astype(np.float64)
-    norm = np.einsum("kn,kn->k", weight, weight).astype(np.float64)
-    total = float(np.dot(norm, h))
-    return float(np.dot(error, h)) / total if total > 0 else 0.0
-
-
-SAMPLED_COLUMNS = 256
-"""The sensitivity looks at this many columns of a weight (evenly spaced): block quantization
-works column by column, so their error estimates the whole weight's."""
-
-
-def _sampled_columns(n: int) -> np.ndarray:
-    return np.unique(np.linspace(0, n - 1, min(n, SAMPLED_COLUMNS)).round().astype(np.int64))
 
 
 # --------------------------------------------------------------------------- #
