@@ -155,3 +155,24 @@ def test_checker_rejecting_the_output_exits_1(files: dict[str, str], monkeypatch
     monkeypatch.setattr(api, "convert_file", reject)
     code, _, stderr = invoke(files["model"], files["out"])
     assert code == 1 and "checker rejected" in stderr
+
+
+def test_what_a_library_prints_on_stdout_goes_to_stderr_with_json_on_stdout(
+    files: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """onnxruntime's quantizers print progress bars; stdout still carries exactly one object."""
+    from onnx_conv2matmul import api
+
+    real = api.convert_file
+
+    def chatty(*args: object, **kwargs: object) -> object:
+        print("Progress: [#####     ] 50.00%")
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(api, "convert_file", chatty)
+    code, stdout, stderr = invoke(files["model"], files["out"], "--report-json-stdout")
+    assert code == 0
+    assert _json(stdout)["return_code"] == 0
+    assert "Progress: [#####" in stderr
+    code, stdout, _ = invoke(files["model"], files["out"] + "2")
+    assert code == 0 and "Progress: [#####" in stdout  # without JSON, stdout is the user's

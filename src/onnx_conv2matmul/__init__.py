@@ -1,7 +1,9 @@
 """Rewrite pointwise ONNX convolutions into MatMul so weight-only quantizers cover them.
 
-onnx-ir and the rewrite are imported on first use (``convert``, ``convert_file``):
-a command can parse its input and start copying its data file first.
+One function per command (``convert``/``convert_file``, ``verify_files``, ``quantize_file``,
+``inspect_file``, ``check_bundle``), each returning its typed report; the options and report
+types beside them. onnx-ir and onnxruntime are imported on first use: a command can parse its
+input and start copying its data file first.
 
 Importing this package (or any of its public modules) changes nothing in the
 interpreter: no import hooks, no stand-in modules, no signal handlers, no switch
@@ -14,33 +16,92 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from onnx_conv2matmul._version import __version__
-from onnx_conv2matmul.errors import CheckerError, Conv2MatMulError, InputError
+from onnx_conv2matmul.errors import (
+    CheckerError,
+    Conv2MatMulError,
+    DestinationBusy,
+    InputError,
+    ModelLoadError,
+    ModelRunError,
+    OptionConflict,
+    TargetUnreachable,
+)
 from onnx_conv2matmul.rewrite.options import ConvertOptions
 from onnx_conv2matmul.rewrite.reasons import SkipReason
 from onnx_conv2matmul.rewrite.report import ConvEntry, ConvertReport, Status
 
 if TYPE_CHECKING:
-    from onnx_conv2matmul.api import convert, convert_file
+    from onnx_conv2matmul.api import (
+        check_bundle,
+        convert,
+        convert_file,
+        inspect_file,
+        quantize_file,
+        verify_files,
+    )
+    from onnx_conv2matmul.files.progress import Progress
+    from onnx_conv2matmul.quantize.options import AutoOptions, NodeSetting, QuantizeOptions
+    from onnx_conv2matmul.quantize.report import BundleReport, InspectReport, QuantizeReport
     from onnx_conv2matmul.rewrite.passes import ConvToMatMulPass
+    from onnx_conv2matmul.verify.check import VerifyOptions, VerifyReport, load_inputs
+    from onnx_conv2matmul.verify.report import VerifyCommandReport
+
+# Imported on first use: they import onnx-ir, onnxruntime or numpy.
+_LAZY = {
+    "convert": "api",
+    "convert_file": "api",
+    "verify_files": "api",
+    "quantize_file": "api",
+    "inspect_file": "api",
+    "check_bundle": "api",
+    "ConvToMatMulPass": "rewrite.passes",
+    "Progress": "files.progress",
+    "AutoOptions": "quantize.options",
+    "NodeSetting": "quantize.options",
+    "QuantizeOptions": "quantize.options",
+    "BundleReport": "quantize.report",
+    "InspectReport": "quantize.report",
+    "QuantizeReport": "quantize.report",
+    "VerifyOptions": "verify.check",
+    "VerifyReport": "verify.check",
+    "load_inputs": "verify.check",
+    "VerifyCommandReport": "verify.report",
+}
 
 __all__ = [
+    "AutoOptions",
+    "BundleReport",
     "CheckerError",
     "Conv2MatMulError",
     "ConvEntry",
     "ConvToMatMulPass",
     "ConvertOptions",
     "ConvertReport",
+    "DestinationBusy",
     "InputError",
+    "InspectReport",
+    "ModelLoadError",
+    "ModelRunError",
+    "NodeSetting",
+    "OptionConflict",
+    "Progress",
+    "QuantizeOptions",
+    "QuantizeReport",
     "SkipReason",
     "Status",
+    "TargetUnreachable",
+    "VerifyCommandReport",
+    "VerifyOptions",
+    "VerifyReport",
     "__version__",
+    "check_bundle",
     "convert",
     "convert_file",
+    "inspect_file",
+    "load_inputs",
+    "quantize_file",
+    "verify_files",
 ]
-
-
-# Imported on first use: they import onnx-ir.
-_LAZY = {"convert": "api", "convert_file": "api", "ConvToMatMulPass": "rewrite.passes"}
 _SUBMODULES = ("api", "cli", "files", "quantize", "report", "rewrite", "verify")
 
 

@@ -1,4 +1,10 @@
-"""The public entry points: :func:`convert` and :func:`convert_file`."""
+"""One function per command, each returning its typed report; the command line calls these.
+
+``convert`` (a model in memory), :func:`convert_file`, :func:`verify_files`, :func:`quantize_file`,
+:func:`inspect_file` and :func:`check_bundle`. None of them prints, handles a signal or exits:
+errors are :mod:`onnx_conv2matmul.errors`' exceptions, outcomes are reports (``return_code``
+is what the command line exits with). onnx-ir and onnxruntime are imported on first use.
+"""
 
 from __future__ import annotations
 
@@ -20,6 +26,10 @@ if TYPE_CHECKING:
     # onnx-ir and the rewrite are imported where used, so that convert_file has parsed its
     # input and started copying its data file before importing them (the copy starts sooner).
     import onnx_ir as ir
+
+    from onnx_conv2matmul.quantize.options import AutoOptions, QuantizeOptions
+    from onnx_conv2matmul.quantize.report import BundleReport, InspectReport, QuantizeReport
+    from onnx_conv2matmul.verify.report import VerifyCommandReport
 
 FAILED_SUFFIX = ".verify-failed"
 
@@ -146,3 +156,91 @@ def _convert_to(
         staged.publish(modes)
     report.output_path = dst
     return report
+
+
+def verify_files(
+    original: str | os.PathLike[str],
+    candidate: str | os.PathLike[str],
+    options: VerifyOptions | None = None,
+) -> VerifyCommandReport:
+    """Run two models with the same inputs and outputs in onnxruntime and compare the outputs.
+
+    ``options`` chooses the inputs (synthesised, or real ones in ``feeds``) and the criterion
+    (exact-rewrite tolerances by default, or ``min_cosine`` for a quantized candidate). The
+    report's ``return_code`` is 1 when an output differs.
+
+    Raises:
+        InputError: a path that is not a readable file.
+        ModelRunError: a model that onnxruntime cannot load or run on those inputs.
+    """
+    from onnx_conv2matmul.verify.report import VerifyCommandReport
+
+    paths = [os.fspath(original), os.fspath(candidate)]
+    for path in paths:
+        _io.check_input_path(path)
+    return VerifyCommandReport(verify_models(paths[0], paths[1], options))
+
+
+def quantize_file(
+    input_path: str | os.PathLike[str],
+    output_path: str | os.PathLike[str],
+    options: QuantizeOptions | None = None,
+    *,
+    int8_dynamic: bool = False,
+    auto: AutoOptions | None = None,
+    convert_options: ConvertOptions | None = None,
+    verify: VerifyOptions | None = None,
+    run_checker: bool = True,
+    progress: Progress | None = None,
+) -> QuantizeReport:
+    """Rewrite pointwise convs and Gemms, quantize, compare with the input, then publish.
+
+    ``options``: the MatMulNBits settings (:class:`~onnx_conv2matmul.quantize.options.QuantizeOptions`;
+    :func:`~onnx_conv2matmul.quantize.options.resolve` builds them from a settings file and checks
+    combinations as the command line does). ``int8_dynamic``: onnxruntime's ``quantize_dynamic``
+    instead. ``auto``: search for the smallest settings meeting ``auto.min_cosine`` (they replace
+    ``options``). ``convert_options``: the rewrite (extended mode and dilation on by default here).
+    ``verify``: the inputs of the accuracy check and its criterion. Nothing is written unless the
+    result met the criterion.
+
+    Raises:
+        InputError: bad paths, options or inputs (nothing is written).
+        TargetUnreachable: with ``auto``, the target is not met even in float.
+    """
+    from onnx_conv2matmul.quantize import workflow
+
+    return workflow.quantize_file(
+        input_path,
+        output_path,
+        convert_options=convert_options,
+        quantize_options=options,
+        int8=int8_dynamic,
+        verify=verify,
+        run_checker=run_checker,
+        progress=progress,
+        auto=auto,
+    )
+
+
+def inspect_file(
+    path: str | os.PathLike[str],
+    options: ConvertOptions | None = None,
+    quantize_options: QuantizeOptions | None = None,
+    *,
+    run_checker: bool = True,
+) -> InspectReport:
+    """What :func:`convert_file` with ``options`` would do to the model at ``path``, and what
+    MatMulNBits with ``quantize_options`` would make of the result; reads the ``.onnx`` only and
+    writes nothing."""
+    from onnx_conv2matmul.quantize.inspection import inspect_file as inspect
+
+    return inspect(path, options, quantize_options, run_checker=run_checker)
+
+
+def check_bundle(directory: str | os.PathLike[str], *, manifest: bool = False) -> BundleReport:
+    """The models in ``directory`` with their external data, sizes and the total; with
+    ``manifest``, every file's size and sha256 and each model's settings and accuracy from the
+    ``.report.json`` beside it. ``report.to_dict()`` is the manifest."""
+    from onnx_conv2matmul.quantize.workflow import bundle_report
+
+    return bundle_report(os.fspath(directory), manifest=manifest)

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from onnx_conv2matmul import api
 from onnx_conv2matmul.files.load import check_report_target
 
 if TYPE_CHECKING:
@@ -35,8 +36,6 @@ def bundle_command(directory: str, manifest: str | None, report_json_stdout: boo
     """List the models in DIRECTORY with their external data, sizes and the total."""
     OUTCOME.start(report_json_stdout, directory)
     with handled_errors():
-        from onnx_conv2matmul.quantize.workflow import bundle_report
-
         console = stderr_console(False)
         from onnx_conv2matmul.cli import render
 
@@ -44,7 +43,7 @@ def bundle_command(directory: str, manifest: str | None, report_json_stdout: boo
             models = [os.path.join(directory, n) for n in _onnx_names(directory)]
             check_report_target(manifest, inputs=models, outputs=[])
             OUTCOME.watch(manifest)
-        report = bundle_report(directory, manifest=manifest is not None)
+        report = api.check_bundle(directory, manifest=manifest is not None)
         console.print(render.bundle_table(report))
         emit_report(report, manifest)
 

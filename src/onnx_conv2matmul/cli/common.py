@@ -10,7 +10,7 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, NoReturn, TextIO
 
 import click
 
@@ -64,6 +64,7 @@ class Outcome:
         self.error: str | None = None
         self._printed = False
         self._watched: dict[str, tuple[int, ...] | None] = {}
+        self.stdout: TextIO = sys.stdout  # the real one: a command's body may redirect it
 
     def watch(self, *paths: str | None) -> None:
         """Remember the state of ``paths`` (those the command may write) from now on."""
@@ -84,7 +85,7 @@ class Outcome:
         """Print the command's JSON report on stdout, when asked for and not printed yet."""
         if self.json_stdout and not self._printed:
             self._printed = True
-            click.echo(text)
+            click.echo(text, file=self.stdout)
 
     def start(self, json_stdout: bool, inputs: str | list[str]) -> None:
         """A command starts: whether it prints its JSON on stdout, and its input(s) for the error object."""
@@ -142,7 +143,10 @@ def handled_errors(*, click_shows_usage: bool = False) -> Iterator[None]:
     prints the usage too.
     """
     try:
-        yield
+        # With the JSON on stdout, whatever else a library prints there (onnxruntime's progress
+        # bars) goes to stderr: stdout carries the one object.
+        with contextlib.redirect_stdout(sys.stderr) if OUTCOME.json_stdout else contextlib.nullcontext():
+            yield
     except (click.exceptions.Exit, click.Abort):
         raise  # --help, --version: click ends the run
     except click.ClickException as err:

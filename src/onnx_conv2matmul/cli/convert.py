@@ -8,12 +8,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from onnx_conv2matmul import api
-from onnx_conv2matmul.files import load as _io
 from onnx_conv2matmul.files.load import check_paths, check_report_target
-from onnx_conv2matmul.verify.check import (
-    verify_models,
-)
-from onnx_conv2matmul.verify.report import VerifyCommandReport
 
 if TYPE_CHECKING:
     pass
@@ -139,13 +134,11 @@ def verify_command(
         console = stderr_console(quiet)
         from onnx_conv2matmul.cli import render
 
-        for path in (original, candidate):
-            _io.check_input_path(path)
         options = build_verify_options(verify_kwargs, min_cosine, inputs)
         if report_json is not None:
             check_report_target(report_json, inputs=[original, candidate], outputs=[])
         OUTCOME.watch(report_json)
-        report = VerifyCommandReport(verify_models(original, candidate, options))
+        report = api.verify_files(original, candidate, options)
         render.print_verification(console, report.verification, cosine=cosine)
         emit_report(report, report_json)
     sys.exit(report.return_code)

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from onnx_conv2matmul import api
+
 if TYPE_CHECKING:
     pass
 from onnx_conv2matmul.cli.common import (
@@ -58,9 +60,8 @@ def inspect_command(
         options = build_rewrite_options(kwargs)
         q_options = resolve(nbits_given(bits=bits, block_size=block_size, symmetric=symmetric)).quantize
         from onnx_conv2matmul.cli import render
-        from onnx_conv2matmul.quantize.inspection import inspect_file
 
-        report = inspect_file(input_path, options, q_options, run_checker=not skip_checker)
+        report = api.inspect_file(input_path, options, q_options, run_checker=not skip_checker)
         render.print_inspect_report(stderr_console(quiet), report)
         emit_report(report, None)
     sys.exit(report.return_code)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from onnx_conv2matmul import api
 from onnx_conv2matmul.errors import InputError
 from onnx_conv2matmul.files import load as _io
 from onnx_conv2matmul.files.load import check_report_target
@@ -181,8 +182,6 @@ def quantize_command(
     """
     OUTCOME.start(report_json_stdout, input_path)
     with handled_errors():
-        from onnx_conv2matmul.quantize.workflow import quantize_file
-
         console = stderr_console(quiet)
         from onnx_conv2matmul.cli import render
 
@@ -222,12 +221,12 @@ def quantize_command(
             if path is not None:
                 check_report_target(path, inputs=[input_path], outputs=[output_path], what=what)
         OUTCOME.watch(output_path, output_path + ".data", report_json, save_config)
-        report = quantize_file(
+        report = api.quantize_file(
             input_path,
             output_path,
+            resolved.quantize,
             convert_options=c_options,
-            quantize_options=resolved.quantize,
-            int8=resolved.int8_dynamic,
+            int8_dynamic=resolved.int8_dynamic,
             verify=v_options,
             run_checker=not skip_checker,
             progress=progress_for(console, input_path, quiet) if os.path.isfile(input_path) else None,

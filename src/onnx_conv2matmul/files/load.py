@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import stat
 import tempfile
 import time
@@ -269,9 +270,23 @@ def tensor_bytes(model: ir.Model) -> int:
 
 
 def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    """The process's umask, read without setting it (setting it, even back, races with other
+    threads creating files): from ``/proc/self/status`` where the kernel shows it, else from the
+    mode a new directory gets."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    probe = tempfile.mkdtemp()  # private (0700): the probe inside it takes the umask as is
+    try:
+        inner = os.path.join(probe, "d")
+        os.mkdir(inner, 0o777)
+        return 0o777 & ~stat.S_IMODE(os.stat(inner).st_mode)
+    finally:
+        shutil.rmtree(probe, ignore_errors=True)
 
 
 def usual_mode(path: str, *, directory: bool = False) -> None:

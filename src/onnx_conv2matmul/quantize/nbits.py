@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fnmatch
-import logging
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -410,19 +409,16 @@ def _quantize_through_proto(
 
 @contextlib.contextmanager
 def _quiet_quantizer_logs() -> Iterator[None]:
-    """onnxruntime's quantizer logs every node at INFO level; keep the terminal for the report."""
+    """onnxruntime's quantizer logs every node at INFO level: into this package's logger (see
+    :mod:`onnx_conv2matmul.quantize.logs`), so the terminal is left to the report."""
     import warnings
 
-    logger = logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer")
-    level = logger.level
-    logger.setLevel(logging.WARNING)
-    try:
-        with warnings.catch_warnings():
-            # HQQ hands torch a read-only weight, which it only reads; torch warns all the same.
-            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-            yield
-    finally:
-        logger.setLevel(level)
+    from onnx_conv2matmul.quantize.logs import onnxruntime_logs_captured
+
+    with onnxruntime_logs_captured(), warnings.catch_warnings():
+        # HQQ hands torch a read-only weight, which it only reads; torch warns all the same.
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        yield
 
 
 # Float types onnxruntime's quantize_dynamic cannot take: it inserts DynamicQuantizeLinear,
@@ -460,11 +456,10 @@ def int8_dynamic(
     names = [n.name for g, _ in walk_graphs(model.graph) for n in g if n.name]
     excluded = [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in options.exclude)]
     included = [n for n in names if options.include and options.selects(n)]
-    # onnxruntime warns on the root logger that pre-processing may help; keep stderr for our report.
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)
-    try:
+    from onnx_conv2matmul.quantize.logs import onnxruntime_logs_captured
+
+    # onnxruntime warns on the root logger that pre-processing may help: into this package's logger.
+    with onnxruntime_logs_captured():
         quantize_dynamic(
             input_path,
             output_path,
@@ -473,8 +468,6 @@ def int8_dynamic(
             nodes_to_quantize=included or None,
             use_external_data_format=external_data,
         )
-    finally:
-        root.setLevel(level)
 
 
 @dataclasses.dataclass

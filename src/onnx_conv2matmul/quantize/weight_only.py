@@ -13,7 +13,6 @@ MatMul's input A, captured beforehand on the calibration inputs (:func:`capture_
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
@@ -265,15 +264,10 @@ def _main_graph_values(graph: ir.Graph) -> Iterator[ir.Value]:
 
 @contextlib.contextmanager
 def _quiet_progress() -> Iterator[None]:
-    """The bundled neural-compressor code prints a progress bar and logs at INFO level."""
-    import io
+    """The bundled neural-compressor code logs at INFO level (and warns that CUDA is missing when
+    torch is installed): into this package's logger. Its progress bar is printed on stdout, which
+    the library leaves alone: the command line keeps its stdout for JSON by itself."""
+    from onnx_conv2matmul.quantize.logs import onnxruntime_logs_captured
 
-    logger = logging.getLogger("neural_compressor")
-    level = logger.level
-    # Also quiet: its warning that CUDA is missing when torch is installed.
-    logger.setLevel(logging.ERROR)
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            yield
-    finally:
-        logger.setLevel(level)
+    with onnxruntime_logs_captured():
+        yield
