@@ -27,9 +27,6 @@ if TYPE_CHECKING:  # imported where used: loading parses and starts the copy bef
     from onnx_conv2matmul.files.output import Output
     from onnx_conv2matmul.files.progress import Progress
 
-# Tensors at or below this size stay inside the .onnx file: onnxruntime cannot read
-# shape-like inputs (Reshape shapes, axes) from external data.
-INLINE_THRESHOLD_BYTES = 1024
 # Above this size a single-file model cannot be serialized (protobuf limit is 2 GiB).
 SINGLE_FILE_LIMIT_BYTES = 1_900_000_000
 

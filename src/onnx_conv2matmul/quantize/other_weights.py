@@ -233,12 +233,6 @@ def _candidates(model: ir.Model, min_bytes: int) -> list[_Candidate]:
     return found
 
 
-def eligible_tensors(model: ir.Model, min_bytes: int = MIN_BYTES) -> list[str]:
-    """Names of the tensors :func:`quantize_other_weights` would store as int8."""
-    opset = default_opset(model) or 0
-    return [c.value.name or "" for c in _candidates(model, min_bytes) if _reason(c, opset) is None]
-
-
 def eligible_arrays(model: ir.Model, min_bytes: int = MIN_BYTES) -> list[tuple[ir.TensorProtocol, int]]:
     """Each tensor :func:`quantize_other_weights` would store as int8, with its axis."""
     opset = default_opset(model) or 0
