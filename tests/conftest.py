@@ -1,4 +1,4 @@
-"""Hypothesis profiles for the property tests.
+"""Hypothesis profiles for the property tests, and fixtures shared by the test files.
 
 ``default``: what CI runs, about a minute of property tests on 2 cores.
 ``large``: 20 times the examples, to run by hand::
@@ -14,7 +14,10 @@ the machine is. Property tests size their runs with ``helpers.examples``.
 from __future__ import annotations
 
 import os
+import signal
+from collections.abc import Iterator
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
@@ -27,3 +30,17 @@ settings.register_profile(
     "mutation", settings.get_profile("default"), max_examples=10, derandomize=True, database=None
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+@pytest.fixture
+def sigint_raises() -> Iterator[None]:
+    """SIGINT raises KeyboardInterrupt in this process during the test, as in a terminal.
+
+    A test run started in the background (``pytest ... &``, ``nohup``) ignores SIGINT; a test
+    that interrupts its own process needs the disposition a terminal gives.
+    """
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

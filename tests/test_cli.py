@@ -19,6 +19,7 @@ import unwritable
 from helpers import conv_model
 from onnx_conv2matmul import ConvertOptions, __version__
 from onnx_conv2matmul.cli.app import main
+from processes import TIMEOUT
 
 
 @pytest.fixture
@@ -165,6 +166,7 @@ def test_console_script_runs_as_a_process(model_path: Path, tmp_path: Path) -> N
         capture_output=True,
         text=True,
         check=False,
+        timeout=TIMEOUT,
     )
     assert proc.returncode == 2
     assert proc.stdout == ""
@@ -419,7 +421,9 @@ def test_console_script_exit_codes(tmp_path: Path) -> None:
         code = (
             "import sys; from onnx_conv2matmul.cli.entry import run; sys.argv[0] = 'onnx-conv2matmul'; run()"
         )
-        return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
+        return subprocess.run(
+            [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=TIMEOUT
+        )
 
     encoder = Path(__file__).parent / "data" / "conformer_small.onnx"
     ok = run(str(encoder), str(tmp_path / "o.onnx"), "--report-json-stdout", "-q")

@@ -18,6 +18,7 @@ from onnx_conv2matmul import api
 from onnx_conv2matmul.cli.app import main
 from onnx_conv2matmul.errors import InputError
 from onnx_conv2matmul.files import load as _io
+from processes import TIMEOUT
 
 
 def invoke(*args: str) -> tuple[int, str, str]:
@@ -238,6 +239,7 @@ def test_stdout_link_is_never_replaced(tmp_path: Path) -> None:
                 stderr=subprocess.PIPE,
                 text=True,
                 check=False,
+                timeout=TIMEOUT,
             )
 
     refused = run(str(src), str(link))

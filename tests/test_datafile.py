@@ -22,6 +22,7 @@ from onnx_conv2matmul import ConvertOptions, api, convert_file
 from onnx_conv2matmul._graphs import is_external
 from onnx_conv2matmul.files import datafile as datafile_mod
 from onnx_conv2matmul.files import ranges as ranges_mod
+from processes import TIMEOUT
 
 RNG = np.random.default_rng(5)
 
@@ -286,7 +287,7 @@ def test_the_copy_starts_before_onnx_ir_is_imported(tmp_path: Path) -> None:
         "assert seen == [False], seen\n"
         "assert 'onnx_ir' in sys.modules\n"
     )
-    subprocess.run([sys.executable, "-c", code], check=True)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=TIMEOUT)
     assert (tmp_path / "o.onnx.data").exists()
 
 

@@ -17,6 +17,7 @@ import onnx
 import pytest
 
 from helpers import conv_model
+from processes import TIMEOUT
 
 # Prints what an import could change: import hooks, the import function, the switch
 # interval, signal handlers, and the modules of onnx-ir and sympy (type, file, loader).
@@ -65,7 +66,9 @@ def _state(statements: str) -> dict[str, Any]:
     """The snapshot after ``statements``, and again after ``import onnx_ir``, in a new process."""
     after = "import onnx_ir\nprint(json.dumps({'before': before, 'after': snapshot()}))\n"
     code = _SNAPSHOT + textwrap.dedent(statements) + "\nbefore = snapshot()\n" + after
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=TIMEOUT
+    )
     assert proc.returncode == 0, proc.stderr
     state: dict[str, Any] = json.loads(proc.stdout)
     return state
@@ -110,7 +113,9 @@ def test_onnx_ir_works_as_usual_after_a_conversion(tmp_path: Path) -> None:
         assert str(ir.SymbolicDim("max(T, 2) * 2")) == "max(T, 2) * 2"
         assert (ir.SymbolicDim("N") * 2).evaluate({{"N": 3}}) == 6
     """
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=TIMEOUT
+    )
     assert proc.returncode == 0, proc.stderr
 
 
@@ -146,7 +151,9 @@ def console(prelude: str, *args: str) -> subprocess.CompletedProcess[str]:
     module, _, function = target.partition(":")
     start = f"from {module} import {function}\nsys.exit({function}())\n"
     code = textwrap.dedent(prelude) + "\nimport sys\nsys.argv[0] = 'onnx-conv2matmul'\n" + start
-    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=False)
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, check=False, timeout=TIMEOUT
+    )
 
 
 # Says on stderr whether the interpreter's teardown ran (atexit handlers run first in it).
@@ -181,7 +188,9 @@ def test_cli_run_ends_as_any_program_does(tmp_path: Path) -> None:
     onnx.save(conv_model(), src)
     code = TEARDOWN + "from onnx_conv2matmul.cli import app as cli\ncli.run()\n"
     args = [str(src), str(tmp_path / "o.onnx"), "--report-json-stdout", "-q"]
-    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, check=False, timeout=TIMEOUT
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["return_code"] == 0
     assert proc.stderr == "teardown\n"
@@ -212,7 +221,9 @@ def test_the_console_script_defers_sympy_and_onnx_ir_still_works(tmp_path: Path)
 
 
 def _python(code: str) -> None:
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=TIMEOUT
+    )
     assert proc.returncode == 0, proc.stderr
 
 

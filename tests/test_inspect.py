@@ -27,6 +27,7 @@ from onnx_conv2matmul.quantize.nbits import matmul_nbits_sizes
 from onnx_conv2matmul.quantize.options import QuantizeOptions
 from onnx_conv2matmul.quantize.workflow import quantize_file
 from onnx_conv2matmul.verify.check import VerifyOptions
+from processes import TIMEOUT
 from test_real_models import MODELS, _fetch
 from test_skips import CASES
 from test_subgraphs import _if_loop_model
@@ -417,7 +418,11 @@ def test_peak_memory_stays_far_below_the_weights(tmp_path: Path) -> None:
     path = _sparse_external_model(tmp_path, layers=32, channels=2048)
     before = _files_in(tmp_path)
     done = subprocess.run(
-        [sys.executable, "-c", _RSS_SCRIPT, "inspect", str(path)], capture_output=True, text=True, check=True
+        [sys.executable, "-c", _RSS_SCRIPT, "inspect", str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=TIMEOUT,
     )
     data = json.loads(done.stdout)
     assert data["totals"]["converted"] == 32 and data["files"]["external_data"] is True
@@ -577,7 +582,11 @@ def test_command_help_is_its_own(command: str) -> None:
 
 def test_help_of_the_console_script() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "onnx_conv2matmul", "--help"], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "onnx_conv2matmul", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=TIMEOUT,
     )
     assert "--extended-conv1x1" in done.stdout and "inspect" in done.stdout
 

@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 from helpers import run
 from onnx_conv2matmul import InputError, convert_file
 from onnx_conv2matmul.files.publish import Destination, DestinationBusy, referenced_files
+from processes import run_python
 
 RNG = np.random.default_rng(5)
 CHANNELS = 32
@@ -84,10 +84,7 @@ def _visible(directory: Path) -> set[str]:
 
 
 def _cli(*args: str, kill_at: int = 0) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "KILL_AT": str(kill_at)}
-    return subprocess.run(
-        [sys.executable, "-c", _HARNESS, *args], capture_output=True, text=True, env=env, check=False
-    )
+    return run_python(_HARNESS, *args, env={**os.environ, "KILL_AT": str(kill_at)})
 
 
 def _setup(directory: Path) -> tuple[Path, list[np.ndarray]]:
@@ -170,13 +167,34 @@ def test_recovery_removes_what_a_killed_run_left(tmp_path: Path) -> None:
     stale.mkdir()
     journal = [str(directory / "o.onnx.data"), str(directory / "o.onnx.1.data"), str(src)]
     (stale / "obsolete.json").write_text(json.dumps(journal))
-    other = directory / ".o.onnx.x.abcd1234.tmp"  # another destination's (o.onnx.x) staging
-    other.mkdir()
-    with Destination(out) as destination:
-        assert destination.data_name == "o.onnx.1.data"
-    assert not stale.exists() and other.exists()
+    with Destination(directory / "o.onnx.x"):  # another destination, with a run writing it
+        other = directory / ".o.onnx.x.abcd1234.tmp"  # ... and its staging
+        other.mkdir()
+        with Destination(out) as destination:
+            assert destination.data_name == "o.onnx.1.data"
+        assert not stale.exists() and other.exists()
     assert _visible(directory) == {"m.onnx", "m.onnx.data", "o.onnx", "o.onnx.data"}
     _assert_computes(out, expected)
+
+
+def test_abandoned_staging_of_other_destinations_is_removed(tmp_path: Path) -> None:
+    """Staging and scratch directories of destinations no run holds go with any run in the
+    directory, with their lock files; one that holds a journal is left to its own destination."""
+    for name in (".a.onnx.abcd1234.tmp", ".b.onnx.auto-abcd1234.tmp", ".c.onnx.gptq-abcd1234.tmp"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model.onnx.data").write_bytes(b"a copy of the weights")
+    (tmp_path / ".b.onnx.lock").write_text("")  # what a killed run leaves
+    journaled = tmp_path / ".d.onnx.abcd1234.tmp"
+    journaled.mkdir()
+    (journaled / "obsolete.json").write_text(json.dumps([str(tmp_path / "d.onnx.data")]))
+    (tmp_path / "d.onnx.data").write_bytes(b"")
+    not_staging = [tmp_path / ".e.onnx.abcd123.tmp", tmp_path / ".f.onnx.ABCD1234.tmp"]
+    for path in not_staging:
+        path.mkdir()
+    with Destination(tmp_path / "o.onnx"):
+        pass
+    left = {journaled.name, "d.onnx.data"} | {p.name for p in not_staging}
+    assert {p.name for p in tmp_path.iterdir()} == left
 
 
 def test_staging_left_by_an_interrupt_is_removed_with_the_destination(tmp_path: Path) -> None:
@@ -196,6 +214,7 @@ def test_data_names_avoid_every_existing_file(tmp_path: Path) -> None:
         assert destination.data_name == "o.onnx.2.data"
 
 
+@pytest.mark.usefixtures("sigint_raises")
 def test_interrupt_during_publish_is_held_until_the_model_is_in_place(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -11,47 +11,19 @@ import json
 import os
 import signal
 import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import onnx
 import pytest
 
 from helpers import conv_model
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def entry_point() -> tuple[str, str]:
-    """The console script's ``module:function`` from pyproject.toml."""
-    import tomllib
-
-    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    module, _, function = scripts["onnx-conv2matmul"].partition(":")
-    return module, function
+from processes import LineReader, run_python, spawn_console
 
 
-def spawn(prelude: str, *args: str) -> subprocess.Popen[str]:
+def spawn(prelude: str, *args: str) -> tuple[subprocess.Popen[str], LineReader]:
     """Run the console entry point after ``prelude`` (Python code) in a new process."""
-    module, function = entry_point()
-    code = textwrap.dedent(prelude) + textwrap.dedent(
-        f"""
-        import sys
-        sys.argv[0] = "onnx-conv2matmul"
-        from {module} import {function}
-        sys.exit({function}())
-        """
-    )
-    env = dict(os.environ)
-    env.pop("ONNX_CONV2MATMUL_DEBUG", None)
-    return subprocess.Popen(
-        [sys.executable, "-c", code, *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+    proc = spawn_console(prelude, *args)
+    return proc, LineReader(proc)
 
 
 MARKER = "stalled"
@@ -68,18 +40,6 @@ def stall(module: str, function: str) -> str:
             time.sleep(600)
         _target.{function} = _stall
     """
-
-
-def wait_for_marker(proc: subprocess.Popen[str]) -> str:
-    """Read stderr up to the stall's marker line; return what came before it."""
-    assert proc.stderr is not None
-    before = []
-    while (line := proc.stderr.readline()) != f"{MARKER}\n":
-        if not line:
-            out, err = proc.communicate()
-            pytest.fail(f"the process ended early ({proc.returncode}): {''.join(before)}{err}{out}")
-        before.append(line)
-    return "".join(before)
 
 
 def staging(directory: Path) -> list[Path]:
@@ -124,11 +84,11 @@ def test_signal_while_staging_removes_everything(
         if name == "convert"
         else [name, str(external_model), str(out)]
     )
-    proc = spawn(stall(*target), *args)
-    wait_for_marker(proc)
+    proc, stderr_lines = spawn(stall(*target), *args)
+    stderr_lines.wait_for(MARKER)
     assert staging(tmp_path), "the step is reached with an output staged"
     proc.send_signal(signum)
-    stdout, stderr = proc.communicate()
+    stdout, stderr = stderr_lines.finish()
     assert proc.returncode == code, stderr
     assert "Traceback" not in stderr and stdout == ""
     assert stderr.strip().splitlines()[-1].endswith("nothing was written"), stderr
@@ -140,11 +100,13 @@ def test_signal_after_publishing_says_what_was_written(
     tmp_path: Path, external_model: Path, signum: int, code: int
 ) -> None:
     out = tmp_path / "o.onnx"
-    proc = spawn(stall("onnx_conv2matmul.cli.render", "print_convert_report"), str(external_model), str(out))
-    wait_for_marker(proc)
+    proc, stderr_lines = spawn(
+        stall("onnx_conv2matmul.cli.render", "print_convert_report"), str(external_model), str(out)
+    )
+    stderr_lines.wait_for(MARKER)
     assert out.exists() and not staging(tmp_path)
     proc.send_signal(signum)
-    _, stderr = proc.communicate()
+    _, stderr = stderr_lines.finish()
     assert proc.returncode == code, stderr
     assert "Traceback" not in stderr
     assert "nothing was written" not in stderr
@@ -177,11 +139,10 @@ def test_signal_during_start_up(tmp_path: Path, signum: int, code: int, module: 
         sys.meta_path.insert(0, _SlowImport())
     """
     values = {"model": str(src), "out": str(tmp_path / "o.onnx")}
-    proc = spawn(prelude, *[a.format(**values) for a in args], "--report-json-stdout")
-    assert proc.stderr is not None
-    assert proc.stderr.readline() == "importing\n"
+    proc, stderr_lines = spawn(prelude, *[a.format(**values) for a in args], "--report-json-stdout")
+    assert stderr_lines.wait_for("importing") == ""
     proc.send_signal(signum)
-    stdout, stderr = proc.communicate()
+    stdout, stderr = stderr_lines.finish()
     assert proc.returncode == code, stderr
     assert "Traceback" not in stderr and "Aborted" not in stderr
     assert stderr.strip().endswith("nothing was written") and len(stderr.strip().splitlines()) == 1
@@ -197,5 +158,134 @@ def test_importing_the_package_leaves_signal_handling_alone() -> None:
         "assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL\n"
         "assert signal.getsignal(signal.SIGINT) is signal.default_int_handler\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    proc = run_python(code)
     assert proc.returncode == 0, proc.stderr
+
+
+# The scratch directories of quantize (--auto's search, gptq's calibration run): under the
+# same guard as the output's staging.
+
+# Prelude: the first model written (the scratch copy: the search's fp32 model, gptq's model to
+# calibrate) is written, then the process says so and sleeps instead of going on. With
+# CLEANING set, the first removal of a directory after that says so too, then waits for a line
+# on stdin before it goes on: the test sends a second signal during the cleanup.
+SCRATCH_STALL = f"""
+    import os, shutil, sys, time
+    import onnx_conv2matmul.files.output as _out
+    _save, _rmtree, _stalled = _out.save, shutil.rmtree, []
+    def _stall(*args, **kwargs):
+        _save(*args, **kwargs)
+        _stalled.append(True)
+        sys.stderr.write("{MARKER}\\n")
+        sys.stderr.flush()
+        time.sleep(600)
+    def _slow_rmtree(*args, **kwargs):
+        if _stalled and os.environ.get("CLEANING"):
+            _stalled.clear()
+            sys.stderr.write("cleaning\\n")
+            sys.stderr.flush()
+            sys.stdin.readline()
+        return _rmtree(*args, **kwargs)
+    _out.save = _stall
+    shutil.rmtree = _slow_rmtree
+"""
+
+
+@pytest.fixture
+def quantizable(tmp_path: Path) -> Path:
+    """A model whose pointwise convs become quantizable MatMuls, with external data, and one
+    real input for gptq's calibration."""
+    import numpy as np
+
+    from helpers import stack_model
+
+    src = tmp_path / "m.onnx"
+    model = stack_model(layers=2)
+    onnx.save(model, src, save_as_external_data=True, location="m.onnx.data")
+    x = np.random.default_rng(3).standard_normal((1, 20, 32)).astype(np.float32)
+    np.savez(tmp_path / "feed.npz", x=x)
+    return src
+
+
+SEARCH = ["--auto", "--min-cosine", "0.9", "--verify-lengths", "16,24"]
+GPTQ = ["--algorithm", "gptq", "--block-size", "16", "--inputs", "{feed}"]
+
+
+def _interrupt_scratch_run(tmp_path: Path, src: Path, flags: list[str], how: str) -> tuple[int, str]:
+    """Start ``quantize src tmp_path/q.onnx flags``, stall it with its scratch directory written,
+    end it ``how``; return its exit code and stderr."""
+    feed = tmp_path / "feed.npz"
+    args = ["quantize", str(src), str(tmp_path / "q.onnx"), *(f.format(feed=feed) for f in flags)]
+    env = {k: v for k, v in os.environ.items() if k != "ONNX_CONV2MATMUL_DEBUG"}
+    if how == "double-SIGINT":
+        env["CLEANING"] = "1"
+    proc = spawn_console(SCRATCH_STALL, *args, "-q", env=env, stdin=subprocess.PIPE)
+    stderr_lines = LineReader(proc)
+    stderr_lines.wait_for(MARKER)
+    scratch = [p for p in tmp_path.iterdir() if p.name.startswith(".") and p.is_dir()]
+    assert len(scratch) == 1 and any(scratch[0].iterdir()), "the scratch copy is written when the run stalls"
+    if how == "double-SIGINT":
+        proc.send_signal(signal.SIGINT)
+        stderr_lines.wait_for("cleaning")
+        proc.send_signal(signal.SIGINT)  # while the first one's cleanup runs
+        assert proc.stdin is not None
+        proc.stdin.write("go on\n")
+        proc.stdin.flush()
+    else:
+        proc.send_signal({"SIGKILL": signal.SIGKILL, "SIGHUP": signal.SIGHUP, "SIGTERM": signal.SIGTERM}[how])
+    _, stderr = stderr_lines.finish()
+    return proc.returncode, stderr
+
+
+INPUTS = {"m.onnx", "m.onnx.data", "feed.npz"}
+
+
+@pytest.mark.parametrize(("how", "code"), [("SIGHUP", 129), ("SIGTERM", 143), ("double-SIGINT", 130)])
+def test_an_interrupted_search_removes_its_scratch_directory(
+    tmp_path: Path, quantizable: Path, how: str, code: int
+) -> None:
+    returncode, stderr = _interrupt_scratch_run(tmp_path, quantizable, SEARCH, how)
+    assert returncode == code, stderr
+    assert "Traceback" not in stderr
+    assert stderr.strip().splitlines()[-1].endswith("nothing was written"), stderr
+    assert {p.name for p in tmp_path.iterdir()} == INPUTS, "scratch, staging or lock left behind"
+
+
+def test_sighup_during_gptq_removes_its_scratch_directory(tmp_path: Path, quantizable: Path) -> None:
+    returncode, stderr = _interrupt_scratch_run(tmp_path, quantizable, GPTQ, "SIGHUP")
+    assert returncode == 129, stderr
+    assert {p.name for p in tmp_path.iterdir()} == INPUTS
+
+
+@pytest.mark.parametrize("flags", [SEARCH, GPTQ], ids=["auto", "gptq"])
+@pytest.mark.parametrize("next_run", ["same-output", "other-output"])
+def test_a_later_run_removes_the_scratch_a_killed_one_left(
+    tmp_path: Path, quantizable: Path, flags: list[str], next_run: str
+) -> None:
+    """SIGKILL leaves the scratch copy and the lock file; the next run onto the same output,
+    or onto another one in the same directory, removes them and succeeds."""
+    from onnx_conv2matmul.quantize.workflow import quantize_file
+
+    returncode, _ = _interrupt_scratch_run(tmp_path, quantizable, flags, "SIGKILL")
+    assert returncode == -signal.SIGKILL
+    left = {p.name for p in tmp_path.iterdir()} - INPUTS
+    assert any((tmp_path / name).is_dir() for name in left) and ".q.onnx.lock" in left
+    out = "q.onnx" if next_run == "same-output" else "other.onnx"
+    report = quantize_file(quantizable, tmp_path / out)
+    assert report.return_code == 0 and report.output_path is not None
+    written = {out, f"{out}.data"}
+    assert {p.name for p in tmp_path.iterdir()} == INPUTS | written
+
+
+def test_a_scratch_directory_a_live_run_holds_is_left_alone(tmp_path: Path, quantizable: Path) -> None:
+    """Another destination's staging or scratch directory whose lock is held is in use."""
+    from onnx_conv2matmul.files.publish import Destination
+    from onnx_conv2matmul.quantize.workflow import quantize_file
+
+    with Destination(tmp_path / "q.onnx") as busy:
+        scratch = Path(busy.scratch_dir("auto"))
+        (scratch / "fp32.onnx").write_bytes(b"in use")
+        report = quantize_file(quantizable, tmp_path / "other.onnx")
+        assert report.return_code == 0
+        assert (scratch / "fp32.onnx").read_bytes() == b"in use"
+    assert not scratch.exists()

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from processes import TIMEOUT
+
 KINDS = ["mode-0500", "immutable", "procfs"]
 
 
@@ -30,7 +32,9 @@ def _chattr(flag: str, path: Path) -> subprocess.CompletedProcess[str] | None:
     chattr = shutil.which("chattr")
     if chattr is None:
         return None
-    return subprocess.run([chattr, flag, str(path)], capture_output=True, text=True, check=False)
+    return subprocess.run(
+        [chattr, flag, str(path)], capture_output=True, text=True, check=False, timeout=TIMEOUT
+    )
 
 
 def _check_really_unwritable(directory: Path, kind: str) -> None:

@@ -28,7 +28,7 @@ class ExitCode(enum.IntEnum):
 
 
 INTERRUPTED_BASE = 128
-"""An interrupt exits with this plus the signal number: 130 for SIGINT, 143 for SIGTERM."""
+"""An interrupt exits with this plus the signal number: 130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP."""
 
 
 class Hint(enum.Enum):
@@ -107,10 +107,10 @@ class TargetUnreachable(Conv2MatMulError):
 
 
 class Interrupted(KeyboardInterrupt):
-    """SIGINT or SIGTERM arrived while the console entry point ran.
+    """SIGINT, SIGTERM or SIGHUP arrived while the console entry point ran.
 
     Raised by the handler :func:`onnx_conv2matmul.cli.signals.install_signal_handlers` installs,
-    so a SIGTERM unwinds like Ctrl-C and every cleanup runs; the exit code is 128 + ``signum``.
+    so a SIGTERM or SIGHUP unwinds like Ctrl-C and every cleanup runs; the exit code is 128 + ``signum``.
     """
 
     def __init__(self, signum: int) -> None:

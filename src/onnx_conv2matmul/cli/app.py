@@ -96,9 +96,9 @@ def main() -> None:
 
 
 def run() -> None:
-    """:func:`main` as a process: SIGINT and SIGTERM handled, exit codes as documented.
+    """:func:`main` as a process: SIGINT, SIGTERM and SIGHUP handled, exit codes as documented.
 
-    Both signals unwind like Ctrl-C (staging directories removed) and exit 128 + signal
+    Each signal unwinds like Ctrl-C (staging and scratch directories removed) and exits 128 + signal
     (see :mod:`onnx_conv2matmul.cli.entry`); so does a signal that arrives while the end of
     the run is reported. Otherwise this ends with :exc:`SystemExit`, as :func:`main` does,
     and the interpreter's teardown as usual: nothing else about the process is changed.

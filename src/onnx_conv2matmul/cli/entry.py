@@ -1,7 +1,7 @@
 """The console entry point: signal handling first, then the command line.
 
-This module imports nothing heavy, so SIGINT and SIGTERM are handled before click, onnx and the
-rest are imported: a Ctrl-C at start-up is one line and exit 130, never a traceback.
+This module imports nothing heavy, so SIGINT, SIGTERM and SIGHUP are handled before click, onnx
+and the rest are imported: a Ctrl-C at start-up is one line and exit 130, never a traceback.
 
 :func:`run` owns its process, so it alone may change the interpreter for speed (see its
 docstring); importing the package, or calling ``cli.app.main`` or ``cli.app.run`` from a host

@@ -1,8 +1,9 @@
 """Signals and interruptions of the command line: handlers, exit codes and the one-line message.
 
-This module imports nothing heavy: the entry point (:mod:`onnx_conv2matmul.cli.entry`) installs
-the handlers before click, onnx and the rest are imported. A library import never changes signal
-handling: only the entry point and ``cli.app.run`` install the handlers.
+SIGINT, SIGTERM and SIGHUP are handled. This module imports nothing heavy: the entry point
+(:mod:`onnx_conv2matmul.cli.entry`) installs the handlers before click, onnx and the rest are
+imported. A library import never changes signal handling: only the entry point and
+``cli.app.run`` install the handlers.
 """
 
 from __future__ import annotations
@@ -20,15 +21,16 @@ from onnx_conv2matmul.errors import Interrupted, exit_code_for
 JSON_STDOUT_FLAG = "--report-json-stdout"
 INSPECT_JSON_FLAG = "--json"
 NOTHING_WRITTEN = "nothing was written"
-_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def install_signal_handlers() -> None:
-    """Make SIGINT and SIGTERM raise :class:`Interrupted` in the main thread.
+    """Make SIGINT, SIGTERM and SIGHUP raise :class:`Interrupted` in the main thread.
 
-    Cleanups (staging directories, copy threads) then run for SIGTERM (``timeout``,
-    ``docker stop``) exactly as for Ctrl-C. A signal the parent process set to be
-    ignored (``nohup``, background jobs) stays ignored. Call from the main thread.
+    Cleanups (staging and scratch directories, copy threads) then run for SIGTERM
+    (``timeout``, ``docker stop``) and SIGHUP (a closed terminal or SSH session) exactly as
+    for Ctrl-C. A signal the parent process set to be ignored (``nohup``, background jobs)
+    stays ignored. Call from the main thread.
     """
     for signum in _SIGNALS:
         if signal.getsignal(signum) is not signal.SIG_IGN:
@@ -36,11 +38,17 @@ def install_signal_handlers() -> None:
 
 
 def _raise_interrupted(signum: int, _frame: FrameType | None) -> None:
+    """Raise :class:`Interrupted`, once: the run now unwinds and exits, so further signals
+    (a second Ctrl-C) are ignored, and cannot cut its cleanups short."""
+    for other in _SIGNALS:
+        if signal.getsignal(other) is _raise_interrupted:
+            signal.signal(other, signal.SIG_IGN)
     raise Interrupted(signum)
 
 
 def exit_code(interrupt: KeyboardInterrupt) -> int:
-    """128 + the signal number: 130 for SIGINT (a plain KeyboardInterrupt), 143 for SIGTERM."""
+    """128 + the signal number: 130 for SIGINT (a plain KeyboardInterrupt), 143 for SIGTERM,
+    129 for SIGHUP."""
     return exit_code_for(interrupt)
 
 

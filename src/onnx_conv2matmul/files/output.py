@@ -14,10 +14,11 @@ it, :meth:`Output.stage` lays the data file out from the final model alone.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import onnx
@@ -148,6 +149,20 @@ class Output:
         return Staged(
             self._destination, directory, onnx_path, data_path if os.path.exists(data_path) else None
         )
+
+    @contextlib.contextmanager
+    def scratch(self, kind: str) -> Iterator[str]:
+        """A hidden directory beside the destination for a step's own files, removed when
+        the block ends (``kind``, lowercase letters, is part of its name).
+
+        It is guarded as the staging is (see :meth:`_publish.Destination.scratch_dir`): a
+        run killed inside the block leaves it to the next run, which removes it.
+        """
+        path = self._destination.scratch_dir(kind)
+        try:
+            yield path
+        finally:
+            self._destination.remove_scratch(path)
 
     def close(self) -> None:
         """Stop a copy no stage took over, remove unused staging, release the destination."""

@@ -16,12 +16,18 @@ How :class:`Destination` keeps it:
 3. Publishing: fsync the staged files; rename the data file into place, fsync the
    directory; rename the ``.onnx`` into place (the switch), fsync the directory; only
    then remove the data files that the replaced ``.onnx`` read and that were named
-   after it (``<name>.data``, ``<name>.N.data``). SIGINT and SIGTERM are held back
+   after it (``<name>.data``, ``<name>.N.data``). SIGINT, SIGTERM and SIGHUP are held back
    during these steps and delivered after them, so a run has published or not.
 4. Before step 3 the names of those files, and the new data file's, are written to a
    journal in the staging directory. A run killed between the renames leaves that
    directory; the next run deletes the journal's files that its destination does not
    read, then the directory.
+5. Scratch directories (a copy of the model that a step of the run writes for itself, such
+   as the quantize search's) are staging directories too, named after the step
+   (``.<name>.auto-XXXXXXXX.tmp``): removed at the end of the run, and left by a killed run
+   only until the next run for that destination. Any run that writes into the same
+   directory also removes the staging and scratch directories of other destinations
+   whose lock is free, as long as they hold no journal (nothing was published from them).
 """
 
 from __future__ import annotations
@@ -48,7 +54,11 @@ _JOURNAL = "obsolete.json"
 # The replaced .onnx is parsed to find the data files it reads only up to this size; a
 # larger one (a single-file model) keeps every data file named after it.
 _PARSE_LIMIT_BYTES = 256 * 2**20
-_HELD_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+_HELD_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+# A staging directory, as tempfile.mkdtemp(prefix=".<name>.[<kind>-]", suffix=".tmp") makes it:
+# 8 random characters, after the kind of scratch directory for those that are one.
+_STAGING_TAIL = r"\.(?:[a-z]+-)?[a-z0-9_]{8}\.tmp"
+_ANY_STAGING = re.compile(rf"\.(.+){_STAGING_TAIL}")
 
 
 def _fsync(path: str) -> None:
@@ -103,8 +113,7 @@ class Destination:
     # -- names -----------------------------------------------------------------------
 
     def _staging_pattern(self) -> re.Pattern[str]:
-        # What tempfile.mkdtemp(prefix=".<name>.", suffix=".tmp") makes: 8 random characters.
-        return re.compile(rf"\.{re.escape(self.name)}\.[a-z0-9_]{{8}}\.tmp")
+        return re.compile(rf"\.{re.escape(self.name)}{_STAGING_TAIL}")
 
     def _is_own_data(self, path: str) -> bool:
         """Whether ``path`` is a data file named after this destination."""
@@ -130,12 +139,32 @@ class Destination:
         self._staging.append(path)
         return path
 
+    def scratch_dir(self, kind: str) -> str:
+        """A new hidden directory beside the destination for a step's own files (``kind``:
+        lowercase letters, such as ``auto``), under the same guard as a staging directory:
+        removed by :meth:`remove_scratch` or when the destination is released, and by the
+        next run when this one is killed."""
+        if not re.fullmatch("[a-z]+", kind):
+            raise ValueError(f"a scratch directory's kind is lowercase letters, not {kind!r}")
+        path = tempfile.mkdtemp(prefix=f".{self.name}.{kind}-", suffix=".tmp", dir=self.directory)
+        self._staging.append(path)
+        return path
+
+    def remove_scratch(self, path: str) -> None:
+        """Remove a directory :meth:`scratch_dir` made, now rather than at the end of the run."""
+        shutil.rmtree(path, ignore_errors=True)
+        if path in self._staging:
+            self._staging.remove(path)
+
     # -- recovery ----------------------------------------------------------------------
 
     def _recover(self) -> None:
-        """Remove what killed runs for this destination left (we hold the lock)."""
+        """Remove what killed runs for this destination left (we hold the lock), then the
+        abandoned staging of other destinations in the directory (see :meth:`_sweep`)."""
+        entries = os.listdir(self.directory)
         pattern = self._staging_pattern()
-        stale = [e for e in os.listdir(self.directory) if pattern.fullmatch(e)]
+        stale = [e for e in entries if pattern.fullmatch(e)]
+        self._sweep(entries)
         if not stale:
             return
         in_use = referenced_files(self.path) if os.path.exists(self.path) else set()
@@ -152,6 +181,45 @@ class Destination:
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(path)
             shutil.rmtree(directory, ignore_errors=True)
+
+    def _sweep(self, entries: list[str]) -> None:
+        """Remove the staging and scratch directories of other destinations in the directory
+        that no run holds (their lock is free) and that hold no journal.
+
+        A directory without a journal was never published from: removing it touches nothing
+        outside it. One with a journal is left to its own destination's next run, which knows
+        what that destination reads. Each abandoned directory is moved into one of this run's
+        own while the other lock is held (a rename: the lock is held for moments), then
+        removed with it.
+        """
+        abandoned: dict[str, list[str]] = {}
+        for entry in entries:
+            match = _ANY_STAGING.fullmatch(entry)
+            path = os.path.join(self.directory, entry)
+            if match is None or match.group(1) == self.name or not os.path.isdir(path):
+                continue
+            if not os.path.islink(path) and not os.path.lexists(os.path.join(path, _JOURNAL)):
+                abandoned.setdefault(match.group(1), []).append(entry)
+        if not abandoned:
+            return
+        trash = self.staging_dir()
+        for name, found in abandoned.items():
+            try:
+                fd = _lock(os.path.join(self.directory, f".{name}.lock"), name)
+            except DestinationBusy:
+                continue  # a run is writing that destination: its directories are in use
+            except OSError:
+                continue  # cannot tell: leave them
+            try:
+                for entry in found:
+                    with contextlib.suppress(OSError):
+                        os.rename(os.path.join(self.directory, entry), os.path.join(trash, entry))
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(self.directory, f".{name}.lock"))
+                os.close(fd)
+        shutil.rmtree(trash, ignore_errors=True)
+        self._staging.remove(trash)
 
     def protect(self, paths: Iterable[str]) -> None:
         """Never remove ``paths`` (the data files the input model reads)."""
@@ -251,7 +319,7 @@ def _lock(lock_path: str, destination: str) -> int:
 
 @contextlib.contextmanager
 def _signals_held() -> Iterator[None]:
-    """Hold back SIGINT and SIGTERM until the block ends, then deliver them.
+    """Hold back SIGINT, SIGTERM and SIGHUP until the block ends, then deliver them.
 
     The handlers are swapped for ones that only take note, and restored at the end;
     masking the signals would not do, since any thread may receive them. Signal

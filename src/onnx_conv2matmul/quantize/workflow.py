@@ -7,11 +7,11 @@ written beside the destination and renamed into place only when every step passe
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import resource
 import shutil
-import tempfile
 import time
 from typing import TYPE_CHECKING
 
@@ -160,14 +160,16 @@ def _quantize_to(
         staged = _int8_staged(model, output, external, quantize_options, progress, report)
     else:
         if auto is not None:
-            _search(src, dst, model, auto, verify, progress, report)
+            _search(src, output, model, auto, verify, progress, report)
             assert report.auto is not None
             quantize_options = report.auto.config.quantize_options()
             report.options["quantize"] = quantize_options.to_dict()
         progress.phase("Quantizing")
-        result = quantize_matmul_nbits(
-            model, quantize_options, feeds=verify.feeds, scratch_dir=os.path.dirname(os.path.abspath(dst))
-        )
+        with contextlib.ExitStack() as stack:
+            # gptq runs the model to capture its activations: from a copy in a scratch directory.
+            gptq = quantize_options.algorithm == "gptq"
+            scratch = stack.enter_context(output.scratch("gptq")) if gptq else None
+            result = quantize_matmul_nbits(model, quantize_options, feeds=verify.feeds, scratch_dir=scratch)
         report.matmuls = result.matmuls
         report.quantized_nodes = result.quantized
         report.excluded = result.excluded
@@ -199,7 +201,7 @@ def _quantize_to(
 
 def _search(
     src: str,
-    dst: str,
+    output: _output.Output,
     model: ir.Model,
     auto: AutoOptions,
     verify: VerifyOptions,
@@ -207,7 +209,7 @@ def _search(
     report: QuantizeReport,
 ) -> None:
     """Run the search on the inputs the accuracy check uses (given or synthesised), in a
-    scratch directory beside ``dst``."""
+    scratch directory beside the output (under its guard: see :meth:`_output.Output.scratch`)."""
     from onnx_conv2matmul.quantize import search as auto_search
 
     feeds: Sequence[Mapping[str, np.ndarray]]
@@ -216,13 +218,10 @@ def _search(
     else:
         progress.phase("Synthesising inputs")
         feeds = auto_search.synthesised_feeds(src, verify)
-    workdir = tempfile.mkdtemp(prefix=".auto-", dir=os.path.dirname(os.path.abspath(dst)))
-    try:
+    with output.scratch("auto") as workdir:
         report.auto = auto_search.search(
             model, feeds, auto, workdir, deterministic=verify.deterministic, progress=progress.phase
         )
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _check_quantize_options(options: QuantizeOptions, verify: VerifyOptions) -> None:
