@@ -205,6 +205,19 @@ def test_cli_auto_usage_errors(tmp_path: Path, args: list[str], message: str) ->
     assert message in stderr
 
 
+def test_cli_auto_refuses_one_file_for_the_settings_and_the_report(tmp_path: Path) -> None:
+    """The report would overwrite the settings just written (or the other way round)."""
+    both = tmp_path / "x.json"
+    for other in (both, tmp_path / "." / "x.json"):
+        code, _, stderr = _invoke(
+            "quantize", str(ENCODER), str(tmp_path / "q.onnx"), "--auto", "--min-cosine", "0.9",
+            "--save-config", str(both), "--report-json", str(other), "-q",
+        )  # fmt: skip
+        assert code == 2 and "--report-json and --save-config name the same file" in stderr, stderr
+        assert len(stderr.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_apply_leaves_unlisted_and_float_nodes_in_float() -> None:
     """apply() quantizes exactly the nodes its config gives bits; names with glob characters too."""
     weight = np.random.default_rng(0).standard_normal((64, 32)).astype(np.float32)

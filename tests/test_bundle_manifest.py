@@ -84,3 +84,32 @@ def test_streamed_sha256(tmp_path: Path, size: int) -> None:
     path.write_bytes(bytes(range(256)) * (size // 256) + bytes(size % 256))
     entry = pipeline._file_entry(str(tmp_path), "f.bin")
     assert entry == {"path": "f.bin", "bytes": size, "sha256": _sha256(path)}
+
+
+@pytest.mark.parametrize(
+    ("names", "warning"),
+    [
+        (["encoder-model.int4.onnx"], "only an encoder (encoder-model.int4.onnx)"),
+        (["decoder_joint-model.int8.onnx"], "no encoder model beside decoder_joint-model.int8.onnx"),
+        (["encoder-model.int4.onnx", "decoder_joint-model.int8.onnx"], None),
+        (["encoder.onnx", "decoder.onnx", "joiner.onnx"], None),
+        (["classifier.onnx"], None),
+    ],
+    ids=["encoder-only", "decoder-only", "onnx-asr", "sherpa-onnx", "not-speech"],
+)
+def test_bundle_warns_when_a_speech_model_lacks_its_other_half(
+    tmp_path: Path, names: list[str], warning: str | None
+) -> None:
+    """An encoder without its decoder and joint (or the other way round) is no bundle a
+    speech runtime loads: a warning in the table and the report, exit 0 still."""
+    for name in names:
+        onnx.save(matmul_model(), tmp_path / name)
+    code, stdout, stderr = _invoke("bundle", tmp_path, "--report-json-stdout")
+    assert code == 0, stderr
+    data = json.loads(stdout)
+    jsonschema.validate(data, SCHEMA)
+    if warning is None:
+        assert data["warnings"] == [] and "warning" not in stderr
+    else:
+        assert len(data["warnings"]) == 1 and data["warnings"][0].startswith(warning)
+        assert f"warning: {warning}" in " ".join(stderr.split())

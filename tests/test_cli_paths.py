@@ -359,3 +359,48 @@ def test_keep_on_failure_target_must_be_a_directory(
         api.convert_file(
             src, tmp_path / "o.onnx", verify=api.VerifyOptions(), keep_on_failure=True, run_checker=False
         )
+
+
+# A file name that is not valid UTF-8 reaches Python with surrogates in place of its bytes
+# (os.fsdecode); onnx's checker, onnxruntime and data-file locations take text only.
+NOT_UTF8 = os.fsdecode(b"m\xff.onnx")
+
+
+@pytest.mark.parametrize(
+    ("args", "what"),
+    [
+        (["{bad}", "{out}"], "input"),
+        (["{good}", "{bad}"], "output"),
+        (["quantize", "{bad}", "{out}"], "input"),
+        (["quantize", "{good}", "{bad}"], "output"),
+        (["verify", "{good}", "{bad}"], "input"),
+        (["inspect", "{bad}"], "input"),
+    ],
+    ids=["convert-input", "convert-output", "quantize-input", "quantize-output", "verify", "inspect"],
+)
+def test_a_file_name_that_is_not_utf8_is_refused(tmp_path: Path, args: list[str], what: str) -> None:
+    good = tmp_path / "good.onnx"
+    onnx.save(conv_model(), good)
+    if args[-1] != "{bad}" or args[0] in ("verify", "inspect"):
+        onnx.save(conv_model(), os.path.join(os.fsencode(tmp_path), os.fsencode(NOT_UTF8)))
+    before = snapshot(tmp_path)
+    values = {"good": str(good), "bad": str(tmp_path / NOT_UTF8), "out": str(tmp_path / "o.onnx")}
+    code, _, stderr = invoke(*[a.format(**values) for a in args])
+    assert code == 2, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and f"{what} path is not valid UTF-8: " in lines[0], stderr
+    assert "m\\xff.onnx" in lines[0]
+    assert snapshot(tmp_path) == before
+
+
+def test_a_directory_name_that_is_not_utf8_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A relative path in a working directory whose name is not UTF-8."""
+    directory = os.path.join(os.fsencode(tmp_path), b"d\xfe")
+    os.mkdir(directory)
+    onnx.save(conv_model(), os.path.join(directory, b"m.onnx"))
+    monkeypatch.chdir(directory)
+    code, _, stderr = invoke("m.onnx", "o.onnx")
+    assert code == 2 and "input path is not valid UTF-8" in stderr and "d\\xfe" in stderr, stderr
+    assert os.listdir(directory) == [b"m.onnx"]

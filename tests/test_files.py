@@ -202,7 +202,7 @@ def test_bad_input_is_one_clear_error(tmp_path: Path, case: str) -> None:
     assert _files(tmp_path) == before
 
 
-@pytest.mark.parametrize("where", ["parent", "absolute", "symlink", "file-symlink"])
+@pytest.mark.parametrize("where", ["parent", "absolute", "symlink", "file-symlink", "symlink-then-parent"])
 @pytest.mark.parametrize("run_checker", [True, False])
 def test_external_data_outside_the_models_directory_is_refused(
     tmp_path: Path, where: str, run_checker: bool
@@ -216,6 +216,9 @@ def test_external_data_outside_the_models_directory_is_refused(
         "absolute": str(tmp_path / "ext.onnx.data"),
         "symlink": "link/ext.onnx.data",  # through a link to a directory outside
         "file-symlink": "link",  # a link to a file outside
+        # Inside as text (link/.. is the model's directory), outside once the link is
+        # followed first, as the system does: link/.. is the directory above the target.
+        "symlink-then-parent": "link/../ext.onnx.data",
     }
     location = locations[where]
     for tensor in proto.graph.initializer:
@@ -226,12 +229,35 @@ def test_external_data_outside_the_models_directory_is_refused(
     model_dir.mkdir()
     if where == "symlink":
         (model_dir / "link").symlink_to(tmp_path, target_is_directory=True)
+    elif where == "symlink-then-parent":
+        (tmp_path / "elsewhere").mkdir()
+        (model_dir / "link").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+        (model_dir / "ext.onnx.data").write_bytes((tmp_path / "ext.onnx.data").read_bytes())
     elif where == "file-symlink":
         (model_dir / "link").symlink_to(tmp_path / "ext.onnx.data")
     onnx.save(proto, model_dir / "m.onnx")
     with pytest.raises(InputError, match="outside the model's directory"):
         convert_file(model_dir / "m.onnx", model_dir / "out.onnx", run_checker=run_checker)
-    assert _files(model_dir) == {"m.onnx"} | ({"link"} if "symlink" in where else set())
+    kept = {"link"} if "symlink" in where else set()
+    kept |= {"ext.onnx.data"} if where == "symlink-then-parent" else set()
+    assert _files(model_dir) == {"m.onnx"} | kept
+
+
+def test_a_parent_step_inside_the_models_directory_is_read_where_the_system_reads(tmp_path: Path) -> None:
+    """sub/../w.data with sub a real directory is the model's directory's w.data: accepted."""
+    model_dir = tmp_path / "model"
+    (model_dir / "sub").mkdir(parents=True)
+    onnx.save(stack_model(), model_dir / "m.onnx", save_as_external_data=True, location="w.data",
+              size_threshold=0)  # fmt: skip
+    expected = onnx.load(model_dir / "m.onnx")
+    proto = onnx.load(model_dir / "m.onnx", load_external_data=False)
+    for tensor in proto.graph.initializer:
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                entry.value = "sub/../w.data"
+    onnx.save(proto, model_dir / "m.onnx")
+    convert_file(model_dir / "m.onnx", model_dir / "o.onnx")
+    assert_equivalent(expected, onnx.load(model_dir / "o.onnx"), stack_feeds())
 
 
 def test_bad_output_paths(tmp_path: Path) -> None:
@@ -309,3 +335,74 @@ def test_output_never_overwrites_the_inputs_data(tmp_path: Path) -> None:
     assert _files(tmp_path) == {"a.onnx", "b.onnx", "b.onnx.data", "b.onnx.1.data", "ref.onnx"}
     with pytest.raises(InputError, match="would overwrite a file the input model needs"):
         convert_file(src, tmp_path / "b.onnx.data")
+
+
+# ---- tensors stored in the model whose data does not fit their shape ------------------------
+
+
+def _with_tensor_data(tmp_path: Path, case: str) -> Path:
+    """stack_model with its first weight's data changed: raw bytes cut short or extended,
+    or stored as too few float values."""
+    proto = stack_model()
+    weight = proto.graph.initializer[0]
+    if case == "raw-short":
+        weight.raw_data = weight.raw_data[:100]
+    elif case == "raw-long":
+        weight.raw_data = weight.raw_data + bytes(64)
+    else:
+        values = onnx.numpy_helper.to_array(weight).ravel()[:10]
+        weight.ClearField("raw_data")
+        weight.float_data.extend(values.tolist())
+    path = tmp_path / f"{case}.onnx"
+    onnx.save(proto, path)
+    return path
+
+
+@pytest.mark.parametrize("command", ["convert", "quantize"])
+@pytest.mark.parametrize(
+    ("case", "skip_checker"),
+    [("raw-short", True), ("raw-long", False), ("raw-long", True), ("typed-short", True)],
+)
+def test_tensor_data_that_does_not_fit_its_shape_is_an_input_error(
+    tmp_path: Path, command: str, case: str, skip_checker: bool
+) -> None:
+    """The checker refuses data that is too short (and its message suggests skipping it), but
+    not data that is too long: either way the loader says which tensor, exit 2."""
+    from click.testing import CliRunner
+
+    from onnx_conv2matmul.cli.app import main
+
+    path = _with_tensor_data(tmp_path, case)
+    args = [str(path), str(tmp_path / "o.onnx"), *(["--skip-checker"] if skip_checker else [])]
+    result = CliRunner().invoke(main, ["quantize", *args] if command == "quantize" else args)
+    assert result.exit_code == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "tensor 'w0' holds" in lines[0], result.stderr
+    assert "[32, 32, 1] and type FLOAT need" in lines[0]
+    assert _files(tmp_path) == {path.name}
+
+
+def test_external_data_beyond_its_file_is_the_truncated_error_in_every_command(tmp_path: Path) -> None:
+    """An external length of 1e18: convert said "File too large" (its copy started first);
+    now every command says which tensor and file, as quantize did."""
+    from click.testing import CliRunner
+
+    from onnx_conv2matmul.cli.app import main
+
+    src = tmp_path / "m.onnx"
+    onnx.save(stack_model(), src, save_as_external_data=True, location="m.onnx.data", size_threshold=0)
+    proto = onnx.load(src, load_external_data=False)
+    for entry in proto.graph.initializer[0].external_data:
+        if entry.key == "length":
+            entry.value = str(10**18)
+    onnx.save(proto, src)
+    before = _files(tmp_path)
+    for command in ([], ["quantize"], ["--inplace"]):
+        args = [*command, str(src)] + ([] if command == ["--inplace"] else [str(tmp_path / "o.onnx")])
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 2, result.stderr
+        assert (
+            "external data file is truncated" in result.stderr
+            and "needs 1000000000000000000" in result.stderr
+        )
+        assert _files(tmp_path) == before

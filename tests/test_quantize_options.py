@@ -180,6 +180,18 @@ def test_bad_settings_files(tmp_path: Path, text: str, message: str) -> None:
     assert not (tmp_path / "q.onnx").exists()
 
 
+def test_a_settings_file_nested_too_deeply_is_refused(tmp_path: Path) -> None:
+    """JSON nested 100,000 deep exceeds the parser's recursion: an input error, not a crash."""
+    path = tmp_path / "settings.json"
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(InputError, match="nested too deeply"):
+        load_config(str(path))
+    code, _, stderr = _invoke("quantize", ENCODER, tmp_path / "q.onnx", "--config", path)
+    assert code == 2 and "nested too deeply" in stderr, stderr
+    assert len(stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "q.onnx").exists()
+
+
 def test_config_replays_a_run_and_the_command_line_overrides_it(tmp_path: Path) -> None:
     """The report's options.quantize is a settings file; replaying it gives the same model."""
     first = tmp_path / "a.onnx"

@@ -14,6 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from helpers import ALL, conv_model
 from onnx_conv2matmul import ConvertOptions, convert, convert_file
 from onnx_conv2matmul.cli.app import main
+from onnx_conv2matmul.errors import ModelLoadError
 from onnx_conv2matmul.rewrite import apply as rewrite_mod
 from onnx_conv2matmul.verify.check import VerifyOptions, verify_models
 
@@ -352,18 +353,31 @@ def test_verify_command_rejects_mismatched_models(tmp_path: Path) -> None:
     assert code == 2 and "not found" in stderr
 
 
-def test_candidate_that_onnxruntime_cannot_load_fails_with_exit_1(tmp_path: Path) -> None:
+@pytest.mark.parametrize("candidate", ["unknown-op", "not-onnx"])
+def test_candidate_that_onnxruntime_cannot_load(tmp_path: Path, candidate: str) -> None:
+    """A model this package wrote that onnxruntime cannot load fails its check (convert
+    --verify, quantize: exit 1); a file the user names to the verify command is an input
+    error (exit 2, one line), as an unloadable original is, not a row "length 0, inf"."""
     original = conv_model(spatial=1)
     src = _save(original, tmp_path / "m.onnx")
-    broken = onnx.ModelProto()
-    broken.CopyFrom(original)
-    broken.graph.node[0].op_type = "NoSuchOp"
-    cand = _save(broken, tmp_path / "broken.onnx")
-    report = verify_models(src, cand)
+    cand = tmp_path / "broken.onnx"
+    if candidate == "unknown-op":
+        broken = onnx.ModelProto()
+        broken.CopyFrom(original)
+        broken.graph.node[0].op_type = "NoSuchOp"
+        _save(broken, cand)
+    else:
+        cand.write_text("not a model\n")
+    report = verify_models(src, str(cand))
     assert not report.passed and report.failures[0].output == "*"
     assert "cannot load the candidate" in report.failures[0].note
-    code, _, stderr = _invoke("verify", src, cand)
-    assert code == 1 and "Verification FAILED" in stderr
+    with pytest.raises(ModelLoadError, match="cannot load the candidate"):
+        verify_models(src, str(cand), candidate_given=True)
+    code, stdout, stderr = _invoke("verify", src, str(cand), "--report-json-stdout")
+    assert code == 2, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and "onnxruntime cannot load the candidate model" in lines[0], stderr
+    assert json.loads(stdout)["return_code"] == 2
 
 
 def test_input_synthesis_rules() -> None:

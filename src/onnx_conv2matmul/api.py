@@ -171,14 +171,16 @@ def verify_files(
 
     Raises:
         InputError: a path that is not a readable file.
-        ModelRunError: a model that onnxruntime cannot load or run on those inputs.
+        ModelRunError: a model that onnxruntime cannot load (the original or the candidate),
+            or an original it cannot run on those inputs (a candidate that fails to run
+            fails the comparison).
     """
     from onnx_conv2matmul.verify.report import VerifyCommandReport
 
     paths = [os.fspath(original), os.fspath(candidate)]
     for path in paths:
         _io.check_input_path(path)
-    return VerifyCommandReport(verify_models(paths[0], paths[1], options))
+    return VerifyCommandReport(verify_models(paths[0], paths[1], options, candidate_given=True))
 
 
 def quantize_file(

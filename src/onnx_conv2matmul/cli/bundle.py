@@ -44,7 +44,7 @@ def bundle_command(directory: str, manifest: str | None, report_json_stdout: boo
             check_report_target(manifest, inputs=models, outputs=[])
             OUTCOME.watch(manifest)
         report = api.check_bundle(directory, manifest=manifest is not None)
-        console.print(render.bundle_table(report))
+        render.print_bundle_report(console, report)
         emit_report(report, manifest)
 
 

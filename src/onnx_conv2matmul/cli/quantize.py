@@ -220,6 +220,11 @@ def quantize_command(
         for path, what in ((report_json, "report"), (save_config, "settings file")):
             if path is not None:
                 check_report_target(path, inputs=[input_path], outputs=[output_path], what=what)
+        if report_json is not None and save_config is not None and _same_file(report_json, save_config):
+            raise click.UsageError(
+                f"--report-json and --save-config name the same file ({save_config}): one would overwrite"
+                " the other"
+            )
         OUTCOME.watch(output_path, output_path + ".data", report_json, save_config)
         report = api.quantize_file(
             input_path,
@@ -249,6 +254,14 @@ def _parse_bits_for(values: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
             )
         pairs.append((pattern, int(raw)))
     return tuple(pairs)
+
+
+def _same_file(a: str, b: str) -> bool:
+    """Whether paths ``a`` and ``b`` lead to the same file (or would, once written)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist yet
+        return os.path.realpath(a) == os.path.realpath(b)
 
 
 def _quantize_error(report: QuantizeReport) -> str | None:

@@ -325,6 +325,13 @@ def bundle_table(report: BundleReport) -> Table:
     return table
 
 
+def print_bundle_report(console: Console, report: BundleReport) -> None:
+    """The bundle's table, then its warnings."""
+    console.print(bundle_table(report))
+    for warning in report.warnings:
+        console.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False, soft_wrap=True)
+
+
 def _ints_text(values: list[int] | None, sep: str = ",") -> str:
     return "-" if values is None else sep.join(map(str, values))
 

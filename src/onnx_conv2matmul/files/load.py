@@ -7,6 +7,7 @@ memory-mapped by onnx-ir when a tensor is read. Writing is :mod:`onnx_conv2matmu
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import shutil
 import stat
@@ -19,7 +20,7 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from onnx_conv2matmul.errors import CheckerError, Hint, InputError
-from onnx_conv2matmul.files.paths import contained_location
+from onnx_conv2matmul.files.paths import contained_location, model_tensors
 
 if TYPE_CHECKING:  # imported where used: loading parses and starts the copy before importing onnx-ir
     import onnx_ir as ir
@@ -43,17 +44,43 @@ class LoadedModel:
         return bool(self.external_files)
 
 
-def check_input_path(path: str) -> None:
+def check_input_path(path: str, *, what: str = "input") -> None:
+    """Refuse, before any work, a model path that cannot be read as a model.
+
+    Raises:
+        InputError: an empty path, a name that is not valid UTF-8 (see
+            :func:`check_text_name`), a missing, unreadable or empty file, a directory.
+    """
     if not path:
-        raise InputError("input path is empty")
+        raise InputError(f"{what} path is empty")
+    check_text_name(path, what=what)
     if not os.path.exists(path):
-        raise InputError(f"input not found: {path}")
+        raise InputError(f"{what} not found: {path}")
     if os.path.isdir(path):
-        raise InputError(f"input is a directory, not an ONNX file: {path}")
+        raise InputError(f"{what} is a directory, not an ONNX file: {path}")
     if not os.access(path, os.R_OK):
-        raise InputError(f"input is not readable: {path}")
+        raise InputError(f"{what} is not readable: {path}")
     if os.path.getsize(path) == 0:
-        raise InputError(f"input is empty: {path}")
+        raise InputError(f"{what} is empty: {path}")
+
+
+def check_text_name(path: str, *, what: str = "input") -> None:
+    """Refuse a model path whose name (or its directory's, from the working directory on)
+    is not valid UTF-8.
+
+    Such a name reaches Python with its undecodable bytes as surrogates (``os.fsdecode``);
+    onnx's checker, onnxruntime and the data-file locations stored in a model take text
+    only, so the model could not be checked, run or written.
+    """
+    full = os.path.abspath(path)
+    try:
+        full.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = full.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        raise InputError(
+            f"{what} path is not valid UTF-8: {shown} (onnx and onnxruntime take UTF-8 file names only;"
+            " rename the file or its directory)"
+        ) from None
 
 
 def check_output_path(path: str, *, what: str = "output") -> None:
@@ -218,6 +245,7 @@ def build_model(proto: onnx.ModelProto, path: str) -> LoadedModel:
 
     from onnx_conv2matmul._graphs import is_external
 
+    _check_tensor_data(proto, path)
     try:
         model = ir.serde.deserialize_model(proto)
     except Exception as err:
@@ -248,6 +276,49 @@ def build_model(proto: onnx.ModelProto, path: str) -> LoadedModel:
             )
     total = os.path.getsize(path) + sum(external.values())
     return LoadedModel(model=model, path=path, external_files=sorted(external), total_bytes=total)
+
+
+def _check_tensor_data(proto: onnx.ModelProto, path: str) -> None:
+    """Refuse a tensor stored in the model whose data does not fit its shape and type.
+
+    The ONNX checker refuses data that is too short (but not data that is too long), and
+    only when it runs; a tensor read later would fail in the middle of the work.
+    External data is checked against its file by :func:`build_model`.
+    """
+    import onnx_ir as ir
+
+    for tensor in model_tensors(proto):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            continue
+        try:
+            dtype = ir.DataType(tensor.data_type)
+        except ValueError:
+            continue  # an unknown type: the loader reports it
+        count = math.prod(tensor.dims)
+        if dtype == ir.DataType.STRING:
+            field, have, need = "string_data", len(tensor.string_data), count
+        elif dtype == ir.DataType.UNDEFINED:
+            continue
+        elif tensor.HasField("raw_data"):
+            field, have, need = "raw_data", len(tensor.raw_data), -(-count * dtype.bitwidth // 8)
+        else:
+            try:
+                field = onnx.helper.tensor_dtype_to_field(tensor.data_type)
+            except (KeyError, ValueError):
+                continue  # a type onnx does not know how to store: the loader reports it
+            have = len(getattr(tensor, field))
+            if dtype in (ir.DataType.COMPLEX64, ir.DataType.COMPLEX128):
+                need = 2 * count
+            elif dtype.bitwidth < 8:
+                need = -(-count * dtype.bitwidth // 8)  # packed, a byte per value
+            else:
+                need = count
+        if have != need or count < 0:
+            unit = "bytes" if field == "raw_data" else "values"
+            raise InputError(
+                f"tensor {tensor.name!r} holds {have} {unit} of data ({field}), its shape"
+                f" {list(tensor.dims)} and type {dtype.name} need {need}: {path}"
+            )
 
 
 def check_not_overwriting_inputs(loaded: LoadedModel, destination: str) -> None:
@@ -344,6 +415,7 @@ def check_paths(input_path: str, output_path: str | None, *, inplace: bool) -> s
     assert output is not None
     if not inplace and os.path.abspath(output) == os.path.abspath(input_path):
         raise InputError("output is the input", hint=Hint.OUTPUT_IS_INPUT)
+    check_text_name(output, what="output")
     check_output_path(output)
     check_replaceable(output + ".data", what="output data file")
     return output

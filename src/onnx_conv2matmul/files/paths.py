@@ -23,12 +23,20 @@ def contained_location(base_dir: str, location: str) -> str | None:
 
     A location that is absolute or climbs out of the model's directory gives ``None``:
     copying it would put a file that is not the model's into the output. So does one
-    that leaves it through a symbolic link, the rule onnx-ir applies when it reads.
+    that leaves it through a symbolic link, the rule onnx-ir applies when it reads, and
+    one whose ``..`` leads out once the links before it are followed (``sub/../x`` where
+    ``sub`` links elsewhere): such a location is resolved on the filesystem, as the
+    system resolves it when the file is opened, and its real path is returned.
     """
     base = _normalize(base_dir)
     path = os.path.normpath(os.path.join(base, location))
     if os.path.isabs(location) or not _inside(base, path):
         return None
+    if os.pardir in location.replace(os.sep, "/").split("/"):
+        # "sub/../x" names base/x only if sub is a directory there: the system follows a
+        # link named sub first, and ".." then leads out of where it points.
+        real = os.path.realpath(os.path.join(base, location))
+        return real if _inside(_realpath(base), real) else None
     if os.path.dirname(path) == base and not os.path.islink(path):
         return path  # a plain file in the model's directory (one lstat, not a realpath)
     if not _inside(_realpath(base), os.path.realpath(path)):
@@ -52,7 +60,7 @@ def data_files(proto: onnx.ModelProto, base_dir: str) -> set[str]:
     values) and of local functions count; locations are taken relative to ``base_dir``.
     """
     files = set()
-    for tensor in _tensors(proto):
+    for tensor in model_tensors(proto):
         if tensor.data_location != onnx.TensorProto.EXTERNAL:
             continue
         for entry in tensor.external_data:
@@ -78,7 +86,9 @@ def files_read_by(model_path: str) -> set[str]:
     return files | {os.path.realpath(p) for p in data_files(proto, base_dir)}
 
 
-def _tensors(proto: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
+def model_tensors(proto: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
+    """Every tensor of ``proto``: of the main graph, of subgraphs at any depth, of node
+    attributes (Constant values), sparse tensors' values and indices, and of local functions."""
     yield from _graph_tensors(proto.graph)
     for function in proto.functions:
         yield from _node_tensors(function.node)

@@ -285,7 +285,7 @@ def _read_journal(directory: str) -> list[str]:
     try:
         with open(os.path.join(directory, _JOURNAL), encoding="utf-8") as handle:
             names = json.load(handle)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return []
     return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
 

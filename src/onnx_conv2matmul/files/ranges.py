@@ -99,6 +99,7 @@ def external_ranges(proto: onnx.ModelProto, base_dir: str, threshold: int) -> di
     likely to be copied whole, and their places are never reused, which is always safe.
     """
     ranges = {}
+    sizes: dict[str, int | None] = {}
     for tensor in proto.graph.initializer:
         if tensor.data_location != onnx.TensorProto.EXTERNAL:
             continue
@@ -109,8 +110,19 @@ def external_ranges(proto: onnx.ModelProto, base_dir: str, threshold: int) -> di
         path = contained_location(base_dir, info["location"])
         if path is None:
             continue  # the loader rejects the model
-        start = int(info.get("offset", 0))
-        length = int(info["length"]) if "length" in info else math.prod(tensor.dims) * (itemsize or 0)
+        try:
+            start = int(info.get("offset", 0))
+            length = int(info["length"]) if "length" in info else math.prod(tensor.dims) * (itemsize or 0)
+        except ValueError:
+            continue  # not a number: the loader rejects the model
+        if path not in sizes:
+            try:
+                sizes[path] = os.path.getsize(path)
+            except OSError:
+                sizes[path] = None
+        size = sizes[path]
+        if start < 0 or length < 0 or size is None or start + length > size:
+            continue  # outside the file (or no file): the loader rejects the model
         if length > threshold:
             ranges[tensor.name] = (path, start, start + length)
     return ranges

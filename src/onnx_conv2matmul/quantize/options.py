@@ -284,6 +284,8 @@ def load_config(path: str) -> dict[str, Any]:
         raise InputError(f"cannot read the settings file {path}: {err.strerror or err}") from err
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise InputError(f"the settings file {path} is not valid JSON: {err}") from err
+    except RecursionError as err:
+        raise InputError(f"the settings file {path} is nested too deeply to be a settings file") from err
     try:
         fields = config_fields(data)
         QuantizeOptions(**fields)  # every check at once, before any work

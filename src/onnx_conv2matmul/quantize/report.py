@@ -131,12 +131,16 @@ class BundleModel:
 
 @dataclasses.dataclass
 class BundleReport(CommandReport):
-    """The models in a directory (``input``), each with its external data, and the total size."""
+    """The models in a directory (``input``), each with its external data, and the total size.
+
+    ``warnings``: what looks missing (an encoder without its decoder, or the other way round).
+    """
 
     COMMAND: ClassVar[Command] = Command.BUNDLE
 
     directory: str
     models: list[BundleModel] = dataclasses.field(default_factory=list)
+    warnings: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def total_bytes(self) -> int:
@@ -158,6 +162,7 @@ class BundleReport(CommandReport):
         return {
             "models": [m.to_dict() for m in self.models],
             "total_bytes": self.total_bytes,
+            "warnings": self.warnings,
         }
 
 

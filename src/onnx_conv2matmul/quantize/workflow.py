@@ -369,7 +369,38 @@ def bundle_report(directory: str, *, manifest: bool = False) -> BundleReport:
             files = [_file_entry(directory, n) for n in (name, *data)]
             quantization = _quantization_from_report(os.path.join(directory, name))
         models.append(BundleModel(name, size, data, files, quantization))
-    return BundleReport(directory, models)
+    return BundleReport(directory, models, _bundle_warnings([m.name for m in models]))
+
+
+_ENCODER_WORDS = ("encoder",)
+_DECODER_WORDS = ("decoder", "joint", "joiner")
+
+
+def _bundle_warnings(names: Sequence[str]) -> list[str]:
+    """What a speech-recognition bundle named like these models lacks, by the files' names.
+
+    A transducer's runtimes load the encoder together with its decoder and joint (onnx-asr:
+    ``encoder-model*.onnx`` with ``decoder_joint-model*.onnx``; sherpa-onnx: an encoder, a
+    decoder and a joiner): one side without the other does not load.
+    """
+
+    def named(words: tuple[str, ...]) -> list[str]:
+        return [n for n in names if any(w in n.lower() for w in words)]
+
+    encoders, decoders = named(_ENCODER_WORDS), named(_DECODER_WORDS)
+    decoders = [n for n in decoders if n not in encoders]
+    if encoders and not decoders:
+        return [
+            f"only an encoder ({', '.join(encoders)}): no decoder or joint model beside it, which"
+            " speech runtimes load with it (onnx-asr: decoder_joint-model.onnx; sherpa-onnx: decoder"
+            " and joiner)"
+        ]
+    if decoders and not encoders:
+        return [
+            f"no encoder model beside {', '.join(decoders)}: speech runtimes load the encoder with it"
+            " (onnx-asr: encoder-model.onnx)"
+        ]
+    return []
 
 
 def _file_entry(directory: str, name: str) -> dict[str, object]:
@@ -399,6 +430,8 @@ def _quantization_from_report(model_path: str) -> dict[str, object] | None:
             data = json.load(file)
     except (OSError, ValueError) as err:
         raise InputError(f"cannot read the quantize report {path}: {err}") from err
+    except RecursionError as err:
+        raise InputError(f"not a quantize report (nested too deeply): {path}") from err
     if not isinstance(data, dict) or data.get("command") != "quantize" or "options" not in data:
         raise InputError(f"not a quantize report: {path}")
     verification = data.get("verification") or {}

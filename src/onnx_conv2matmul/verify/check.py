@@ -1020,15 +1020,20 @@ def _value_kind(value: Any) -> str:
     return "sequence" if isinstance(value, list) else type(value).__name__
 
 
-def verify_models(original: str, candidate: str, options: VerifyOptions | None = None) -> VerifyReport:
+def verify_models(
+    original: str, candidate: str, options: VerifyOptions | None = None, *, candidate_given: bool = False
+) -> VerifyReport:
     """Run both models on the same synthesised inputs and compare their outputs.
 
     The candidate runs at the lengths the original ran at (see :func:`plan_lengths`);
-    a candidate that onnxruntime cannot load or run gives a failed report.
+    a candidate that onnxruntime cannot load or run gives a failed report, except that with
+    ``candidate_given`` (a file the user named, not one this package wrote) a candidate it
+    cannot load at all is an error, as an original it cannot load is.
 
     Raises:
         ModelRunError: the original cannot be loaded, or run on the synthesised inputs
-            (the inputs need fixing).
+            (the inputs need fixing); with ``candidate_given``, the candidate cannot be
+            loaded (:class:`ModelLoadError`).
         InputError: an option names no input or dim of the model, an output index is
             out of range, or the models' inputs or outputs differ.
     """
@@ -1041,6 +1046,8 @@ def verify_models(original: str, candidate: str, options: VerifyOptions | None =
     try:
         cand_outputs = _candidate_outputs(candidate, specs, names, lengths, options)
     except ModelRunError as err:
+        if candidate_given and isinstance(err, ModelLoadError):
+            raise
         report.results.append(OutputComparison.failure(0, "*", str(err)))
         return report
     indices = list(options.output_indices) if options.output_indices else list(range(len(names)))
