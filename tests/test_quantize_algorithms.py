@@ -224,6 +224,17 @@ def test_algorithm_refusals() -> None:
         quantize_matmul_nbits(model, QuantizeOptions(algorithm="gptq"))
 
 
+def test_gptq_on_a_model_without_a_matmul_to_quantize_quantizes_nothing() -> None:
+    """No MatMul with a constant weight (a lone conv the rewrite leaves, as it would add
+    Transposes): nothing to calibrate, and no onnxruntime run that asks for no output."""
+    from helpers import conv_model
+
+    model = ir.serde.deserialize_model(conv_model(spatial=1, in_channels=32, out_channels=32))
+    feeds = [{"x": np.ones((1, 32, 8), np.float32)}]
+    result = quantize_matmul_nbits(model, QuantizeOptions(algorithm="gptq", block_size=16), feeds=feeds)
+    assert result.quantized == 0 and not result.not_quantized
+
+
 def test_hqq_without_torch_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     from onnx_conv2matmul.quantize import weight_only as _weight_only
 

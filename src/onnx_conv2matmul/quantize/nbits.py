@@ -211,7 +211,11 @@ def quantize_matmul_nbits(
                 if g is model.graph and (a := n.inputs[0]) is not None and a.name is not None
             }
         )
-        activations = _weight_only.capture_inputs(model, sources, feeds, scratch_dir=scratch_dir)
+        # No MatMul of the main graph to quantize: nothing to capture (onnxruntime refuses a run
+        # that asks for no output).
+        activations = (
+            _weight_only.capture_inputs(model, sources, feeds, scratch_dir=scratch_dir) if sources else {}
+        )
     names = NameAllocator(used_names(model))
     quantizers: dict[NodeSetting, Any] = {}
     # Quantized tensors per fp32 weight and setting, so a shared weight is quantized once.
