@@ -218,9 +218,11 @@ def test_data_names_avoid_every_existing_file(tmp_path: Path) -> None:
 def test_interrupt_during_publish_is_held_until_the_model_is_in_place(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A SIGINT that arrives between the two renames is delivered after the switch."""
+    """A SIGINT that arrives between the two renames is delivered after the switch, when the
+    caller defers interruptions as the command line does."""
     import signal
 
+    from onnx_conv2matmul.cli import signals
     from onnx_conv2matmul.files import publish as _publish
 
     src, expected = _setup(tmp_path / "m")
@@ -235,11 +237,44 @@ def test_interrupt_during_publish_is_held_until_the_model_is_in_place(
             os.kill(os.getpid(), signal.SIGINT)
 
     monkeypatch.setattr(_publish.os, "rename", rename)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt), _publish.interruptions_deferred_by(signals.held):
         convert_file(src, out)
     assert [Path(p).name for p in renames] == ["o.onnx.data", "o.onnx"]
     _assert_computes(out, expected)
     assert not [p for p in out.parent.iterdir() if p.name.startswith(".")]
+
+
+def test_the_library_alone_never_touches_signal_handlers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Called from a host program, publishing leaves every signal handler as the host set it."""
+    import signal
+
+    from onnx_conv2matmul.files import publish as _publish
+
+    src, expected = _setup(tmp_path / "m")
+    out = tmp_path / "m" / "o.onnx"
+    real_rename = os.rename
+    seen: list[object] = []
+
+    def rename(a: str, b: str) -> None:
+        seen.extend(signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
+        real_rename(a, b)
+
+    swapped: list[int] = []
+    real_signal = signal.signal
+
+    def spy(signum: int, handler: object) -> object:
+        swapped.append(signum)
+        return real_signal(signum, handler)  # type: ignore[arg-type]
+
+    before = [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)]
+    monkeypatch.setattr(_publish.os, "rename", rename)
+    monkeypatch.setattr(signal, "signal", spy)
+    convert_file(src, out)
+    assert swapped == []
+    assert seen == before * (len(seen) // 3) and seen
+    _assert_computes(out, expected)
 
 
 def test_output_that_is_an_input_data_file_is_refused(tmp_path: Path) -> None:

@@ -35,9 +35,12 @@ class _DefaultGroup(click.Group):
     """
 
     def main(self, args: Sequence[str] | None = None, *rest: Any, **kwargs: Any) -> Any:
+        from onnx_conv2matmul.files.publish import interruptions_deferred_by
+
         OUTCOME.reset(json_stdout=signals.asks_for_json(sys.argv[1:] if args is None else list(args)))
         try:
-            return super().main(args, *rest, **kwargs)
+            with interruptions_deferred_by(signals.held):
+                return super().main(args, *rest, **kwargs)
         except SystemExit as exit_:
             code = exit_.code
             OUTCOME.finish(code if isinstance(code, int) else 0 if code is None else ExitCode.FAILED)

@@ -8,13 +8,15 @@ imported. A library import never changes signal handling: only the entry point a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from onnx_conv2matmul.errors import Interrupted, exit_code_for
 
@@ -93,3 +95,30 @@ def exit_interrupted(
     except OSError:  # a closed pipe: nothing more to say
         pass
     os._exit(code)
+
+
+@contextlib.contextmanager
+def held() -> Iterator[None]:
+    """Hold back SIGINT, SIGTERM and SIGHUP until the block ends, then deliver them (the command
+    line passes this to :func:`onnx_conv2matmul.files.publish.interruptions_deferred_by`, so that
+    an interruption never falls between the renames that publish an output).
+
+    The handlers are swapped for ones that only take note, and restored at the end;
+    masking the signals would not do, since any thread may receive them. Signal
+    handlers belong to the main thread: elsewhere nothing is held back.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    previous: dict[int, Any] = {}
+    for signum in _SIGNALS:
+        if signal.getsignal(signum) is not None:  # None: installed outside Python, left alone
+            previous[signum] = signal.signal(signum, lambda number, _frame: pending.append(number))
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        for number in pending:
+            signal.raise_signal(number)

@@ -33,17 +33,16 @@ How :class:`Destination` keeps it:
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import errno
 import fcntl
 import json
 import os
 import re
 import shutil
-import signal
 import tempfile
-import threading
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
 
 import onnx
 
@@ -54,7 +53,6 @@ _JOURNAL = "obsolete.json"
 # The replaced .onnx is parsed to find the data files it reads only up to this size; a
 # larger one (a single-file model) keeps every data file named after it.
 _PARSE_LIMIT_BYTES = 256 * 2**20
-_HELD_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 # A staging directory, as tempfile.mkdtemp(prefix=".<name>.[<kind>-]", suffix=".tmp") makes it:
 # 8 random characters, after the kind of scratch directory for those that are one.
 _STAGING_TAIL = r"\.(?:[a-z]+-)?[a-z0-9_]{8}\.tmp"
@@ -249,7 +247,7 @@ class Destination:
             os.chmod(data_path, modes[1])
             _fsync(data_path)
         _fsync(onnx_path)
-        with _signals_held():
+        with _DEFERRAL.get()():
             if data_path is not None and new_data is not None:
                 os.rename(data_path, new_data)
                 _fsync(self.directory)
@@ -317,26 +315,22 @@ def _lock(lock_path: str, destination: str) -> int:
         os.close(fd)
 
 
-@contextlib.contextmanager
-def _signals_held() -> Iterator[None]:
-    """Hold back SIGINT, SIGTERM and SIGHUP until the block ends, then deliver them.
+_DEFERRAL: contextvars.ContextVar[Callable[[], AbstractContextManager[object]]] = contextvars.ContextVar(
+    "onnx_conv2matmul_publish_deferral", default=contextlib.nullcontext
+)
 
-    The handlers are swapped for ones that only take note, and restored at the end;
-    masking the signals would not do, since any thread may receive them. Signal
-    handlers belong to the main thread: elsewhere nothing is held back.
+
+@contextlib.contextmanager
+def interruptions_deferred_by(hold: Callable[[], AbstractContextManager[object]]) -> Iterator[None]:
+    """Within the block, the renames that put an output in place run inside ``hold()``.
+
+    The caller's way to keep an interruption from falling between them: the command line passes
+    a context that holds its signals back until the block ends. The library never touches signal
+    handlers itself; without this, a run interrupted there is recovered by the next run onto the
+    same output (its journal says what was published).
     """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    pending: list[int] = []
-    previous: dict[int, Any] = {}
-    for held in _HELD_SIGNALS:
-        if signal.getsignal(held) is not None:  # None: installed outside Python, left alone
-            previous[held] = signal.signal(held, lambda number, _frame: pending.append(number))
+    token = _DEFERRAL.set(hold)
     try:
         yield
     finally:
-        for number, handler in previous.items():
-            signal.signal(number, handler)
-        for number in pending:
-            signal.raise_signal(number)
+        _DEFERRAL.reset(token)
