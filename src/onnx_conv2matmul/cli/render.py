@@ -194,7 +194,9 @@ def _lengths_lines(verification: VerifyReport) -> list[str]:
     """Which lengths were used and why, each dim's values in the runs, the lengths not run."""
     if not verification.lengths:
         return []
-    lines = [f"Lengths: {', '.join(map(str, verification.lengths))} ({verification.lengths_rule})"]
+    takes = any(dim.role.value == "sequence" for dim in verification.dims) or verification.options.feeds
+    used = ", ".join(map(str, verification.lengths)) if takes or not verification.dims else "none"
+    lines = [f"Lengths: {used} ({verification.lengths_rule})"]
     if verification.dims and verification.runs:
         parts = []
         for dim in verification.dims:
@@ -238,7 +240,9 @@ def print_verification(console: Console, verification: VerifyReport, *, cosine: 
     if verification.options.criterion is Criterion.REPORT_ONLY:
         console.print("Accuracy measured; set --min-cosine to make it a pass/fail criterion.")
     elif verification.passed:
-        console.print("[bold green]Verification PASSED[/bold green]")
+        count = len(verification.warnings)
+        more = f", with {count} warning{'s' if count > 1 else ''} above" if count else ""
+        console.print(f"[bold green]Verification PASSED[/bold green]{more}")
     else:
         worst = verification.failures[0] if verification.failures else None
         if worst is not None:

@@ -50,7 +50,7 @@ UNNAMED_BATCH = "(unnamed batch)"
 
 _BATCH_WORDS = {"b", "n", "bs", "nb", "batch", "batches", "batchsize", "nbatch", "numbatch"}
 _SEQUENCE_WORDS = {
-    "t", "u", "s", "l", "h", "w", "x", "y", "seq", "len", "length", "lengths", "step", "steps",
+    "t", "u", "s", "l", "h", "w", "seq", "len", "length", "lengths", "step", "steps",
     "height", "width", "depth", "time", "frame", "frames", "sample", "samples", "token", "tokens",
     "char", "chars", "word", "words", "chunk", "chunks", "src", "tgt", "sequence", "nframes",
 }  # fmt: skip

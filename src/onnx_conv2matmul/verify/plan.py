@@ -11,7 +11,7 @@ from the shapes the model declares, with the run's dim values put in (a name, or
 expression of names as exporters write them, ``((time - 1)//8) + 1``). An output whose
 size the declaration does not give is measured: the original runs once with small
 values and once more with each dim doubled, and each axis is extrapolated from those runs
-(the larger of a linear and a power law, so both ``T/8`` and ``T*U`` are covered).
+(see :class:`Growth`: ``T // 8 + 1``, ``T * U``, ``T + U`` are exact).
 
 Default lengths are fitted to the budget: the runs are taken from the smallest to the
 largest, each gets an equal share of what is left (one share kept for the candidate's
@@ -194,8 +194,11 @@ def declared_bytes(decl: OutputDecl, values: Mapping[str, int]) -> int | None:
 class Growth:
     """How a size grows with the dims, from a base run and one run per dim with that dim doubled.
 
-    The estimate is the larger of a linear law (exact for ``T/8 + 1``, ``T + U``) and a
-    power law (exact for ``T * U``), never below 0.
+    Per dim, what doubling it did to the size says how the size depends on it: doubled
+    exactly, in proportion (``T * U``, ``T // 8`` from a base divisible by 8); more than
+    doubled, a power (``T**2``); less, an affine term (``T // 8 + 1``, ``T + U``, ``T - 8``).
+    The size is ``(base + sum of the affine terms) * product of the proportions and powers``,
+    which is exact for all of these and for their products, never below 0.
     """
 
     base: float
@@ -204,17 +207,18 @@ class Growth:
     """Per dim: its value in the varied run and the size there."""
 
     def at(self, values: Mapping[str, int]) -> int:
-        linear = self.base
-        power = self.base
+        offset = self.base
+        factor = 1.0
         for key, (moved, size) in self.varied.items():
             start = self.base_values[key]
             target = values.get(key, start)
-            linear += (size - self.base) * (target - start) / (moved - start)
-            if power > 0 and self.base > 0 and size > 0 and target > 0:
-                power *= (size / self.base) ** (math.log(target / start) / math.log(moved / start))
+            ratio = size / self.base if self.base > 0 else 0.0
+            steps = math.log(target / start) / math.log(moved / start) if target > 0 else -math.inf
+            if self.base > 0 and ratio >= moved / start:
+                factor *= ratio**steps if target > 0 else 0.0
             else:
-                power = 0.0
-        return max(0, math.ceil(max(linear, power)))
+                offset += (size - self.base) * (target - start) / (moved - start)
+        return max(0, math.ceil(round(offset * factor, 6)))
 
 
 @dataclasses.dataclass(frozen=True)

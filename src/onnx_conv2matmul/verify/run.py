@@ -222,7 +222,9 @@ def _probe(
     opened: Any, specs: list[InputSpec], roles: Roles, options: VerifyOptions, values: Mapping[str, int]
 ) -> list[Any]:
     feeds, _ = synthesise_inputs(specs, 1, options, values, roles)
-    outputs: list[Any] = run_feeds(opened, feeds, "original", f"at {dict(values)}", None)
+    dims = ", ".join(f"{k} {v}" for k, v in values.items())
+    where = f"measuring its outputs ({dims})" if dims else "measuring its outputs"
+    outputs: list[Any] = run_feeds(opened, feeds, "original", where, None)
     return outputs
 
 
