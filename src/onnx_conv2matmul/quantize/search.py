@@ -227,6 +227,9 @@ class _Node:
 def _session(path: str, deterministic: bool) -> Any:
     import onnxruntime as ort
 
+    from onnx_conv2matmul.verify.run import release_freed_memory
+
+    release_freed_memory()  # the previous candidate's weights, before this one's load
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     so.log_severity_level = 3
