@@ -48,7 +48,10 @@ HINTS: dict[Hint, tuple[str, str]] = {
     Hint.KEPT_PATH: ("keep_on_failure", "--keep-on-failure moves a failed output there"),
     Hint.CALIBRATION_INPUTS: ("inputs", "--inputs FILE.npz gives them"),
     Hint.INPUT_FILES: ("inputs", "check the --inputs files: the model cannot run on them"),
-    Hint.VERIFY_BUDGET: ("verify_memory", "--verify-memory SIZE raises the budget; or shorter --verify-lengths"),
+    Hint.VERIFY_BUDGET: (
+        "verify_memory",
+        "--verify-memory SIZE raises the budget; or shorter --verify-lengths",
+    ),
     Hint.VERIFY_OUT_OF_MEMORY: (
         "verify_memory",
         "--verify-memory SIZE lowers what the check holds; or shorter --verify-lengths",
