@@ -252,7 +252,7 @@ def test_identical_joints_pass_within_the_budget(tmp_path: Path) -> None:
     assert all(run.dims["U"] < run.dims["T"] for run in report.runs)
     assert "shortened to fit the memory budget" in report.lengths_rule
     # A larger budget lets U grow; given lengths beyond the budget are refused, not shortened.
-    wide = verify_models(src, src, VerifyOptions(memory=parse_size("512MiB")))
+    wide = verify_models(src, src, VerifyOptions(memory=parse_size("128MiB")))
     assert sum(r.dims["U"] for r in wide.runs) > sum(r.dims["U"] for r in report.runs)
     with pytest.raises(InputError, match="above the memory budget") as refused:
         verify_models(src, src, VerifyOptions(lengths=(191,)))
