@@ -170,10 +170,12 @@ def verify_files(
     report's ``return_code`` is 1 when an output differs.
 
     Raises:
-        InputError: a path that is not a readable file.
+        InputError: a path that is not a readable file, or a check that does not fit the
+            memory budget (``options.memory``).
         ModelRunError: a model that onnxruntime cannot load (the original or the candidate),
             or an original it cannot run on those inputs (a candidate that fails to run
             fails the comparison).
+        OutOfMemory: memory ran out during the check.
     """
     from onnx_conv2matmul.verify.report import VerifyCommandReport
 

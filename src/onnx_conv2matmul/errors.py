@@ -11,6 +11,7 @@ This module imports nothing heavy: the console entry point uses it before anythi
 from __future__ import annotations
 
 import enum
+import errno
 import signal
 
 
@@ -47,6 +48,8 @@ class Hint(enum.Enum):
     KEPT_PATH = "remove what is at the path where a failed output is kept"
     CALIBRATION_INPUTS = "give real inputs of the model (VerifyOptions.feeds, load_inputs)"
     INPUT_FILES = "fix the real inputs given (VerifyOptions.feeds): the model cannot run on them"
+    VERIFY_BUDGET = "raise the check's memory budget (VerifyOptions.memory), or give shorter lengths"
+    VERIFY_OUT_OF_MEMORY = "lower the check's memory budget (VerifyOptions.memory), or give shorter lengths"
 
 
 class Conv2MatMulError(Exception):
@@ -98,6 +101,10 @@ class ModelLoadError(ModelRunError):
     default_hint = None
 
 
+class OutOfMemory(Conv2MatMulError):
+    """Memory ran out: numpy's ``MemoryError`` or an allocation onnxruntime could not make."""
+
+
 class CheckerError(Conv2MatMulError):
     """The ONNX checker rejected the rewritten model."""
 
@@ -120,6 +127,7 @@ class Interrupted(KeyboardInterrupt):
 
 EXIT_CODES: tuple[tuple[type[BaseException], ExitCode], ...] = (
     (InputError, ExitCode.USAGE),  # DestinationBusy included
+    (OutOfMemory, ExitCode.USAGE),
     (ModelRunError, ExitCode.USAGE),
     (CheckerError, ExitCode.FAILED),
     (TargetUnreachable, ExitCode.FAILED),
@@ -135,13 +143,31 @@ def exit_code_for(error: BaseException) -> int:
     """The exit code a command ends with when ``error`` ends it.
 
     128 + signal for an interrupt (:class:`Interrupted`, or a plain ``KeyboardInterrupt``
-    taken as SIGINT); the first match in :data:`EXIT_CODES`; otherwise
+    taken as SIGINT); :attr:`ExitCode.USAGE` for memory exhaustion, whatever raised it (see
+    :func:`is_out_of_memory`); the first match in :data:`EXIT_CODES`; otherwise
     :attr:`ExitCode.INTERNAL`. A command-line usage error (the parser's) is
     :attr:`ExitCode.USAGE`; the command line maps those itself, as this module knows no parser.
     """
     if isinstance(error, KeyboardInterrupt):
         return INTERRUPTED_BASE + getattr(error, "signum", signal.SIGINT)
+    if is_out_of_memory(error):
+        return int(ExitCode.USAGE)
     for kind, code in EXIT_CODES:
         if isinstance(error, kind):
             return int(code)
     return int(ExitCode.INTERNAL)
+
+
+_OUT_OF_MEMORY_TEXT = ("bad_alloc", "failed to allocate", "out of memory", "cannot allocate memory")
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` says memory ran out: :class:`OutOfMemory`, ``MemoryError``, an
+    ``OSError`` of ``ENOMEM``, or a message of onnxruntime's or the C++ runtime's
+    (``std::bad_alloc``, "Failed to allocate memory")."""
+    if isinstance(error, OutOfMemory | MemoryError):
+        return True
+    if isinstance(error, OSError) and error.errno == errno.ENOMEM:
+        return True
+    text = str(error).lower()
+    return any(marker in text for marker in _OUT_OF_MEMORY_TEXT)

@@ -16,7 +16,14 @@ import click
 
 from onnx_conv2matmul._version import __version__
 from onnx_conv2matmul.cli import signals
-from onnx_conv2matmul.errors import Conv2MatMulError, ExitCode, Hint, OptionConflict, exit_code_for
+from onnx_conv2matmul.errors import (
+    Conv2MatMulError,
+    ExitCode,
+    Hint,
+    OptionConflict,
+    exit_code_for,
+    is_out_of_memory,
+)
 from onnx_conv2matmul.files import load as _io
 from onnx_conv2matmul.report import CommandReport, ErrorReport
 
@@ -41,6 +48,14 @@ HINTS: dict[Hint, tuple[str, str]] = {
     Hint.KEPT_PATH: ("keep_on_failure", "--keep-on-failure moves a failed output there"),
     Hint.CALIBRATION_INPUTS: ("inputs", "--inputs FILE.npz gives them"),
     Hint.INPUT_FILES: ("inputs", "check the --inputs files: the model cannot run on them"),
+    Hint.VERIFY_BUDGET: (
+        "verify_memory",
+        "--verify-memory SIZE raises the budget; or shorter --verify-lengths",
+    ),
+    Hint.VERIFY_OUT_OF_MEMORY: (
+        "verify_memory",
+        "--verify-memory SIZE lowers what the check holds; or shorter --verify-lengths",
+    ),
 }
 
 
@@ -161,10 +176,14 @@ def handled_errors(*, click_shows_usage: bool = False) -> Iterator[None]:
     except KeyboardInterrupt as interrupt:
         fail(signals.interrupted_message(interrupt, OUTCOME.interrupted_detail()), exit_code_for(interrupt))
     except MemoryError as err:
-        fail("out of memory", exit_code_for(err))
+        fail(_out_of_memory(err), exit_code_for(err))
     except OSError as err:
+        if is_out_of_memory(err):
+            fail(_out_of_memory(err), exit_code_for(err))
         fail(f"{err.strerror or err}: {err.filename or ''}".rstrip(": "), exit_code_for(err))
     except Exception as err:
+        if is_out_of_memory(err):  # onnxruntime's bad_alloc or failed allocation: not a bug
+            fail(_out_of_memory(err), exit_code_for(err))
         if os.environ.get("ONNX_CONV2MATMUL_DEBUG"):
             raise
         fail(internal_error(err), exit_code_for(err))
@@ -181,6 +200,13 @@ _FLAGS = {
 def flag_for(option: str) -> str:
     """The command line's words for an option the library names by its field."""
     return _FLAGS.get(option, "--" + option.replace("_", "-"))
+
+
+def _out_of_memory(err: BaseException) -> str:
+    """One line for memory that ran out outside the check (the check names its option itself)."""
+    text = str(err).strip()
+    first = text.splitlines()[0] if text else ""
+    return f"out of memory: {first}" if first and "out of memory" not in first.lower() else "out of memory"
 
 
 def with_hint(message: str, hint: Hint | None) -> str:

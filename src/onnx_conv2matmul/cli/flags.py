@@ -16,9 +16,12 @@ from onnx_conv2matmul.verify.check import (
     DEFAULT_LENGTHS,
     DEFAULT_MAX_ABS,
     DEFAULT_MEAN_ABS,
+    DEFAULT_MEMORY,
     IMAGE_LENGTHS,
+    LONG_LENGTH,
     VerifyOptions,
 )
+from onnx_conv2matmul.verify.options import format_size, parse_size
 
 if TYPE_CHECKING:
     pass
@@ -51,6 +54,15 @@ def parse_lengths(_ctx: click.Context, _param: click.Parameter, value: str | Non
     return lengths
 
 
+def parse_memory(_ctx: click.Context, _param: click.Parameter, value: str | None) -> int:
+    if value is None:
+        return DEFAULT_MEMORY
+    try:
+        return parse_size(value)
+    except ValueError as err:
+        raise click.BadParameter(str(err)) from None
+
+
 VERIFY_OPTIONS = [
     click.option(
         "--verify-deterministic-cpu",
@@ -62,10 +74,22 @@ VERIFY_OPTIONS = [
         default=None,
         callback=parse_lengths,
         help=(
-            "Values each symbolic non-batch dim takes in turn, used as given. Default:"
-            f" {','.join(map(str, DEFAULT_LENGTHS))}; {','.join(map(str, IMAGE_LENGTHS))} (multiples"
-            " of 32) when an input has a symbolic height and width; a length the original"
-            " cannot run at is replaced by another."
+            "Values each sequence dim (time, tokens, height, width...; not the batch) takes in turn,"
+            f" used as given. Default: {','.join(map(str, DEFAULT_LENGTHS))}, and {LONG_LENGTH} for a"
+            f" speech encoder; {','.join(map(str, IMAGE_LENGTHS))} (multiples of 32) when an input has"
+            " a symbolic height and width; a length the original cannot run at is replaced by"
+            " another; default lengths are shortened to fit --verify-memory."
+        ),
+    ),
+    click.option(
+        "--verify-memory",
+        default=None,
+        callback=parse_memory,
+        metavar="SIZE",
+        help=(
+            "What the check may hold at once: every run's inputs and reference outputs and one"
+            f" run's candidate outputs (e.g. 512MiB, 2GiB). Default: {format_size(DEFAULT_MEMORY)};"
+            " default lengths are shortened to fit it, lengths given that do not fit are refused."
         ),
     ),
     click.option(
@@ -73,7 +97,7 @@ VERIFY_OPTIONS = [
         type=click.IntRange(min=1),
         default=1,
         show_default=True,
-        help="Value of the batch dim (the first symbolic dim of each input).",
+        help="Value of the batch dims (named batch, or the first axis of an input).",
     ),
     click.option("--verify-signal-input-name", default=None, help="Main signal input (random)."),
     click.option(
@@ -273,4 +297,5 @@ def verify_options_from(
         dims=parse_pairs(kwargs["verify_dims"], "--verify-dim", int),
         deterministic=kwargs["verify_deterministic_cpu"],
         feeds=feeds,
+        memory=kwargs["verify_memory"],
     )

@@ -18,6 +18,8 @@ from onnx_conv2matmul.report import CommandReport
 from onnx_conv2matmul.rewrite.reasons import SkipReason
 from onnx_conv2matmul.rewrite.report import ConvertReport
 from onnx_conv2matmul.verify.check import Criterion, OutputComparison, VerifyReport
+from onnx_conv2matmul.verify.options import format_size
+from onnx_conv2matmul.verify.plan import held as plan_held
 
 MAX_SKIPPED_ROWS = 25
 
@@ -189,15 +191,28 @@ def verification_table(verification: VerifyReport, *, cosine: bool = False) -> T
 
 
 def _lengths_lines(verification: VerifyReport) -> list[str]:
-    """Which lengths were used and why; which ones the original could not run at."""
+    """Which lengths were used and why, each dim's values in the runs, the lengths not run."""
     if not verification.lengths:
         return []
-    lines = [f"Lengths: {', '.join(map(str, verification.lengths))} ({verification.lengths_rule})"]
+    takes = any(dim.role.value == "sequence" for dim in verification.dims) or verification.options.feeds
+    used = ", ".join(map(str, verification.lengths)) if takes or not verification.dims else "none"
+    lines = [f"Lengths: {used} ({verification.lengths_rule})"]
+    if verification.dims and verification.runs:
+        parts = []
+        for dim in verification.dims:
+            values = [run.dims[dim.key] for run in verification.runs if dim.key in run.dims]
+            fed = ", ".join(str(v) for v in dict.fromkeys(values)) or "-"
+            parts.append(f"{dim.key} {dim.role.value} {fed}")
+        held = plan_held(verification.runs)
+        lines.append(
+            f"Dims fed: {'; '.join(parts)} (memory: about {format_size(held)} of tensors at once,"
+            f" budget {format_size(verification.options.memory)})"
+        )
     not_run = verification.lengths_not_run
     if not_run:
         skipped = ", ".join(str(length) for length, _ in not_run)
         lines.append(
-            f"The original model cannot run at {skipped}; other lengths took their place"
+            f"Not run at {skipped}; other lengths took their place where there were any"
             f" (at {not_run[0][0]}: {not_run[0][1]})"
         )
     return lines
@@ -220,10 +235,14 @@ def print_verification(console: Console, verification: VerifyReport, *, cosine: 
             console.print(f"Inputs: {inputs}", highlight=False, soft_wrap=True)
     for line in _lengths_lines(verification):
         console.print(line, highlight=False, soft_wrap=True)
+    for warning in verification.warnings:
+        console.print(f"[yellow]Warning:[/yellow] {escape(warning)}", highlight=False, soft_wrap=True)
     if verification.options.criterion is Criterion.REPORT_ONLY:
         console.print("Accuracy measured; set --min-cosine to make it a pass/fail criterion.")
     elif verification.passed:
-        console.print("[bold green]Verification PASSED[/bold green]")
+        count = len(verification.warnings)
+        more = f", with {count} warning{'s' if count > 1 else ''} above" if count else ""
+        console.print(f"[bold green]Verification PASSED[/bold green]{more}")
     else:
         worst = verification.failures[0] if verification.failures else None
         if worst is not None:

@@ -227,9 +227,13 @@ class _Node:
 def _session(path: str, deterministic: bool) -> Any:
     import onnxruntime as ort
 
+    from onnx_conv2matmul.verify.run import release_freed_memory
+
+    release_freed_memory()  # the previous candidate's weights, before this one's load
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     so.log_severity_level = 3
+    so.enable_cpu_mem_arena = False  # what a run allocates is given back when it ends
     if deterministic:
         so.intra_op_num_threads = 1
         so.inter_op_num_threads = 1
@@ -238,21 +242,40 @@ def _session(path: str, deterministic: bool) -> Any:
     return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
 
 
+def _run(session: Any, feed: Mapping[str, np.ndarray], names: Sequence[str] | None = None) -> list[Any]:
+    """One run; memory exhaustion is :class:`OutOfMemory`, whatever onnxruntime called it."""
+    import onnxruntime as ort
+
+    from onnx_conv2matmul.errors import Hint, OutOfMemory, is_out_of_memory
+
+    quiet = ort.RunOptions()
+    quiet.log_severity_level = 4  # a failure is raised with its message; not logged as well
+    try:
+        outputs: list[Any] = session.run(None if names is None else list(names), dict(feed), quiet)
+    except Exception as err:
+        if is_out_of_memory(err):
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise OutOfMemory(
+                f"out of memory running a model of the search: {first}", hint=Hint.VERIFY_OUT_OF_MEMORY
+            ) from err
+        raise
+    return outputs
+
+
 def _worst_cosine(
-    reference: Sequence[Sequence[Any]], outputs: Sequence[Sequence[Any]], names: Sequence[str]
+    index: int, reference: Sequence[Any], outputs: Sequence[Any], names: Sequence[str]
 ) -> tuple[float, str]:
-    """The smallest cosine over every float output and feed; -1 and a note when an exact output differs."""
+    """The smallest cosine over the float outputs of one feed; -1 and a note when an exact output differs."""
     from onnx_conv2matmul.verify.check import VerifyOptions, compare_outputs
 
     options = VerifyOptions(report_only=True)
     worst = 1.0
-    for index, (ref, out) in enumerate(zip(reference, outputs, strict=True)):
-        for name, r, o in zip(names, ref, out, strict=True):
-            row = compare_outputs(r, o, options, length=index, name=name)
-            if not row.passed:
-                return -1.0, f"{name} on feed {index}: {row.note}"
-            if row.cosine is not None:
-                worst = min(worst, row.cosine)
+    for name, r, o in zip(names, reference, outputs, strict=True):
+        row = compare_outputs(r, o, options, length=index, name=name)
+        if not row.passed:
+            return -1.0, f"{name} on feed {index}: {row.note}"
+        if row.cosine is not None:
+            worst = min(worst, row.cosine)
     return worst, ""
 
 
@@ -272,11 +295,14 @@ def search(
     *,
     deterministic: bool = False,
     progress: ProgressCallback | None = None,
+    memory: int | None = None,
 ) -> AutoResult:
     """Find the smallest configuration of ``model`` (rewritten, fp32) that meets ``options.min_cosine``.
 
     ``model`` is not changed; it is saved into ``workdir`` (which the caller removes),
-    and every evaluated model is written there in turn.
+    and every evaluated model is written there in turn. ``memory`` is the check's budget
+    (``VerifyOptions.memory``): the activations of a feed whose activations would take more
+    than half of it are not measured (the smaller feeds' stand for it).
 
     Raises:
         TargetUnreachable: the all-float model does not meet the minimum either.
@@ -299,7 +325,7 @@ def search(
         for _ in range(len(added)):
             model.graph.outputs.pop()
     say("Measuring activations")
-    reference, activations = _reference(fp32_path, feeds, len(output_names), added, deterministic)
+    reference, activations = _reference(fp32_path, feeds, output_names, added, deterministic, memory)
     say("Measuring each weight's sensitivity")
     sens_started = time.perf_counter()
     _sensitivities(model, nodes, options.ladder, activations)
@@ -515,23 +541,36 @@ def _add_outputs(model: ir.Model, names: Sequence[str]) -> list[str]:
 def _reference(
     path: str,
     feeds: Sequence[Mapping[str, np.ndarray]],
-    n_outputs: int,
+    names: Sequence[str],
     added: Sequence[str],
     deterministic: bool,
+    memory: int | None = None,
 ) -> tuple[list[list[Any]], dict[str, np.ndarray]]:
-    """The fp32 outputs per feed, and per added value the mean square of each last-axis channel."""
+    """The fp32 outputs per feed, and per added value the mean square of each last-axis channel.
+
+    The first feed gives every added value; a later one gives them too unless they would
+    take more than half of ``memory`` (in proportion to its input bytes): it then runs for
+    its outputs only.
+    """
     session = _session(path, deterministic)
     reference: list[list[Any]] = []
     sums: dict[str, np.ndarray] = {}
     counts: dict[str, int] = {}
-    for feed in feeds:
-        outputs = session.run(None, dict(feed))
-        reference.append(outputs[:n_outputs])
-        for name, array in zip(added, outputs[n_outputs:], strict=True):
+    per_input_byte = 0.0
+    for index, feed in enumerate(feeds):
+        input_bytes = sum(int(np.asarray(v).nbytes) for v in feed.values())
+        measure = index == 0 or memory is None or per_input_byte * input_bytes <= memory / 2
+        outputs = _run(session, feed, None if measure else names)
+        reference.append(outputs[: len(names)])
+        if index == 0:
+            added_bytes = sum(int(np.asarray(a).nbytes) for a in outputs[len(names) :])
+            per_input_byte = added_bytes / max(1, input_bytes)
+        for name, array in zip(added, outputs[len(names) :], strict=measure):
             a = np.asarray(array, dtype=np.float64)
             flat = a.reshape(-1, a.shape[-1]) if a.ndim else a.reshape(1, 1)
             sums[name] = sums.get(name, 0.0) + np.square(flat).sum(axis=0)
             counts[name] = counts.get(name, 0) + flat.shape[0]
+        del outputs
     del session
     gc.collect()
     return reference, {name: sums[name] / max(counts[name], 1) for name in sums}
@@ -598,6 +637,7 @@ def _evaluate(
     deterministic: bool,
 ) -> tuple[float, str]:
     """Build ``config`` from the fp32 copy, save it, run every feed: the worst cosine and a note."""
+    from onnx_conv2matmul.errors import OutOfMemory
     from onnx_conv2matmul.files import output as _output
 
     model = ir.load(fp32_path)
@@ -610,8 +650,17 @@ def _evaluate(
         _output.save(model, path, os.path.basename(data_path))
         del model
         session = _session(path, deterministic)
-        outputs = [session.run(None, dict(feed)) for feed in feeds]
+        worst, note = 1.0, ""
+        for index, (feed, ref) in enumerate(zip(feeds, reference, strict=True)):
+            outputs = _run(session, feed)  # compared as it arrives, freed before the next feed
+            cosine, note = _worst_cosine(index, ref, outputs, names)
+            del outputs
+            worst = min(worst, cosine)
+            if note:
+                break
         del session
+    except OutOfMemory:
+        raise
     except Exception as err:  # a candidate that does not run fails; the search goes on
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         return -1.0, f"onnxruntime cannot run it: {first}"
@@ -620,23 +669,19 @@ def _evaluate(
         for leftover in (path, data_path):
             with contextlib.suppress(FileNotFoundError):
                 os.remove(leftover)
-    return _worst_cosine(reference, outputs, names)
+    return worst, note
 
 
-def synthesised_feeds(path: str, options: Any) -> list[dict[str, np.ndarray]]:
-    """The inputs ``verify`` synthesises for the model at ``path`` with ``options`` (a VerifyOptions).
+def synthesised_feeds(path: str, options: Any) -> list[Mapping[str, np.ndarray]]:
+    """The inputs ``verify`` feeds the model at ``path`` with ``options`` (a VerifyOptions).
 
-    One feed per length the original runs at, exactly as the accuracy check makes them.
+    One feed per run of the check, exactly as the accuracy check makes them (the same
+    dims, lengths and memory budget).
 
     Raises:
         ModelRunError: the model cannot be loaded or run on them.
+        InputError: the check does not fit the memory budget.
     """
-    from onnx_conv2matmul.verify.check import _open, _run_original, plan_lengths, synthesise_inputs
+    from onnx_conv2matmul.verify.check import planned_feeds
 
-    session, specs, _ = _open(path, "original", options)
-    plan = plan_lengths(specs, options)
-    outputs, _ = _run_original(session, specs, options, plan)
-    del session
-    gc.collect()
-    lengths = list(outputs) if options.lengths is not None else sorted(outputs)
-    return [synthesise_inputs(specs, length, options)[0] for length in lengths]
+    return planned_feeds(path, options)

@@ -243,7 +243,7 @@ def capture_inputs(
         try:
             values = session.run(list(names), dict(feed))
         except Exception as err:
-            from onnx_conv2matmul.verify.check import feed_source
+            from onnx_conv2matmul.verify.options import feed_source
 
             first = (str(err).strip().splitlines() or [type(err).__name__])[0]
             raise ModelRunError(

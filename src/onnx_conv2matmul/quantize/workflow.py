@@ -212,15 +212,17 @@ def _search(
     scratch directory beside the output (under its guard: see :meth:`_output.Output.scratch`)."""
     from onnx_conv2matmul.quantize import search as auto_search
 
-    feeds: Sequence[Mapping[str, np.ndarray]]
-    if verify.feeds is not None:
-        feeds = verify.feeds
-    else:
-        progress.phase("Synthesising inputs")
-        feeds = auto_search.synthesised_feeds(src, verify)
+    progress.phase("Planning the check's inputs" if verify.feeds is not None else "Synthesising inputs")
+    feeds: Sequence[Mapping[str, np.ndarray]] = auto_search.synthesised_feeds(src, verify)
     with output.scratch("auto") as workdir:
         report.auto = auto_search.search(
-            model, feeds, auto, workdir, deterministic=verify.deterministic, progress=progress.phase
+            model,
+            feeds,
+            auto,
+            workdir,
+            deterministic=verify.deterministic,
+            progress=progress.phase,
+            memory=verify.memory,
         )
 
 

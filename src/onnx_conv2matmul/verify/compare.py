@@ -1,0 +1,461 @@
+"""How two models' outputs are compared: the numbers of a row and its verdict.
+
+Each float difference is divided by the magnitude of the quietest slice of the reference
+output that holds the element (see :func:`element_scales`). NaN and Inf must sit at the
+same places with the same values in both models; integer, bool and string outputs must
+match exactly; a sequence output must hold as many tensors as the reference's, each
+passing on its own.
+
+Outputs are read in blocks of at most :data:`CHUNK_ELEMENTS` elements, twice: once in
+their own precision for the slices' magnitudes (a maximum of absolute values is exact in
+any precision), once in float64 for the differences and the sums of the report. So the
+memory a comparison adds does not grow with the outputs (no float64 copy of a large
+output), and the figures are running sums over the blocks.
+"""
+
+# Mutation testing (docs/mutation.md) covers this module from thresholds() to
+# compare_outputs(); the rest sits between these pragmas.
+# pragma: no mutate start
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from onnx_conv2matmul.verify.options import Criterion, VerifyOptions
+
+CHUNK_ELEMENTS = 1 << 18
+"""The most elements of one output a comparison works on at once (2 MiB of float64)."""
+
+
+@dataclasses.dataclass
+class OutputComparison:
+    """One output of both models in one run.
+
+    ``max_abs`` and ``mean_abs`` are over the scaled differences for floats (see
+    :func:`element_scales`), over ``|ref - out|`` for integers and bools, and over 0 or 1
+    per element for strings. ``mismatches`` counts elements that must match exactly and
+    do not (NaN/Inf for floats; -1 when no comparison could be made). A sequence output
+    has the dtype ``sequence(<type>)`` and the shape ``[number of tensors]``. ``length``
+    is the run's length (see :class:`onnx_conv2matmul.verify.plan.Run`).
+    """
+
+    length: int
+    output: str
+    dtype: str
+    shape: list[int]
+    max_abs: float
+    mean_abs: float
+    rel_err: float
+    cosine: float | None
+    max_ref: float
+    mismatches: int
+    passed: bool
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def failure(
+        cls, length: int, name: str, note: str, dtype: str = "", shape: list[int] | None = None
+    ) -> OutputComparison:
+        """A comparison that could not be made (shape, type or run failure)."""
+        inf = float("inf")
+        return cls(length, name, dtype, shape or [], inf, inf, inf, None, 0.0, -1, False, note)
+
+
+def blocks(shape: tuple[int, ...], chunk: int = CHUNK_ELEMENTS) -> Iterator[tuple[slice, ...]]:
+    """Index tuples that cut an array of ``shape`` into blocks of at most ``chunk`` elements.
+
+    Each block keeps every axis (one index is a slice of length 1): the trailing axes that
+    fit whole, a range of the axis before them, single indices before that. An array with
+    no element has no block; a 0-d array is one block.
+    """
+    ndim = len(shape)
+    if any(n == 0 for n in shape):
+        return
+    tail, k = 1, ndim
+    while k > 0 and tail * shape[k - 1] <= chunk:
+        tail *= shape[k - 1]
+        k -= 1
+    if k == 0:
+        yield tuple(slice(0, n) for n in shape)
+        return
+    axis = k - 1
+    step = max(1, chunk // tail)
+    whole = tuple(slice(0, n) for n in shape[k:])
+    for lead in np.ndindex(*shape[:axis]):
+        head = tuple(slice(i, i + 1) for i in lead)
+        for start in range(0, shape[axis], step):
+            yield (*head, slice(start, min(start + step, shape[axis])), *whole)
+
+
+def _block(array: np.ndarray, index: tuple[slice, ...]) -> np.ndarray:
+    """The block ``index`` of ``array`` as an array (a 0-d array stays one)."""
+    return array[index] if index else array[...]
+
+
+# pragma: no mutate end
+def thresholds(dtype: np.dtype[Any], options: VerifyOptions) -> tuple[float, float]:
+    """(max_abs, mean_abs) limits for an output type: the options, raised to what the type can hold.
+
+    Conv and MatMul accumulate in different orders, so a correct fp16 rewrite differs by an
+    fp16 rounding step. The limits never go below 4 and 0.5 machine epsilons of the type
+    (fp16: 3.9e-3 and 4.9e-4; fp32 and fp64 keep the options' values).
+    """
+    eps = float(np.finfo(dtype).eps) if np.issubdtype(dtype, np.floating) else 0.0
+    return max(options.max_abs, 4 * eps), max(options.mean_abs, 0.5 * eps)
+
+
+def _magnitude(ref: np.ndarray) -> np.ndarray:
+    """``|ref|`` with its non-finite values set to 0, in the reference's own precision."""
+    return np.where(np.isfinite(ref), np.abs(ref), 0)
+
+
+@dataclasses.dataclass
+class SliceScales:
+    """Per axis, each slice's scale ``max(1, max magnitude in the slice)``; see :func:`element_scales`.
+
+    ``per_axis[a]`` is None for an axis shorter than 2 (it makes no slices); ``whole`` is
+    ``max(1, peak)``, where ``peak`` is the largest magnitude of the output (0 without elements).
+    """
+
+    peak: float
+    per_axis: list[np.ndarray | None]
+
+    @property
+    def whole(self) -> float:
+        return max(1.0, self.peak)
+
+    def at(self, index: tuple[slice, ...], shape: tuple[int, ...]) -> np.ndarray:
+        """The element scales of the block ``index`` (of ``shape``): its smallest slice scale."""
+        scale = np.full(shape, self.whole)
+        for axis, per_slice in enumerate(self.per_axis):
+            if per_slice is None:
+                continue
+            view = [1] * len(shape)
+            view[axis] = shape[axis]
+            np.minimum(scale, per_slice[index[axis]].reshape(view), out=scale)
+        return scale
+
+
+def slice_scales(ref: np.ndarray, chunk: int = CHUNK_ELEMENTS) -> SliceScales:
+    """The slices' scales of the reference output ``ref``, read in blocks of ``chunk`` elements."""
+    peak = 0.0
+    maxima: list[np.ndarray | None] = [np.zeros(n) if n >= 2 else None for n in ref.shape]
+    for index in blocks(ref.shape, chunk):
+        magnitude = _magnitude(_block(ref, index))
+        peak = max(peak, float(magnitude.max(initial=0.0)))
+        for axis, found in enumerate(maxima):
+            if found is None:
+                continue
+            others = tuple(a for a in range(ref.ndim) if a != axis)
+            part = found[index[axis]]
+            np.maximum(part, magnitude.max(axis=others, initial=0.0), out=part)
+    per_axis = [None if m is None else np.maximum(1.0, m) for m in maxima]
+    return SliceScales(peak, per_axis)
+
+
+def element_scales(magnitude: np.ndarray) -> np.ndarray:
+    """What each element's difference is divided by: the magnitude of its quietest slice.
+
+    ``magnitude`` is ``|ref|`` with non-finite values set to 0. Along each axis of length
+    > 1, slice ``i`` (every element whose index on that axis is ``i``) has the scale
+    ``max(1, max magnitude in the slice)``; an element's scale is the smallest scale among
+    the slices that contain it (``max(1, max magnitude)`` when no axis is longer than 1).
+
+    So a difference is judged against the magnitude of the channel, time step or row it
+    lives in, whichever is quietest: a loud channel does not hide an error confined to a
+    quiet one, while a difference is never judged against less than the largest value of
+    a slice it belongs to, nor against less than 1.
+
+    Limit: an exact rewrite differs by rounding, about one machine epsilon of the terms
+    summed into an element. Where those terms are far larger than every value of the
+    element's quietest slice (heavy cancellation, e.g. a channel that a ReLU keeps near
+    zero although its inputs reach thousands), fp32 rounding can exceed the default
+    ``max_abs``; that happens once the terms are about 300x the slice's magnitude.
+    """
+    whole = tuple(slice(0, n) for n in magnitude.shape)
+    return slice_scales(magnitude).at(whole, magnitude.shape)
+
+
+def _nonfinite_mismatches(ref: np.ndarray, out: np.ndarray) -> int:
+    """How many elements are NaN or Inf in either array without being the same in both.
+
+    NaN matches NaN and an infinity matches the infinity of the same sign; a finite
+    value matches no NaN or Inf.
+    """
+    odd = ~(np.isfinite(ref) & np.isfinite(out))
+    same = (ref == out) | (np.isnan(ref) & np.isnan(out))
+    return int(np.count_nonzero(odd & ~same))
+
+
+@dataclasses.dataclass
+class _Tally:
+    """Sums and maxima over the compared elements of one tensor; a sequence adds its tensors'.
+
+    ``diff`` is the scaled absolute difference for floats (see :func:`element_scales`),
+    ``|ref - out|`` for numbers that must match exactly, and 0 or 1 for strings.
+    ``mismatches`` counts elements that differ where an exact match is required: every
+    element of an exact type, the NaN/Inf of a float type.
+    """
+
+    exact: bool
+    count: int = 0
+    max_diff: float = 0.0
+    sum_diff: float = 0.0
+    ref_sq: float = 0.0
+    out_sq: float = 0.0
+    diff_sq: float = 0.0
+    dot: float = 0.0
+    max_ref: float = 0.0
+    mismatches: int = 0
+
+    def add(self, other: _Tally) -> None:
+        self.count += other.count
+        self.max_diff = max(self.max_diff, other.max_diff)
+        self.sum_diff += other.sum_diff
+        self.ref_sq += other.ref_sq
+        self.out_sq += other.out_sq
+        self.diff_sq += other.diff_sq
+        self.dot += other.dot
+        self.max_ref = max(self.max_ref, other.max_ref)
+        self.mismatches += other.mismatches
+
+
+def _float_block(ref: np.ndarray, out: np.ndarray, scale: np.ndarray) -> _Tally:
+    """Scaled differences over the places finite in both; NaN/Inf that differ are mismatches."""
+    r = ref.astype(np.float64).ravel()
+    o = out.astype(np.float64).ravel()
+    both = np.isfinite(r) & np.isfinite(o)
+    if both.all():
+        rf, of, mismatches = r, o, 0
+        scale = scale.ravel()
+    else:
+        rf, of, mismatches = r[both], o[both], _nonfinite_mismatches(r, o)
+        scale = scale.ravel()[both]
+    diff = rf - of
+    scaled = np.abs(diff) / scale
+    return _Tally(
+        exact=False,
+        count=int(scaled.size),
+        max_diff=float(scaled.max(initial=0.0)),
+        sum_diff=float(scaled.sum()),
+        ref_sq=_dot(rf, rf),
+        out_sq=_dot(of, of),
+        diff_sq=_dot(diff, diff),
+        dot=_dot(rf, of),
+        mismatches=mismatches,
+    )
+
+
+def _dot(a: np.ndarray, b: np.ndarray) -> float:
+    """``sum(a * b)`` in one thread (a BLAS dot would wake its threads for every block)."""
+    return float(np.einsum("i,i->", a, b))
+
+
+def _float_tally(ref: np.ndarray, out: np.ndarray, chunk: int = CHUNK_ELEMENTS) -> _Tally:
+    """:func:`_float_block` over every block, each difference scaled by :func:`element_scales`."""
+    scales = slice_scales(ref, chunk)
+    total = _Tally(exact=False)
+    for index in blocks(ref.shape, chunk):
+        part = _block(ref, index)
+        total.add(_float_block(part, _block(out, index), scales.at(index, part.shape)))
+    total.max_ref = scales.peak
+    return total
+
+
+def _exact_block(ref: np.ndarray, out: np.ndarray) -> _Tally:
+    """Element-wise equality; strings are compared as text, never as numbers."""
+    differ = np.asarray(ref != out, dtype=bool)
+    if ref.dtype == object:
+        diff = differ.astype(np.float64)
+    else:
+        diff = np.abs(ref.astype(np.float64) - out.astype(np.float64))
+    return _Tally(
+        exact=True,
+        count=int(diff.size),
+        max_diff=float(diff.max(initial=0.0)),
+        sum_diff=float(diff.sum()),
+        mismatches=int(np.count_nonzero(differ)),
+    )
+
+
+def _exact_tally(ref: np.ndarray, out: np.ndarray, chunk: int = CHUNK_ELEMENTS) -> _Tally:
+    total = _Tally(exact=True)
+    for index in blocks(ref.shape, chunk):
+        total.add(_exact_block(_block(ref, index), _block(out, index)))
+    return total
+
+
+def _type_name(array: np.ndarray) -> str:
+    """The element type as reported: onnxruntime gives string tensors as object arrays."""
+    return "string" if array.dtype == object else str(array.dtype)
+
+
+def _tensor_problem(ref: Any, out: Any) -> str | None:
+    """Why two values cannot be compared element-wise, or None when they can."""
+    if not isinstance(ref, np.ndarray) or not isinstance(out, np.ndarray):
+        return f"cannot compare a {type(ref).__name__} with a {type(out).__name__}"
+    if ref.shape != out.shape or ref.dtype != out.dtype:
+        given = f"{_type_name(out)}{list(out.shape)}"
+        return f"candidate gives {given}, reference {_type_name(ref)}{list(ref.shape)}"
+    return None
+
+
+def _tally(ref: np.ndarray, out: np.ndarray) -> _Tally:
+    if np.issubdtype(ref.dtype, np.floating):
+        return _float_tally(ref, out)
+    return _exact_tally(ref, out)
+
+
+def _comparison(
+    tally: _Tally,
+    dtype: np.dtype[Any],
+    options: VerifyOptions,
+    *,
+    length: int,
+    name: str,
+    type_name: str,
+    shape: list[int],
+) -> OutputComparison:
+    """The numbers and the verdict for one tensor (or a sequence's tensors together).
+
+    Floats: ``rel_err`` is ``|ref - out| / |ref|`` and ``cosine`` the cosine similarity,
+    both over the places finite in both. Exact types: ``rel_err`` is the share of
+    elements that differ and ``cosine`` is None.
+    """
+    mean_abs = tally.sum_diff / tally.count if tally.count else 0.0
+    if tally.exact:
+        rel_err = tally.mismatches / tally.count if tally.count else 0.0
+        passed = tally.mismatches == 0
+        note = "" if passed else f"{tally.mismatches} elements differ (exact match required)"
+        return OutputComparison(
+            length,
+            name,
+            type_name,
+            shape,
+            tally.max_diff,
+            mean_abs,
+            rel_err,
+            None,
+            0.0,
+            tally.mismatches,
+            passed,
+            note,
+        )
+    norm_ref, norm_out, norm_diff = (float(np.sqrt(v)) for v in (tally.ref_sq, tally.out_sq, tally.diff_sq))
+    rel_err = norm_diff / norm_ref if norm_ref > 0 else (0.0 if norm_diff == 0 else np.inf)
+    if norm_ref > 0 and norm_out > 0:
+        cosine = tally.dot / (norm_ref * norm_out)
+    else:
+        cosine = 1.0 if norm_ref == norm_out else 0.0
+    note = ""
+    if tally.mismatches:
+        passed = False
+        note = f"{tally.mismatches} elements are NaN/Inf in one model and not the same in the other"
+    elif options.criterion is Criterion.REPORT_ONLY:
+        passed = True
+    elif options.min_cosine is not None:
+        passed = cosine >= options.min_cosine
+    else:
+        max_limit, mean_limit = thresholds(dtype, options)
+        passed = tally.max_diff <= max_limit and mean_abs <= mean_limit
+        if not passed:
+            note = f"above the limits for {dtype}: max_abs {max_limit:.3g}, mean_abs {mean_limit:.3g}"
+    return OutputComparison(
+        length,
+        name,
+        type_name,
+        shape,
+        tally.max_diff,
+        mean_abs,
+        rel_err,
+        cosine,
+        tally.max_ref,
+        tally.mismatches,
+        passed,
+        note,
+    )
+
+
+def compare_arrays(
+    ref: np.ndarray, out: np.ndarray, options: VerifyOptions, *, length: int, name: str
+) -> OutputComparison:
+    """Compare one tensor output: floats by the options' criterion, other types exactly.
+
+    A shape or type difference fails.
+    """
+    problem = _tensor_problem(ref, out)
+    if problem is not None:
+        return OutputComparison.failure(length, name, problem, _type_name(ref), list(ref.shape))
+    return _comparison(
+        _tally(ref, out),
+        ref.dtype,
+        options,
+        length=length,
+        name=name,
+        type_name=_type_name(ref),
+        shape=list(ref.shape),
+    )
+
+
+def compare_sequences(
+    ref: list[Any], out: list[Any], options: VerifyOptions, *, length: int, name: str
+) -> OutputComparison:
+    """Compare a sequence output: the same number of tensors, each passing on its own.
+
+    The row reports ``sequence(<type>)`` with the shape ``[number of tensors]``; its
+    numbers are taken over every tensor together, and the note names the first
+    tensor that fails.
+    """
+    kind = f"sequence({_type_name(ref[0])})" if ref and isinstance(ref[0], np.ndarray) else "sequence"
+    if len(ref) != len(out):
+        note = f"candidate sequence has {len(out)} elements, reference {len(ref)}"
+        return OutputComparison.failure(length, name, note, kind, [len(ref)])
+    for index, (r, o) in enumerate(zip(ref, out, strict=True)):
+        problem = _tensor_problem(r, o)
+        if problem is not None:
+            return OutputComparison.failure(length, name, f"element {index}: {problem}", kind, [len(ref)])
+    dtype = ref[0].dtype if ref else np.dtype(np.bool_)
+    total = _Tally(exact=not np.issubdtype(dtype, np.floating))
+    first_failure = ""
+    for index, (r, o) in enumerate(zip(ref, out, strict=True)):
+        tally = _tally(r, o)
+        total.add(tally)
+        part = _comparison(tally, dtype, options, length=length, name=name, type_name=kind, shape=[])
+        if not part.passed and not first_failure:
+            first_failure = f"element {index}: {part.note}"
+    row = _comparison(total, dtype, options, length=length, name=name, type_name=kind, shape=[len(ref)])
+    row.passed = not first_failure
+    row.note = first_failure
+    return row
+
+
+def compare_outputs(
+    ref: Any, out: Any, options: VerifyOptions, *, length: int, name: str
+) -> OutputComparison:
+    """Compare one output of both models: a tensor, or a sequence of tensors (a list)."""
+    if isinstance(ref, list) and isinstance(out, list):
+        return compare_sequences(ref, out, options, length=length, name=name)
+    if isinstance(ref, np.ndarray) and isinstance(out, np.ndarray):
+        return compare_arrays(ref, out, options, length=length, name=name)
+    ref_kind, out_kind = _value_kind(ref), _value_kind(out)
+    if ref_kind == out_kind:
+        note = f"cannot compare outputs of type {ref_kind} (tensors and sequences of tensors only)"
+    else:
+        note = f"candidate gives a {out_kind}, reference a {ref_kind}"
+    return OutputComparison.failure(length, name, note, ref_kind)
+
+
+# pragma: no mutate start
+def _value_kind(value: Any) -> str:
+    if isinstance(value, np.ndarray):
+        return "tensor"
+    return "sequence" if isinstance(value, list) else type(value).__name__
+
+
+# pragma: no mutate end

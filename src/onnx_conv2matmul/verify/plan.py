@@ -1,0 +1,557 @@
+"""The runs of a check: the value of every dim in each run, within a memory budget.
+
+A check holds, at once, the reference outputs of every run (the candidate runs after the
+original, so that only one model is loaded at a time) and the inputs and outputs of the
+run in progress: at most ``sum(inputs + outputs) + max(outputs)`` over the runs. The
+budget (``VerifyOptions.memory``) bounds that sum, so it does not grow with the number of
+dims, lengths or outputs.
+
+Each run's bytes are estimated before it runs: the inputs from their shapes, the outputs
+from the shapes the model declares, with the run's dim values put in (a name, or an
+expression of names as exporters write them, ``((time - 1)//8) + 1``). An output whose
+size the declaration does not give is measured: the original runs once with small
+values and once more with each dim doubled, and each axis is extrapolated from those runs
+(see :class:`Growth`: ``T // 8 + 1``, ``T * U``, ``T + U`` are exact).
+
+Default lengths are fitted to the budget: the runs are taken from the smallest to the
+largest, each gets an equal share of what is left (one share kept for the candidate's
+outputs), and a run that does not fit its share is shortened, first in its other
+sequence dims (a joint's ``tokens`` before its ``time``), then in its main one. Lengths
+given and real inputs are used as they are: a check they make too large is refused.
+"""
+
+# pragma: no mutate start
+from __future__ import annotations
+
+import ast
+import dataclasses
+import math
+import operator
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from onnx_conv2matmul.errors import Hint, InputError
+from onnx_conv2matmul.verify.feeds import InputSpec, Role, Roles
+from onnx_conv2matmul.verify.options import (
+    DEFAULT_LENGTHS,
+    IMAGE_LENGTHS,
+    IMAGE_SPARE_LENGTHS,
+    LONG_LENGTH,
+    SPARE_LENGTHS,
+    VerifyOptions,
+    format_size,
+)
+
+MIN_FIT_LENGTH = 8
+"""A default run is not shortened below this length (32 for images): it is left out."""
+STRING_BYTES = 64
+"""What one element of a string output is taken to cost (a Python object per element)."""
+_ITEMSIZE = {
+    "float": 4,
+    "float16": 2,
+    "double": 8,
+    "bfloat16": 2,
+    "int64": 8,
+    "int32": 4,
+    "int16": 2,
+    "int8": 1,
+    "uint64": 8,
+    "uint32": 4,
+    "uint16": 2,
+    "uint8": 1,
+    "bool": 1,
+    "string": STRING_BYTES,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One run of both models.
+
+    Attributes:
+        length: The row's length: the main sequence dim's value; the feed's number (from
+            1) for real inputs; 0 when no dim takes a length.
+        dims: The value of every symbolic dim of the inputs.
+        inputs: The inputs' bytes.
+        outputs: The outputs' bytes of one model (estimated before the run).
+        share: The part of the budget it was fitted to (0 when not fitted).
+        long: The long run of a speech encoder.
+    """
+
+    length: int
+    dims: Mapping[str, int]
+    inputs: int
+    outputs: int
+    share: int = 0
+    long: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "length": self.length,
+            "dims": dict(self.dims),
+            "input_bytes": self.inputs,
+            "output_bytes": self.outputs,
+        }
+
+
+# --------------------------------------------------------------------------- #
+# Output sizes
+# --------------------------------------------------------------------------- #
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputDecl:
+    """What a model declares of one output: its name, element size and shape.
+
+    ``itemsize`` is None for a type whose size is not known; ``shape`` is None for an output
+    that is not a tensor (a sequence, a map).
+    """
+
+    name: str
+    itemsize: int | None
+    shape: tuple[int | str | None, ...] | None
+
+
+def output_decl(name: str, type_name: str, shape: Sequence[Any] | None) -> OutputDecl:
+    """The declaration of an output from onnxruntime's ``NodeArg`` fields."""
+    if type_name.startswith("tensor(") and shape is not None:
+        element = type_name[len("tensor(") : -1]
+        dims = tuple(d if isinstance(d, int | str) else None for d in shape)
+        return OutputDecl(name, _ITEMSIZE.get(element), dims)
+    return OutputDecl(name, None, None)
+
+
+_OPS: dict[type, Callable[[int, int], int]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+}
+
+
+def eval_dim(text: str, values: Mapping[str, int]) -> int | None:
+    """The value of a dim written as an integer expression of dim names, or None.
+
+    Takes names, integers, ``+ - * // %``, unary minus and ``max``/``min`` (also spelt
+    ``Max``/``Min``), as exporters write output dims; anything else is None.
+    """
+    try:
+        tree = ast.parse(text, mode="eval")
+    except SyntaxError:
+        return None
+
+    def value(node: ast.AST) -> int:
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return node.value
+        if isinstance(node, ast.Name) and node.id in values:
+            return int(values[node.id])
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+            right = value(node.right)
+            if isinstance(node.op, ast.FloorDiv | ast.Mod) and right == 0:
+                raise ValueError("division by zero")
+            return _OPS[type(node.op)](value(node.left), right)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -value(node.operand)
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id.lower() in ("max", "min")
+            and node.args
+            and not node.keywords
+        ):
+            pick = max if node.func.id.lower() == "max" else min
+            return pick(value(arg) for arg in node.args)
+        raise ValueError("not an integer expression of dim names")
+
+    try:
+        return value(tree.body)
+    except (ValueError, RecursionError):
+        return None
+
+
+def declared_bytes(decl: OutputDecl, values: Mapping[str, int]) -> int | None:
+    """The output's bytes from its declaration with ``values`` put in, or None when unknown."""
+    if decl.shape is None or decl.itemsize is None:
+        return None
+    size = decl.itemsize
+    for dim in decl.shape:
+        if isinstance(dim, int) and dim >= 0:
+            size *= dim
+        elif isinstance(dim, str):
+            found = values[dim] if dim in values else eval_dim(dim, values)
+            if found is None:
+                return None
+            size *= max(found, 0)
+        else:
+            return None
+    return size
+
+
+@dataclasses.dataclass(frozen=True)
+class Growth:
+    """How a size grows with the dims, from a base run and one run per dim with that dim doubled.
+
+    Per dim, what doubling it did to the size says how the size depends on it: doubled
+    exactly, in proportion (``T * U``, ``T // 8`` from a base divisible by 8); more than
+    doubled, a power (``T**2``); less, an affine term (``T // 8 + 1``, ``T + U``, ``T - 8``).
+    The size is ``(base + sum of the affine terms) * product of the proportions and powers``,
+    which is exact for all of these and for their products, never below 0.
+    """
+
+    base: float
+    base_values: Mapping[str, int]
+    varied: Mapping[str, tuple[int, float]]
+    """Per dim: its value in the varied run and the size there."""
+
+    def at(self, values: Mapping[str, int]) -> int:
+        offset = self.base
+        factor = 1.0
+        for key, (moved, size) in self.varied.items():
+            start = self.base_values[key]
+            target = values.get(key, start)
+            ratio = size / self.base if self.base > 0 else 0.0
+            steps = math.log(target / start) / math.log(moved / start) if target > 0 else -math.inf
+            if self.base > 0 and ratio >= moved / start:
+                factor *= ratio**steps if target > 0 else 0.0
+            else:
+                offset += (size - self.base) * (target - start) / (moved - start)
+        return max(0, math.ceil(round(offset * factor, 6)))
+
+
+@dataclasses.dataclass(frozen=True)
+class MeasuredOutput:
+    """An output whose size was measured: per axis (tensors) or its bytes (anything else)."""
+
+    itemsize: int
+    axes: tuple[Growth, ...] | None
+    total: Growth | None
+
+    def bytes(self, values: Mapping[str, int]) -> int:
+        if self.axes is not None:
+            return self.itemsize * math.prod(axis.at(values) for axis in self.axes)
+        assert self.total is not None
+        return self.total.at(values)
+
+
+def value_bytes(value: Any) -> int:
+    """The bytes of an output as onnxruntime returns it (strings at :data:`STRING_BYTES` each)."""
+    if isinstance(value, np.ndarray):
+        return int(value.size * STRING_BYTES) if value.dtype == object else int(value.nbytes)
+    if isinstance(value, list | tuple):
+        return sum(value_bytes(v) for v in value)
+    if isinstance(value, dict):
+        return sum(value_bytes(v) for v in value.values()) + STRING_BYTES * len(value)
+    return STRING_BYTES
+
+
+def measure(
+    base_values: Mapping[str, int],
+    base: Sequence[Any],
+    varied: Mapping[str, tuple[Mapping[str, int], Sequence[Any]]],
+) -> list[MeasuredOutput]:
+    """Each output's growth from the outputs of a base run and of one run per dim doubled."""
+    measured = []
+    for index, ref in enumerate(base):
+        same_rank = isinstance(ref, np.ndarray) and all(
+            isinstance(outs[index], np.ndarray) and outs[index].ndim == ref.ndim
+            for _, outs in varied.values()
+        )
+        if same_rank and ref.dtype != object:
+            axes = tuple(
+                Growth(
+                    float(ref.shape[axis]),
+                    dict(base_values),
+                    {k: (vals[k], float(outs[index].shape[axis])) for k, (vals, outs) in varied.items()},
+                )
+                for axis in range(ref.ndim)
+            )
+            measured.append(MeasuredOutput(ref.itemsize, axes, None))
+        else:
+            total = Growth(
+                float(value_bytes(ref)),
+                dict(base_values),
+                {k: (vals[k], float(value_bytes(outs[index]))) for k, (vals, outs) in varied.items()},
+            )
+            measured.append(MeasuredOutput(1, None, total))
+    return measured
+
+
+@dataclasses.dataclass
+class OutputSizes:
+    """The outputs' bytes of a model for any dim values: declared, or measured where not."""
+
+    decls: list[OutputDecl]
+    measured: list[MeasuredOutput] | None = None
+    how: str = "declared shapes"
+    per_input_byte: float = 0.0
+    """With real inputs: the bytes of the outputs the declarations leave unknown, per input byte."""
+
+    def unknown(self, values: Mapping[str, int]) -> list[str]:
+        """The outputs whose size the declarations do not give for ``values``."""
+        return [d.name for d in self.decls if declared_bytes(d, values) is None]
+
+    def bytes(self, values: Mapping[str, int]) -> int:
+        total = 0
+        for index, decl in enumerate(self.decls):
+            found = declared_bytes(decl, values)
+            if found is None and self.measured is not None:
+                found = self.measured[index].bytes(values)
+            total += found or 0
+        return total
+
+
+def input_bytes(specs: Sequence[InputSpec], roles: Roles, values: Mapping[str, int]) -> int:
+    return sum(np.dtype(spec.dtype).itemsize * math.prod(roles.shape(spec.name, values)) for spec in specs)
+
+
+def held(runs: Sequence[Run]) -> int:
+    """What a check of these runs holds at most: every run's inputs and reference outputs,
+    and the candidate's outputs of one run."""
+    return sum(r.inputs + r.outputs for r in runs) + max((r.outputs for r in runs), default=0)
+
+
+# --------------------------------------------------------------------------- #
+# The plan
+# --------------------------------------------------------------------------- #
+
+
+@dataclasses.dataclass(frozen=True)
+class LengthPlan:
+    """The runs of a check.
+
+    Attributes:
+        runs: The runs, in the order they are made.
+        spares: Tried in order, one for each default run the original model cannot run
+            at (fitted to that run's share); empty when the options give the lengths.
+        rule: How the lengths were chosen, for the report.
+        roles: The dims and what each takes.
+        budget: The memory budget, bytes.
+        left_out: Default lengths that do not fit the budget even shortened, with why.
+    """
+
+    runs: tuple[Run, ...]
+    spares: tuple[int, ...]
+    rule: str
+    roles: Roles
+    budget: int
+    left_out: tuple[tuple[int, str], ...] = ()
+    step: int = 1
+
+    @property
+    def wanted(self) -> tuple[int, ...]:
+        return tuple(r.length for r in self.runs)
+
+
+class Planner:
+    """Makes runs for a model: its inputs, dims and output sizes, and the options."""
+
+    def __init__(
+        self, specs: Sequence[InputSpec], roles: Roles, sizes: OutputSizes, options: VerifyOptions
+    ) -> None:
+        self.specs, self.roles, self.sizes, self.options = specs, roles, sizes, options
+        self.step = 1
+
+    def run(self, length: int, values: Mapping[str, int], *, share: int = 0, long: bool = False) -> Run:
+        primary = self.roles.primary
+        label = values[primary] if primary is not None and primary in values else length
+        return Run(
+            label,
+            dict(values),
+            input_bytes(self.specs, self.roles, values),
+            self.sizes.bytes(values),
+            share,
+            long,
+        )
+
+    def uniform(self, length: int, *, batch: int | None = None) -> dict[str, int]:
+        return self.roles.values(length, self.options, batch=batch)
+
+    def fit(self, length: int, share: int, *, long: bool = False) -> Run | None:
+        """The run at ``length`` (batch 1 when ``long``), shortened to fit ``share``; None
+        when it does not fit even at the shortest length."""
+        values = self.uniform(length, batch=1 if long else None)
+        first = self.run(length, values, share=share, long=long)
+        if first.inputs + first.outputs <= share or self.roles.primary is None:
+            return first if first.inputs + first.outputs <= share else None
+        primary = self.roles.primary
+        others = [k for k in self.roles.sequence if k != primary]
+
+        def with_values(main: int, rest: int) -> Run:
+            moved = dict(values)
+            moved[primary] = main
+            moved.update((k, rest) for k in others)
+            return self.run(length, moved, share=share, long=long)
+
+        def fits(run: Run) -> bool:
+            return run.inputs + run.outputs <= share
+
+        if others:
+            rest = self._largest(length, self.step, lambda n: fits(with_values(length, n)))
+            if rest is not None:
+                return with_values(length, rest)
+        lowest = max(MIN_FIT_LENGTH, self.step) if self.step > 1 else MIN_FIT_LENGTH
+        main = self._largest(length, min(lowest, length), lambda n: fits(with_values(n, self.step)))
+        return None if main is None else with_values(main, min(self.step, main))
+
+    def _largest(self, top: int, bottom: int, fits: Callable[[int], bool]) -> int | None:
+        """The largest multiple of the step in [bottom, top] that fits (fitting is monotone)."""
+        low, high = -(-bottom // self.step), top // self.step
+        if high < low or not fits(low * self.step):
+            return None
+        while low < high:
+            middle = (low + high + 1) // 2
+            if fits(middle * self.step):
+                low = middle
+            else:
+                high = middle - 1
+        return low * self.step
+
+
+def plan_lengths(
+    specs: Sequence[InputSpec], options: VerifyOptions, roles: Roles, sizes: OutputSizes
+) -> LengthPlan:
+    """The runs of a check (see the module's documentation).
+
+    Default lengths are :data:`DEFAULT_LENGTHS`, or :data:`IMAGE_LENGTHS` (multiples of 32)
+    when an input of rank 4 or more has two or more sequence dims, with spares; a speech
+    encoder (see :class:`onnx_conv2matmul.verify.feeds.Roles`) also gets a run of
+    :data:`LONG_LENGTH` at batch 1.
+
+    Raises:
+        InputError: lengths given or real inputs whose check does not fit the budget, or a
+            model whose shortest default run does not fit it (with the hint to raise it).
+    """
+    planner = Planner(specs, roles, sizes, options)
+    budget = options.memory
+    if options.feeds is not None:
+        runs = [_feed_run(planner, i + 1, feed) for i, feed in enumerate(options.feeds)]
+        rule = "real inputs: one run per file, each row's length is the file's number from 1"
+        _refuse_above(runs, budget, "the inputs files")
+        return LengthPlan(tuple(runs), (), rule, roles, budget)
+    if not roles.sequence:
+        run = planner.run(0, planner.uniform(0))
+        _refuse_above([run], budget, "the check")
+        rule = "no symbolic dim takes a length: one run"
+        return LengthPlan((run,), (), rule, roles, budget)
+    if options.lengths is not None:
+        runs = [planner.run(n, planner.uniform(n)) for n in options.lengths]
+        _refuse_above(runs, budget, "the lengths given")
+        return LengthPlan(tuple(runs), (), "given", roles, budget)
+    image = _image_input(specs, roles)
+    wanted: tuple[int, ...]
+    spares: tuple[int, ...]
+    if image is not None:
+        planner.step = 32
+        rule = f"default for image inputs: multiples of 32, as {image!r} has a symbolic height and width"
+        wanted, spares = IMAGE_LENGTHS, IMAGE_SPARE_LENGTHS
+    else:
+        rule, wanted, spares = "default", DEFAULT_LENGTHS, SPARE_LENGTHS
+    targets = [(n, False) for n in wanted]
+    if roles.speech and image is None:
+        targets.append((LONG_LENGTH, True))
+        rule += f"; a long run of {LONG_LENGTH} (speech encoder, batch 1)"
+    runs, left_out = _fit_all(planner, targets, budget)
+    if not runs:
+        smallest = planner.run(wanted[0], planner.uniform(MIN_FIT_LENGTH))
+        raise InputError(
+            f"the check does not fit in the memory budget of {format_size(budget)}: a run at the"
+            f" shortest length ({_dims_text(smallest.dims)}) needs about"
+            f" {format_size(held([smallest]))}",
+            hint=Hint.VERIFY_BUDGET,
+        )
+    if any(run.dims != planner.uniform(run.length, batch=1 if run.long else None) for run in runs):
+        rule += "; shortened to fit the memory budget"
+    return LengthPlan(tuple(runs), spares, rule, roles, budget, tuple(left_out), planner.step)
+
+
+def _fit_all(
+    planner: Planner, targets: Sequence[tuple[int, bool]], budget: int
+) -> tuple[list[Run], list[tuple[int, str]]]:
+    """The runs fitted from the smallest to the largest, each to an equal share of what is left."""
+    full = [planner.run(n, planner.uniform(n, batch=1 if long else None), long=long) for n, long in targets]
+    order = sorted(range(len(targets)), key=lambda i: full[i].inputs + full[i].outputs)
+    remaining = budget
+    fitted: dict[int, Run] = {}
+    left_out: list[tuple[int, str]] = []
+    for position, index in enumerate(order):
+        share = remaining // (len(order) - position + 1)
+        length, long = targets[index]
+        run = planner.fit(length, share, long=long)
+        if run is None:
+            need = full[index].inputs + full[index].outputs
+            left_out.append(
+                (length, f"needs about {format_size(need)}, above its share of the memory budget")
+            )
+            continue
+        remaining -= run.inputs + run.outputs
+        fitted[index] = run
+    runs: list[Run] = []
+    for index in sorted(fitted):
+        if all(fitted[index].dims != r.dims for r in runs):
+            runs.append(fitted[index])
+    return runs, left_out
+
+
+def feed_dims(feed: Mapping[str, np.ndarray], roles: Roles, specs: Sequence[InputSpec]) -> dict[str, int]:
+    """The dim values of one set of real inputs, read from its arrays."""
+    values: dict[str, int] = {}
+    for spec in specs:
+        for axis, size in zip(roles.axes[spec.name], np.shape(feed[spec.name]), strict=False):
+            if isinstance(axis, str):
+                values[axis] = max(values.get(axis, 0), int(size))
+    return values
+
+
+def _feed_run(planner: Planner, number: int, feed: Mapping[str, np.ndarray]) -> Run:
+    """The run of one set of real inputs, its length the feed's number."""
+    values = feed_dims(feed, planner.roles, planner.specs)
+    inputs = sum(int(np.asarray(feed[s.name]).nbytes) for s in planner.specs)
+    outputs = planner.sizes.bytes(values) + math.ceil(planner.sizes.per_input_byte * inputs)
+    return Run(number, values, inputs, outputs)
+
+
+def _refuse_above(runs: Sequence[Run], budget: int, what: str) -> None:
+    need = held(runs)
+    if need > budget:
+        worst = max(runs, key=lambda r: r.inputs + r.outputs)
+        raise InputError(
+            f"{what} need about {format_size(need)} of inputs and outputs at once, above the memory"
+            f" budget of {format_size(budget)} (the largest run, {_dims_text(worst.dims)}:"
+            f" {format_size(worst.inputs + worst.outputs)})",
+            hint=Hint.VERIFY_BUDGET,
+        )
+
+
+def _dims_text(dims: Mapping[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in dims.items()) or "no symbolic dims"
+
+
+def _image_input(specs: Sequence[InputSpec], roles: Roles) -> str | None:
+    """The first input of rank >= 4 with two or more sequence dims, if any."""
+    sequence = set(roles.keys(Role.SEQUENCE))
+    for spec in specs:
+        axes = roles.axes[spec.name]
+        if len(axes) >= 4 and sum(1 for a in axes if isinstance(a, str) and a in sequence) >= 2:
+            return spec.name
+    return None
+
+
+def probe_values(
+    roles: Roles, options: VerifyOptions, length: int
+) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
+    """The dim values of the runs that measure the outputs: a base run (batch 1, every
+    sequence dim at ``length``) and, per dim that varies, the base with that dim doubled."""
+    base = roles.values(length, options, batch=1)
+    varied = {}
+    for dim in roles.dims:
+        if dim.role is not Role.FIXED:
+            moved = dict(base)
+            moved[dim.key] = base[dim.key] * 2
+            varied[dim.key] = moved
+    return base, varied
+
+
+# pragma: no mutate end

@@ -1,0 +1,355 @@
+"""Running the models of a check in onnxruntime: sessions, runs, and what runs out of memory.
+
+Sessions run with onnxruntime's graph optimizations off (no fusion can hide a wrong
+rewrite) and without its memory arena, so what a run allocates is given back when it ends.
+One model is loaded at a time: the original runs every planned run first, then the
+candidate. A run that runs out of memory (numpy's ``MemoryError``, onnxruntime's
+``bad_alloc`` or failed allocation) raises :class:`onnx_conv2matmul.errors.OutOfMemory`,
+never a failed comparison.
+"""
+
+# pragma: no mutate start
+from __future__ import annotations
+
+import ctypes
+import gc
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from onnx_conv2matmul.errors import (
+    Hint,
+    InputError,
+    ModelLoadError,
+    ModelRunError,
+    OutOfMemory,
+    is_out_of_memory,
+)
+from onnx_conv2matmul.verify.feeds import (
+    InputSpec,
+    Roles,
+    _first_line,
+    _same_signature,
+    _signature,
+    check_feeds,
+    check_names,
+    synthesise_inputs,
+)
+from onnx_conv2matmul.verify.options import VerifyOptions, feed_source, format_size
+from onnx_conv2matmul.verify.plan import (
+    LengthPlan,
+    OutputSizes,
+    Run,
+    declared_bytes,
+    feed_dims,
+    measure,
+    output_decl,
+    probe_values,
+    value_bytes,
+)
+
+_ORT_TYPES: dict[str, Any] = {
+    "tensor(float)": np.float32,
+    "tensor(float16)": np.float16,
+    "tensor(double)": np.float64,
+    "tensor(int64)": np.int64,
+    "tensor(int32)": np.int32,
+    "tensor(int16)": np.int16,
+    "tensor(int8)": np.int8,
+    "tensor(uint8)": np.uint8,
+    "tensor(bool)": np.bool_,
+}
+PROBE_LENGTHS = (16, 32, 64)
+"""The base length of the runs that measure outputs whose size the model does not declare,
+tried in turn until the original runs."""
+
+
+def session(path: str, options: VerifyOptions) -> Any:
+    """An onnxruntime CPU session for a check (see the module's documentation).
+
+    Raises:
+        OutOfMemory: the model does not fit in memory.
+        Exception: whatever onnxruntime raises for a model it cannot load.
+    """
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.log_severity_level = 3
+    so.enable_cpu_mem_arena = False
+    if options.deterministic:
+        so.intra_op_num_threads = 1
+        so.inter_op_num_threads = 1
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        so.use_deterministic_compute = True
+    return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+
+
+def input_specs(session: Any) -> list[InputSpec]:
+    specs = []
+    for arg in session.get_inputs():
+        dtype = _ORT_TYPES.get(arg.type)
+        if dtype is None:
+            raise InputError(f"cannot synthesise input {arg.name!r} of type {arg.type}")
+        specs.append(InputSpec(arg.name, dtype, list(arg.shape)))
+    return specs
+
+
+def release_freed_memory() -> None:
+    """Give the memory this process freed back to the system before a model is loaded.
+
+    A model's weights are freed when its session or its quantization ends, but the C
+    allocator keeps the freed pages for later use: on the Parakeet-sized encoder that was
+    about 350 MB held while the next model loaded. ``malloc_trim`` (glibc) returns them;
+    elsewhere this only collects garbage.
+    """
+    gc.collect()
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (AttributeError, OSError):
+        return
+    trim(0)
+
+
+def open_model(
+    path: str, label: str, options: VerifyOptions, specs: list[InputSpec] | None = None
+) -> tuple[Any, list[InputSpec], list[str]]:
+    """A session, the inputs (``specs`` when given: the other model's, checked to match) and
+    the output names; the options' names and output indices are checked against them.
+    What the process freed before is given back first (see :func:`release_freed_memory`).
+
+    Raises:
+        ModelLoadError: onnxruntime cannot load the model.
+        OutOfMemory: it does not fit in memory.
+        InputError: the inputs differ from ``specs``, or an option names no input, dim or output.
+    """
+    release_freed_memory()
+    try:
+        opened = session(path, options)
+    except Exception as err:
+        if is_out_of_memory(err):
+            raise OutOfMemory(
+                f"out of memory loading the {label} model: {_first_line(err)}", hint=Hint.VERIFY_OUT_OF_MEMORY
+            ) from err
+        raise ModelLoadError(f"onnxruntime cannot load the {label} model: {_first_line(err)}") from err
+    own_specs = input_specs(opened)
+    if specs is not None and not _same_signature(specs, own_specs):
+        raise InputError(
+            f"the two models have different inputs: {_signature(specs)} vs {_signature(own_specs)}"
+        )
+    use = specs or own_specs
+    check_names(use, options)
+    if options.feeds is not None:
+        check_feeds(use, options.feeds)
+    names = [o.name for o in opened.get_outputs()]
+    for index in options.output_indices or ():
+        if not 0 <= index < len(names):
+            raise InputError(f"output index {index} out of range: the model has {len(names)} outputs")
+    return opened, use, names
+
+
+def output_sizes(opened: Any) -> OutputSizes:
+    """The outputs as the model declares them (measured later where that is not enough)."""
+    return OutputSizes([output_decl(o.name, o.type, o.shape) for o in opened.get_outputs()])
+
+
+def run_feeds(opened: Any, feeds: Mapping[str, np.ndarray], label: str, where: str, hint: Hint | None) -> Any:
+    """The outputs of one run.
+
+    Raises:
+        OutOfMemory: memory ran out.
+        ModelRunError: onnxruntime cannot run the model on these inputs (with ``hint``).
+    """
+    import onnxruntime as ort
+
+    quiet = ort.RunOptions()
+    quiet.log_severity_level = 4  # a failure is raised with its message; not logged as well
+    shapes = ", ".join(f"{k}{list(v.shape)}" for k, v in feeds.items())
+    try:
+        return opened.run(None, dict(feeds), quiet)
+    except Exception as err:
+        if is_out_of_memory(err):
+            raise OutOfMemory(
+                f"out of memory running the {label} model {where} ({shapes}): {_first_line(err)}",
+                hint=Hint.VERIFY_OUT_OF_MEMORY,
+            ) from err
+        raise ModelRunError(
+            f"onnxruntime cannot run the {label} model {where} ({shapes}): {_first_line(err)}", hint=hint
+        ) from err
+
+
+def run_at(
+    opened: Any, specs: list[InputSpec], run: Run, options: VerifyOptions, label: str, roles: Roles
+) -> Any:
+    """The outputs of ``run``; see :func:`run_feeds`."""
+    feeds, _ = synthesise_inputs(
+        specs, run.length, options, run.dims if options.feeds is None else None, roles
+    )
+    if options.feeds is not None:
+        where = f"on inputs {feed_source(options.feeds[run.length - 1], run.length - 1)}"
+        hint: Hint | None = Hint.INPUT_FILES
+    else:
+        where = f"at {_dims_text(run)}"
+        hint = None
+    return run_feeds(opened, feeds, label, where, hint)
+
+
+def _dims_text(run: Run) -> str:
+    text = ", ".join(f"{k} {v}" for k, v in run.dims.items())
+    return f"length {run.length}" + (f" ({text})" if text else "")
+
+
+def measure_outputs(
+    opened: Any, specs: list[InputSpec], roles: Roles, options: VerifyOptions, sizes: OutputSizes
+) -> OutputSizes:
+    """``sizes``, measured where the declared shapes do not give an output's size.
+
+    Runs the original at :data:`PROBE_LENGTHS` in turn until it runs, then once per dim with
+    that dim doubled (see :func:`onnx_conv2matmul.verify.plan.measure`); the outputs are
+    dropped at once. Real inputs need no measurement: their runs are estimated from the
+    first feed's measured outputs when the declarations are not enough.
+    """
+    if options.feeds is not None:
+        if not sizes.unknown(feed_dims(options.feeds[0], roles, specs)):
+            return sizes
+        return _measure_feeds(opened, specs, roles, options, sizes)
+    probe_base = roles.values(PROBE_LENGTHS[0], options, batch=1)
+    if not sizes.unknown(probe_base):
+        return sizes
+    for length in PROBE_LENGTHS:
+        base_values, varied_values = probe_values(roles, options, length)
+        try:
+            base = _probe(opened, specs, roles, options, base_values)
+        except ModelRunError:
+            continue
+        varied = {}
+        for key, values in varied_values.items():
+            try:
+                varied[key] = (values, _probe(opened, specs, roles, options, values))
+            except ModelRunError:
+                continue  # the dim cannot be doubled: its size is taken as it is at the base
+            finally:
+                gc.collect()
+        sizes.measured = measure(base_values, base, varied)
+        sizes.how = f"measured at length {length} and with each dim doubled"
+        return sizes
+    return sizes
+
+
+def _probe(
+    opened: Any, specs: list[InputSpec], roles: Roles, options: VerifyOptions, values: Mapping[str, int]
+) -> list[Any]:
+    feeds, _ = synthesise_inputs(specs, 1, options, values, roles)
+    dims = ", ".join(f"{k} {v}" for k, v in values.items())
+    where = f"measuring its outputs ({dims})" if dims else "measuring its outputs"
+    outputs: list[Any] = run_feeds(opened, feeds, "original", where, None)
+    return outputs
+
+
+def _measure_feeds(
+    opened: Any, specs: list[InputSpec], roles: Roles, options: VerifyOptions, sizes: OutputSizes
+) -> OutputSizes:
+    """With real inputs: the outputs the declarations leave unknown are measured on the first
+    feed, and taken in proportion to each feed's input bytes (the feeds are not changed)."""
+    assert options.feeds is not None
+    first = options.feeds[0]
+    outputs = run_feeds(
+        opened, dict(first), "original", f"on inputs {feed_source(first, 0)}", Hint.INPUT_FILES
+    )
+    values = feed_dims(first, roles, specs)
+    unknown = sum(
+        value_bytes(value)
+        for decl, value in zip(sizes.decls, outputs, strict=True)
+        if declared_bytes(decl, values) is None
+    )
+    inputs = max(1, sum(int(np.asarray(first[s.name]).nbytes) for s in specs))
+    sizes.per_input_byte = unknown / inputs
+    sizes.how = "measured on the first inputs file, in proportion to each file's input bytes"
+    return sizes
+
+
+def reference_runs(
+    opened: Any,
+    specs: list[InputSpec],
+    plan: LengthPlan,
+    options: VerifyOptions,
+    planner_fit: Callable[..., Any],
+) -> tuple[list[tuple[Run, list[Any]]], list[tuple[int, str]]]:
+    """The original's outputs of every run, and the lengths it could not run at (with why).
+
+    A default run the original cannot run at is replaced by the next spare it runs at,
+    fitted to the same share of the budget (``planner_fit(length, share)``).
+
+    Raises:
+        ModelRunError: a given length or real input cannot be run, or no length at all.
+        OutOfMemory: memory ran out.
+    """
+    done: list[tuple[Run, list[Any]]] = []
+    not_run: list[tuple[int, str]] = list(plan.left_out)
+    spares = [n for n in plan.spares if n not in plan.wanted]
+    first_error: ModelRunError | None = None
+    for run in plan.runs:
+        candidate: Run | None = run
+        while candidate is not None:
+            try:
+                done.append((candidate, run_at(opened, specs, candidate, options, "original", plan.roles)))
+                break
+            except ModelRunError as err:
+                if not plan.spares:
+                    if options.feeds is not None:
+                        raise
+                    raise ModelRunError(f"{err}; fix input values, dim values or lengths") from err
+                first_error = first_error or err
+                not_run.append((candidate.length, _first_line(err.__cause__ or err)))
+                candidate = _next_spare(spares, candidate, planner_fit, done)
+    if not done:
+        tried = ", ".join(str(n) for n, _ in not_run)
+        raise ModelRunError(
+            f"{first_error}; it fails at every length tried ({tried}):"
+            " fix input values, dim values or lengths"
+        ) from first_error
+    return done, not_run
+
+
+def _next_spare(
+    spares: list[int], failed: Run, fit: Callable[..., Any], done: Sequence[tuple[Run, Any]]
+) -> Run | None:
+    """The next spare length, fitted to the failed run's share; None when none is left."""
+    while spares:
+        length = spares.pop(0)
+        run = fit(length, failed.share, long=failed.long) if failed.share else None
+        if run is not None and all(run.dims != d.dims for d, _ in done):
+            return run  # type: ignore[no-any-return]
+    return None
+
+
+def candidate_runs(
+    opened: Any,
+    specs: list[InputSpec],
+    done: list[tuple[Run, list[Any]]],
+    options: VerifyOptions,
+    roles: Roles,
+) -> Iterator[tuple[Run, list[Any], list[Any]]]:
+    """Each run's reference and candidate outputs, one run at a time: the reference's are
+    dropped from ``done`` as they are handed out, so each run's outputs can be freed before
+    the next run.
+
+    Raises:
+        ModelRunError: onnxruntime cannot run the candidate.
+        OutOfMemory: memory ran out.
+    """
+    for index in range(len(done)):
+        run, reference = done[index]
+        done[index] = (run, [])
+        outputs = run_at(opened, specs, run, options, "candidate", roles)
+        yield run, reference, outputs
+        del reference, outputs
+        gc.collect()
+
+
+def budget_text(options: VerifyOptions) -> str:
+    return format_size(options.memory)
+
+
+# pragma: no mutate end
