@@ -188,7 +188,7 @@ class BundleBuildReport:
 
 
 @dataclasses.dataclass
-class _Source:
+class Source:
     directory: str
     encoder: str
     decoder_joint: str
@@ -198,7 +198,7 @@ class _Source:
     config_path: str | None
 
 
-def _read_source(directory: str) -> _Source:
+def read_source(directory: str) -> Source:
     if not os.path.isdir(directory):
         raise InputError(f"source is not a directory: {directory}")
     paths = {}
@@ -212,7 +212,7 @@ def _read_source(directory: str) -> _Source:
             )
         paths[name] = path
     config_path = layouts.config_file_path(directory)
-    return _Source(
+    return Source(
         directory,
         paths[layouts.SOURCE_ENCODER],
         paths[layouts.SOURCE_DECODER_JOINT],
@@ -230,7 +230,7 @@ def _static_dim(value: onnx.ValueInfoProto, axis: int, what: str) -> int:
     return int(dims[axis].dim_value)
 
 
-def model_facts(source: _Source) -> layouts.ModelFacts:
+def model_facts(source: Source) -> layouts.ModelFacts:
     """Read the bundle's settings from the source models (and config.json, when present)."""
     encoder = onnx.load(source.encoder, load_external_data=False)
     decoder = onnx.load(source.decoder_joint, load_external_data=False)
@@ -278,7 +278,7 @@ def _probe_subsampling(encoder_path: str, features: int) -> int:
     return max(1, round(_PROBE_FRAMES / frames))
 
 
-def _set_metadata(path: str, entries: dict[str, str]) -> None:
+def set_metadata(path: str, entries: dict[str, str]) -> None:
     """Add ``entries`` to the metadata of the model at ``path`` (its ``.onnx`` only is rewritten)."""
     proto = onnx.load(path, load_external_data=False)
     kept = [(p.key, p.value) for p in proto.metadata_props if p.key not in entries]
@@ -347,7 +347,7 @@ def build_bundle(
     layouts.check_tag(options.tag)
     src = os.fspath(source_dir)
     out = os.path.abspath(os.fspath(output_dir))
-    source = _read_source(src)
+    source = read_source(src)
     _check_output_dir(out, src)
     facts = model_facts(source)
     report = BundleBuildReport(source_dir=src, layout=options.layout)
@@ -373,7 +373,7 @@ def build_bundle(
 
 def _build_into(
     staging: str,
-    source: _Source,
+    source: Source,
     facts: layouts.ModelFacts,
     options: BundleOptions,
     report: BundleBuildReport,
@@ -407,7 +407,7 @@ def _build_into(
             file.write("\n")
     else:
         report.metadata = layouts.sherpa_metadata(facts)
-        _set_metadata(os.path.join(staging, encoder_name), report.metadata)
+        set_metadata(os.path.join(staging, encoder_name), report.metadata)
         _split_and_quantize(source, staging, roles, options, report)
         with open(os.path.join(staging, layouts.vocab_file(layout)), "w", encoding="utf-8") as file:
             file.write(source.vocab.text())
@@ -459,7 +459,7 @@ def _int8(
 
 
 def _split_and_quantize(
-    source: _Source, staging: str, roles: dict[str, Role], options: BundleOptions, report: BundleBuildReport
+    source: Source, staging: str, roles: dict[str, Role], options: BundleOptions, report: BundleBuildReport
 ) -> None:
     scratch = tempfile.mkdtemp(prefix=".split-", dir=staging)
     try:
