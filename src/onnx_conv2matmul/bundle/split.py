@@ -15,7 +15,7 @@ sherpa-onnx runs them as two models, fed by position:
 The split works on the graph: the decoder keeps the nodes the decoder-side outputs (lengths
 and states) are computed from; the joiner keeps the nodes the joint's output needs beyond
 those. The two meet at one tensor, the output ``Y`` of the prediction network's last
-recurrent node (LSTM, GRU or RNN: ``[U, 1, B, H]``, or ``[B, U, 1, H]`` with ``layout=1``),
+recurrent node (LSTM, GRU or RNN: ``[U, 1, B, H]``),
 which the decoder returns as ``[B, H, U]`` (as NeMo's separate decoder export does) and the
 joiner turns back. Nothing is recomputed or approximated: the two models compute exactly
 what the joint model does, which :func:`verify_split` checks in onnxruntime. Weights are
@@ -194,20 +194,18 @@ def _cut_value(graph: ir.Graph, decoder_nodes: set[ir.Node], joiner_nodes: set[i
 
 
 def _recurrent_layout(node: ir.Node) -> tuple[int, list[int]]:
-    """(hidden size, permutation taking Y without its direction axis to [B, H, U])."""
-    direction = node.attributes.get_string("direction", "forward")
-    if direction == "bidirectional":
+    """(hidden size, permutation taking Y without its direction axis to [B, H, U]).
+
+    Y is ``[U, 1, B, H]``: onnxruntime runs only ``layout=0`` recurrent nodes.
+    """
+    if node.attributes.get_string("direction", "forward") == "bidirectional":
         raise InputError(f"cannot split decoder_joint: {node.op_type} {node.name!r} is bidirectional")
+    if node.attributes.get_int("layout", 0) != 0:
+        raise InputError(f"cannot split decoder_joint: {node.op_type} {node.name!r} is batch-first")
     hidden = node.attributes.get_int("hidden_size", 0)
     if not hidden:
         raise InputError(f"cannot split decoder_joint: {node.op_type} {node.name!r} has no hidden_size")
-    layout = node.attributes.get_int("layout", 0)
-    # Y: [U, 1, B, H] (layout 0) or [B, U, 1, H] (layout 1); the direction axis is removed first.
-    return hidden, ([1, 2, 0] if layout == 0 else [0, 2, 1])
-
-
-def _direction_axis(node: ir.Node) -> int:
-    return 1 if node.attributes.get_int("layout", 0) == 0 else 2
+    return hidden, [1, 2, 0]
 
 
 def _int64_const(name: str, values: Sequence[int]) -> ir.Value:
@@ -270,7 +268,7 @@ def split_decoder_joint(model: ir.Model) -> SplitModels:
     recurrent = cut.producer()
     assert recurrent is not None
     hidden, perm = _recurrent_layout(recurrent)
-    axis = _direction_axis(recurrent)
+    axis = 1  # Y's direction axis
     cut_index = order[recurrent]
 
     # Decoder: the nodes of the decoder-side outputs, and Y as [B, H, U] in front.
