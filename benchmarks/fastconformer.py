@@ -787,6 +787,19 @@ def make_joint_decisive(model: TdtDecoderJoint) -> None:
         raise RuntimeError(f"the decisive joint misses its targets by {error:.3g}")
 
 
+def fold_constants(path: Path) -> None:
+    """Fold what the exporter computes from constants at run time, whatever its size.
+
+    The exporter folds only small tensors: at the parakeet size the LSTM weights stay
+    ``Unsqueeze(initializer)``, which onnxruntime's dynamic quantizer skips, while NeMo's
+    export (TorchScript, constants folded) has them as initializers.
+    """
+    import onnxscript.optimizer
+
+    model = onnxscript.optimizer.optimize(onnx.load(str(path)), input_size_limit=1 << 30, output_size_limit=1 << 30)
+    onnx.save(model, str(path))
+
+
 def write_release(size: str, out: Path, opset: int, decisive: bool) -> None:
     """Export a folder laid out as the fp32 Parakeet TDT 0.6B v3 ONNX release.
 
@@ -802,6 +815,8 @@ def write_release(size: str, out: Path, opset: int, decisive: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
     run_export(encoder, out / RELEASE_ENCODER, "dynamo", opset, external_data=True)
     run_export(decoder, out / RELEASE_DECODER, "dynamo", opset, external_data=False)
+    fold_constants(out / RELEASE_DECODER)
+    compare_with_onnxruntime(decoder, out / RELEASE_DECODER)
     cfg = DECODER_CONFIGS[model_size]
     write_vocab(out / "vocab.txt", cfg.vocab_size)
     config = dict(RELEASE_CONFIG, features_size=ENCODER_CONFIGS[model_size].feat_in)
