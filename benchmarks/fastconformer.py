@@ -796,7 +796,9 @@ def fold_constants(path: Path) -> None:
     """
     import onnxscript.optimizer
 
-    model = onnxscript.optimizer.optimize(onnx.load(str(path)), input_size_limit=1 << 30, output_size_limit=1 << 30)
+    limit = 1 << 30
+    model = onnx.load(str(path))
+    model = onnxscript.optimizer.optimize(model, input_size_limit=limit, output_size_limit=limit)
     onnx.save(model, str(path))
 
 

@@ -14,12 +14,13 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from helpers import matmul_model, session
-from onnx_conv2matmul import _io, _output
 from onnx_conv2matmul.bundle import layouts
 from onnx_conv2matmul.bundle.build import BundleOptions, build_bundle, model_facts, read_source
 from onnx_conv2matmul.bundle.split import split_decoder_joint, verify_split
 from onnx_conv2matmul.errors import InputError
-from onnx_conv2matmul.verify import VerifyOptions
+from onnx_conv2matmul.files import load as _io
+from onnx_conv2matmul.files import output as _output
+from onnx_conv2matmul.verify.check import VerifyOptions
 
 DATA = Path(__file__).parent / "data"
 SOURCE = DATA / "parakeet_small"

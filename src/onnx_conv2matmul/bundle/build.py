@@ -4,7 +4,7 @@
 its data, ``decoder_joint-model.onnx``, ``vocab.txt``, optionally ``config.json``) and writes
 the layout's files (see :mod:`onnx_conv2matmul.bundle.layouts`):
 
-* the encoder through the quantize command's own path (:func:`pipeline.quantize_file`:
+* the encoder through the quantize command's own path (:func:`quantize.workflow.quantize_file`:
   rewrite, MatMulNBits, accuracy check), with the options given (``auto`` included);
 * the decoder_joint (onnx-asr), or the decoder and joiner split out of it exactly
   (sherpa-onnx, :mod:`onnx_conv2matmul.bundle.split`, checked in onnxruntime), through
@@ -34,20 +34,22 @@ from typing import TYPE_CHECKING, Any
 
 import onnx
 
-from onnx_conv2matmul import _io, _output, _publish
 from onnx_conv2matmul.bundle import layouts
 from onnx_conv2matmul.bundle.layouts import Role
 from onnx_conv2matmul.bundle.split import SplitCheck, split_decoder_joint, verify_split
 from onnx_conv2matmul.errors import InputError
-from onnx_conv2matmul.pipeline import bundle_report, quantize_file, report_path_for
-from onnx_conv2matmul.quantize import QuantizeOptions
-from onnx_conv2matmul.verify import VerifyOptions
+from onnx_conv2matmul.files import load as _io
+from onnx_conv2matmul.files import output as _output
+from onnx_conv2matmul.files import publish as _publish
+from onnx_conv2matmul.quantize.options import QuantizeOptions
+from onnx_conv2matmul.quantize.workflow import bundle_report, quantize_file, report_path_for
+from onnx_conv2matmul.verify.check import VerifyOptions
 
 if TYPE_CHECKING:
-    from onnx_conv2matmul.api import Progress
-    from onnx_conv2matmul.auto import AutoOptions
-    from onnx_conv2matmul.options import ConvertOptions
-    from onnx_conv2matmul.pipeline import QuantizeReport
+    from onnx_conv2matmul.files.progress import Progress
+    from onnx_conv2matmul.quantize.options import AutoOptions
+    from onnx_conv2matmul.quantize.report import QuantizeReport
+    from onnx_conv2matmul.rewrite.options import ConvertOptions
 
 logger = logging.getLogger(__name__)
 
