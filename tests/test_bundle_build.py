@@ -247,6 +247,16 @@ def test_build_writes_config_manifest_and_replaces_its_own_bundle(tmp_path: Path
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]  # no staging or lock left
 
 
+def test_replacing_without_an_atomic_exchange(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "bundle"
+    assert build_bundle(SOURCE, out).passed
+    (out / "stale.txt").write_text("from an earlier run")
+    monkeypatch.setattr("onnx_conv2matmul.files.publish._exchange", lambda a, b: False)
+    assert build_bundle(SOURCE, out).passed
+    assert not (out / "stale.txt").exists() and (out / "manifest.json").is_file()
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]
+
+
 def test_build_sherpa_metadata(tmp_path: Path) -> None:
     report = build_bundle(SOURCE, tmp_path / "b", BundleOptions(layout=layouts.SHERPA_ONNX))
     assert report.split is not None and report.split.passed

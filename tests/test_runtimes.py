@@ -25,10 +25,11 @@ import numpy as np
 import pytest
 
 from onnx_conv2matmul.bundle import layouts
-from onnx_conv2matmul.bundle.build import BundleOptions, build_bundle, model_facts, read_source, set_metadata
+from onnx_conv2matmul.bundle.build import BundleOptions, build_bundle, model_facts, read_source
 from onnx_conv2matmul.bundle.split import split_decoder_joint
 from onnx_conv2matmul.files import load as _io
 from onnx_conv2matmul.files import output as _output
+from onnx_conv2matmul.files.publish import set_metadata
 
 SOURCE = Path(__file__).parent / "data" / "parakeet_small"
 SAMPLE_RATE = 16000

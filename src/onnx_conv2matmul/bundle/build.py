@@ -22,13 +22,10 @@ new one, never a mix. An output folder that exists must be empty or a bundle (it
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
 import os
-import shutil
-import tempfile
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -280,16 +277,6 @@ def _probe_subsampling(encoder_path: str, features: int) -> int:
     return max(1, round(_PROBE_FRAMES / frames))
 
 
-def set_metadata(path: str, entries: dict[str, str]) -> None:
-    """Add ``entries`` to the metadata of the model at ``path`` (its ``.onnx`` only is rewritten)."""
-    proto = onnx.load(path, load_external_data=False)
-    kept = [(p.key, p.value) for p in proto.metadata_props if p.key not in entries]
-    del proto.metadata_props[:]
-    for key, value in [*kept, *entries.items()]:
-        proto.metadata_props.add(key=key, value=value)
-    onnx.save_model(proto, path)
-
-
 def _min_cosine(report: QuantizeReport) -> float | None:
     if report.verification is None:
         return None
@@ -299,9 +286,7 @@ def _min_cosine(report: QuantizeReport) -> float | None:
 
 
 def _write_report(model_path: str, report: QuantizeReport) -> None:
-    with open(report_path_for(model_path), "w", encoding="utf-8") as file:
-        json.dump(report.to_dict(), file, indent=2)
-        file.write("\n")
+    _io.write_text_atomic(report_path_for(model_path), json.dumps(report.to_dict(), indent=2) + "\n")
 
 
 def _model_bytes(path: str) -> int:
@@ -365,9 +350,9 @@ def build_bundle(
     logger.debug("bundle %s -> %s (%s), inputs %s", src, out, options.layout, used)
     with _publish.Destination(out) as destination:
         staging = destination.staging_dir()
-        _build_into(staging, source, facts, options, report, progress)
+        _build_into(staging, destination.staging_dir(), source, facts, options, report, progress)
         if report.passed:
-            _publish_dir(staging, out)
+            _publish.publish_directory(staging, out)
             report.output_dir = out
     report.seconds = time.perf_counter() - started
     return report
@@ -375,6 +360,7 @@ def build_bundle(
 
 def _build_into(
     staging: str,
+    scratch: str,
     source: Source,
     facts: layouts.ModelFacts,
     options: BundleOptions,
@@ -402,23 +388,19 @@ def _build_into(
     if layout == layouts.ONNX_ASR:
         name = layouts.file_name(layout, roles["decoder_joint"], options.tag, bits)
         _int8(source.decoder_joint, staging, name, "decoder_joint", options, report)
-        shutil.copyfile(source.vocab_path, os.path.join(staging, layouts.SOURCE_VOCAB))
         report.config = layouts.onnx_asr_config(source.config, facts)
-        with open(os.path.join(staging, layouts.SOURCE_CONFIG), "w", encoding="utf-8") as file:
-            json.dump(report.config, file, indent=4)
-            file.write("\n")
+        config_text = json.dumps(report.config, indent=4) + "\n"
+        _io.write_text_atomic(os.path.join(staging, layouts.SOURCE_CONFIG), config_text)
     else:
         report.metadata = layouts.sherpa_metadata(facts)
-        set_metadata(os.path.join(staging, encoder_name), report.metadata)
-        _split_and_quantize(source, staging, roles, options, report)
-        with open(os.path.join(staging, layouts.vocab_file(layout)), "w", encoding="utf-8") as file:
-            file.write(source.vocab.text())
+        _publish.set_metadata(os.path.join(staging, encoder_name), report.metadata)
+        _split_and_quantize(source, staging, scratch, roles, options, report)
+    _io.write_text_atomic(os.path.join(staging, layouts.vocab_file(layout)), source.vocab.text())
     if not report.passed:
         return
     listing = bundle_report(staging, manifest=True)
-    with open(os.path.join(staging, layouts.MANIFEST), "w", encoding="utf-8") as file:
-        json.dump(listing.to_dict(), file, indent=2)
-        file.write("\n")
+    manifest = json.dumps(listing.to_dict(), indent=2) + "\n"
+    _io.write_text_atomic(os.path.join(staging, layouts.MANIFEST), manifest)
     owners = {}
     for model in listing.models:
         for name in (model.name, *model.external_data):
@@ -461,72 +443,32 @@ def _int8(
 
 
 def _split_and_quantize(
-    source: Source, staging: str, roles: dict[str, Role], options: BundleOptions, report: BundleBuildReport
+    source: Source,
+    staging: str,
+    scratch: str,
+    roles: dict[str, Role],
+    options: BundleOptions,
+    report: BundleBuildReport,
 ) -> None:
-    scratch = tempfile.mkdtemp(prefix=".split-", dir=staging)
-    try:
-        parts = split_decoder_joint(_io.load_model(source.decoder_joint).model)
-        paths = {}
-        for role, model in (("decoder", parts.decoder), ("joiner", parts.joiner)):
-            paths[role] = os.path.join(scratch, f"{role}.onnx")
-            external = _io.tensor_bytes(model) > _io.SINGLE_FILE_LIMIT_BYTES
-            _output.save(model, paths[role], f"{role}.onnx.data" if external else None)
-        del parts
-        report.split = verify_split(
-            source.decoder_joint,
-            paths["decoder"],
-            paths["joiner"],
-            vocab_size=len(source.vocab.tokens),
-        )
-        if not report.split.passed:
-            return
-        for role in ("decoder", "joiner"):
-            name = layouts.file_name(options.layout, roles[role], options.tag)
-            _int8(paths[role], staging, name, role, options, report)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    """Split decoder_joint into float models in ``scratch``, check them, quantize into ``staging``.
 
-
-def _publish_dir(staging: str, out: str) -> None:
-    """Rename the staged folder to ``out``; a bundle already there is replaced whole."""
-    for name in os.listdir(staging):
-        if name.startswith("."):
-            path = os.path.join(staging, name)
-            if os.path.isdir(path):
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
-    _io.usual_mode(staging, directory=True)
-    with _publish._signals_held():
-        if os.path.isdir(out) and _exchange(staging, out):
-            _publish._fsync(os.path.dirname(out))
-            shutil.rmtree(staging, ignore_errors=True)  # the old bundle, now at the staging path
-            return
-        old = None
-        if os.path.isdir(out):  # no atomic exchange here: a short moment without the folder
-            old = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.old-", dir=os.path.dirname(out))
-            os.rename(out, os.path.join(old, "bundle"))
-        os.rename(staging, out)
-        _publish._fsync(os.path.dirname(out))
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def _exchange(a: str, b: str) -> bool:
-    """Swap two paths atomically (Linux ``renameat2`` with ``RENAME_EXCHANGE``); False where
-    the system cannot."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
-    try:
-        libc = ctypes.CDLL(name, use_errno=True)
-        renameat2 = libc.renameat2
-    except (OSError, AttributeError):
-        return False
-    at_fdcwd, rename_exchange = -100, 2
-    result = renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange)
-    return bool(result == 0)
+    ``scratch`` is a staging directory of the destination: it is removed with it.
+    """
+    parts = split_decoder_joint(_io.load_model(source.decoder_joint).model)
+    paths = {}
+    for role, model in (("decoder", parts.decoder), ("joiner", parts.joiner)):
+        paths[role] = os.path.join(scratch, f"{role}.onnx")
+        external = _io.tensor_bytes(model) > _io.SINGLE_FILE_LIMIT_BYTES
+        _output.save(model, paths[role], f"{role}.onnx.data" if external else None)
+    del parts
+    report.split = verify_split(
+        source.decoder_joint,
+        paths["decoder"],
+        paths["joiner"],
+        vocab_size=len(source.vocab.tokens),
+    )
+    if not report.split.passed:
+        return
+    for role in ("decoder", "joiner"):
+        name = layouts.file_name(options.layout, roles[role], options.tag)
+        _int8(paths[role], staging, name, role, options, report)
