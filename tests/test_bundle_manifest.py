@@ -104,7 +104,7 @@ def test_bundle_warns_when_a_speech_model_lacks_its_other_half(
     speech runtime loads: a warning in the table and the report, exit 0 still."""
     for name in names:
         onnx.save(matmul_model(), tmp_path / name)
-    code, stdout, stderr = _invoke("bundle", tmp_path, "--report-json-stdout")
+    code, stdout, stderr = _invoke("bundle", "--check", tmp_path, "--report-json-stdout")
     assert code == 0, stderr
     data = json.loads(stdout)
     jsonschema.validate(data, SCHEMA)
