@@ -10,7 +10,13 @@ Usage::
 
     python benchmarks/fastconformer.py encoder --size small --exporter dynamo --out enc.onnx
     python benchmarks/fastconformer.py decoder --size small --exporter dynamo --out dec.onnx
+    python benchmarks/fastconformer.py release --size small --out DIR [--decisive-joint]
     python benchmarks/fastconformer.py cache [--dir DIR]
+
+``release`` writes a folder laid out as the fp32 Parakeet TDT 0.6B v3 ONNX release
+(``encoder-model.onnx`` + ``.data``, ``decoder_joint-model.onnx``, ``vocab.txt``,
+``config.json``); ``tests/data/parakeet_small`` was made with
+``release --size small --decisive-joint``.
 
 Every export is checked against onnxruntime and summarised (parameter count,
 file sizes, Conv nodes by kernel shape, Transpose nodes).  Needs torch, onnx,
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 import os
 import shutil
@@ -115,14 +122,20 @@ DECODER_CONFIGS: dict[str, DecoderConfig] = {
     ),
     "small": DecoderConfig(vocab_size=32, pred_hidden=32, pred_layers=2, joint_hidden=32, encoder_dim=64),
 }
+# The small encoder with the release's 128 mel features, which both runtimes' front ends
+# produce (onnx-asr's NeMo preprocessors make 80 or 128, sherpa-onnx reads ``feat_dim``).
+ENCODER_CONFIGS["small128"] = dataclasses.replace(ENCODER_CONFIGS["small"], feat_in=128)
+DECODER_CONFIGS["small128"] = DECODER_CONFIGS["small"]
 
 # Shapes of the random inputs used to export and to compare torch with
 # onnxruntime: the first is the export example, the second has different
 # dynamic dimensions to catch sizes frozen into the graph.
 # Encoder: (batch, audio frames); lengths are [T, T-37, ...].
 ENCODER_CHECK_SHAPES = {"small": [(2, 160), (1, 93)], "parakeet": [(2, 1000), (1, 611)]}
+ENCODER_CHECK_SHAPES["small128"] = ENCODER_CHECK_SHAPES["small"]
 # Decoder: (batch, encoder frames, target tokens).
 DECODER_CHECK_SHAPES = {"small": [(2, 20, 8), (3, 7, 1)], "parakeet": [(2, 125, 16), (1, 40, 1)]}
+DECODER_CHECK_SHAPES["small128"] = DECODER_CHECK_SHAPES["small"]
 # ONNX opset per exporter: the dynamo exporter implements opset >= 18 and cannot
 # down-convert the encoder to 17 (no Pad adapter), the legacy one defaults to 17.
 DEFAULT_OPSET = {"dynamo": 18, "legacy": 17}
@@ -435,8 +448,9 @@ def decoder_inputs(size: str, batch: int, frames: int, tokens: int) -> dict[str,
     state_shape = (cfg.pred_layers, batch, cfg.pred_hidden)
     return {
         "encoder_outputs": torch.randn(batch, cfg.encoder_dim, frames, generator=generator),
-        "targets": torch.randint(0, cfg.vocab_size, (batch, tokens), generator=generator),
-        "target_length": torch.tensor([max(tokens - 3 * i, 1) for i in range(batch)], dtype=torch.int64),
+        # int32, as NeMo exports the decoder (and as sherpa-onnx feeds it).
+        "targets": torch.randint(0, cfg.vocab_size, (batch, tokens), generator=generator, dtype=torch.int32),
+        "target_length": torch.tensor([max(tokens - 3 * i, 1) for i in range(batch)], dtype=torch.int32),
         "input_states_1": torch.randn(state_shape, generator=generator),
         "input_states_2": torch.randn(state_shape, generator=generator),
     }
@@ -492,12 +506,12 @@ def decoder_spec(size: str) -> ModelSpec:
 # --------------------------------------------------------------------------- #
 
 
-def export(spec: ModelSpec, out: Path, exporter: str, opset: int) -> None:
+def export(spec: ModelSpec, out: Path, exporter: str, opset: int, external_data: bool | None = None) -> None:
     """Export ``spec.model`` to ``out`` with the dynamo or the legacy (TorchScript) exporter.
 
     The dynamo exporter writes ``out`` plus one ``out.data`` file when the weights
-    are large.  The legacy exporter switches to external data by itself above
-    2 GB, writing one file per tensor next to ``out``.
+    are large (or when ``external_data`` is True).  The legacy exporter switches to
+    external data by itself above 2 GB, writing one file per tensor next to ``out``.
     """
     input_names = list(spec.inputs[0])
     args = tuple(spec.inputs[0].values())
@@ -525,7 +539,9 @@ def export(spec: ModelSpec, out: Path, exporter: str, opset: int) -> None:
                 output_names=spec.output_names,
                 opset_version=opset,
                 dynamic_shapes=dynamic_shapes,
-                external_data=weight_bytes > EXTERNAL_DATA_THRESHOLD,
+                external_data=(
+                    weight_bytes > EXTERNAL_DATA_THRESHOLD if external_data is None else external_data
+                ),
             )
     else:
         # The legacy exporter writes >2 GiB models as external data only when
@@ -658,16 +674,158 @@ def describe_onnx(path: Path) -> None:
     )
 
 
-def run_export(spec: ModelSpec, out: Path, exporter: str, opset: int) -> None:
+def run_export(
+    spec: ModelSpec, out: Path, exporter: str, opset: int, external_data: bool | None = None
+) -> None:
     """Export, summarise and verify one model."""
     n_params = sum(p.numel() for p in spec.model.parameters())
     print(f"{type(spec.model).__name__}: {n_params:,} parameters ({n_params / 1e6:.1f}M)")
     out.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    export(spec, out, exporter, opset)
+    export(spec, out, exporter, opset, external_data)
     print(f"{exporter} export to {out} took {time.perf_counter() - start:.1f} s")
     describe_onnx(out)
     compare_with_onnxruntime(spec, out)
+
+
+# --------------------------------------------------------------------------- #
+# Release folder: the layout of the fp32 Parakeet TDT 0.6B v3 ONNX release
+# --------------------------------------------------------------------------- #
+
+# ``release --size S`` exports these model sizes (the small one with 128 mel features).
+RELEASE_SIZES = {"small": "small128", "parakeet": "parakeet"}
+RELEASE_ENCODER = "encoder-model.onnx"
+RELEASE_DECODER = "decoder_joint-model.onnx"
+BLANK = "<blk>"
+# As onnx-asr reads it: the model class, the mel features and the encoder's frame rate.
+RELEASE_CONFIG = {"model_type": "nemo-conformer-tdt", "features_size": 128, "subsampling_factor": 8}
+
+
+def vocabulary(vocab_size: int) -> list[str]:
+    """``vocab_size`` distinct SentencePiece-like tokens: ``<unk>`` then word pieces.
+
+    Odd ids start a word (``\u2581`` prefix, shown as a space by both runtimes), even
+    ids continue one. The blank is not included (it comes last, see :func:`write_vocab`).
+    """
+    tokens = ["<unk>"]
+    for i in range(1, vocab_size):
+        letters, n = "", i
+        while n:
+            n, r = divmod(n - 1, 26)
+            letters = chr(ord("a") + r) + letters
+        tokens.append("\u2581" + letters if i % 2 else letters)
+    return tokens
+
+
+def write_vocab(path: Path, vocab_size: int) -> None:
+    """``vocab.txt`` as the release has it: ``<token> <id>`` per line, blank last."""
+    lines = [f"{token} {i}" for i, token in enumerate([*vocabulary(vocab_size), BLANK])]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+# The decisive joint (``release --decisive-joint``): the tokens it emits in turn, starting
+# after the blank, and how many frames each one advances (its TDT duration index).
+DECISIVE_CHAIN = list(range(1, 13))
+DECISIVE_MARGIN = 8.0
+# The encoder's share of the joint's input, small enough never to change a decision.
+DECISIVE_ENCODER_SCALE = 0.01
+
+
+@torch.no_grad()
+def make_joint_decisive(model: TdtDecoderJoint) -> None:
+    """Make the decoder + joint emit a fixed token chain, each decision by a wide margin.
+
+    The prediction network forgets its state (recurrent weights 0, forget gates shut), so
+    its output depends on the last token alone; the joint's output layer is then solved so
+    that, after the blank or token ``DECISIVE_CHAIN[i]``, token ``DECISIVE_CHAIN[i + 1]``
+    (cyclically) leads every other class by ``DECISIVE_MARGIN``, the blank trails by as
+    much, and duration index ``1 + i % 3`` leads the other durations by as much. The
+    encoder's output still flows into the joint, scaled down so that it cannot change a
+    decision. The text is then a fixed sequence whose length follows the audio's, and int8
+    or int4 weights (errors far below the margin) give the same text as float: a runtime
+    test compares texts without quantization noise deciding the outcome.
+    """
+    hidden = model.lstm.hidden_size
+    for layer in range(model.lstm.num_layers):
+        # Gates in torch's order (input, forget, cell, output): input and output open,
+        # forget shut, no recurrent input, and a stronger input so tokens stay apart.
+        getattr(model.lstm, f"weight_hh_l{layer}").zero_()
+        getattr(model.lstm, f"weight_ih_l{layer}").mul_(4.0)
+        getattr(model.lstm, f"bias_hh_l{layer}").zero_()
+        bias = getattr(model.lstm, f"bias_ih_l{layer}")
+        bias.zero_()
+        bias[:hidden] = 4.0
+        bias[hidden : 2 * hidden] = -30.0
+        bias[3 * hidden :] = 4.0
+    model.joint_enc.weight.mul_(DECISIVE_ENCODER_SCALE)
+    model.joint_enc.bias.zero_()
+    model.joint_pred.weight.mul_(4.0)
+    model.joint_pred.bias.zero_()
+    blank = model.embedding.num_embeddings - 1
+    previous = [blank, *DECISIVE_CHAIN]
+    targets = torch.tensor([[p] for p in previous], dtype=torch.int64)
+    pred, _ = model.lstm(model.embedding(targets).transpose(0, 1))  # [1, P, H]
+    features = torch.relu(model.joint_pred(pred[0]))  # [P, J]
+    classes = model.joint_out.out_features
+    wanted = torch.zeros(len(previous), classes)
+    for i in range(len(previous)):
+        nxt = DECISIVE_CHAIN[i % len(DECISIVE_CHAIN)]
+        wanted[i, nxt] = DECISIVE_MARGIN
+        wanted[i, blank] = -DECISIVE_MARGIN
+        wanted[i, blank + 1 + 1 + i % 3] = DECISIVE_MARGIN
+    # Least squares through the bias: [features, 1] @ [W^T; b] = wanted.
+    design = torch.cat([features, torch.ones(len(previous), 1)], dim=1)
+    # numpy's SVD-based solver: the minimum-norm exact solution of this underdetermined
+    # system (torch's default driver returned a wrong one on some runs).
+    exact, *_ = np.linalg.lstsq(design.double().numpy(), wanted.double().numpy(), rcond=None)
+    solution = torch.from_numpy(exact).float()
+    model.joint_out.weight.copy_(solution[:-1].T)
+    model.joint_out.bias.copy_(solution[-1])
+    fitted = design @ solution
+    error = float((fitted - wanted).abs().max())
+    if error > 1e-3 * DECISIVE_MARGIN:
+        raise RuntimeError(f"the decisive joint misses its targets by {error:.3g}")
+
+
+def fold_constants(path: Path) -> None:
+    """Fold what the exporter computes from constants at run time, whatever its size.
+
+    The exporter folds only small tensors: at the parakeet size the LSTM weights stay
+    ``Unsqueeze(initializer)``, which onnxruntime's dynamic quantizer skips, while NeMo's
+    export (TorchScript, constants folded) has them as initializers.
+    """
+    import onnxscript.optimizer
+
+    limit = 1 << 30
+    model = onnx.load(str(path))
+    model = onnxscript.optimizer.optimize(model, input_size_limit=limit, output_size_limit=limit)
+    onnx.save(model, str(path))
+
+
+def write_release(size: str, out: Path, opset: int, decisive: bool) -> None:
+    """Export a folder laid out as the fp32 Parakeet TDT 0.6B v3 ONNX release.
+
+    ``encoder-model.onnx`` with its weights in ``encoder-model.onnx.data``,
+    ``decoder_joint-model.onnx``, ``vocab.txt`` (``vocab_size`` tokens and the blank) and
+    ``config.json``. The parakeet size keeps the relative positional table as NeMo does.
+    """
+    model_size = RELEASE_SIZES[size]
+    table = NEMO_MAX_AUDIO_LENGTH if size == "parakeet" else 0
+    encoder, decoder = encoder_spec(model_size, table), decoder_spec(model_size)
+    if decisive:
+        make_joint_decisive(decoder.model)
+    out.mkdir(parents=True, exist_ok=True)
+    run_export(encoder, out / RELEASE_ENCODER, "dynamo", opset, external_data=True)
+    run_export(decoder, out / RELEASE_DECODER, "dynamo", opset, external_data=False)
+    fold_constants(out / RELEASE_DECODER)
+    compare_with_onnxruntime(decoder, out / RELEASE_DECODER)
+    cfg = DECODER_CONFIGS[model_size]
+    write_vocab(out / "vocab.txt", cfg.vocab_size)
+    config = dict(RELEASE_CONFIG, features_size=ENCODER_CONFIGS[model_size].feat_in)
+    (out / "config.json").write_text(json.dumps(config, indent=4) + "\n", encoding="utf-8")
+    joint = cfg.vocab_size + 1 + cfg.num_durations
+    print(f"release folder {out}: {cfg.vocab_size} tokens + blank, {cfg.num_durations} durations", end="")
+    print(f" (joint outputs: {joint})")
 
 
 # --------------------------------------------------------------------------- #
@@ -686,6 +844,8 @@ CACHE_JOBS: list[tuple[str, list[str], str]] = [
         "encoder-model.onnx",
     ),
     ("decoder", ["decoder", "--exporter", "dynamo"], "decoder_joint-model.onnx"),
+    # The release's folder: encoder (positional table kept), decoder_joint, vocab.txt, config.json.
+    ("release", ["release"], ""),
 ]
 
 
@@ -695,14 +855,15 @@ def build_cache(cache_dir: Path) -> None:
     Layout: ``encoder-dynamo/encoder-model.onnx`` (+ ``.data``),
     ``encoder-legacy/encoder-model.onnx`` (+ one file per tensor),
     ``encoder-dynamo-table/encoder-model.onnx`` (the positional table kept as NeMo does) and
-    ``decoder/decoder_joint-model.onnx``.  Each export runs in its own process
+    ``decoder/decoder_joint-model.onnx``, and ``release/`` laid out as the fp32 release
+    (see :func:`write_release`).  Each export runs in its own process
     (so memory is returned between exports) and a marker file is written only
     after it succeeded, so an interrupted export is redone from scratch.
     """
     paths = []
     for name, command, filename in CACHE_JOBS:
         target_dir = cache_dir / name
-        path = target_dir / filename
+        path = target_dir / filename if filename else target_dir
         paths.append(path)
         marker = target_dir / COMPLETE_MARKER
         if marker.exists():
@@ -760,6 +921,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                     " computed in the graph"
                 ),
             )
+    release = commands.add_parser(
+        "release", help="export a folder laid out as the fp32 Parakeet TDT 0.6B v3 ONNX release"
+    )
+    release.add_argument("--size", choices=list(RELEASE_SIZES), default="small")
+    release.add_argument("--out", type=Path, required=True, help="output folder")
+    release.add_argument("--opset", type=int, default=DEFAULT_OPSET["dynamo"], help="ONNX opset (default 18)")
+    release.add_argument(
+        "--decisive-joint",
+        action="store_true",
+        help="a joint that emits a fixed token chain by wide margins (for runtime tests)",
+    )
     cache = commands.add_parser("cache", help="build the parakeet-size benchmark models")
     cache.add_argument("--dir", type=Path, default=DEFAULT_CACHE_DIR, help="cache directory")
     return parser.parse_args(argv)
@@ -770,6 +942,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     if args.command == "cache":
         build_cache(args.dir.expanduser())
+        return
+    if args.command == "release":
+        write_release(args.size, args.out, args.opset, args.decisive_joint)
         return
     if args.command == "encoder":
         spec = encoder_spec(args.size, args.positional_table)

@@ -42,7 +42,14 @@ def test_every_public_name_resolves_and_importing_imports_nothing_heavy() -> Non
         "assert not missing, missing\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
-    for command in ("convert_file", "verify_files", "quantize_file", "inspect_file", "check_bundle"):
+    for command in (
+        "convert_file",
+        "verify_files",
+        "quantize_file",
+        "inspect_file",
+        "check_bundle",
+        "build_bundle",
+    ):
         assert command in onnx_conv2matmul.__all__
 
 

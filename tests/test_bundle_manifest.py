@@ -42,7 +42,7 @@ def test_manifest(tmp_path: Path) -> None:
     onnx.save(matmul_model(), bundle / "ext.onnx", save_as_external_data=True, location="ext.onnx.data",
               size_threshold=0)  # fmt: skip
     manifest = tmp_path / "manifest.json"
-    code, _, stderr = _invoke("bundle", bundle, "--manifest", manifest)
+    code, _, stderr = _invoke("bundle", "--check", bundle, "--manifest", manifest)
     assert code == 0, stderr
     data = json.loads(manifest.read_text())
     jsonschema.validate(data, SCHEMA)
@@ -61,19 +61,19 @@ def test_manifest(tmp_path: Path) -> None:
     assert 0.9 < q["accuracy"]["min_cosine"] <= 1 and q["accuracy"]["inputs"] == "synthesised"
     assert data["total_bytes"] == sum(f["bytes"] for m in data["models"] for f in m["files"])
     # Without --manifest the report stays as it was: no hashes.
-    code, stdout, _ = _invoke("bundle", bundle, "--report-json-stdout")
+    code, stdout, _ = _invoke("bundle", "--check", bundle, "--report-json-stdout")
     assert code == 0 and "files" not in json.loads(stdout)["models"][0]
 
 
 def test_manifest_refuses_a_bad_report_and_a_model_path(tmp_path: Path) -> None:
     onnx.save(matmul_model(), tmp_path / "m.onnx")
     (tmp_path / "m.report.json").write_text('{"command": "convert"}')
-    code, _, stderr = _invoke("bundle", tmp_path, "--manifest", tmp_path / "out.json")
+    code, _, stderr = _invoke("bundle", "--check", tmp_path, "--manifest", tmp_path / "out.json")
     assert code == 2 and "not a quantize report" in stderr
     (tmp_path / "m.report.json").write_text("{")
-    code, _, stderr = _invoke("bundle", tmp_path, "--manifest", tmp_path / "out.json")
+    code, _, stderr = _invoke("bundle", "--check", tmp_path, "--manifest", tmp_path / "out.json")
     assert code == 2 and "cannot read the quantize report" in stderr
-    code, _, stderr = _invoke("bundle", tmp_path, "--manifest", tmp_path / "m.onnx")
+    code, _, stderr = _invoke("bundle", "--check", tmp_path, "--manifest", tmp_path / "m.onnx")
     assert code == 2 and "would overwrite a model file" in stderr
     assert not (tmp_path / "out.json").exists()
 
@@ -104,7 +104,7 @@ def test_bundle_warns_when_a_speech_model_lacks_its_other_half(
     speech runtime loads: a warning in the table and the report, exit 0 still."""
     for name in names:
         onnx.save(matmul_model(), tmp_path / name)
-    code, stdout, stderr = _invoke("bundle", tmp_path, "--report-json-stdout")
+    code, stdout, stderr = _invoke("bundle", "--check", tmp_path, "--report-json-stdout")
     assert code == 0, stderr
     data = json.loads(stdout)
     jsonschema.validate(data, SCHEMA)

@@ -72,8 +72,8 @@ def files(tmp_path: Path) -> dict[str, str]:
             1,
             "below --min-cosine",
         ),
-        (["bundle", "{bundle}"], 0, None),
-        (["bundle", "{tmp}/nope"], 2, "not a directory"),
+        (["bundle", "--check", "{bundle}"], 0, None),
+        (["bundle", "--check", "{tmp}/nope"], 2, "not a directory"),
     ],
 )
 def test_report_json_stdout_on_every_exit(

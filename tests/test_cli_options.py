@@ -85,6 +85,6 @@ def test_int8_dynamic_refuses_float16(tmp_path: Path, where: str) -> None:
 def test_bundle_of_a_directory_without_models(tmp_path: Path) -> None:
     (tmp_path / "vocab.txt").write_text("a\n")
     (tmp_path / "sub.onnx").mkdir()  # a directory is not a model
-    code, stdout, stderr = invoke("bundle", str(tmp_path))
+    code, stdout, stderr = invoke("bundle", "--check", str(tmp_path))
     assert code == 2 and stdout == ""
     assert "no .onnx models in" in stderr and one_line(stderr)

@@ -194,7 +194,7 @@ def test_bundle_lists_models_with_their_data(tmp_path: Path) -> None:
     )
     onnx.save(onnx.load(DECODER), tmp_path / "decoder.onnx")
     (tmp_path / "vocab.txt").write_text("a\nb\n")
-    code, stdout, stderr = _invoke("bundle", str(tmp_path), "--report-json-stdout")
+    code, stdout, stderr = _invoke("bundle", "--check", str(tmp_path), "--report-json-stdout")
     assert code == 0
     data = json.loads(stdout)
     sizes = {m["model"]: m["bytes"] for m in data["models"]}
@@ -205,10 +205,10 @@ def test_bundle_lists_models_with_their_data(tmp_path: Path) -> None:
     assert sizes["decoder.onnx"] == (tmp_path / "decoder.onnx").stat().st_size
     assert data["total_bytes"] == sum(sizes.values())
     assert "total" in stderr
-    code, _, stderr = _invoke("bundle", str(tmp_path / "nope"))
+    code, _, stderr = _invoke("bundle", "--check", str(tmp_path / "nope"))
     assert code == 2
     (tmp_path / "encoder.onnx.data").unlink()
-    code, _, stderr = _invoke("bundle", str(tmp_path))
+    code, _, stderr = _invoke("bundle", "--check", str(tmp_path))
     assert code == 2 and "external data file not found" in stderr
 
 

@@ -221,7 +221,7 @@ def test_quantize_with_real_inputs_and_per_node_settings(files: dict[str, str], 
 
 
 def test_bundle(files: dict[str, str], validator: Any) -> None:
-    _, data = _run(files, "bundle", "{bundle}")
+    _, data = _run(files, "bundle", "--check", "{bundle}")
     _validate(validator, data)
     _assert_envelope(data, "bundle", 0)
     assert data["input"] == files["bundle"]
@@ -244,7 +244,7 @@ def test_bundle(files: dict[str, str], validator: Any) -> None:
         (["verify", "{model}", "{missing}"], "verify", ["{model}", "{missing}"], "input not found"),
         (["verify", "{model}"], "verify", None, "Missing argument"),
         (["quantize", "{model}", "{out}", "--block-size", "512"], "quantize", "{model}", "block size"),
-        (["bundle", "{tmp}/nope"], "bundle", "{tmp}/nope", "not a directory"),
+        (["bundle", "--check", "{tmp}/nope"], "bundle", "{tmp}/nope", "not a directory"),
     ],
     ids=["bad-input", "usage", "no-argument", "verify-bad-input", "verify-usage", "bad-option", "bundle"],
 )

@@ -1,7 +1,7 @@
 """Rewrite pointwise ONNX convolutions into MatMul so weight-only quantizers cover them.
 
 One function per command (``convert``/``convert_file``, ``verify_files``, ``quantize_file``,
-``inspect_file``, ``check_bundle``), each returning its typed report; the options and report
+``inspect_file``, ``check_bundle``, ``build_bundle``), each returning its typed report; the options and report
 types beside them. onnx-ir and onnxruntime are imported on first use: a command can parse its
 input and start copying its data file first.
 
@@ -32,6 +32,7 @@ from onnx_conv2matmul.rewrite.report import ConvEntry, ConvertReport, Status
 
 if TYPE_CHECKING:
     from onnx_conv2matmul.api import (
+        build_bundle,
         check_bundle,
         convert,
         convert_file,
@@ -39,6 +40,8 @@ if TYPE_CHECKING:
         quantize_file,
         verify_files,
     )
+    from onnx_conv2matmul.bundle.build import BundleOptions
+    from onnx_conv2matmul.bundle.report import BundleBuildReport
     from onnx_conv2matmul.files.progress import Progress
     from onnx_conv2matmul.quantize.options import AutoOptions, NodeSetting, QuantizeOptions
     from onnx_conv2matmul.quantize.report import BundleReport, InspectReport, QuantizeReport
@@ -54,6 +57,9 @@ _LAZY = {
     "quantize_file": "api",
     "inspect_file": "api",
     "check_bundle": "api",
+    "build_bundle": "api",
+    "BundleOptions": "bundle.build",
+    "BundleBuildReport": "bundle.report",
     "ConvToMatMulPass": "rewrite.passes",
     "Progress": "files.progress",
     "AutoOptions": "quantize.options",
@@ -70,6 +76,8 @@ _LAZY = {
 
 __all__ = [
     "AutoOptions",
+    "BundleBuildReport",
+    "BundleOptions",
     "BundleReport",
     "CheckerError",
     "Conv2MatMulError",
@@ -94,6 +102,7 @@ __all__ = [
     "VerifyOptions",
     "VerifyReport",
     "__version__",
+    "build_bundle",
     "check_bundle",
     "convert",
     "convert_file",
@@ -102,7 +111,7 @@ __all__ = [
     "quantize_file",
     "verify_files",
 ]
-_SUBMODULES = ("api", "cli", "files", "quantize", "report", "rewrite", "verify")
+_SUBMODULES = ("api", "bundle", "cli", "files", "quantize", "report", "rewrite", "verify")
 
 
 def __getattr__(name: str) -> Any:

@@ -1,8 +1,8 @@
 """One function per command, each returning its typed report; the command line calls these.
 
 ``convert`` (a model in memory), :func:`convert_file`, :func:`verify_files`, :func:`quantize_file`,
-:func:`inspect_file` and :func:`check_bundle`. None of them prints, handles a signal or exits:
-errors are :mod:`onnx_conv2matmul.errors`' exceptions, outcomes are reports (``return_code``
+:func:`inspect_file`, :func:`check_bundle` and :func:`build_bundle`. None of them prints, handles a
+signal or exits: errors are :mod:`onnx_conv2matmul.errors`' exceptions, outcomes are reports (``return_code``
 is what the command line exits with). onnx-ir and onnxruntime are imported on first use.
 """
 
@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     # input and started copying its data file before importing them (the copy starts sooner).
     import onnx_ir as ir
 
+    from onnx_conv2matmul.bundle.build import BundleOptions
+    from onnx_conv2matmul.bundle.report import BundleBuildReport
     from onnx_conv2matmul.quantize.options import AutoOptions, QuantizeOptions
     from onnx_conv2matmul.quantize.report import BundleReport, InspectReport, QuantizeReport
     from onnx_conv2matmul.verify.report import VerifyCommandReport
@@ -248,3 +250,19 @@ def check_bundle(directory: str | os.PathLike[str], *, manifest: bool = False) -
     from onnx_conv2matmul.quantize.workflow import bundle_report
 
     return bundle_report(os.fspath(directory), manifest=manifest)
+
+
+def build_bundle(
+    source_dir: str | os.PathLike[str],
+    output_dir: str | os.PathLike[str],
+    options: BundleOptions | None = None,
+    *,
+    progress: Progress | None = None,
+) -> BundleBuildReport:
+    """Quantize the fp32 release folder ``source_dir`` (``encoder-model.onnx`` with its data,
+    ``decoder_joint-model.onnx``, ``vocab.txt``, optionally ``config.json``) into a folder
+    ``output_dir`` that onnx-asr or sherpa-onnx loads (``options.layout``); see
+    :mod:`onnx_conv2matmul.bundle.build`. Nothing is written when an accuracy check fails."""
+    from onnx_conv2matmul.bundle.build import build_bundle as build
+
+    return build(source_dir, output_dir, options, progress=progress)

@@ -192,7 +192,7 @@ def quantize_command(
             accuracy_level=accuracy_level,
             exclude=exclude,
             include=include,
-            bits_for=_parse_bits_for(bits_for),
+            bits_for=parse_bits_for(bits_for),
             algorithm=algorithm,
             other_weights=other_weights,
         )
@@ -244,7 +244,7 @@ def quantize_command(
     sys.exit(report.return_code)
 
 
-def _parse_bits_for(values: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
+def parse_bits_for(values: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
     pairs = []
     for item in values:
         pattern, sep, raw = item.rpartition("=")

@@ -47,6 +47,7 @@ from contextlib import AbstractContextManager
 import onnx
 
 from onnx_conv2matmul.errors import DestinationBusy, InputError
+from onnx_conv2matmul.files.load import usual_mode
 from onnx_conv2matmul.files.paths import data_files
 
 _JOURNAL = "obsolete.json"
@@ -334,3 +335,80 @@ def interruptions_deferred_by(hold: Callable[[], AbstractContextManager[object]]
         yield
     finally:
         _DEFERRAL.reset(token)
+
+
+def publish_directory(staging: str, destination: str) -> None:
+    """Put a staged folder in place of ``destination`` (a folder, or nothing yet).
+
+    Hidden entries left in ``staging`` (locks, scratch) are removed first. Where the system
+    can swap two paths atomically (Linux ``renameat2``), ``destination`` is the old folder or
+    the new one at every instant; elsewhere there is a moment without it. The old folder is
+    removed after the switch. The renames run inside the caller's deferral, as a model's do
+    (:func:`interruptions_deferred_by`).
+    """
+    for name in os.listdir(staging):
+        if name.startswith("."):
+            path = os.path.join(staging, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+    usual_mode(staging, directory=True)
+    for name in os.listdir(staging):
+        _fsync(os.path.join(staging, name))
+    parent = os.path.dirname(os.path.abspath(destination))
+    old = None
+    with _DEFERRAL.get()():
+        if os.path.isdir(destination) and _exchange(staging, destination):
+            _fsync(parent)
+            old = staging  # the old folder now lies at the staging path
+        else:
+            if os.path.isdir(destination):
+                old = tempfile.mkdtemp(prefix=f".{os.path.basename(destination)}.old-", dir=parent)
+                os.rename(destination, os.path.join(old, "folder"))
+            os.rename(staging, destination)
+            _fsync(parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Swap two paths atomically (``renameat2`` with ``RENAME_EXCHANGE``); False where the
+    system cannot."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return False
+    try:
+        renameat2 = ctypes.CDLL(name, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return bool(renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0)
+
+
+def set_metadata(path: str, entries: dict[str, str]) -> None:
+    """Add ``entries`` to the ``metadata_props`` of the model at ``path`` (same keys replaced).
+
+    Only the ``.onnx`` file is rewritten (through a temporary file renamed into place); its
+    external data stays where it is.
+    """
+    proto = onnx.load(path, load_external_data=False)
+    kept = [(p.key, p.value) for p in proto.metadata_props if p.key not in entries]
+    del proto.metadata_props[:]
+    for key, value in [*kept, *entries.items()]:
+        proto.metadata_props.add(key=key, value=value)
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    os.close(fd)
+    try:
+        onnx.save_model(proto, tmp)
+        os.chmod(tmp, os.stat(path).st_mode & 0o7777)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
