@@ -401,9 +401,13 @@ class _Model:
                 raise ModelLoadError(f"onnxruntime cannot load {self.label}: {_first_line(err)}") from err
         return self.session
 
-    def close(self) -> None:
+    def close(self, collect: bool = True) -> None:
+        """Drop the session; ``collect``: have its memory back now (a cycle may hold it)."""
+        if self.session is None:
+            return
         self.session = None
-        gc.collect()
+        if collect:
+            gc.collect()
 
     def run(self, length: int) -> None:
         session = self.session
@@ -482,7 +486,8 @@ def time_models(
                         model.close()
     finally:
         for model in models:
-            model.close()
+            model.close(collect=False)
+        gc.collect()
     timings = []
     for which, model in enumerate(models):
         rows = []
@@ -506,9 +511,8 @@ def _prepare(
     """Open each model to read its inputs (closing it again when they are timed one at a time),
     choose the lengths from the baseline's, and make every model's feeds."""
     for model in models:
-        session = model.open()
         try:
-            model.specs = _specs(session)
+            model.specs = _specs(model.open())  # no reference kept: close() ends the session
             check_names(model.specs, synthesis)
         finally:
             if mode is Mode.ONE_AT_A_TIME:
