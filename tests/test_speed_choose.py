@@ -181,6 +181,10 @@ def test_level_candidates_are_files_beside_the_model_removed_after(tmp_path: Pat
         assert candidates[1].path == str(tmp_path / "q.level4.onnx")
         assert choose.accuracy_levels(candidates[1].path) == {4}
     assert sorted(os.listdir(tmp_path)) == ["q.onnx"]
+    with level_candidates(str(path), (4,), block_size=16) as candidates:
+        assert [c.to_dict() for c in candidates] == [
+            {"name": "block 16, accuracy level 4", "accuracy_level": 4, "block_size": 16}
+        ]
     with pytest.raises(RuntimeError), level_candidates(str(path), (4, 0)) as candidates:
         assert [c.accuracy_level for c in candidates] == [4, 0]
         raise RuntimeError
