@@ -300,3 +300,20 @@ def test_bench_on_real_sessions(tmp_path: Path) -> None:
     report = bench_models(paths[:2], (4,), options=TimingOptions(rounds=3, warmup=1, threads=1))
     assert len(report.timing.models) == 2 and report.return_code == 0
     assert np.isfinite(report.timing.models[1].latencies[0].ratio or np.nan)
+
+
+def test_speed_options() -> None:
+    options = choose.SpeedOptions()
+    assert options.chooses and options.levels == (0, 4) and options.block_sizes == (64, 128, 256)
+    assert not choose.SpeedOptions(levels=(4,), block_sizes=(64,)).chooses
+    assert choose.SpeedOptions(levels=(4,), block_sizes=(64, 128)).chooses
+    assert options.to_dict()["accuracy_levels"] == [0, 4] and options.to_dict()["batch"] == 1
+    for kwargs in (
+        {"levels": ()},
+        {"levels": (5,)},
+        {"block_sizes": (96,)},
+        {"block_sizes": (8,)},
+        {"min_gain": 1},
+    ):
+        with pytest.raises(ValueError):
+            choose.SpeedOptions(**kwargs)  # type: ignore[arg-type]

@@ -49,9 +49,54 @@ COSINE_SLACK = 0.1
 """Without an accuracy target, a candidate is acceptable when its ``1 - cosine`` is at most this
 much (relatively) above the first candidate's."""
 
+DEFAULT_BLOCK_SIZES = (64, 128, 256)
+"""The block sizes tried when the block size is not pinned. Larger blocks ran faster on an AMD EPYC
+(AVX-512 VNNI) at level 4: the MatMulNBits of the Parakeet-sized encoder took 0.83x the time at 256
+as at 128, which took 0.75x the time at 64; whether they keep the accuracy is checked like any
+candidate's."""
+
 AccuracyCheck = Callable[[str], tuple[float, str]]
 """The worst cosine similarity of a candidate's outputs against the original's (over outputs and
 inputs), and a note when it could not be measured (then the cosine is -1)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeedOptions:
+    """What ``quantize`` measures, and which kernel settings it tries.
+
+    Attributes:
+        timing: Lengths, rounds, warm-up and threads of every measurement.
+        levels: The accuracy levels tried, most accurate first; one level pins it.
+        block_sizes: The block sizes tried (each one a quantization of its own), most accurate
+            first; one pins it.
+        min_gain: How much faster a later candidate must be to win (see :func:`choose_kernel`).
+    """
+
+    timing: TimingOptions = dataclasses.field(default_factory=TimingOptions)
+    levels: tuple[int, ...] = DEFAULT_LEVELS
+    block_sizes: tuple[int, ...] = DEFAULT_BLOCK_SIZES
+    min_gain: float = DEFAULT_MIN_GAIN
+
+    def __post_init__(self) -> None:
+        if not self.levels or any(not 0 <= level <= 4 for level in self.levels):
+            raise ValueError(f"accuracy levels must be 0-4, at least one: {self.levels}")
+        if not self.block_sizes or any(b < 16 or b & (b - 1) for b in self.block_sizes):
+            raise ValueError(f"block sizes must be powers of 2 from 16, at least one: {self.block_sizes}")
+        if not 0 <= self.min_gain < 1:
+            raise ValueError(f"min_gain must be in [0, 1), got {self.min_gain}")
+
+    @property
+    def chooses(self) -> bool:
+        """Whether there is more than one candidate to choose from."""
+        return len(self.levels) * len(self.block_sizes) > 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **self.timing.to_dict(),
+            "accuracy_levels": list(self.levels),
+            "block_sizes": list(self.block_sizes),
+            "min_gain": self.min_gain,
+        }
 
 
 @dataclasses.dataclass(frozen=True)
