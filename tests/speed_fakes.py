@@ -12,7 +12,8 @@ import onnx
 import onnx_ir as ir
 from onnx import helper, numpy_helper
 
-from onnx_conv2matmul.quantize import QuantizeOptions, quantize_matmul_nbits
+from onnx_conv2matmul.quantize.nbits import quantize_matmul_nbits
+from onnx_conv2matmul.quantize.options import QuantizeOptions
 
 
 class FakeClock:

@@ -15,7 +15,7 @@ from onnx_conv2matmul.speed import choose
 from onnx_conv2matmul.speed.bench import bench_models, quantization_of
 from onnx_conv2matmul.speed.choose import Candidate, choose_kernel, level_candidates, reference_accuracy
 from onnx_conv2matmul.speed.timing import TimingOptions
-from onnx_conv2matmul.verify import VerifyOptions
+from onnx_conv2matmul.verify.check import VerifyOptions
 from speed_fakes import FakeClock, Sessions, quantized, sequence_matmul_model
 
 OPTIONS = TimingOptions(lengths=(100, 400), rounds=3, warmup=0)

@@ -15,7 +15,7 @@ from helpers import examples
 from onnx_conv2matmul.errors import InputError, ModelLoadError, ModelRunError
 from onnx_conv2matmul.speed import timing
 from onnx_conv2matmul.speed.timing import Mode, TimingOptions, time_models
-from onnx_conv2matmul.verify import VerifyOptions, _InputSpec
+from onnx_conv2matmul.verify.check import VerifyOptions, _InputSpec
 from speed_fakes import FakeClock, FakeInput, Sessions, sequence_matmul_model
 
 COSTS = {"a.onnx": 2.0, "b.onnx": 1.0, "c.onnx": 3.0}  # milliseconds per 100 frames

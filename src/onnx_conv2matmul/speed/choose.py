@@ -37,7 +37,7 @@ from onnx_conv2matmul.speed.timing import (
     TimingReport,
     time_models,
 )
-from onnx_conv2matmul.verify import VerifyOptions
+from onnx_conv2matmul.verify.check import VerifyOptions
 
 DEFAULT_LEVELS = (0, 4)
 """The accuracy levels tried: the float kernel and the int8 one (levels 1-3 run as level 0 on
@@ -299,7 +299,7 @@ def reference_accuracy(original: str, verify: VerifyOptions) -> AccuracyCheck:
             original.
     """
     from onnx_conv2matmul.errors import Conv2MatMulError
-    from onnx_conv2matmul.verify import _candidate_outputs, _reference_outputs, compare_outputs
+    from onnx_conv2matmul.verify.check import _candidate_outputs, _reference_outputs, compare_outputs
 
     options = dataclasses.replace(verify, report_only=True, min_cosine=None)
     specs, names, _, reference, _ = _reference_outputs(original, options)

@@ -45,7 +45,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from onnx_conv2matmul.errors import InputError, ModelLoadError, ModelRunError
-from onnx_conv2matmul.verify import (
+from onnx_conv2matmul.verify.check import (
     VerifyOptions,
     _first_line,
     _image_input,
@@ -345,7 +345,7 @@ def default_lengths(specs: Sequence[_InputSpec], synthesis: VerifyOptions) -> tu
 
 def _length_dim_names(specs: Sequence[_InputSpec], synthesis: VerifyOptions) -> set[str]:
     """The symbolic dims that take the length: named ones by name; unnamed ones each count apart."""
-    from onnx_conv2matmul.verify import _batch_names, _dim_plan
+    from onnx_conv2matmul.verify.check import _batch_names, _dim_plan
 
     batch_names = _batch_names(specs)
     names: set[str] = set()
