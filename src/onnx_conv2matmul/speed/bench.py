@@ -8,8 +8,10 @@ import dataclasses
 import os
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
+from onnx_conv2matmul.errors import ExitCode
+from onnx_conv2matmul.report import Command, CommandReport
 from onnx_conv2matmul.speed.timing import Clock, SessionFactory, TimingOptions, TimingReport, time_models
 
 INT8_OPS = frozenset(
@@ -81,18 +83,28 @@ def quantization_of(path: str) -> Quantization:
 
 
 @dataclasses.dataclass(frozen=True)
-class BenchReport:
-    """Models timed side by side, with their quantization, and warnings."""
+class BenchReport(CommandReport):
+    """Models timed side by side, with their quantization, and warnings (the ``bench`` command's
+    report; a warning does not fail it)."""
 
+    COMMAND: ClassVar[Command] = Command.BENCH
     timing: TimingReport
     quantization: tuple[Quantization, ...]
     warnings: tuple[str, ...]
 
     @property
     def return_code(self) -> int:
-        return 0
+        return int(ExitCode.OK)
 
-    def to_dict(self) -> dict[str, Any]:
+    @property
+    def failure(self) -> None:
+        return None
+
+    @property
+    def inputs(self) -> list[str]:
+        return [model.path for model in self.timing.models]
+
+    def body(self) -> dict[str, Any]:
         timing = self.timing.to_dict()
         for model, quantization in zip(timing["models"], self.quantization, strict=True):
             model["quantization"] = quantization.to_dict()

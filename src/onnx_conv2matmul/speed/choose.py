@@ -183,7 +183,6 @@ class KernelChoice:
             "candidates": [result.to_dict() for result in self.candidates],
             "original": None if self.original is None else self.original.to_dict(),
             "cpu": None if self.timing is None else self.timing.cpu,
-            "timing": None if self.timing is None else self.timing.to_dict(),
             "warnings": list(self.warnings),
         }
 
