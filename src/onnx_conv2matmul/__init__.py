@@ -102,7 +102,7 @@ __all__ = [
     "quantize_file",
     "verify_files",
 ]
-_SUBMODULES = ("api", "cli", "files", "quantize", "report", "rewrite", "verify")
+_SUBMODULES = ("api", "cli", "files", "quantize", "report", "rewrite", "speed", "verify")
 
 
 def __getattr__(name: str) -> Any:
