@@ -1,7 +1,7 @@
 """Rewrite pointwise ONNX convolutions into MatMul so weight-only quantizers cover them.
 
 One function per command (``convert``/``convert_file``, ``verify_files``, ``quantize_file``,
-``inspect_file``, ``check_bundle``), each returning its typed report; the options and report
+``inspect_file``, ``check_bundle``, ``bench_models``), each returning its typed report; the options and report
 types beside them. onnx-ir and onnxruntime are imported on first use: a command can parse its
 input and start copying its data file first.
 
@@ -32,6 +32,7 @@ from onnx_conv2matmul.rewrite.report import ConvEntry, ConvertReport, Status
 
 if TYPE_CHECKING:
     from onnx_conv2matmul.api import (
+        bench_models,
         check_bundle,
         convert,
         convert_file,
@@ -43,6 +44,9 @@ if TYPE_CHECKING:
     from onnx_conv2matmul.quantize.options import AutoOptions, NodeSetting, QuantizeOptions
     from onnx_conv2matmul.quantize.report import BundleReport, InspectReport, QuantizeReport
     from onnx_conv2matmul.rewrite.passes import ConvToMatMulPass
+    from onnx_conv2matmul.speed.bench import BenchReport
+    from onnx_conv2matmul.speed.choose import SpeedOptions
+    from onnx_conv2matmul.speed.timing import TimingOptions
     from onnx_conv2matmul.verify.check import VerifyOptions, VerifyReport, load_inputs
     from onnx_conv2matmul.verify.report import VerifyCommandReport
 
@@ -54,6 +58,10 @@ _LAZY = {
     "quantize_file": "api",
     "inspect_file": "api",
     "check_bundle": "api",
+    "bench_models": "api",
+    "BenchReport": "speed.bench",
+    "SpeedOptions": "speed.choose",
+    "TimingOptions": "speed.timing",
     "ConvToMatMulPass": "rewrite.passes",
     "Progress": "files.progress",
     "AutoOptions": "quantize.options",
@@ -70,6 +78,7 @@ _LAZY = {
 
 __all__ = [
     "AutoOptions",
+    "BenchReport",
     "BundleReport",
     "CheckerError",
     "Conv2MatMulError",
@@ -88,12 +97,15 @@ __all__ = [
     "QuantizeOptions",
     "QuantizeReport",
     "SkipReason",
+    "SpeedOptions",
     "Status",
     "TargetUnreachable",
+    "TimingOptions",
     "VerifyCommandReport",
     "VerifyOptions",
     "VerifyReport",
     "__version__",
+    "bench_models",
     "check_bundle",
     "convert",
     "convert_file",

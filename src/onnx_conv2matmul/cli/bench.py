@@ -52,9 +52,9 @@ def bench_command(
     """
     OUTCOME.start(report_json_stdout, list(models))
     with handled_errors():
+        from onnx_conv2matmul import api
         from onnx_conv2matmul.cli import render
         from onnx_conv2matmul.errors import InputError
-        from onnx_conv2matmul.speed.bench import bench_models
         from onnx_conv2matmul.speed.timing import DEFAULT_ROUNDS, TimingOptions
 
         console = stderr_console(quiet)
@@ -83,6 +83,6 @@ def bench_command(
         if report_json is not None:
             check_report_target(report_json, inputs=list(models), outputs=[])
             OUTCOME.watch(report_json)
-        report = bench_models(models, baseline=baseline - 1, options=options)
+        report = api.bench_models(models, baseline=baseline - 1, options=options)
         render.print_bench_report(console, report)
         emit_report(report, report_json)
