@@ -107,16 +107,16 @@ def test_signal_while_timing_candidates_removes_every_staging(tmp_path: Path, si
         location="enc.onnx.data",
     )
     before = {p.name for p in tmp_path.iterdir()}
-    proc = spawn(
+    proc, stderr_lines = spawn(
         stall("onnx_conv2matmul.quantize.kernel", "choose_kernel"),
         *("quantize", str(src), str(tmp_path / "o.onnx"), "--verify-lengths", "64"),
     )
-    wait_for_marker(proc)
+    stderr_lines.wait_for(MARKER)
     staged = staging(tmp_path)
     assert len(staged) == 3, "one staging directory per block size"
     assert any(p.name.endswith(".level4.onnx") for d in staged for p in d.iterdir())
     proc.send_signal(signum)
-    stdout, stderr = proc.communicate()
+    stdout, stderr = stderr_lines.finish()
     assert stdout == ""
     assert proc.returncode == code, stderr
     assert stderr.strip().splitlines()[-1].endswith("nothing was written"), stderr
