@@ -37,7 +37,7 @@ from onnx_conv2matmul.speed.timing import (
     TimingReport,
     time_models,
 )
-from onnx_conv2matmul.verify.check import VerifyOptions
+from onnx_conv2matmul.verify.options import VerifyOptions
 
 DEFAULT_LEVELS = (0, 4)
 """The accuracy levels tried: the float kernel and the int8 one (levels 1-3 run as level 0 on
@@ -291,35 +291,44 @@ def level_candidates(
 
 def reference_accuracy(original: str, verify: VerifyOptions) -> AccuracyCheck:
     """An accuracy check against ``original``: its outputs are computed once, here, on the
-    inputs ``verify`` makes (or its real inputs), and each candidate is compared with them.
+    runs the accuracy check plans (synthesised inputs, or ``verify``'s real ones), and each
+    candidate is run on the same inputs and compared with them.
 
     Raises:
-        ModelRunError, InputError: as :func:`onnx_conv2matmul.verify.verify_models` for the
-            original.
+        ModelRunError, InputError: as :func:`onnx_conv2matmul.verify.check.verify_models` for
+            the original.
     """
     from onnx_conv2matmul.errors import Conv2MatMulError
-    from onnx_conv2matmul.verify.check import _candidate_outputs, _reference_outputs, compare_outputs
+    from onnx_conv2matmul.verify import run as runs
+    from onnx_conv2matmul.verify.check import Reference
+    from onnx_conv2matmul.verify.compare import compare_outputs
 
     options = dataclasses.replace(verify, report_only=True, min_cosine=None)
-    specs, names, _, reference, _ = _reference_outputs(original, options)
-    lengths = list(reference)
+    reference = Reference(original, options)
+    names = reference.names
     indices = list(options.output_indices) if options.output_indices else list(range(len(names)))
 
     def check(candidate: str) -> tuple[float, str]:
+        worst = 1.0
         try:
-            outputs = _candidate_outputs(candidate, specs, names, lengths, options)
+            opened, _, cand_names = runs.open_model(candidate, "candidate", options, reference.specs)
+            if cand_names != names:
+                return -1.0, f"the candidate has other outputs: {cand_names} vs {names}"
+            done = list(reference.done)  # candidate_runs empties the list it is given, not the arrays
+            for run, ref_outputs, outputs in runs.candidate_runs(
+                opened, reference.specs, done, options, reference.plan.roles
+            ):
+                for index in indices:
+                    name = names[index]
+                    row = compare_outputs(
+                        ref_outputs[index], outputs[index], options, length=run.length, name=name
+                    )
+                    if not row.passed:
+                        return -1.0, f"output {name!r} at length {run.length}: {row.note}"
+                    if row.cosine is not None:
+                        worst = min(worst, row.cosine)
         except Conv2MatMulError as err:
             return -1.0, str(err)
-        worst = 1.0
-        for length in lengths:
-            for index in indices:
-                name = names[index]
-                ref, out = reference[length][index], outputs[length][index]
-                row = compare_outputs(ref, out, options, length=length, name=name)
-                if not row.passed:
-                    return -1.0, f"output {name!r} at length {length}: {row.note}"
-                if row.cosine is not None:
-                    worst = min(worst, row.cosine)
         return worst, ""
 
     return check

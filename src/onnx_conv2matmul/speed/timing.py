@@ -3,7 +3,7 @@
 How a measurement is made (:func:`time_models`):
 
 - Batch 1, at each of a few lengths: the inputs are made as the accuracy check makes them
-  (:func:`onnx_conv2matmul.verify.synthesise_inputs`), every symbolic dim other than the batch
+  (:func:`onnx_conv2matmul.verify.feeds.synthesise_inputs`), every symbolic dim other than the batch
   taking the length. Each model gets the inputs of its own signature, with the same seed, so
   models with the same inputs run on the same values.
 - Every session is made with ``session.intra_op.allow_spinning = 0``: an idle session's
@@ -45,16 +45,17 @@ from typing import Any, Protocol
 import numpy as np
 
 from onnx_conv2matmul.errors import InputError, ModelLoadError, ModelRunError
-from onnx_conv2matmul.verify.check import (
-    VerifyOptions,
+from onnx_conv2matmul.verify.feeds import (
+    InputSpec,
     _first_line,
-    _image_input,
-    _InputSpec,
     _signature,
-    _specs,
     check_names,
+    dim_roles,
     synthesise_inputs,
 )
+from onnx_conv2matmul.verify.options import VerifyOptions
+from onnx_conv2matmul.verify.plan import _image_input
+from onnx_conv2matmul.verify.run import input_specs
 
 SPINNING_KEY = "session.intra_op.allow_spinning"
 DEFAULT_LENGTHS = (200, 1000)
@@ -329,32 +330,19 @@ def choose_mode(file_bytes: Sequence[int], budget_bytes: int | None) -> Mode:
     return Mode.TOGETHER if needed <= budget_bytes else Mode.ONE_AT_A_TIME
 
 
-def default_lengths(specs: Sequence[_InputSpec], synthesis: VerifyOptions) -> tuple[tuple[int, ...], str]:
+def default_lengths(specs: Sequence[InputSpec], synthesis: VerifyOptions) -> tuple[tuple[int, ...], str]:
     """The default bench lengths for a model's inputs, and the rule that chose them."""
-    image = _image_input(specs, synthesis)
+    roles = dim_roles(specs, synthesis)
+    image = _image_input(specs, roles)
     if image is not None:
         return IMAGE_LENGTHS, f"default for image inputs ({image!r} has a symbolic height and width)"
-    names = _length_dim_names(specs, synthesis)
+    names = roles.sequence
     if len(names) > 1:
         return SEVERAL_DIMS_LENGTHS, (
             f"default for inputs with several length dims ({', '.join(sorted(names))}): each takes"
             " the length; fix one with a dim value to time realistic shapes"
         )
     return DEFAULT_LENGTHS, "default: a short and a long input"
-
-
-def _length_dim_names(specs: Sequence[_InputSpec], synthesis: VerifyOptions) -> set[str]:
-    """The symbolic dims that take the length: named ones by name; unnamed ones each count apart."""
-    from onnx_conv2matmul.verify.check import _batch_names, _dim_plan
-
-    batch_names = _batch_names(specs)
-    names: set[str] = set()
-    for spec in specs:
-        plan = _dim_plan(spec, synthesis, batch_names)
-        for index, (dim, value) in enumerate(zip(spec.shape, plan, strict=True)):
-            if value is None:
-                names.add(dim if isinstance(dim, str) else f"{spec.name}[{index}]")
-    return names
 
 
 def run_order(round_index: int, models: int) -> tuple[int, ...]:
@@ -390,7 +378,7 @@ class _Model:
         self._factory = factory
         self._threads = threads
         self.session: Session | None = None
-        self.specs: list[_InputSpec] = []
+        self.specs: list[InputSpec] = []
         self.feeds: dict[int, dict[str, np.ndarray]] = {}
 
     def open(self) -> Session:
@@ -512,7 +500,7 @@ def _prepare(
     choose the lengths from the baseline's, and make every model's feeds."""
     for model in models:
         try:
-            model.specs = _specs(model.open())  # no reference kept: close() ends the session
+            model.specs = input_specs(model.open())  # no reference kept: close() ends the session
             check_names(model.specs, synthesis)
         finally:
             if mode is Mode.ONE_AT_A_TIME:
@@ -522,7 +510,11 @@ def _prepare(
     else:
         lengths, rule = default_lengths(models[baseline].specs, synthesis)
     for model in models:
-        model.feeds = {n: synthesise_inputs(model.specs, n, synthesis)[0] for n in lengths}
+        roles = dim_roles(model.specs, synthesis)
+        model.feeds = {
+            n: synthesise_inputs(model.specs, n, synthesis, roles.values(n, synthesis, batch=1), roles)[0]
+            for n in lengths
+        }
     return tuple(lengths), rule
 
 
