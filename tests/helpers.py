@@ -397,3 +397,13 @@ def conv_in_function_model(spatial: int, conv_name: str = "fn_conv") -> onnx.Mod
     model.functions.append(function)
     model.opset_import.append(helper.make_opsetid("local", 1))
     return model
+
+
+def no_bench(args: Sequence[object]) -> list[str]:
+    """``args`` as strings, with ``--no-bench`` added to a ``quantize`` command that says nothing
+    about timing: the latency measurement and the kernel choice are tested in test_speed_*.py and
+    test_quantize_speed.py; elsewhere they would only add seconds to each run."""
+    words = [str(a) for a in args]
+    if words[:1] == ["quantize"] and not any(w.startswith("--bench") or w == "--no-bench" for w in words):
+        words.append("--no-bench")
+    return words

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from helpers import examples, run
+from helpers import examples, no_bench, run
 from onnx_conv2matmul.cli.app import main
 from onnx_conv2matmul.quantize import search as auto
 from onnx_conv2matmul.quantize.options import LADDER, AutoOptions, QuantizeOptions, Setting
@@ -28,7 +28,7 @@ VERIFY = VerifyOptions(lengths=(64, 97))
 
 
 def _invoke(*args: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    result = CliRunner().invoke(main, no_bench(args), catch_exceptions=False)
     return result.exit_code, result.stdout, result.stderr
 
 

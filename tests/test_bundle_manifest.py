@@ -12,7 +12,7 @@ import onnx
 import pytest
 from click.testing import CliRunner
 
-from helpers import matmul_model
+from helpers import matmul_model, no_bench
 from onnx_conv2matmul.cli.app import main
 from onnx_conv2matmul.quantize import workflow as pipeline
 
@@ -20,7 +20,7 @@ SCHEMA = json.loads((Path(__file__).resolve().parent.parent / "schema" / "report
 
 
 def _invoke(*args: object) -> tuple[int, str, str]:
-    result = CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+    result = CliRunner().invoke(main, no_bench(args), catch_exceptions=False)
     return result.exit_code, result.stdout, result.stderr
 
 

@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 import unwritable
-from helpers import conv_model
+from helpers import conv_model, no_bench
 from onnx_conv2matmul import ConvertOptions, __version__
 from onnx_conv2matmul.cli.app import main
 from processes import TIMEOUT
@@ -31,7 +31,7 @@ def model_path(tmp_path: Path) -> Path:
 
 def invoke(*args: str) -> tuple[int, str, str]:
     runner = CliRunner()
-    result = runner.invoke(main, list(args), catch_exceptions=False)
+    result = runner.invoke(main, no_bench(args), catch_exceptions=False)
     return result.exit_code, result.stdout, result.stderr
 
 

@@ -9,13 +9,13 @@ import onnx
 import pytest
 from click.testing import CliRunner
 
-from helpers import conv_model, matmul_model
+from helpers import conv_model, matmul_model, no_bench
 from onnx_conv2matmul import api
 from onnx_conv2matmul.cli.app import main
 
 
 def invoke(*args: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    result = CliRunner().invoke(main, no_bench(args), catch_exceptions=False)
     return result.exit_code, result.stdout, result.stderr
 
 

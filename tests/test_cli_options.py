@@ -9,13 +9,13 @@ import pytest
 from click.testing import CliRunner
 from onnx import TensorProto, helper
 
-from helpers import matmul_model
+from helpers import matmul_model, no_bench
 from onnx_conv2matmul.cli.app import main
 from onnx_conv2matmul.quantize.options import QuantizeOptions
 
 
 def invoke(*args: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    result = CliRunner().invoke(main, no_bench(args), catch_exceptions=False)
     return result.exit_code, result.stdout, result.stderr
 
 

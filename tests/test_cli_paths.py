@@ -13,7 +13,7 @@ import onnx
 import pytest
 from click.testing import CliRunner
 
-from helpers import conv_model
+from helpers import conv_model, no_bench
 from onnx_conv2matmul import api
 from onnx_conv2matmul.cli.app import main
 from onnx_conv2matmul.errors import InputError
@@ -22,7 +22,7 @@ from processes import TIMEOUT
 
 
 def invoke(*args: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    result = CliRunner().invoke(main, no_bench(args), catch_exceptions=False)
     return result.exit_code, result.stdout, result.stderr
 
 

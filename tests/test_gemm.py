@@ -27,6 +27,7 @@ from helpers import (
     assert_matmul_weights_2d,
     examples,
     gemm_model,
+    no_bench,
     op_types,
     random_feeds,
     run,
@@ -351,7 +352,7 @@ def test_quantize_covers_the_gemms(tmp_path: Path) -> None:
     for flags, expected in (((), 3), (("--no-gemm",), 0)):
         out = tmp_path / f"q{expected}.onnx"
         args = ["quantize", str(source), str(out), "--block-size", "32", *flags, "--report-json-stdout"]
-        result = CliRunner().invoke(main, args)
+        result = CliRunner().invoke(main, no_bench(args))
         assert result.exit_code == 0, result.stderr
         data = json.loads(result.stdout)
         ops = [n.op_type for n in all_nodes(onnx.load(out).graph)]

@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 
-from helpers import ALL, conv_model, stack_model
+from helpers import ALL, conv_model, no_bench, stack_model
 from onnx_conv2matmul import ConvertOptions, Status, api
 from onnx_conv2matmul.cli.app import main
 from onnx_conv2matmul.files.load import tensor_bytes
@@ -40,7 +40,7 @@ EVERYTHING = ConvertOptions(extended=True, allow_non_unit_dilation=True, allow_a
 
 
 def invoke(*args: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(main, list(args), prog_name="onnx-conv2matmul", catch_exceptions=False)
+    result = CliRunner().invoke(main, no_bench(args), prog_name="onnx-conv2matmul", catch_exceptions=False)
     return result.exit_code, result.stdout, result.stderr
 
 

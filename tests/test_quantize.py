@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
-from helpers import all_nodes, matmul_model, session
+from helpers import all_nodes, matmul_model, no_bench, session
 from onnx_conv2matmul import ConvertOptions, convert
 from onnx_conv2matmul.cli.app import main
 from onnx_conv2matmul.quantize.nbits import quantize_matmul_nbits
@@ -24,7 +24,7 @@ DECODER = DATA / "tdt_decoder_small.onnx"
 
 
 def _invoke(*args: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    result = CliRunner().invoke(main, no_bench(args), catch_exceptions=False)
     return result.exit_code, result.stdout, result.stderr
 
 

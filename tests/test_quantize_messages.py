@@ -11,6 +11,7 @@ import onnx
 import pytest
 from click.testing import CliRunner
 
+from helpers import no_bench
 from onnx_conv2matmul.cli.app import main
 from onnx_conv2matmul.quantize import search as auto
 
@@ -19,7 +20,7 @@ SCHEMA = Path(__file__).resolve().parent.parent / "schema" / "report.schema.json
 
 
 def _invoke(*args: object) -> tuple[int, str]:
-    result = CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+    result = CliRunner().invoke(main, no_bench(args), catch_exceptions=False)
     return result.exit_code, result.stderr
 
 

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
 
-from helpers import all_nodes
+from helpers import all_nodes, no_bench
 from onnx_conv2matmul.cli.app import main
 from onnx_conv2matmul.errors import InputError
 from onnx_conv2matmul.quantize.options import CONFIG_VERSION, NodeSetting, QuantizeOptions, load_config
@@ -24,7 +24,7 @@ ENCODER = DATA / "conformer_small.onnx"
 
 
 def _invoke(*args: object) -> tuple[int, str, str]:
-    result = CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+    result = CliRunner().invoke(main, no_bench(args), catch_exceptions=False)
     return result.exit_code, result.stdout, result.stderr
 
 

@@ -11,7 +11,7 @@ import onnx
 import pytest
 from click.testing import CliRunner
 
-from helpers import conv_model, matmul_model
+from helpers import conv_model, matmul_model, no_bench
 from onnx_conv2matmul import api, convert
 from onnx_conv2matmul.cli import signals as _entry
 from onnx_conv2matmul.cli.app import main
@@ -65,7 +65,7 @@ def _validate(validator: jsonschema.Draft202012Validator, data: dict[str, Any]) 
 
 
 def _run(files: dict[str, str], *args: str) -> tuple[int, dict[str, Any]]:
-    result = CliRunner().invoke(main, [a.format(**files) for a in args] + ["--report-json-stdout"])
+    result = CliRunner().invoke(main, [*no_bench([a.format(**files) for a in args]), "--report-json-stdout"])
     data = json.loads(result.stdout)  # the whole of stdout is one object
     assert isinstance(data, dict)
     assert data["return_code"] == result.exit_code, result.stderr

@@ -96,6 +96,34 @@ def test_signal_while_staging_removes_everything(
 
 
 @pytest.mark.parametrize(("signum", "code"), SIGNALS, ids=SIGNAL_IDS)
+def test_signal_while_timing_candidates_removes_every_staging(tmp_path: Path, signum: int, code: int) -> None:
+    """quantize stages one model per block size tried, with accuracy-level copies beside each:
+    an interrupt while they are timed removes them all."""
+    src = tmp_path / "enc.onnx"
+    onnx.save(
+        onnx.load(Path(__file__).parent / "data" / "conformer_small.onnx"),
+        src,
+        save_as_external_data=True,
+        location="enc.onnx.data",
+    )
+    before = {p.name for p in tmp_path.iterdir()}
+    proc, stderr_lines = spawn(
+        stall("onnx_conv2matmul.quantize.kernel", "choose_kernel"),
+        *("quantize", str(src), str(tmp_path / "o.onnx"), "--verify-lengths", "64"),
+    )
+    stderr_lines.wait_for(MARKER)
+    staged = staging(tmp_path)
+    assert len(staged) == 3, "one staging directory per block size"
+    assert any(p.name.endswith(".level4.onnx") for d in staged for p in d.iterdir())
+    proc.send_signal(signum)
+    stdout, stderr = stderr_lines.finish()
+    assert stdout == ""
+    assert proc.returncode == code, stderr
+    assert stderr.strip().splitlines()[-1].endswith("nothing was written"), stderr
+    assert {p.name for p in tmp_path.iterdir()} == before, "staging directories left behind"
+
+
+@pytest.mark.parametrize(("signum", "code"), SIGNALS, ids=SIGNAL_IDS)
 def test_signal_after_publishing_says_what_was_written(
     tmp_path: Path, external_model: Path, signum: int, code: int
 ) -> None:

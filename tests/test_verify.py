@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 
-from helpers import ALL, conv_model
+from helpers import ALL, conv_model, no_bench
 from onnx_conv2matmul import ConvertOptions, convert, convert_file
 from onnx_conv2matmul.cli.app import main
 from onnx_conv2matmul.errors import ModelLoadError
@@ -28,7 +28,7 @@ def _save(model: onnx.ModelProto, path: Path) -> str:
 
 
 def _invoke(*args: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    result = CliRunner().invoke(main, no_bench(args), catch_exceptions=False)
     return result.exit_code, result.stdout, result.stderr
 
 

@@ -1,9 +1,9 @@
 """Rewrite pointwise ONNX convolutions into MatMul so weight-only quantizers cover them.
 
 One function per command (``convert``/``convert_file``, ``verify_files``, ``quantize_file``,
-``inspect_file``, ``check_bundle``, ``build_bundle``), each returning its typed report; the options and report
-types beside them. onnx-ir and onnxruntime are imported on first use: a command can parse its
-input and start copying its data file first.
+``inspect_file``, ``check_bundle``, ``build_bundle``, ``bench_models``), each returning its typed
+report; the options and report types beside them. onnx-ir and onnxruntime are imported on first
+use: a command can parse its input and start copying its data file first.
 
 Importing this package (or any of its public modules) changes nothing in the
 interpreter: no import hooks, no stand-in modules, no signal handlers, no switch
@@ -32,6 +32,7 @@ from onnx_conv2matmul.rewrite.report import ConvEntry, ConvertReport, Status
 
 if TYPE_CHECKING:
     from onnx_conv2matmul.api import (
+        bench_models,
         build_bundle,
         check_bundle,
         convert,
@@ -46,6 +47,9 @@ if TYPE_CHECKING:
     from onnx_conv2matmul.quantize.options import AutoOptions, NodeSetting, QuantizeOptions
     from onnx_conv2matmul.quantize.report import BundleReport, InspectReport, QuantizeReport
     from onnx_conv2matmul.rewrite.passes import ConvToMatMulPass
+    from onnx_conv2matmul.speed.bench import BenchReport
+    from onnx_conv2matmul.speed.choose import SpeedOptions
+    from onnx_conv2matmul.speed.timing import TimingOptions
     from onnx_conv2matmul.verify.check import VerifyOptions, VerifyReport, load_inputs
     from onnx_conv2matmul.verify.report import VerifyCommandReport
 
@@ -60,6 +64,10 @@ _LAZY = {
     "build_bundle": "api",
     "BundleOptions": "bundle.build",
     "BundleBuildReport": "bundle.report",
+    "bench_models": "api",
+    "BenchReport": "speed.bench",
+    "SpeedOptions": "speed.choose",
+    "TimingOptions": "speed.timing",
     "ConvToMatMulPass": "rewrite.passes",
     "Progress": "files.progress",
     "AutoOptions": "quantize.options",
@@ -76,6 +84,7 @@ _LAZY = {
 
 __all__ = [
     "AutoOptions",
+    "BenchReport",
     "BundleBuildReport",
     "BundleOptions",
     "BundleReport",
@@ -96,12 +105,15 @@ __all__ = [
     "QuantizeOptions",
     "QuantizeReport",
     "SkipReason",
+    "SpeedOptions",
     "Status",
     "TargetUnreachable",
+    "TimingOptions",
     "VerifyCommandReport",
     "VerifyOptions",
     "VerifyReport",
     "__version__",
+    "bench_models",
     "build_bundle",
     "check_bundle",
     "convert",
@@ -111,7 +123,7 @@ __all__ = [
     "quantize_file",
     "verify_files",
 ]
-_SUBMODULES = ("api", "bundle", "cli", "files", "quantize", "report", "rewrite", "verify")
+_SUBMODULES = ("api", "bundle", "cli", "files", "quantize", "report", "rewrite", "speed", "verify")
 
 
 def __getattr__(name: str) -> Any:

@@ -25,12 +25,17 @@ from onnx_conv2matmul.verify.check import VerifyOptions, verify_models
 if TYPE_CHECKING:
     # onnx-ir and the rewrite are imported where used, so that convert_file has parsed its
     # input and started copying its data file before importing them (the copy starts sooner).
+    from collections.abc import Sequence
+
     import onnx_ir as ir
 
     from onnx_conv2matmul.bundle.build import BundleOptions
     from onnx_conv2matmul.bundle.report import BundleBuildReport
     from onnx_conv2matmul.quantize.options import AutoOptions, QuantizeOptions
     from onnx_conv2matmul.quantize.report import BundleReport, InspectReport, QuantizeReport
+    from onnx_conv2matmul.speed.bench import BenchReport
+    from onnx_conv2matmul.speed.choose import SpeedOptions
+    from onnx_conv2matmul.speed.timing import TimingOptions
     from onnx_conv2matmul.verify.report import VerifyCommandReport
 
 FAILED_SUFFIX = ".verify-failed"
@@ -198,6 +203,7 @@ def quantize_file(
     verify: VerifyOptions | None = None,
     run_checker: bool = True,
     progress: Progress | None = None,
+    speed: SpeedOptions | None = None,
 ) -> QuantizeReport:
     """Rewrite pointwise convs and Gemms, quantize, compare with the input, then publish.
 
@@ -207,7 +213,11 @@ def quantize_file(
     instead. ``auto``: search for the smallest settings meeting ``auto.min_cosine`` (they replace
     ``options``). ``convert_options``: the rewrite (extended mode and dilation on by default here).
     ``verify``: the inputs of the accuracy check and its criterion. Nothing is written unless the
-    result met the criterion.
+    result met the criterion. ``speed``: time the result against the input on this CPU and,
+    where it leaves several kernel settings (accuracy levels, block sizes), keep the fastest that
+    meets the criterion (:class:`~onnx_conv2matmul.speed.choose.SpeedOptions`, which
+    :func:`~onnx_conv2matmul.quantize.options.resolve` builds as the command line does); None
+    (the default here) times nothing.
 
     Raises:
         InputError: bad paths, options or inputs (nothing is written).
@@ -225,7 +235,23 @@ def quantize_file(
         run_checker=run_checker,
         progress=progress,
         auto=auto,
+        speed=speed,
     )
+
+
+def bench_models(
+    paths: Sequence[str | os.PathLike[str]],
+    lengths: Sequence[int] | None = None,
+    *,
+    baseline: int = 0,
+    options: TimingOptions | None = None,
+) -> BenchReport:
+    """Time the models at ``paths`` side by side on this CPU (batch 1, interleaved rounds),
+    against ``paths[baseline]``; a warning names each quantized model slower than a float
+    baseline (:func:`onnx_conv2matmul.speed.bench.bench_models`)."""
+    from onnx_conv2matmul.speed import bench
+
+    return bench.bench_models(paths, lengths, baseline=baseline, options=options)
 
 
 def inspect_file(

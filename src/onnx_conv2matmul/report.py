@@ -32,10 +32,11 @@ class Command(str, enum.Enum):
     QUANTIZE = "quantize"
     BUNDLE = "bundle"
     INSPECT = "inspect"
+    BENCH = "bench"
 
 
 # The commands that take several inputs: their envelope has ``inputs`` (a list), not ``input``.
-_SEVERAL_INPUTS = frozenset({Command.VERIFY.value})
+_SEVERAL_INPUTS = frozenset({Command.VERIFY.value, Command.BENCH.value})
 _ENVELOPE_KEYS = ("schema_version", "tool", "version", "command", "input", "inputs", "return_code", "error")
 
 
@@ -100,7 +101,7 @@ class CommandReport(abc.ABC):
     @property
     @abc.abstractmethod
     def inputs(self) -> str | list[str] | None:
-        """The envelope's ``input`` (or ``inputs`` for ``verify``)."""
+        """The envelope's ``input`` (or ``inputs`` for ``verify`` and ``bench``)."""
 
     @abc.abstractmethod
     def body(self) -> dict[str, Any]:

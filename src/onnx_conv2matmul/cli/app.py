@@ -16,6 +16,7 @@ from onnx_conv2matmul.errors import ExitCode
 
 if TYPE_CHECKING:
     pass
+from onnx_conv2matmul.cli.bench import bench_command
 from onnx_conv2matmul.cli.bundle import bundle_command
 from onnx_conv2matmul.cli.common import (
     OUTCOME,
@@ -113,5 +114,12 @@ def run() -> None:
         signals.exit_interrupted(interrupt, OUTCOME.interrupted_detail(), OUTCOME.print_error_json)
 
 
-for _command in (convert_command, verify_command, quantize_command, inspect_command, bundle_command):
+for _command in (
+    convert_command,
+    verify_command,
+    quantize_command,
+    inspect_command,
+    bundle_command,
+    bench_command,
+):
     main.add_command(_command)

@@ -299,3 +299,30 @@ def verify_options_from(
         feeds=feeds,
         memory=kwargs["verify_memory"],
     )
+
+
+def bench_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """--bench-lengths and --bench-rounds: how latency is measured (quantize and bench)."""
+    for option in reversed(
+        [
+            click.option(
+                "--bench-lengths",
+                callback=parse_lengths,
+                default=None,
+                metavar="L,L,...",
+                help=(
+                    "Lengths the latency is measured at, batch 1 (every symbolic dim but the batch"
+                    " takes each in turn) [default: 200,1000 for one sequence dim, 224,448 for images,"
+                    " 16,64 for several length dims]."
+                ),
+            ),
+            click.option(
+                "--bench-rounds",
+                type=click.IntRange(min=3),
+                default=None,
+                help="Timed runs of each model at each length, interleaved [default: 10].",
+            ),
+        ]
+    ):
+        func = option(func)
+    return func

@@ -30,6 +30,7 @@ from onnx_conv2matmul.cli.common import (
 )
 from onnx_conv2matmul.cli.flags import (
     allow_added_transposes,
+    bench_options,
     build_verify_options,
     inputs_option,
     nbits_given,
@@ -53,7 +54,19 @@ from onnx_conv2matmul.quantize.options import DEFAULT_MAX_EVALUATIONS, resolve
     "--accuracy-level",
     type=click.IntRange(0, 4),
     default=None,
-    help="MatMulNBits accuracy level [default: 0].",
+    help=(
+        "MatMulNBits accuracy level (4: int8 activations, faster on most CPUs); pins it [default: the"
+        " faster of 0 and 4 on this CPU that meets the accuracy target; 0 with --no-bench]."
+    ),
+)
+@bench_options
+@click.option(
+    "--no-bench",
+    is_flag=True,
+    help=(
+        "Time nothing: keep the accuracy level and block size as given (defaults 0 and 64) and"
+        " report no latency."
+    ),
 )
 @click.option(
     "--exclude",
@@ -152,6 +165,9 @@ def quantize_command(
     block_size: int | None,
     symmetric: bool | None,
     accuracy_level: int | None,
+    bench_lengths: tuple[int, ...] | None,
+    bench_rounds: int | None,
+    no_bench: bool,
     exclude: tuple[str, ...],
     include: tuple[str, ...],
     bits_for: tuple[str, ...],
@@ -176,8 +192,10 @@ def quantize_command(
 ) -> None:
     """Rewrite pointwise convs of INPUT, quantize it with onnxruntime, write OUTPUT.
 
-    Default: MatMulNBits, 4 bits, block 64, asymmetric, accuracy level 0. The result is
-    compared with INPUT on synthesised inputs (cosine similarity, relative error).
+    Default: MatMulNBits, 4 bits, asymmetric; the block size (64, 128, 256) and accuracy level
+    (0, 4) that run fastest on this CPU while meeting the accuracy target. The result is
+    compared with INPUT on synthesised inputs (cosine similarity, relative error) and timed
+    against it (--no-bench: block 64, level 0, no timing).
     With --auto --min-cosine X: the smallest model whose cosine is at least X.
     """
     OUTCOME.start(report_json_stdout, input_path)
@@ -204,6 +222,9 @@ def quantize_command(
             min_cosine=min_cosine,
             max_evaluations=max_evaluations,
             save_config=save_config is not None,
+            bench=not no_bench,
+            bench_lengths=bench_lengths,
+            bench_rounds=bench_rounds,
         )
         try:
             c_options = ConvertOptions(
@@ -236,6 +257,7 @@ def quantize_command(
             run_checker=not skip_checker,
             progress=progress_for(console, input_path, quiet) if os.path.isfile(input_path) else None,
             auto=resolved.auto,
+            speed=resolved.speed,
         )
         render.print_quantize_report(console, report)
         if save_config is not None and report.auto is not None:

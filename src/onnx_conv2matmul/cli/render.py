@@ -18,6 +18,7 @@ from onnx_conv2matmul.quantize.report import BundleReport, InspectNode, InspectR
 from onnx_conv2matmul.report import CommandReport
 from onnx_conv2matmul.rewrite.reasons import SkipReason
 from onnx_conv2matmul.rewrite.report import ConvertReport
+from onnx_conv2matmul.speed.bench import BenchReport
 from onnx_conv2matmul.verify.check import Criterion, OutputComparison, VerifyReport
 from onnx_conv2matmul.verify.options import format_size
 from onnx_conv2matmul.verify.plan import held as plan_held
@@ -307,6 +308,11 @@ def print_quantize_report(console: Console, report: QuantizeReport) -> None:
     table.add_row("peak memory (RSS) until saved", human_bytes(report.peak_rss_quantize_bytes))
     table.add_row("peak memory (RSS) with the accuracy check", human_bytes(report.peak_rss_bytes))
     console.print(table)
+    if report.kernel_choice is not None:
+        console.print(kernel_choice_table(report.kernel_choice))
+        console.print(f"Chosen: {escape(report.kernel_choice['reason'])}", highlight=False, soft_wrap=True)
+    if report.latency is not None:
+        console.print(quantize_latency_table(report.latency))
     for warning in report.warnings:
         console.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False, soft_wrap=True)
     verification = report.verification
@@ -318,6 +324,84 @@ def print_quantize_report(console: Console, report: QuantizeReport) -> None:
         console.print("Accuracy below --min-cosine: nothing was written.", highlight=False)
     else:
         console.print("Outputs that must match differ: nothing was written.", highlight=False)
+
+
+def _latency_cell(latency: dict[str, Any]) -> str:
+    """``median ms (q1-q3)``, then the ratio to the baseline when there is one."""
+    text = f"{latency['median_ms']:.1f} ms ({latency['q1_ms']:.1f}-{latency['q3_ms']:.1f})"
+    if latency["ratio"] is not None:
+        low, high = latency["ratio_interval"]
+        text += f" {latency['ratio']:.2f}x [{low:.2f}-{high:.2f}]"
+    return text
+
+
+def _timing_title(what: str, cpu: str, lengths: dict[str, Any], options: dict[str, Any]) -> str:
+    threads = options["threads"] or "onnxruntime's default"
+    return (
+        f"{what} on {cpu}: batch 1, {options['rounds']} interleaved rounds, threads {threads};"
+        f" median (quartiles) and ratio to the original [95% interval]; lengths {lengths['rule']}"
+    )
+
+
+def quantize_latency_table(latency: dict[str, Any]) -> Table:
+    """The result against the original, one column per length."""
+    table = Table(
+        title=_timing_title("Latency", latency["cpu"], latency["lengths"], latency["options"]),
+        title_justify="left",
+    )
+    table.add_column("model")
+    for length in latency["lengths"]["used"]:
+        table.add_column(f"length {length}", justify="right")
+    for label in ("original", "result"):
+        table.add_row(label, *(_latency_cell(lat) for lat in latency[label]))
+    return table
+
+
+def kernel_choice_table(choice: dict[str, Any]) -> Table:
+    """The kernel settings tried: accuracy, whether it met the target, latency ratios."""
+    original = choice["original"]
+    lengths = [lat["length"] for lat in original["latencies"]] if original else []
+    table = Table(
+        title=f"Kernel settings tried on {choice['cpu']} ({choice['target']})", title_justify="left"
+    )
+    for name in ("candidate", "cosine", "meets target", *(f"x original at {n}" for n in lengths), "speed"):
+        table.add_column(name, justify="left" if name == "candidate" else "right")
+    for candidate in choice["candidates"]:
+        ratios = {lat["length"]: lat["ratio"] for lat in candidate["latencies"] or ()}
+        mark = "[bold]" if candidate["name"] == choice["winner"] else ""
+        table.add_row(
+            f"{mark}{escape(candidate['name'])}",
+            f"{candidate['cosine']:.5f}",
+            "yes" if candidate["meets_target"] else "no",
+            *(f"{ratios[n]:.2f}x" if ratios.get(n) is not None else "-" for n in lengths),
+            "-" if candidate["speed"] is None else f"{candidate['speed']:.3f}x",
+        )
+    return table
+
+
+def print_bench_report(console: Console, report: BenchReport) -> None:
+    """The bench command's table: every model at every length against the baseline."""
+    data = report.body()
+    base = data["models"][data["baseline"]]["label"]
+    title = _timing_title("Latency", data["cpu"], data["lengths"], data["options"]).replace(
+        "the original", escape(base)
+    )
+    table = Table(title=title, title_justify="left")
+    table.add_column("model")
+    table.add_column("kind")
+    table.add_column("size", justify="right")
+    for length in data["lengths"]["used"]:
+        table.add_column(f"length {length}", justify="right")
+    for model in data["models"]:
+        table.add_row(
+            escape(model["label"]),
+            model["quantization"]["kind"],
+            human_bytes(model["file_bytes"]),
+            *(_latency_cell(lat) for lat in model["latencies"]),
+        )
+    console.print(table)
+    for warning in report.warnings:
+        console.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False, soft_wrap=True)
 
 
 def _setting_counts(report: QuantizeReport) -> dict[str, int]:

@@ -11,9 +11,12 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from onnx_conv2matmul.errors import InputError, OptionConflict
+
+if TYPE_CHECKING:
+    from onnx_conv2matmul.speed.choose import SpeedOptions
 
 # The block sizes onnxruntime's MatMulNBits quantizer (MlasQuantizeBlockwise) accepts.
 BLOCK_SIZES = (16, 32, 64, 128, 256)
@@ -374,11 +377,16 @@ _NBITS_ONLY = ("bits", "block_size", "symmetric", "accuracy_level")
 
 @dataclasses.dataclass(frozen=True)
 class Resolved:
-    """Checked options of one quantize run."""
+    """Checked options of one quantize run.
+
+    ``speed`` is None when nothing is timed; otherwise the kernel settings tried (one level and
+    one block size when both are pinned: the result is then only timed against the original).
+    """
 
     quantize: QuantizeOptions
     int8_dynamic: bool = False
     auto: AutoOptions | None = None
+    speed: SpeedOptions | None = None
 
 
 def resolve(
@@ -390,6 +398,9 @@ def resolve(
     min_cosine: float | None = None,
     max_evaluations: int | None = None,
     save_config: bool = False,
+    bench: bool = True,
+    bench_lengths: tuple[int, ...] | None = None,
+    bench_rounds: int | None = None,
 ) -> Resolved:
     """Check and combine what a user asked for; the one place quantize options are decided.
 
@@ -403,6 +414,12 @@ def resolve(
         min_cosine: The search's target (required with ``auto``).
         max_evaluations: The search's budget of full-model evaluations.
         save_config: Whether the chosen settings are to be written (``auto`` only).
+        bench: Time the result against the original on this CPU and, unless pinned, choose the
+            fastest kernel settings that meet the accuracy target: the accuracy level unless
+            given (or in the settings file), the block size unless given, in the settings file,
+            chosen by ``auto`` or by node, or the algorithm is not ``default``.
+        bench_lengths: The lengths timed (default: chosen from the model's inputs).
+        bench_rounds: The rounds of timed runs.
 
     Raises:
         OptionConflict: options that need another or do not combine (named by field).
@@ -417,12 +434,13 @@ def resolve(
         raise InputError(str(err)) from err
     if int8_dynamic:
         _refuse_with_int8_dynamic(options, given)
+    speed = _speed_options(options, fields, bench, bench_lengths, bench_rounds, int8_dynamic, auto)
     if not auto:
         if save_config:
             raise OptionConflict("{0} needs {1}", "save_config", "auto")
         if max_evaluations is not None:
             raise OptionConflict("{0} needs {1}", "max_evaluations", "auto")
-        return Resolved(options, int8_dynamic)
+        return Resolved(options, int8_dynamic, speed=speed)
     if min_cosine is None:
         raise OptionConflict("{0} needs {1}", "auto", "min_cosine")
     if int8_dynamic:
@@ -455,7 +473,45 @@ def resolve(
         )
     except ValueError as err:
         raise InputError(str(err)) from err
-    return Resolved(options, int8_dynamic=False, auto=search)
+    return Resolved(options, int8_dynamic=False, auto=search, speed=speed)
+
+
+def _speed_options(
+    options: QuantizeOptions,
+    fields: Mapping[str, Any],
+    bench: bool,
+    lengths: tuple[int, ...] | None,
+    rounds: int | None,
+    int8_dynamic: bool,
+    auto: bool,
+) -> SpeedOptions | None:
+    """What is timed and tried (see :func:`resolve`); int8 dynamic quantization has no kernel
+    setting to choose: it is only timed."""
+    from onnx_conv2matmul.speed.choose import DEFAULT_LEVELS, SpeedOptions
+    from onnx_conv2matmul.speed.timing import DEFAULT_ROUNDS, TimingOptions
+
+    if not bench:
+        for name, value in (("bench_lengths", lengths), ("bench_rounds", rounds)):
+            if value is not None:
+                raise OptionConflict("{0} does not combine with {1}", name, "no_bench")
+        return None
+    block_pinned = (
+        int8_dynamic
+        or auto
+        or "block_size" in fields
+        or bool(options.nodes)
+        or options.algorithm != "default"
+    )
+    level_pinned = int8_dynamic or "accuracy_level" in fields
+    try:
+        timing = TimingOptions(lengths=lengths, rounds=DEFAULT_ROUNDS if rounds is None else rounds)
+        return SpeedOptions(
+            timing=timing,
+            levels=(options.accuracy_level,) if level_pinned else DEFAULT_LEVELS,
+            block_sizes=(options.block_size,) if block_pinned else SpeedOptions().block_sizes,
+        )
+    except ValueError as err:
+        raise InputError(str(err)) from err
 
 
 def _refuse_with_int8_dynamic(options: QuantizeOptions, given: Mapping[str, Any]) -> None:

@@ -50,6 +50,8 @@ class QuantizeReport(CommandReport):
     warnings: list[str] = dataclasses.field(default_factory=list)
     other_weights: OtherWeightsResult | None = None
     auto: AutoResult | None = None
+    latency: dict[str, Any] | None = None
+    kernel_choice: dict[str, Any] | None = None
 
     @property
     def passed(self) -> bool:
@@ -104,6 +106,8 @@ class QuantizeReport(CommandReport):
             "warnings": self.warnings,
             "other_weights": None if self.other_weights is None else self.other_weights.to_dict(),
             "auto": None if self.auto is None else self.auto.to_dict(),
+            "latency": self.latency,
+            "kernel_choice": self.kernel_choice,
         }
 
 

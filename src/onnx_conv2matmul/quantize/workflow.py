@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from onnx_conv2matmul.quantize.options import AutoOptions
+    from onnx_conv2matmul.speed.choose import SpeedOptions
 
 
 def _peak_rss_bytes() -> int:
@@ -60,8 +61,13 @@ def quantize_file(
     run_checker: bool = True,
     progress: Progress | None = None,
     auto: AutoOptions | None = None,
+    speed: SpeedOptions | None = None,
 ) -> QuantizeReport:
     """Rewrite pointwise convs, quantize, compare with the fp32 input, then publish.
+
+    With ``speed``, the result is timed against the input on this CPU, and when the speed options
+    leave several kernel settings (accuracy levels, block sizes) the fastest that meets the
+    accuracy target is kept (see :mod:`onnx_conv2matmul.quantize.kernel`); None times nothing.
 
     ``verify`` holds the input synthesis and the pass criterion (``min_cosine``); its
     ``feeds`` (real inputs), when given, are also the calibration inputs of the ``gptq``
@@ -104,6 +110,7 @@ def quantize_file(
             "auto": None
             if auto is None
             else {"min_cosine": auto.min_cosine, "max_evaluations": auto.max_evaluations},
+            "speed": None if speed is None else speed.to_dict(),
         },
     )
     try:
@@ -119,6 +126,7 @@ def quantize_file(
                 progress,
                 report,
                 auto,
+                speed,
             )
     finally:
         progress.close()
@@ -138,6 +146,7 @@ def _quantize_to(
     progress: Progress,
     report: QuantizeReport,
     auto: AutoOptions | None = None,
+    speed: SpeedOptions | None = None,
 ) -> None:
     dst = output.path
     loaded = load_input(src, dst, inplace=False, run_checker=run_checker, progress=progress, timings={})
@@ -181,9 +190,24 @@ def _quantize_to(
             report.other_weights = quantize_other_weights(model)
         progress.phase("Saving")
         staged = output.stage(model, external=external, progress=progress.advance)
-    with staged:  # at once: from here on any error or interrupt removes the staged output
+    with contextlib.ExitStack() as stack:  # at once: any error or interrupt removes what is staged
+        stack.enter_context(staged)
         del model, loaded
         report.peak_rss_quantize_bytes = _peak_rss_bytes()
+        if speed is not None:
+            staged = _speed_step(
+                src,
+                staged,
+                stack,
+                output,
+                convert_options,
+                quantize_options,
+                int8,
+                verify,
+                speed,
+                progress,
+                report,
+            )
         report.external_data = staged.data_path is not None
         report.output_bytes = staged.size
         if run_checker:
@@ -197,6 +221,55 @@ def _quantize_to(
             progress.phase("Publishing")
             staged.publish(modes)
             report.output_path = dst
+
+
+def _speed_step(
+    src: str,
+    staged: _output.Staged,
+    stack: contextlib.ExitStack,
+    output: _output.Output,
+    convert_options: ConvertOptions,
+    quantize_options: QuantizeOptions,
+    int8: bool,
+    verify: VerifyOptions,
+    speed: SpeedOptions,
+    progress: Progress,
+    report: QuantizeReport,
+) -> _output.Staged:
+    """Choose the kernel settings and time the result (see :mod:`onnx_conv2matmul.quantize.kernel`);
+    the staged model to check and publish."""
+    from onnx_conv2matmul.quantize import kernel
+
+    if report.auto is not None:
+        quantize_options = report.auto.config.quantize_options()
+    first = kernel.Variant(quantize_options.block_size, staged, None, report.other_weights)
+    outcome = kernel.run_speed_step(
+        src,
+        first,
+        quantize_options,
+        speed,
+        stack=stack,
+        output=output,
+        convert_options=convert_options,
+        verify=verify,
+        progress=progress,
+        int8=int8,
+    )
+    report.latency = outcome.latency()
+    report.kernel_choice = None if outcome.choice is None else outcome.choice.to_dict()
+    report.warnings.extend(outcome.slower())
+    if outcome.choice is not None:
+        report.warnings.extend(w for w in outcome.choice.warnings if "slower than the original" not in w)
+    if outcome.options is not None:
+        report.options["quantize"] = outcome.options.to_dict()
+    kept = outcome.variant
+    if kept.result is not None:  # another block size won: its quantizer's record replaces the first's
+        report.matmuls = kept.result.matmuls
+        report.quantized_nodes = kept.result.quantized
+        report.excluded = kept.result.excluded
+        report.settings = kept.result.settings
+        report.other_weights = kept.other_weights
+    return kept.staged
 
 
 def _search(

@@ -1,0 +1,175 @@
+"""The quantize workflow's speed step: choose the MatMulNBits kernel settings on this CPU, and time
+the result against the original.
+
+The staged model is the first candidate. Each other block size tried is the input loaded,
+rewritten and quantized again into a staging directory of its own beside the destination; every
+accuracy level tried is an attribute-only copy of a staged model beside it
+(:func:`onnx_conv2matmul.speed.choose.level_candidates`). The winner's level is written into its
+``.onnx``, and the winner is what the workflow checks and publishes; the other staging
+directories are removed with the ``ExitStack`` the caller holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from typing import TYPE_CHECKING, Any
+
+from onnx_conv2matmul.files import load as _io
+from onnx_conv2matmul.files.load import load_input
+from onnx_conv2matmul.quantize.nbits import NBitsResult, quantize_matmul_nbits
+from onnx_conv2matmul.rewrite.passes import rewrite_model
+from onnx_conv2matmul.speed.choose import (
+    Candidate,
+    KernelChoice,
+    SpeedOptions,
+    accuracy_levels,
+    choose_kernel,
+    level_candidates,
+    reference_accuracy,
+    set_accuracy_level,
+)
+from onnx_conv2matmul.speed.timing import TimingOptions, TimingReport, time_models
+
+if TYPE_CHECKING:
+    from onnx_conv2matmul.files.output import Output, Staged
+    from onnx_conv2matmul.files.progress import Progress
+    from onnx_conv2matmul.quantize.options import QuantizeOptions
+    from onnx_conv2matmul.quantize.other_weights import OtherWeightsResult
+    from onnx_conv2matmul.rewrite.options import ConvertOptions
+    from onnx_conv2matmul.verify.check import VerifyOptions
+
+
+@dataclasses.dataclass
+class Variant:
+    """One quantization of the model, staged: its block size, files and what the quantizer did."""
+
+    block_size: int
+    staged: Staged
+    result: NBitsResult | None
+    other_weights: OtherWeightsResult | None = None
+
+
+@dataclasses.dataclass
+class SpeedOutcome:
+    """The variant kept (with the winner's level written into it), the options that replay it,
+    what was chosen and the latency of the result against the original."""
+
+    variant: Variant
+    options: QuantizeOptions | None
+    choice: KernelChoice | None
+    timing: TimingReport
+    result_index: int
+
+    def latency(self) -> dict[str, Any]:
+        """The report's ``latency`` section: the original's and the result's latencies."""
+        original, result = self.timing.models[0], self.timing.models[self.result_index]
+        return {
+            "cpu": self.timing.cpu,
+            "lengths": {"used": list(self.timing.lengths), "rule": self.timing.lengths_rule},
+            "options": self.timing.options.to_dict(),
+            "mode": self.timing.mode.value,
+            "original": [lat.to_dict() for lat in original.latencies],
+            "result": [lat.to_dict() for lat in result.latencies],
+        }
+
+    def slower(self) -> list[str]:
+        """Warnings for every length at which the result is slower than the original."""
+        result = self.timing.models[self.result_index]
+        return [
+            f"the result is slower than the original at length {lat.length}: {lat.ratio:.2f}x its latency"
+            for lat in result.latencies
+            if lat.ratio is not None and lat.ratio > 1
+        ]
+
+
+def timing_options(speed: SpeedOptions, verify: VerifyOptions) -> TimingOptions:
+    """The speed options' timing, with inputs made as the accuracy check makes them (fixed
+    values, dims, the length input; synthesised even when the check has real inputs)."""
+    synthesis = dataclasses.replace(verify, feeds=None, lengths=None, min_cosine=None, report_only=False)
+    return dataclasses.replace(speed.timing, synthesis=synthesis)
+
+
+def run_speed_step(
+    src: str,
+    first: Variant,
+    options: QuantizeOptions,
+    speed: SpeedOptions,
+    *,
+    stack: contextlib.ExitStack,
+    output: Output,
+    convert_options: ConvertOptions,
+    verify: VerifyOptions,
+    progress: Progress,
+    int8: bool,
+) -> SpeedOutcome:
+    """Choose among the speed options' candidates (when there are several and the model has a
+    MatMulNBits node) and time the result."""
+    timing = timing_options(speed, verify)
+    if int8 or not speed.chooses or not accuracy_levels(first.staged.onnx_path):
+        progress.phase("Timing the result against the original")
+        report = time_models([src, first.staged.onnx_path], timing, labels=["original", "result"])
+        return SpeedOutcome(first, None, None, report, 1)
+    variants = [first]
+    for block in speed.block_sizes[1:]:
+        progress.phase(f"Quantizing with block {block}")
+        variant = quantize_variant(
+            src, output, convert_options, dataclasses.replace(options, block_size=block), verify
+        )
+        stack.enter_context(variant.staged)
+        variants.append(variant)
+    several_blocks = len(variants) > 1
+    with contextlib.ExitStack() as files:
+        candidates: list[Candidate] = []
+        for variant in variants:
+            candidates += files.enter_context(
+                level_candidates(
+                    variant.staged.onnx_path,
+                    speed.levels,
+                    block_size=variant.block_size if several_blocks else None,
+                )
+            )
+        progress.phase("Measuring the candidates' accuracy")
+        check = reference_accuracy(src, verify)
+        progress.phase(f"Timing {len(candidates)} candidates against the original")
+        choice = choose_kernel(
+            src, candidates, check, min_cosine=verify.min_cosine, timing=timing, min_gain=speed.min_gain
+        )
+    winner = choice.chosen.candidate
+    kept = next(v for v in variants if not several_blocks or v.block_size == winner.block_size)
+    set_accuracy_level(kept.staged.onnx_path, winner.accuracy_level, kept.staged.onnx_path)
+    assert choice.timing is not None
+    labels = [model.label for model in choice.timing.models]
+    chosen = dataclasses.replace(options, block_size=kept.block_size, accuracy_level=winner.accuracy_level)
+    return SpeedOutcome(kept, chosen, choice, choice.timing, labels.index(winner.name))
+
+
+def quantize_variant(
+    src: str,
+    output: Output,
+    convert_options: ConvertOptions,
+    options: QuantizeOptions,
+    verify: VerifyOptions,
+) -> Variant:
+    """The input loaded, rewritten and quantized with ``options`` again, staged beside the
+    destination (the caller removes the staging directory)."""
+    from onnx_conv2matmul.files.progress import NullProgress
+
+    loaded = load_input(
+        src, output.path, inplace=False, run_checker=False, progress=NullProgress(), timings={}
+    )
+    model = loaded.model
+    rewrite_model(model, convert_options)
+    external = loaded.has_external_data or _io.tensor_bytes(model) > _io.SINGLE_FILE_LIMIT_BYTES
+    result = quantize_matmul_nbits(
+        model, options, feeds=verify.feeds, scratch_dir=os.path.dirname(os.path.abspath(output.path))
+    )
+    other = None
+    if options.other_weights == "int8":
+        from onnx_conv2matmul.quantize.other_weights import quantize_other_weights
+
+        other = quantize_other_weights(model)
+    staged = output.stage(model, external=external)
+    del model, loaded
+    return Variant(options.block_size, staged, result, other)

@@ -1,0 +1,205 @@
+"""quantize with timing (the default), and the bench command: what is tried, what is kept, what is
+reported. Which candidate wins depends on this CPU, so these tests check that the report, the
+options that replay the run and the written model agree with each other, never a time; the
+choice itself is tested with a fake timer in test_speed_choose.py."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import onnx
+import pytest
+from click.testing import CliRunner
+
+from helpers import all_nodes
+from onnx_conv2matmul.cli.app import main
+from onnx_conv2matmul.errors import OptionConflict
+from onnx_conv2matmul.quantize.options import resolve
+from onnx_conv2matmul.speed.choose import DEFAULT_BLOCK_SIZES, DEFAULT_LEVELS
+
+DATA = Path(__file__).parent / "data"
+ENCODER = DATA / "conformer_small.onnx"
+DECODER = DATA / "tdt_decoder_small.onnx"
+SCHEMA = json.loads((Path(__file__).parent.parent / "schema" / "report.schema.json").read_text())
+FAST = ("--bench-rounds", "3", "--bench-lengths", "40,120", "--verify-lengths", "64,97")
+
+
+def _run(*args: object) -> tuple[int, dict[str, Any], str]:
+    result = CliRunner().invoke(
+        main, [str(a) for a in args] + ["--report-json-stdout"], catch_exceptions=False
+    )
+    data = json.loads(result.stdout)
+    jsonschema.validate(data, SCHEMA)
+    return result.exit_code, data, result.stderr
+
+
+def _nbits(path: Path) -> set[tuple[int, int]]:
+    """(block size, accuracy level) of every MatMulNBits node."""
+    model = onnx.load(path, load_external_data=False)
+    found = set()
+    for node in all_nodes(model.graph):
+        if node.op_type == "MatMulNBits":
+            attrs = {a.name: a.i for a in node.attribute}
+            found.add((attrs["block_size"], attrs.get("accuracy_level", 0)))
+    return found
+
+
+def test_quantize_keeps_the_winner_and_says_so(tmp_path: Path) -> None:
+    out = tmp_path / "q.onnx"
+    code, data, stderr = _run("quantize", ENCODER, out, *FAST)
+    assert code == 0, stderr
+    choice = data["kernel_choice"]
+    names = [c["name"] for c in choice["candidates"]]
+    assert names == [
+        f"block {b}, accuracy level {lvl}" for b in DEFAULT_BLOCK_SIZES for lvl in DEFAULT_LEVELS
+    ]
+    winner = next(c for c in choice["candidates"] if c["name"] == choice["winner"])
+    assert winner["meets_target"] and winner["latencies"] is not None
+    # the written model, the replayable options and the quantizer's record agree with the winner
+    assert _nbits(out) == {(winner["block_size"], winner["accuracy_level"])}
+    settings = data["options"]["quantize"]
+    assert (settings["block_size"], settings["accuracy_level"]) == (
+        winner["block_size"],
+        winner["accuracy_level"],
+    )
+    assert {q["block_size"] for q in data["quantized"]} == {winner["block_size"]}
+    assert data["files"]["output_bytes"] == out.stat().st_size
+    # the latency section is the original and the winner, at the lengths asked
+    latency = data["latency"]
+    assert latency["lengths"]["used"] == [40, 120] and latency["options"]["rounds"] == 3
+    assert [lat["ratio"] for lat in latency["result"]] == [lat["ratio"] for lat in winner["latencies"]]
+    assert all(lat["ratio"] is None for lat in latency["original"])
+    slower = [lat for lat in latency["result"] if lat["ratio"] > 1]
+    assert len([w for w in data["warnings"] if "slower than the original" in w]) == len(slower)
+    assert data["options"]["speed"]["block_sizes"] == list(DEFAULT_BLOCK_SIZES)
+    assert "Kernel settings tried" in stderr and "Chosen:" in stderr and "Latency" in stderr
+    assert sorted(os.listdir(tmp_path)) == ["q.onnx"], "candidates and staging removed"
+    # the options replay the run: pinned, nothing is chosen again
+    config = tmp_path / "settings.json"
+    config.write_text(json.dumps(settings))
+    code, again, stderr = _run("quantize", ENCODER, tmp_path / "again.onnx", "--config", config, *FAST)
+    assert code == 0, stderr
+    assert again["kernel_choice"] is None and again["latency"] is not None
+    assert _nbits(tmp_path / "again.onnx") == _nbits(out)
+
+
+def test_a_target_no_candidate_meets_fails_as_without_timing(tmp_path: Path) -> None:
+    code, data, _ = _run("quantize", ENCODER, tmp_path / "q.onnx", "--min-cosine", "0.99999", *FAST)
+    assert code == 1 and data["output"] is None
+    choice = data["kernel_choice"]
+    assert not any(c["meets_target"] for c in choice["candidates"])
+    assert any("no candidate meets" in w for w in data["warnings"])
+    assert not os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("flags", "candidates"),
+    [
+        (("--accuracy-level", "4"), [f"block {b}, accuracy level 4" for b in DEFAULT_BLOCK_SIZES]),
+        (("--block-size", "32"), ["accuracy level 0", "accuracy level 4"]),
+        (("--block-size", "32", "--accuracy-level", "4"), None),
+    ],
+)
+def test_given_settings_are_pinned(
+    tmp_path: Path, flags: tuple[str, ...], candidates: list[str] | None
+) -> None:
+    out = tmp_path / "q.onnx"
+    code, data, stderr = _run("quantize", ENCODER, out, *flags, *FAST)
+    assert code == 0, stderr
+    choice = data["kernel_choice"]
+    assert (None if choice is None else [c["name"] for c in choice["candidates"]]) == candidates
+    assert data["latency"] is not None
+    if "--block-size" in flags:
+        assert {block for block, _ in _nbits(out)} == {32}
+    if "--accuracy-level" in flags:
+        assert {level for _, level in _nbits(out)} == {4}
+
+
+def test_auto_chooses_the_level_only(tmp_path: Path) -> None:
+    out = tmp_path / "q.onnx"
+    code, data, stderr = _run(
+        "quantize", ENCODER, out, "--auto", "--min-cosine", "0.99", "--max-evaluations", "2", *FAST
+    )
+    assert code == 0, stderr
+    assert [c["name"] for c in data["kernel_choice"]["candidates"]] == [
+        "accuracy level 0",
+        "accuracy level 4",
+    ]
+    assert {level for _, level in _nbits(out)} == {data["kernel_choice"]["accuracy_level"]}
+    assert data["options"]["quantize"]["accuracy_level"] == data["kernel_choice"]["accuracy_level"]
+
+
+def test_int8_dynamic_is_timed_only(tmp_path: Path) -> None:
+    code, data, stderr = _run("quantize", DECODER, tmp_path / "d.onnx", "--int8-dynamic", *FAST)
+    assert code == 0, stderr
+    assert data["kernel_choice"] is None and len(data["latency"]["result"]) == 2
+
+
+def test_no_bench(tmp_path: Path) -> None:
+    out = tmp_path / "q.onnx"
+    code, data, stderr = _run("quantize", ENCODER, out, "--no-bench", "--verify-lengths", "64")
+    assert code == 0, stderr
+    assert data["latency"] is None and data["kernel_choice"] is None and data["options"]["speed"] is None
+    assert _nbits(out) == {(64, 0)}
+    assert "Latency" not in stderr
+    code, data, stderr = _run("quantize", ENCODER, tmp_path / "x.onnx", "--no-bench", "--bench-lengths", "8")
+    assert code == 2 and data["error"] == "--bench-lengths does not combine with --no-bench"
+
+
+def test_resolve_pins_what_was_given(tmp_path: Path) -> None:
+    speed = resolve({}).speed
+    assert speed is not None and speed.levels == DEFAULT_LEVELS and speed.block_sizes == DEFAULT_BLOCK_SIZES
+    assert resolve({"accuracy_level": 2}).speed.levels == (2,)  # type: ignore[union-attr]
+    assert resolve({"block_size": 128}).speed.block_sizes == (128,)  # type: ignore[union-attr]
+    assert resolve({"algorithm": "k_quant"}).speed.block_sizes == (64,)  # type: ignore[union-attr]
+    assert not resolve({}, int8_dynamic=True).speed.chooses  # type: ignore[union-attr]
+    auto = resolve({}, auto=True, min_cosine=0.9).speed
+    assert auto is not None and auto.block_sizes == (64,) and auto.levels == DEFAULT_LEVELS
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"config_version": 1, "accuracy_level": 4}))
+    assert resolve({}, config=str(config)).speed.levels == (4,)  # type: ignore[union-attr]
+    assert resolve({}, bench=False).speed is None
+    assert resolve({}, bench_lengths=(5, 9), bench_rounds=4).speed.timing.lengths == (5, 9)  # type: ignore[union-attr]
+    with pytest.raises(OptionConflict, match="bench_rounds does not combine with no_bench"):
+        resolve({}, bench=False, bench_rounds=4)
+
+
+def test_bench_command(tmp_path: Path) -> None:
+    quantized = tmp_path / "q.onnx"
+    code, _, stderr = _run("quantize", ENCODER, quantized, "--no-bench", "--verify-lengths", "64")
+    assert code == 0, stderr
+    code, data, stderr = _run("bench", ENCODER, quantized, "--bench-lengths", "40,120", "--bench-rounds", "3")
+    assert code == 0, stderr
+    assert data["command"] == "bench" and data["inputs"] == [str(ENCODER), str(quantized)]
+    assert [m["quantization"]["kind"] for m in data["models"]] == ["float", "int4"]
+    assert data["lengths"]["used"] == [40, 120] and data["baseline"] == 0
+    slower = [lat for lat in data["models"][1]["latencies"] if lat["ratio"] > 1]
+    assert len(data["warnings"]) == (1 if slower else 0)
+    assert "Latency on" in stderr
+    code, data, _ = _run(
+        "bench", ENCODER, quantized, "--baseline", "2", "--bench-lengths", "40", "--bench-rounds", "3"
+    )
+    assert code == 0 and data["baseline"] == 1 and data["models"][0]["latencies"][0]["ratio"] is not None
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--baseline", "3"), "3 is above the number of models (1)"),
+        (("--verify-lengths", "64"), "bench times batch 1 at --bench-lengths"),
+        (("--bench-rounds", "2"), "--bench-rounds"),
+        (("--verify-dim", "nope=3"), "unknown dim 'nope'"),
+    ],
+)
+def test_bench_refuses(args: tuple[str, ...], message: str) -> None:
+    code, data, _ = _run("bench", ENCODER, *args)
+    assert code == 2 and message in data["error"]
+
+
+def test_bench_of_a_missing_model(tmp_path: Path) -> None:
+    code, data, _ = _run("bench", tmp_path / "missing.onnx")
+    assert code == 2 and data["inputs"] == [str(tmp_path / "missing.onnx")]
