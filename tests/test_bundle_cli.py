@@ -78,3 +78,15 @@ def test_usage_errors(tmp_path: Path) -> None:
     code, _, stderr = _invoke("bundle", SOURCE, tmp_path / "o", "--quantization", "int*")
     assert code == 2 and "bundle quantization name" in stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_the_encoder_kernel_is_chosen_by_timing_unless_no_bench(tmp_path: Path) -> None:
+    """As quantize does: the encoder's report beside it records the kernel choice and latency."""
+    code, _, stderr = _invoke("bundle", SOURCE, tmp_path / "timed", "--bench-rounds", "3", "-q")
+    assert code == 0, stderr
+    timed = json.loads((tmp_path / "timed" / "encoder-model.int4.report.json").read_text())
+    assert timed["kernel_choice"] is not None and timed["latency"] is not None
+    code, _, stderr = _invoke("bundle", SOURCE, tmp_path / "plain", "--no-bench", "-q")
+    assert code == 0, stderr
+    plain = json.loads((tmp_path / "plain" / "encoder-model.int4.report.json").read_text())
+    assert plain.get("kernel_choice") is None and plain.get("latency") is None

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from onnx_conv2matmul.quantize.options import AutoOptions
     from onnx_conv2matmul.quantize.report import QuantizeReport
     from onnx_conv2matmul.rewrite.options import ConvertOptions
+    from onnx_conv2matmul.speed.choose import SpeedOptions
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +68,9 @@ class BundleOptions:
         quantize: The encoder's MatMulNBits settings (default: the quantize command's).
         convert: The rewrite options of the encoder (default: the quantize command's).
         verify: The encoder's accuracy check (inputs, ``min_cosine``).
-        auto: Search the encoder's settings (see :mod:`onnx_conv2matmul.auto`).
+        auto: Search the encoder's settings (see :mod:`onnx_conv2matmul.quantize.search`).
+        speed: Time the encoder's kernel settings on this CPU and keep the fastest that meets the
+            accuracy target (:class:`~onnx_conv2matmul.speed.choose.SpeedOptions`); None: as given.
         tag: The onnx-asr ``quantization`` value the files are named for.
         run_checker: Run the ONNX checker on inputs and outputs.
     """
@@ -77,6 +80,7 @@ class BundleOptions:
     convert: ConvertOptions | None = None
     verify: VerifyOptions | None = None
     auto: AutoOptions | None = None
+    speed: SpeedOptions | None = None
     tag: str = layouts.DEFAULT_TAG
     run_checker: bool = True
 
@@ -275,6 +279,7 @@ def _build_into(
         run_checker=options.run_checker,
         progress=progress,
         auto=options.auto,
+        speed=options.speed,
     )
     report.models.append(_result("encoder", encoder_name, staging, encoder_report))
     if encoder_report.output_path is None:

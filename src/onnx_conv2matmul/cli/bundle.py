@@ -51,6 +51,9 @@ _ENCODER_OPTIONS = (
     "other_weights",
     "auto",
     "max_evaluations",
+    "no_bench",
+    "bench_lengths",
+    "bench_rounds",
     "skip_checker",
     "report_json",
     "report_json_stdout",
@@ -145,6 +148,9 @@ def _build(src: str, out: str, layout: str, tag: str, kwargs: dict[str, Any]) ->
         min_cosine=kwargs["min_cosine"],
         max_evaluations=kwargs["max_evaluations"],
         save_config=False,
+        bench=not kwargs["no_bench"],
+        bench_lengths=kwargs["bench_lengths"],
+        bench_rounds=kwargs["bench_rounds"],
     )
     try:
         convert = ConvertOptions(
@@ -169,6 +175,7 @@ def _build(src: str, out: str, layout: str, tag: str, kwargs: dict[str, Any]) ->
         convert=convert,
         verify=verify,
         auto=resolved.auto,
+        speed=resolved.speed,
         tag=tag,
         run_checker=not kwargs["skip_checker"],
     )
