@@ -76,7 +76,7 @@ def test_patterns_that_match_nothing_are_a_warning(tmp_path: Path) -> None:
         [
             "quantize", str(ENCODER), str(tmp_path / "q.onnx"), "--include", "node_MatMul_14",
             "--include", "zzz*", "--exclude", "node_MatMul_4*", "--bits-for", "*self_attn*=8",
-            "--verify-lengths", "64", "--report-json-stdout", "-q",
+            "--verify-lengths", "64", "--no-bench", "--report-json-stdout", "-q",
         ],
         catch_exceptions=False,
     )  # fmt: skip

@@ -203,3 +203,18 @@ def test_bench_refuses(args: tuple[str, ...], message: str) -> None:
 def test_bench_of_a_missing_model(tmp_path: Path) -> None:
     code, data, _ = _run("bench", tmp_path / "missing.onnx")
     assert code == 2 and data["inputs"] == [str(tmp_path / "missing.onnx")]
+
+
+def test_only_a_measurably_slower_result_is_warned_about() -> None:
+    """The warning needs the ratio's whole 95% interval above 1; noise around 1 is only shown."""
+    from onnx_conv2matmul.quantize.kernel import measurably_slower
+    from onnx_conv2matmul.speed.timing import Latency
+
+    def lat(ratio: float | None, low: float | None) -> Latency:
+        return Latency(length=100, samples_ms=(1.0, 1.0, 1.0), ratio=ratio, ratio_low=low)
+
+    assert measurably_slower(lat(1.2, 1.05))
+    assert not measurably_slower(lat(1.01, 0.97))
+    assert not measurably_slower(lat(0.6, 0.5))
+    assert not measurably_slower(lat(None, None))
+    assert measurably_slower(lat(1.1, None))

@@ -30,7 +30,7 @@ from onnx_conv2matmul.speed.choose import (
     reference_accuracy,
     set_accuracy_level,
 )
-from onnx_conv2matmul.speed.timing import TimingOptions, TimingReport, time_models
+from onnx_conv2matmul.speed.timing import Latency, TimingOptions, TimingReport, time_models
 
 if TYPE_CHECKING:
     from onnx_conv2matmul.files.output import Output, Staged
@@ -75,13 +75,23 @@ class SpeedOutcome:
         }
 
     def slower(self) -> list[str]:
-        """Warnings for every length at which the result is slower than the original."""
+        """Warnings for every length at which the result is measurably slower than the original
+        (the whole 95% interval of the ratio above 1; the table shows every ratio)."""
         result = self.timing.models[self.result_index]
         return [
             f"the result is slower than the original at length {lat.length}: {lat.ratio:.2f}x its latency"
             for lat in result.latencies
-            if lat.ratio is not None and lat.ratio > 1
+            if measurably_slower(lat)
         ]
+
+
+def measurably_slower(latency: Latency) -> bool:
+    """Slower than the baseline beyond the noise: the ratio's whole 95% interval above 1 (its
+    median alone when there is no interval)."""
+    if latency.ratio is None:
+        return False
+    low = latency.ratio_low if latency.ratio_low is not None else latency.ratio
+    return low > 1
 
 
 def timing_options(speed: SpeedOptions, verify: VerifyOptions) -> TimingOptions:
