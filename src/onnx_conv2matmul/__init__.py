@@ -25,6 +25,7 @@ from onnx_conv2matmul.errors import (
     ModelRunError,
     OptionConflict,
     TargetUnreachable,
+    ValidationError,
 )
 from onnx_conv2matmul.rewrite.options import ConvertOptions
 from onnx_conv2matmul.rewrite.reasons import SkipReason
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
         verify_files,
     )
     from onnx_conv2matmul.files.progress import Progress
+    from onnx_conv2matmul.quantize.metric import MetricTarget
     from onnx_conv2matmul.quantize.options import AutoOptions, NodeSetting, QuantizeOptions
     from onnx_conv2matmul.quantize.report import BundleReport, InspectReport, QuantizeReport
     from onnx_conv2matmul.rewrite.passes import ConvToMatMulPass
@@ -57,6 +59,7 @@ _LAZY = {
     "ConvToMatMulPass": "rewrite.passes",
     "Progress": "files.progress",
     "AutoOptions": "quantize.options",
+    "MetricTarget": "quantize.metric",
     "NodeSetting": "quantize.options",
     "QuantizeOptions": "quantize.options",
     "BundleReport": "quantize.report",
@@ -80,6 +83,7 @@ __all__ = [
     "DestinationBusy",
     "InputError",
     "InspectReport",
+    "MetricTarget",
     "ModelLoadError",
     "ModelRunError",
     "NodeSetting",
@@ -90,6 +94,7 @@ __all__ = [
     "SkipReason",
     "Status",
     "TargetUnreachable",
+    "ValidationError",
     "VerifyCommandReport",
     "VerifyOptions",
     "VerifyReport",

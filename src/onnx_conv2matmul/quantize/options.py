@@ -11,9 +11,12 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from onnx_conv2matmul.errors import InputError, OptionConflict
+
+if TYPE_CHECKING:
+    from onnx_conv2matmul.quantize.metric import MetricTarget
 
 # The block sizes onnxruntime's MatMulNBits quantizer (MlasQuantizeBlockwise) accepts.
 BLOCK_SIZES = (16, 32, 64, 128, 256)
@@ -336,11 +339,13 @@ LADDER: tuple[Setting, ...] = tuple(
 
 @dataclasses.dataclass(frozen=True)
 class AutoOptions:
-    """What the search looks for.
+    """What the search looks for: ``min_cosine``, ``metric`` or both (``quantize_file`` takes
+    neither as its floor, :data:`onnx_conv2matmul.quantize.workflow.DEFAULT_MIN_COSINE`).
 
     Attributes:
-        min_cosine: Every float output's cosine similarity to fp32, on every feed, must
-            be at least this.
+        min_cosine: Every float output's cosine similarity to fp32, for every sample of
+            every feed, must be at least this.
+        metric: The user's score and the largest drop it may show.
         max_evaluations: Most full-model evaluations (at least 2).
         ladder: The quantized settings to choose from.
         other_weights: True or False to force int8 or float for the other weights;
@@ -350,13 +355,14 @@ class AutoOptions:
         include: When given, only MatMuls matching one of these are candidates.
     """
 
-    min_cosine: float
+    min_cosine: float | None = None
     max_evaluations: int = DEFAULT_MAX_EVALUATIONS
     ladder: tuple[Setting, ...] = LADDER
     other_weights: bool | None = None
     accuracy_level: int = 0
     exclude: tuple[str, ...] = ()
     include: tuple[str, ...] = ()
+    metric: MetricTarget | None = None
 
     def __post_init__(self) -> None:
         if self.max_evaluations < 2:
@@ -400,7 +406,7 @@ def resolve(
         config: A settings file (:meth:`QuantizeOptions.to_config`).
         int8_dynamic: onnxruntime's int8 dynamic quantization instead of MatMulNBits.
         auto: Search for the smallest settings meeting ``min_cosine``.
-        min_cosine: The search's target (required with ``auto``).
+        min_cosine: The search's target (None: the workflow's floor, or the metric's drop).
         max_evaluations: The search's budget of full-model evaluations.
         save_config: Whether the chosen settings are to be written (``auto`` only).
 
@@ -423,8 +429,6 @@ def resolve(
         if max_evaluations is not None:
             raise OptionConflict("{0} needs {1}", "max_evaluations", "auto")
         return Resolved(options, int8_dynamic)
-    if min_cosine is None:
-        raise OptionConflict("{0} needs {1}", "auto", "min_cosine")
     if int8_dynamic:
         raise OptionConflict(
             "{0} chooses MatMulNBits settings: it does not combine with {1}", "auto", "int8_dynamic"

@@ -50,9 +50,13 @@ class QuantizeReport(CommandReport):
     warnings: list[str] = dataclasses.field(default_factory=list)
     other_weights: OtherWeightsResult | None = None
     auto: AutoResult | None = None
+    accuracy: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
+        metric = self.accuracy.get("metric") or {}
+        if metric.get("passed") is False:
+            return False
         return self.verification is None or self.verification.passed
 
     @property
@@ -63,6 +67,13 @@ class QuantizeReport(CommandReport):
     def failure(self) -> str | None:
         if self.passed:
             return None
+        metric = self.accuracy.get("metric") or {}
+        if metric.get("passed") is False:
+            return (
+                f"the score of {metric['function']} dropped from {metric['original_score']:.6g} to"
+                f" {metric['score']:.6g}, more than {metric['max_drop']:g}"
+                f"{' (relative)' if metric['relative'] else ''}; nothing was written"
+            )
         assert self.verification is not None
         min_cosine = self.verification.options.min_cosine
         if min_cosine is not None:
@@ -104,6 +115,7 @@ class QuantizeReport(CommandReport):
             "warnings": self.warnings,
             "other_weights": None if self.other_weights is None else self.other_weights.to_dict(),
             "auto": None if self.auto is None else self.auto.to_dict(),
+            "accuracy": self.accuracy or None,
         }
 
 
