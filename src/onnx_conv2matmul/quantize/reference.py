@@ -11,9 +11,10 @@ that is published (:meth:`Reference.check`), so the fp32 model runs once in all.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -44,6 +45,9 @@ class FeedSet:
         runs: Every dim's value in each run.
         warnings: What the check could not tell.
         output_sizes: How the outputs' sizes were known.
+        replan: Set when the synthesised runs were planned without running the model: the
+            inputs as the check makes them after running each (spares replacing lengths the
+            model cannot run at), for when a planned run fails.
     """
 
     feeds: Sequence[Mapping[str, np.ndarray]]
@@ -56,26 +60,30 @@ class FeedSet:
     runs: list[Any] = dataclasses.field(default_factory=list)
     warnings: list[str] = dataclasses.field(default_factory=list)
     output_sizes: str = ""
+    replan: Callable[[], FeedSet] | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.samples:
             self.samples = [feed_samples(feed) for feed in self.feeds]
 
 
-def feed_set(path: str, options: VerifyOptions) -> FeedSet:
+def feed_set(path: str, options: VerifyOptions, *, run: bool = False) -> FeedSet:
     """The inputs the accuracy check of the model at ``path`` runs on with ``options``, with
     what its report says of them (the plan of :class:`onnx_conv2matmul.verify.check.Reference`).
 
     The given feeds (checked against the model and the memory budget), or the synthesised
-    inputs of every run of the plan: the original runs each (to replace the lengths it cannot
-    run at), and its outputs are dropped at once.
+    inputs of every planned run. Without ``run`` the plan is not run: the search's own first
+    pass runs it (and calls ``replan`` when a run fails); with ``run`` the original runs each
+    planned run first, as the check does, a spare replacing a length it cannot run at, and
+    its outputs are dropped at once.
 
     Raises:
         ModelRunError, InputError, OutOfMemory: as :func:`onnx_conv2matmul.verify.check.verify_models`.
     """
     from onnx_conv2matmul.verify.check import Reference as Plan
-    from onnx_conv2matmul.verify.check import run_samples
+    from onnx_conv2matmul.verify.check import run_samples, synthesise_inputs
 
+    replan = None
     if options.feeds is not None:
         plan = Plan(path, options, run=False)
         feeds = list(options.feeds)
@@ -84,15 +92,22 @@ def feed_set(path: str, options: VerifyOptions) -> FeedSet:
         runs = list(plan.plan.runs)
         samples = [feed_samples(feed) for feed in feeds]
     else:
-        plan = Plan(path, options)
-        for index, (run, _) in enumerate(plan.done):
-            plan.done[index] = (run, [])
-        gc.collect()
-        feeds = plan.feeds()
-        how = plan.how()
-        runs = [run for run, _ in plan.done]
-        lengths = [run.length for run in runs]
-        samples = [run_samples(run, options, plan.plan.roles) for run in runs]
+        plan = Plan(path, options, run=run)
+        if run:
+            for index, (done, _) in enumerate(plan.done):
+                plan.done[index] = (done, [])
+            gc.collect()
+            runs = [done for done, _ in plan.done]
+        else:
+            runs = list(plan.plan.runs)
+            if options.lengths is None:
+                runs.sort(key=lambda r: (r.long, r.length))  # as the check lists them
+            replan = functools.partial(feed_set, path, options, run=True)
+        made = [synthesise_inputs(plan.specs, r.length, options, r.dims, plan.plan.roles) for r in runs]
+        feeds = [feed for feed, _ in made]
+        how = made[0][1] if made else {}
+        lengths = [r.length for r in runs]
+        samples = [run_samples(r, options, plan.plan.roles) for r in runs]
     return FeedSet(
         feeds,
         lengths,
@@ -104,6 +119,7 @@ def feed_set(path: str, options: VerifyOptions) -> FeedSet:
         runs,
         plan.warnings(),
         plan.sizes_how,
+        replan,
     )
 
 

@@ -54,9 +54,10 @@ import numpy as np
 import onnx_ir as ir
 
 from onnx_conv2matmul._graphs import is_external
-from onnx_conv2matmul.errors import OutOfMemory, TargetUnreachable
+from onnx_conv2matmul.errors import ModelRunError, OutOfMemory, TargetUnreachable
 from onnx_conv2matmul.quantize import other_weights
 from onnx_conv2matmul.quantize.blockwise import (
+    BlockCache,
     _sampled_columns,
     _weighted_error,
     block_dequantize,
@@ -179,6 +180,7 @@ class AutoResult:
     original_score: float | None = None
     reached_score: float | None = None
     reference: Reference | None = dataclasses.field(default=None, repr=False, compare=False)
+    cache: BlockCache | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         metric = None
@@ -205,13 +207,16 @@ class AutoResult:
         }
 
 
-def apply(model: ir.Model, config: AutoConfig) -> tuple[NBitsResult, other_weights.OtherWeightsResult | None]:
+def apply(
+    model: ir.Model, config: AutoConfig, cache: BlockCache | None = None
+) -> tuple[NBitsResult, other_weights.OtherWeightsResult | None]:
     """Quantize ``model`` in place as ``config`` says, as ``quantize`` does with its options.
 
     Returns the MatMulNBits totals and, when the other weights are stored as int8, their result.
+    ``cache`` keeps the quantized weights for the next model built (the same bytes).
     """
     options = config.quantize_options()
-    result = quantize_matmul_nbits(model, options)
+    result = quantize_matmul_nbits(model, options, cache=cache)
     others = other_weights.quantize_other_weights(model) if options.other_weights == "int8" else None
     return result, others
 
@@ -407,7 +412,18 @@ def search(
             model.graph.outputs.pop()
     say("Measuring activations")
     reference = Reference(workdir, output_names, feed_set)
-    _reference(fp32_path, reference, added, deterministic, memory)
+    try:
+        _reference(fp32_path, reference, added, deterministic, memory)
+    except ModelRunError:
+        if feed_set.replan is None:
+            raise
+        # A planned run the model cannot run at: plan as the check does (running the model),
+        # with spares in place of what fails, and measure again.
+        say("Synthesising inputs that the model runs at")
+        feed_set = feed_set.replan()
+        reference = Reference(workdir, output_names, feed_set)
+        _reference(fp32_path, reference, added, deterministic, memory)
+    blocks = BlockCache(os.path.join(workdir, "quantized"))
     if options.metric is not None and original_score is None:
         say("Scoring the fp32 model")
         original_score = _score_float(fp32_path, added, workdir, options.metric)
@@ -449,7 +465,9 @@ def search(
         t0 = time.perf_counter()
         # Worst first: a feed that failed or came close before is the likeliest to fail now.
         order = sorted(range(len(feed_set.feeds)), key=lambda i: (seen.get(i, math.inf), i))
-        measured = _evaluate(fp32_path, config, reference, order, added, workdir, deterministic, target)
+        measured = _evaluate(
+            fp32_path, config, reference, order, added, workdir, deterministic, target, blocks
+        )
         seen.update(measured.cosines)
         passed = target.passed(measured)
         bytes_ = _weight_bytes(nodes, config) + (
@@ -528,6 +546,7 @@ def search(
         original_score=original_score,
         reached_score=reached.score,
         reference=reference,
+        cache=blocks,
     )
 
 
@@ -671,7 +690,17 @@ def _reference(
     for index, feed in enumerate(reference.feeds.feeds):
         input_bytes = sum(int(np.asarray(v).nbytes) for v in feed.values())
         measure = index == 0 or memory is None or per_input_byte * input_bytes <= memory / 2
-        outputs = _run(session, feed, None if measure else names)
+        try:
+            outputs = _run(session, feed, None if measure else names)
+        except OutOfMemory:
+            raise
+        except Exception as err:  # onnxruntime's own errors: this run cannot be made
+            shapes = ", ".join(f"{k}{list(np.asarray(v).shape)}" for k, v in feed.items())
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise ModelRunError(
+                f"onnxruntime cannot run the original model at length {reference.feeds.lengths[index]}"
+                f" ({shapes}): {first}"
+            ) from err
         reference.put(index, outputs[: len(names)])
         if index == 0:
             added_bytes = sum(int(np.asarray(a).nbytes) for a in outputs[len(names) :])
@@ -738,7 +767,13 @@ def _other_weights_error(model: ir.Model) -> tuple[float, int, int] | None:
     return None if worst is None else (worst, kept, stored)
 
 
-def _candidate(fp32_path: str, config: AutoConfig | None, added: Sequence[str], workdir: str) -> str:
+def _candidate(
+    fp32_path: str,
+    config: AutoConfig | None,
+    added: Sequence[str],
+    workdir: str,
+    cache: BlockCache | None = None,
+) -> str:
     """Build ``config`` (None: the fp32 model as it is) from the fp32 copy and save it; its path."""
     from onnx_conv2matmul.files import output as _output
 
@@ -746,7 +781,7 @@ def _candidate(fp32_path: str, config: AutoConfig | None, added: Sequence[str], 
     for _ in range(len(added)):
         model.graph.outputs.pop()
     if config is not None:
-        apply(model, config)
+        apply(model, config, cache)
     path = os.path.join(workdir, "candidate.onnx")
     _output.save(model, path, "candidate.onnx.data")
     return path
@@ -776,11 +811,13 @@ def _evaluate(
     workdir: str,
     deterministic: bool,
     target: _Target,
+    cache: BlockCache | None = None,
 ) -> _Measured:
-    """Build ``config``, save it, run the feeds in ``order`` against the reference until one
-    falls below the minimum cosine, then take the user's score if the cosine held."""
+    """Build ``config`` (with the weights ``cache`` holds), save it, run the feeds in ``order``
+    against the reference until one falls below the minimum cosine, then take the user's score
+    if the cosine held."""
     measured = _Measured()
-    path = _candidate(fp32_path, config, added, workdir)
+    path = _candidate(fp32_path, config, added, workdir, cache)
     try:
         if target.min_cosine is not None:
             try:

@@ -311,8 +311,9 @@ def _quantize_to(
                 # gptq runs the model to capture its activations: from a copy in a scratch directory.
                 gptq = quantize_options.algorithm == "gptq"
                 scratch = stack.enter_context(output.scratch("gptq")) if gptq else None
+                cache = report.auto.cache if report.auto is not None else None
                 result = quantize_matmul_nbits(
-                    model, quantize_options, feeds=verify.feeds, scratch_dir=scratch
+                    model, quantize_options, feeds=verify.feeds, scratch_dir=scratch, cache=cache
                 )
             report.matmuls = result.matmuls
             report.quantized_nodes = result.quantized
@@ -359,7 +360,7 @@ def _quantize_to(
 def _drop_reference(report: QuantizeReport) -> None:
     """The search's reference files go with its scratch directory: the report keeps none."""
     if report.auto is not None:
-        report.auto.reference = None
+        report.auto.reference = report.auto.cache = None
 
 
 def _search(
