@@ -587,3 +587,23 @@ def test_the_search_replaces_lengths_the_model_cannot_run_at(tmp_path: Path) -> 
         assert [r.cosine for r in searched.verification.results] == [
             r.cosine for r in plain.verification.results
         ]
+
+
+def test_auto_on_external_data_works_from_its_copy_and_replays(tmp_path: Path) -> None:
+    """A model with external data: the search lets the rewritten model go and builds the output
+    from its own fp32 copy (memory-mapped); the output is complete, meets the minimum, and
+    --config replays it to the same bytes."""
+    src = tmp_path / "m.onnx"
+    onnx.save(outlier_model(), src, save_as_external_data=True, location="m.onnx.data", size_threshold=0)
+    searched = quantize_file(
+        src, tmp_path / "a.onnx", verify=VerifyOptions(lengths=(16,)), auto=AutoOptions(min_cosine=0.99)
+    )
+    assert searched.return_code == 0 and searched.external_data and searched.auto is not None
+    assert min(_cosines(src, tmp_path / "a.onnx", FEEDS)) >= 0.99
+    options = QuantizeOptions.from_config(searched.auto.config.to_config())
+    (tmp_path / "again").mkdir()
+    again = tmp_path / "again" / "a.onnx"  # the same name: the data file's is inside the model
+    replay = quantize_file(src, again, quantize_options=options, verify=VerifyOptions(lengths=(16,)))
+    assert replay.return_code == 0
+    assert (tmp_path / "a.onnx").read_bytes() == again.read_bytes()
+    assert (tmp_path / "a.onnx.data").read_bytes() == (tmp_path / "again" / "a.onnx.data").read_bytes()

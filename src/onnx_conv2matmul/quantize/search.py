@@ -366,39 +366,35 @@ def _over(loss: float, limit: float) -> float:
     return 0.0 if loss <= 0 else math.inf
 
 
-def search(
-    model: ir.Model,
-    feeds: Sequence[Mapping[str, np.ndarray]] | FeedSet,
-    options: AutoOptions,
-    workdir: str,
-    *,
-    deterministic: bool = False,
-    progress: ProgressCallback | None = None,
-    original_score: float | None = None,
-    memory: int | None = None,
-) -> AutoResult:
-    """Find the smallest configuration of ``model`` (rewritten, fp32) that meets the options' target.
+@dataclasses.dataclass
+class Prepared:
+    """The rewritten fp32 model saved in the search's folder (``path``), with the input of every
+    quantizable MatMul (``nodes``) added as an output (``added``, after ``output_names``).
 
-    ``model`` is not changed; it is saved into ``workdir`` (which the caller removes),
-    and every evaluated model and the reference outputs are written there in turn; the
-    result's ``reference`` reads them. With ``options.metric``, ``original_score`` is the
-    original model's score (measured on ``model`` when None). ``memory`` is the check's budget
-    (``VerifyOptions.memory``): the activations of a feed whose activations would take more
-    than half of it are not measured (the smaller feeds' stand for it).
-
-    Raises:
-        TargetUnreachable: the all-float model does not meet the target either.
-        ValidationError: the user's function fails or returns no number.
+    Everything the search and the output read of the fp32 model comes from this copy,
+    memory-mapped: the caller can let its own model go once it is saved.
     """
+
+    path: str
+    nodes: list[_Node]
+    output_names: list[str]
+    added: list[str]
+
+    def load(self) -> ir.Model:
+        """The fp32 model as it was given (without the added outputs), its weights memory-mapped."""
+        model = ir.load(self.path)
+        for _ in range(len(self.added)):
+            model.graph.outputs.pop()
+        return model
+
+
+def prepare(
+    model: ir.Model, options: AutoOptions, workdir: str, progress: ProgressCallback | None = None
+) -> Prepared:
+    """Save ``model`` (rewritten, fp32; not changed) into ``workdir`` for :func:`search`."""
     from onnx_conv2matmul.files import output as _output
 
-    if options.min_cosine is None and options.metric is None:
-        raise ValueError("the search needs a target: a minimum cosine similarity, a metric, or both")
-    started = time.perf_counter()
     say = progress or (lambda _text: None)
-    feed_set = feeds if isinstance(feeds, FeedSet) else _given(feeds)
-    if not feed_set.feeds:
-        raise ValueError("the search needs at least one input feed")
     fp32_path = os.path.join(workdir, "fp32.onnx")
     nodes = _quantizable(model, options)
     output_names = [v.name or "" for v in model.graph.outputs]
@@ -410,6 +406,48 @@ def search(
     finally:
         for _ in range(len(added)):
             model.graph.outputs.pop()
+    return Prepared(fp32_path, nodes, output_names, added)
+
+
+def search(
+    model: ir.Model | Prepared,
+    feeds: Sequence[Mapping[str, np.ndarray]] | FeedSet,
+    options: AutoOptions,
+    workdir: str,
+    *,
+    deterministic: bool = False,
+    progress: ProgressCallback | None = None,
+    original_score: float | None = None,
+    memory: int | None = None,
+) -> AutoResult:
+    """Find the smallest configuration of ``model`` (rewritten, fp32) that meets the options' target.
+
+    ``model`` is not changed; it is saved into ``workdir`` (which the caller removes; or it
+    was, by :func:`prepare`), and every evaluated model and the reference outputs are written
+    there in turn; the
+    result's ``reference`` reads them. With ``options.metric``, ``original_score`` is the
+    original model's score (measured on ``model`` when None). ``memory`` is the check's budget
+    (``VerifyOptions.memory``): the activations of a feed whose activations would take more
+    than half of it are not measured (the smaller feeds' stand for it).
+
+    Raises:
+        TargetUnreachable: the all-float model does not meet the target either.
+        ValidationError: the user's function fails or returns no number.
+    """
+    if options.min_cosine is None and options.metric is None:
+        raise ValueError("the search needs a target: a minimum cosine similarity, a metric, or both")
+    started = time.perf_counter()
+    say = progress or (lambda _text: None)
+    feed_set = feeds if isinstance(feeds, FeedSet) else _given(feeds)
+    if not feed_set.feeds:
+        raise ValueError("the search needs at least one input feed")
+    prepared = model if isinstance(model, Prepared) else prepare(model, options, workdir, say)
+    fp32_path, nodes, output_names, added = (
+        prepared.path,
+        prepared.nodes,
+        prepared.output_names,
+        prepared.added,
+    )
     say("Measuring activations")
     reference = Reference(workdir, output_names, feed_set)
     try:
@@ -430,6 +468,7 @@ def search(
     target = _Target(options, original_score)
     say("Measuring each weight's sensitivity")
     sens_started = time.perf_counter()
+    model = prepared.load()  # the weights read from the copy, memory-mapped
     _sensitivities(model, nodes, options.ladder, reference.activations)
     others = _Node("(other weights)", None, 0, 0, 0)
     if options.other_weights is None:

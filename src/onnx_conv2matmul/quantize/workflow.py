@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from onnx_conv2matmul.quantize.options import AutoOptions
+    from onnx_conv2matmul.quantize.search import Prepared
 
 
 def _peak_rss_bytes() -> int:
@@ -300,9 +301,19 @@ def _quantize_to(
             staged = _int8_staged(model, output, external, quantize_options, progress, report)
         else:
             if auto is not None:
+                from onnx_conv2matmul.quantize import search as auto_search
+
                 workdir = searching.enter_context(output.scratch("auto"))
                 searching.callback(_drop_reference, report)
-                _search(src, workdir, model, auto, verify, progress, report, original_score)
+                prepared = auto_search.prepare(model, auto, workdir, progress.phase)
+                if external:
+                    # The copy stands for the rewritten model from here on (memory-mapped): the
+                    # weights the rewrite made in memory go before the fp32 model runs.
+                    del model
+                    loaded.model = None  # type: ignore[assignment]
+                _search(src, workdir, prepared, auto, verify, progress, report, original_score)
+                if external:
+                    model = prepared.load()
                 assert report.auto is not None
                 quantize_options = report.auto.config.quantize_options()
                 report.options["quantize"] = quantize_options.to_dict()
@@ -366,7 +377,7 @@ def _drop_reference(report: QuantizeReport) -> None:
 def _search(
     src: str,
     workdir: str,
-    model: ir.Model,
+    model: ir.Model | Prepared,
     auto: AutoOptions,
     verify: VerifyOptions,
     progress: Progress,
