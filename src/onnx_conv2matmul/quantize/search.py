@@ -368,45 +368,48 @@ def _over(loss: float, limit: float) -> float:
 
 @dataclasses.dataclass
 class Prepared:
-    """The rewritten fp32 model saved in the search's folder (``path``), with the input of every
-    quantizable MatMul (``nodes``) added as an output (``added``, after ``output_names``).
+    """The rewritten fp32 model saved in the search's folder (``path``), and the same model
+    with the input of every quantizable MatMul (``nodes``) added as an output (``added``, after
+    ``output_names``) in ``activations_path``, beside it, reading the same data file.
 
-    Everything the search and the output read of the fp32 model comes from this copy,
+    Everything the search and the output read of the fp32 model comes from these files,
     memory-mapped: the caller can let its own model go once it is saved.
     """
 
     path: str
+    activations_path: str
     nodes: list[_Node]
     output_names: list[str]
     added: list[str]
 
     def load(self) -> ir.Model:
-        """The fp32 model as it was given (without the added outputs), its weights memory-mapped."""
-        model = ir.load(self.path)
-        for _ in range(len(self.added)):
-            model.graph.outputs.pop()
-        return model
+        """The fp32 model as it was given, its weights memory-mapped."""
+        return ir.load(self.path)
 
 
 def prepare(
     model: ir.Model, options: AutoOptions, workdir: str, progress: ProgressCallback | None = None
 ) -> Prepared:
-    """Save ``model`` (rewritten, fp32; not changed) into ``workdir`` for :func:`search`."""
+    """Save ``model`` (rewritten, fp32; not changed) into ``workdir`` for :func:`search`.
+
+    Two models share one data file: the fp32 model, which every candidate is built from, and
+    one whose outputs include each quantizable MatMul's input. onnxruntime keeps every graph
+    output of a run alive to its end, so only the runs that measure the inputs use the second.
+    """
     from onnx_conv2matmul.files import output as _output
 
     say = progress or (lambda _text: None)
     fp32_path = os.path.join(workdir, "fp32.onnx")
+    activations_path = os.path.join(workdir, "fp32-activations.onnx")
     nodes = _quantizable(model, options)
     output_names = [v.name or "" for v in model.graph.outputs]
-    a_names = sorted({n.a_name for n in nodes if n.a_name is not None})
-    added = _add_outputs(model, a_names)
-    try:
-        say("Saving the fp32 model for the search")
-        _output.save(model, fp32_path, "fp32.onnx.data")
-    finally:
-        for _ in range(len(added)):
-            model.graph.outputs.pop()
-    return Prepared(fp32_path, nodes, output_names, added)
+    say("Saving the fp32 model for the search")
+    _output.save(model, fp32_path, "fp32.onnx.data")
+    copy = ir.load(fp32_path)  # its tensors read the data file just written, where they lie
+    added = _add_outputs(copy, sorted({n.a_name for n in nodes if n.a_name is not None}))
+    ir.save(copy, activations_path)  # a new .onnx only: the tensors stay references to that file
+    del copy
+    return Prepared(fp32_path, activations_path, nodes, output_names, added)
 
 
 def search(
@@ -442,16 +445,11 @@ def search(
     if not feed_set.feeds:
         raise ValueError("the search needs at least one input feed")
     prepared = model if isinstance(model, Prepared) else prepare(model, options, workdir, say)
-    fp32_path, nodes, output_names, added = (
-        prepared.path,
-        prepared.nodes,
-        prepared.output_names,
-        prepared.added,
-    )
+    fp32_path, nodes, output_names = prepared.path, prepared.nodes, prepared.output_names
     say("Measuring activations")
     reference = Reference(workdir, output_names, feed_set)
     try:
-        _reference(fp32_path, reference, added, deterministic, memory)
+        _reference(prepared, reference, deterministic, memory)
     except ModelRunError:
         if feed_set.replan is None:
             raise
@@ -460,11 +458,11 @@ def search(
         say("Synthesising inputs that the model runs at")
         feed_set = feed_set.replan()
         reference = Reference(workdir, output_names, feed_set)
-        _reference(fp32_path, reference, added, deterministic, memory)
+        _reference(prepared, reference, deterministic, memory)
     blocks = BlockCache(os.path.join(workdir, "quantized"))
     if options.metric is not None and original_score is None:
         say("Scoring the fp32 model")
-        original_score = _score_float(fp32_path, added, workdir, options.metric)
+        original_score = _score_float(fp32_path, workdir, options.metric)
     target = _Target(options, original_score)
     say("Measuring each weight's sensitivity")
     sens_started = time.perf_counter()
@@ -504,9 +502,7 @@ def search(
         t0 = time.perf_counter()
         # Worst first: a feed that failed or came close before is the likeliest to fail now.
         order = sorted(range(len(feed_set.feeds)), key=lambda i: (seen.get(i, math.inf), i))
-        measured = _evaluate(
-            fp32_path, config, reference, order, added, workdir, deterministic, target, blocks
-        )
+        measured = _evaluate(fp32_path, config, reference, order, workdir, deterministic, target, blocks)
         seen.update(measured.cosines)
         passed = target.passed(measured)
         bytes_ = _weight_bytes(nodes, config) + (
@@ -711,26 +707,34 @@ def _add_outputs(model: ir.Model, names: Sequence[str]) -> list[str]:
     return added
 
 
-def _reference(
-    fp32_path: str, reference: Reference, added: Sequence[str], deterministic: bool, memory: int | None = None
-) -> None:
-    """Run the fp32 model on every feed: its outputs into ``reference``, and per added value
-    the mean square of each last-axis channel (summed as the feeds arrive).
+ACTIVATION_BYTES = 128 * 2**20
+"""The most bytes of MatMul inputs the first pass of the search takes from one feed after the
+first (see :func:`_reference`)."""
 
-    The first feed gives every added value; a later one gives them too unless they would
-    take more than half of ``memory`` (in proportion to its input bytes): it then runs for
-    its outputs only.
+
+def _reference(
+    prepared: Prepared, reference: Reference, deterministic: bool, memory: int | None = None
+) -> None:
+    """Run the fp32 model on every feed: its outputs into ``reference``, and per quantizable
+    MatMul the mean square of each channel of its input (summed as the feeds arrive).
+
+    The first feed gives every MatMul's input; a later one gives them too unless they would
+    take more than :data:`ACTIVATION_BYTES` or half of ``memory`` (in proportion to its input
+    bytes). The feeds that give them run first, with the model whose outputs include them;
+    the others then run with the plain model, for their outputs only (onnxruntime would keep
+    every graph output of a long run alive). The statistics are means over many rows, which
+    short runs give as well as long ones.
     """
-    session = _session(fp32_path, deterministic)
+    feeds = reference.feeds.feeds
     names = reference.names
+    limit = ACTIVATION_BYTES if memory is None else min(ACTIVATION_BYTES, memory / 2)
     sums: dict[str, np.ndarray] = {}
     counts: dict[str, int] = {}
-    per_input_byte = 0.0
-    for index, feed in enumerate(reference.feeds.feeds):
-        input_bytes = sum(int(np.asarray(v).nbytes) for v in feed.values())
-        measure = index == 0 or memory is None or per_input_byte * input_bytes <= memory / 2
+
+    def run(session: Any, index: int) -> list[Any]:
+        feed = feeds[index]
         try:
-            outputs = _run(session, feed, None if measure else names)
+            return _run(session, feed)
         except OutOfMemory:
             raise
         except Exception as err:  # onnxruntime's own errors: this run cannot be made
@@ -740,11 +744,20 @@ def _reference(
                 f"onnxruntime cannot run the original model at length {reference.feeds.lengths[index]}"
                 f" ({shapes}): {first}"
             ) from err
+
+    def input_bytes(index: int) -> int:
+        return sum(int(np.asarray(v).nbytes) for v in feeds[index].values())
+
+    measured = [0]
+    session = _session(prepared.activations_path, deterministic)
+    outputs = run(session, 0)
+    per_input_byte = sum(int(np.asarray(a).nbytes) for a in outputs[len(names) :]) / max(1, input_bytes(0))
+    measured += [i for i in range(1, len(feeds)) if per_input_byte * input_bytes(i) <= limit]
+    for index in measured:
+        if index:
+            outputs = run(session, index)
         reference.put(index, outputs[: len(names)])
-        if index == 0:
-            added_bytes = sum(int(np.asarray(a).nbytes) for a in outputs[len(names) :])
-            per_input_byte = added_bytes / max(1, input_bytes)
-        for name, array in zip(added, outputs[len(names) :], strict=measure):
+        for name, array in zip(prepared.added, outputs[len(names) :], strict=True):
             a = np.asarray(array)
             flat = a.reshape(-1, a.shape[-1]) if a.ndim else a.reshape(1, 1)
             square = np.einsum("ij,ij->j", flat, flat, dtype=np.float64)
@@ -752,6 +765,12 @@ def _reference(
             counts[name] = counts.get(name, 0) + flat.shape[0]
         del outputs
     del session
+    rest = [i for i in range(len(feeds)) if i not in measured]
+    if rest:
+        session = _session(prepared.path, deterministic)
+        for index in rest:
+            reference.put(index, run(session, index))
+        del session
     gc.collect()
     reference.activations = {name: sums[name] / max(counts[name], 1) for name in sums}
 
@@ -807,18 +826,12 @@ def _other_weights_error(model: ir.Model) -> tuple[float, int, int] | None:
 
 
 def _candidate(
-    fp32_path: str,
-    config: AutoConfig | None,
-    added: Sequence[str],
-    workdir: str,
-    cache: BlockCache | None = None,
+    fp32_path: str, config: AutoConfig | None, workdir: str, cache: BlockCache | None = None
 ) -> str:
     """Build ``config`` (None: the fp32 model as it is) from the fp32 copy and save it; its path."""
     from onnx_conv2matmul.files import output as _output
 
     model = ir.load(fp32_path)
-    for _ in range(len(added)):
-        model.graph.outputs.pop()
     if config is not None:
         apply(model, config, cache)
     path = os.path.join(workdir, "candidate.onnx")
@@ -832,9 +845,9 @@ def _remove_candidate(path: str) -> None:
             os.remove(leftover)
 
 
-def _score_float(fp32_path: str, added: Sequence[str], workdir: str, metric: MetricTarget) -> float:
-    """The user's score of the fp32 model (as the search saved it, without the added outputs)."""
-    path = _candidate(fp32_path, None, added, workdir)
+def _score_float(fp32_path: str, workdir: str, metric: MetricTarget) -> float:
+    """The user's score of the fp32 model as the search saved it."""
+    path = _candidate(fp32_path, None, workdir)
     try:
         return metric.score(path, "the fp32 model")
     finally:
@@ -846,7 +859,6 @@ def _evaluate(
     config: AutoConfig,
     reference: Reference,
     order: Sequence[int],
-    added: Sequence[str],
     workdir: str,
     deterministic: bool,
     target: _Target,
@@ -856,7 +868,7 @@ def _evaluate(
     against the reference until one falls below the minimum cosine, then take the user's score
     if the cosine held."""
     measured = _Measured()
-    path = _candidate(fp32_path, config, added, workdir, cache)
+    path = _candidate(fp32_path, config, workdir, cache)
     try:
         if target.min_cosine is not None:
             try:
