@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -131,7 +132,7 @@ def test_unreachable_minimum_raises_after_trying_float(tmp_path: Path) -> None:
 
 def test_cli_unreachable_exits_1_and_writes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every candidate, float included, below the minimum: exit 1, one line, nothing written."""
-    monkeypatch.setattr(auto, "_worst_cosine", lambda *_args: (0.5, ""))
+    monkeypatch.setattr(auto.Reference, "worst_cosine", lambda *_args: (0.5, ""))
     out = tmp_path / "q.onnx"
     code, stdout, stderr = _invoke(
         "quantize",
@@ -192,7 +193,12 @@ def test_cli_auto_writes_config_and_report(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--auto"], "--auto needs --min-cosine"),
+        (["--max-drop", "0.1"], "--max-drop needs --validate"),
+        (["--validate", "json:dumps", "--max-drop", "1 point"], "expected a number or a percentage"),
+        (["--validate", "no_such_module_here:f"], "cannot import no_such_module_here"),
+        (["--validate", "json:no_such_function"], "json has no no_such_function"),
+        (["--validate", "json"], "package.module:function"),
+        (["--validate", "json:dumps", "--int8-dynamic"], "does not combine with --int8-dynamic"),
         (["--save-config", "x.json"], "--save-config needs --auto"),
         (["--auto", "--min-cosine", "0.9", "--int8-dynamic"], "does not combine with --int8-dynamic"),
         (["--auto", "--min-cosine", "0.9", "--bits-for", "*=8"], "does not combine with --bits-for"),
@@ -242,31 +248,30 @@ def test_apply_leaves_unlisted_and_float_nodes_in_float() -> None:
     assert sum(op == "MatMulNBits" for op in kinds.values()) == 1
 
 
+_LOSS = st.one_of(st.floats(0, 1e6), st.just(math.inf))
+
+
 @settings(max_examples=examples(100))
 @given(
     errors=st.lists(st.floats(0, 1), min_size=3, max_size=40),
-    fail_cosine=st.floats(-1, 1),
-    good_cosine=st.one_of(st.none(), st.floats(-1, 1)),
-    min_cosine=st.floats(-1, 1),
+    fail_loss=_LOSS,
+    good_loss=st.one_of(st.none(), _LOSS),
     bisect=st.booleans(),
     data=st.data(),
 )
 def test_next_step_stays_inside_the_bracket(
     errors: list[float],
-    fail_cosine: float,
-    good_cosine: float | None,
-    min_cosine: float,
+    fail_loss: float,
+    good_loss: float | None,
     bisect: bool,
     data: st.DataObject,
 ) -> None:
-    """Whatever the cosines measured, the next configuration lies strictly between the last
-    failing and passing ones, so the search ends."""
+    """Whatever the losses measured (infinite ones too), the next configuration lies strictly
+    between the last failing and passing ones, so the search ends."""
     predicted = sorted(errors, reverse=True)  # errors fall as the index grows
     fail = data.draw(st.integers(0, len(predicted) - 3))
     good = data.draw(st.integers(fail + 2, len(predicted) - 1))
-    step = auto._next_index(
-        fail, good, fail_cosine, good_cosine, min_cosine, predicted.__getitem__, bisect=bisect
-    )
+    step = auto._next_index(fail, good, fail_loss, good_loss, predicted.__getitem__, bisect=bisect)
     assert fail < step < good
 
 

@@ -68,7 +68,7 @@ def files(tmp_path: Path) -> dict[str, str]:
         (["quantize", "{model}", "{out}", "--block-size", "512"], 2, "block size"),
         (["quantize", "{model}", "{out}", "--bits", "3"], 2, "'3' is not one of"),
         (
-            ["quantize", "{mm}", "{out}", "--verify-lengths", "3", "--min-cosine", "1"],
+            ["quantize", "{mm}", "{out}", "--verify-lengths", "3", "--bits", "4", "--min-cosine", "1"],
             1,
             "below --min-cosine",
         ),

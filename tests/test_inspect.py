@@ -329,7 +329,7 @@ def test_projection_is_what_quantize_writes(
         tmp_path / "q.onnx",
         convert_options=EVERYTHING,
         quantize_options=options,
-        verify=VerifyOptions(lengths=(3,)),
+        verify=VerifyOptions(lengths=(3,), report_only=True),  # sizes, whatever the accuracy
     )
     assert report.quantized_nodes == projection.weights_with_rewrite.quantizable_matmuls == 5
     assert projection.weights_without_rewrite.quantizable_matmuls == 4

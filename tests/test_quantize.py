@@ -112,14 +112,27 @@ def test_front_end_convs_are_left_alone_by_default() -> None:
     assert report.transposes_after <= report.transposes_before
 
 
-def test_min_cosine_above_what_is_reached_fails(tmp_path: Path) -> None:
+def test_min_cosine_above_what_is_reached(tmp_path: Path) -> None:
+    """With settings given, a model below --min-cosine is refused: exit 1, nothing written,
+    and the message names the search. With the default settings the search runs instead,
+    and what it writes meets the minimum, with a warning."""
     out = tmp_path / "encoder.int4.onnx"
-    code, _, stderr = _invoke("quantize", str(ENCODER), str(out), "--min-cosine", "0.99999")
+    code, _, stderr = _invoke("quantize", str(ENCODER), str(out), "--bits", "4", "--min-cosine", "0.99999")
     assert code == 1
     assert "Verification FAILED" in stderr and "nothing was written" in stderr
+    assert "--auto searches for settings that meet it" in stderr and "--inputs" in stderr
     assert list(tmp_path.iterdir()) == []
-    code, _, _ = _invoke("quantize", str(ENCODER), str(out), "--min-cosine", "0.9", "-q")
+    code, stdout, stderr = _invoke(
+        "quantize", str(ENCODER), str(out), "--min-cosine", "0.99999", "--verify-lengths", "64",
+        "--report-json-stdout",
+    )  # fmt: skip
     assert code == 0 and out.exists()
+    data = json.loads(stdout)
+    assert data["accuracy"]["fallback"]["worst_cosine"] < 0.99999
+    assert data["accuracy"]["min_cosine_source"] == "given"
+    assert any("fell below the accuracy criterion" in w for w in data["warnings"])
+    assert min(r["cosine"] for r in data["verification"]["results"] if r["cosine"] is not None) >= 0.99999
+    assert data["auto"]["reached_cosine"] >= 0.99999
 
 
 def test_exclude_and_include_patterns(tmp_path: Path) -> None:

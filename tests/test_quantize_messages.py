@@ -42,7 +42,7 @@ def test_unreachable_shows_the_worst_cosine_below_the_minimum(tmp_path: Path) ->
     assert auto._below(1 - 6e-8, 1.0) == "0.9999999"
     assert auto._below(0.5, 0.99) == "0.5"
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(auto, "_worst_cosine", lambda *_args: (1 - 6e-8, ""))
+        patch.setattr(auto.Reference, "worst_cosine", lambda *_args: (1 - 6e-8, ""))
         code, stderr = _invoke(
             "quantize", ENCODER, tmp_path / "q.onnx", "--auto", "--min-cosine", "1", "--verify-lengths", "64",
             "--max-evaluations", "2",
@@ -133,7 +133,7 @@ def test_reports_of_the_other_algorithms_and_of_refusals_validate(tmp_path: Path
     for args, expected in runs:
         with pytest.MonkeyPatch.context() as patch:
             if "--auto" in args:  # every candidate below the minimum, float included
-                patch.setattr(auto, "_worst_cosine", lambda *_args: (0.5, ""))
+                patch.setattr(auto.Reference, "worst_cosine", lambda *_args: (0.5, ""))
             result = CliRunner().invoke(
                 main, ["quantize", str(ENCODER), str(out), *map(str, args), "--report-json-stdout", "-q"]
             )

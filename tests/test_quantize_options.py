@@ -419,12 +419,19 @@ def test_resolve_takes_the_defaults_then_the_file_then_what_is_given(tmp_path: P
     assert resolve({"exclude": ("b*",)}, config=str(config)).quantize.exclude == ("b*",)
 
 
+def test_resolve_auto_without_min_cosine_leaves_the_target_to_the_floor() -> None:
+    """--auto alone searches at the workflow's floor: resolve leaves min_cosine unset."""
+    from onnx_conv2matmul.quantize.options import resolve
+
+    resolved = resolve(None, auto=True)
+    assert resolved.auto is not None and resolved.auto.min_cosine is None and resolved.auto.metric is None
+
+
 @pytest.mark.parametrize(
     ("kwargs", "template", "options"),
     [
         ({"save_config": True}, "{0} needs {1}", ("save_config", "auto")),
         ({"max_evaluations": 3}, "{0} needs {1}", ("max_evaluations", "auto")),
-        ({"auto": True}, "{0} needs {1}", ("auto", "min_cosine")),
         ({"auto": True, "min_cosine": 0.9, "int8_dynamic": True}, None, ("auto", "int8_dynamic")),
         ({"auto": True, "min_cosine": 0.9, "given": {"bits_for": (("*", 8),)}}, None, ("auto", "bits_for")),
         ({"auto": True, "min_cosine": 0.9, "given": {"algorithm": "k_quant"}}, None, ("auto", "algorithm")),

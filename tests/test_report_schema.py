@@ -171,13 +171,16 @@ def test_quantize(files: dict[str, str], validator: Any, extra: list[str], mode:
     _validate(validator, data)
     _assert_envelope(data, "quantize", 0)
     assert data["mode"] == mode and data["quantized_nodes"] >= 1
-    # Without --min-cosine the accuracy is reported only, and the JSON says so.
-    assert data["verification"]["criterion"] == {"kind": Criterion.REPORT_ONLY.value}
-    assert data["verification"]["options"]["report_only"] is True
+    # Without --min-cosine the default floor is the criterion, and the JSON says so.
+    assert data["verification"]["criterion"] == {"kind": Criterion.MIN_COSINE.value, "min_cosine": 0.99}
+    assert data["accuracy"]["min_cosine_source"] == "default floor"
+    assert data["accuracy"]["inputs"] == "synthesised" and data["accuracy"]["caveat"]
 
 
 def test_quantize_below_min_cosine(files: dict[str, str], validator: Any) -> None:
-    code, data = _run(files, "quantize", "{mm}", "{out}", "--verify-lengths", "3", "--min-cosine", "1", "-q")
+    code, data = _run(
+        files, "quantize", "{mm}", "{out}", "--verify-lengths", "3", "--bits", "4", "--min-cosine", "1", "-q"
+    )
     assert code == 1
     _validate(validator, data)
     assert data["output"] is None and "below --min-cosine" in data["error"]

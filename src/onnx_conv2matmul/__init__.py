@@ -25,6 +25,7 @@ from onnx_conv2matmul.errors import (
     ModelRunError,
     OptionConflict,
     TargetUnreachable,
+    ValidationError,
 )
 from onnx_conv2matmul.rewrite.options import ConvertOptions
 from onnx_conv2matmul.rewrite.reasons import SkipReason
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from onnx_conv2matmul.bundle.build import BundleOptions
     from onnx_conv2matmul.bundle.report import BundleBuildReport
     from onnx_conv2matmul.files.progress import Progress
+    from onnx_conv2matmul.quantize.metric import MetricTarget
     from onnx_conv2matmul.quantize.options import AutoOptions, NodeSetting, QuantizeOptions
     from onnx_conv2matmul.quantize.report import BundleReport, InspectReport, QuantizeReport
     from onnx_conv2matmul.rewrite.passes import ConvToMatMulPass
@@ -71,6 +73,7 @@ _LAZY = {
     "ConvToMatMulPass": "rewrite.passes",
     "Progress": "files.progress",
     "AutoOptions": "quantize.options",
+    "MetricTarget": "quantize.metric",
     "NodeSetting": "quantize.options",
     "QuantizeOptions": "quantize.options",
     "BundleReport": "quantize.report",
@@ -97,6 +100,7 @@ __all__ = [
     "DestinationBusy",
     "InputError",
     "InspectReport",
+    "MetricTarget",
     "ModelLoadError",
     "ModelRunError",
     "NodeSetting",
@@ -109,6 +113,7 @@ __all__ = [
     "Status",
     "TargetUnreachable",
     "TimingOptions",
+    "ValidationError",
     "VerifyCommandReport",
     "VerifyOptions",
     "VerifyReport",

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
     from onnx_conv2matmul.bundle.build import BundleOptions
     from onnx_conv2matmul.bundle.report import BundleBuildReport
+    from onnx_conv2matmul.quantize.metric import MetricTarget
     from onnx_conv2matmul.quantize.options import AutoOptions, QuantizeOptions
     from onnx_conv2matmul.quantize.report import BundleReport, InspectReport, QuantizeReport
     from onnx_conv2matmul.speed.bench import BenchReport
@@ -204,24 +205,33 @@ def quantize_file(
     run_checker: bool = True,
     progress: Progress | None = None,
     speed: SpeedOptions | None = None,
+    metric: MetricTarget | None = None,
+    search_below: bool | None = None,
 ) -> QuantizeReport:
     """Rewrite pointwise convs and Gemms, quantize, compare with the input, then publish.
 
     ``options``: the MatMulNBits settings (:class:`~onnx_conv2matmul.quantize.options.QuantizeOptions`;
     :func:`~onnx_conv2matmul.quantize.options.resolve` builds them from a settings file and checks
     combinations as the command line does). ``int8_dynamic``: onnxruntime's ``quantize_dynamic``
-    instead. ``auto``: search for the smallest settings meeting ``auto.min_cosine`` (they replace
+    instead. ``auto``: search for the smallest settings meeting its target (they replace
     ``options``). ``convert_options``: the rewrite (extended mode and dilation on by default here).
-    ``verify``: the inputs of the accuracy check and its criterion. Nothing is written unless the
-    result met the criterion. ``speed``: time the result against the input on this CPU and,
-    where it leaves several kernel settings (accuracy levels, block sizes), keep the fastest that
-    meets the criterion (:class:`~onnx_conv2matmul.speed.choose.SpeedOptions`, which
+    ``verify``: the inputs of the accuracy check and its criterion: ``min_cosine`` for every
+    sample, by default the floor 0.99 (``report_only`` measures only). ``metric``: the user's
+    score of a model file and its largest drop, as the criterion (and the search's target).
+    Nothing is written unless the result met the criterion. Below it, ``search_below`` (by
+    default: when ``options`` is None, no ``auto``, not ``int8_dynamic``) runs the search with
+    the same criterion and writes its model instead, with a warning. ``speed``: time the result
+    against the input on this CPU and, where it leaves several kernel settings (accuracy levels,
+    block sizes), keep the fastest that meets the same criterion
+    (:class:`~onnx_conv2matmul.speed.choose.SpeedOptions`, which
     :func:`~onnx_conv2matmul.quantize.options.resolve` builds as the command line does); None
     (the default here) times nothing.
 
     Raises:
         InputError: bad paths, options or inputs (nothing is written).
-        TargetUnreachable: with ``auto``, the target is not met even in float.
+        ValidationError: the metric's function fails or returns no number.
+        TargetUnreachable: with ``auto`` (or a search below the criterion), the target is not
+            met even in float.
     """
     from onnx_conv2matmul.quantize import workflow
 
@@ -236,6 +246,8 @@ def quantize_file(
         progress=progress,
         auto=auto,
         speed=speed,
+        metric=metric,
+        search_below=search_below,
     )
 
 

@@ -85,6 +85,10 @@ class OptionConflict(InputError):
         self.options = options
 
 
+class ValidationError(InputError):
+    """The user's validation function cannot be loaded, fails, or returns no number."""
+
+
 class DestinationBusy(InputError):
     """Another process is writing the same destination."""
 

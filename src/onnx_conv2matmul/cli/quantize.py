@@ -15,9 +15,6 @@ from onnx_conv2matmul.files import load as _io
 from onnx_conv2matmul.files.load import check_report_target
 from onnx_conv2matmul.quantize.weight_only import ALGORITHMS
 from onnx_conv2matmul.rewrite.options import ConvertOptions
-from onnx_conv2matmul.verify.check import (
-    Criterion,
-)
 
 if TYPE_CHECKING:
     from onnx_conv2matmul.quantize.report import QuantizeReport
@@ -120,7 +117,29 @@ from onnx_conv2matmul.quantize.options import DEFAULT_MAX_EVALUATIONS, resolve
     "--min-cosine",
     type=click.FloatRange(-1, 1),
     default=None,
-    help="Fail (exit 1, nothing written) when an output's cosine similarity is below X.",
+    help=(
+        "The accuracy the output must meet: every sample's cosine similarity to the input at least X"
+        " (default 0.99, the floor; -1 accepts anything). Below it: with the default settings, the"
+        " search (--auto) runs; with settings given, exit 1 and nothing is written."
+    ),
+)
+@click.option(
+    "--validate",
+    "validate",
+    metavar="MODULE:FUNCTION",
+    default=None,
+    help=(
+        "Your own accuracy measure: a function (package.module:function, or path/to/file.py:function)"
+        " called with a model file's path that returns a score, higher is better. The output's score"
+        " may drop from the input's by at most --max-drop; --auto searches with it as the target."
+    ),
+)
+@click.option(
+    "--max-drop",
+    "max_drop",
+    metavar="X or X%",
+    default=None,
+    help="With --validate, the largest drop of the score: absolute (default 0.01), or relative with %.",
 )
 @click.option(
     "--other-weights",
@@ -137,7 +156,8 @@ from onnx_conv2matmul.quantize.options import DEFAULT_MAX_EVALUATIONS, resolve
     is_flag=True,
     help=(
         "Search, per MatMul, for 4 or 8 bits or float, the block size and symmetry, and the"
-        " other weights' storage: the smallest model whose cosine meets --min-cosine."
+        " other weights' storage: the smallest model that meets --min-cosine (default 0.99)"
+        " and, with --validate, --max-drop."
     ),
 )
 @click.option(
@@ -180,6 +200,8 @@ def quantize_command(
     allow_added_transposes: bool,
     no_gemm: bool,
     min_cosine: float | None,
+    validate: str | None,
+    max_drop: str | None,
     other_weights: str | None,
     auto: bool,
     max_evaluations: int | None,
@@ -193,10 +215,11 @@ def quantize_command(
     """Rewrite pointwise convs of INPUT, quantize it with onnxruntime, write OUTPUT.
 
     Default: MatMulNBits, 4 bits, asymmetric; the block size (64, 128, 256) and accuracy level
-    (0, 4) that run fastest on this CPU while meeting the accuracy target. The result is
-    compared with INPUT on synthesised inputs (cosine similarity, relative error) and timed
-    against it (--no-bench: block 64, level 0, no timing).
-    With --auto --min-cosine X: the smallest model whose cosine is at least X.
+    (0, 4) that run fastest on this CPU while meeting the accuracy criterion. The result is
+    compared with INPUT on synthesised inputs (or --inputs), timed against it (--no-bench:
+    block 64, level 0, no timing) and written only when every sample's cosine similarity is at
+    least --min-cosine (0.99 by default); when the default settings fall below it, the search
+    of --auto finds settings that meet it. With --auto: the smallest model that meets it.
     """
     OUTCOME.start(report_json_stdout, input_path)
     with handled_errors():
@@ -214,6 +237,10 @@ def quantize_command(
             algorithm=algorithm,
             other_weights=other_weights,
         )
+        if validate is not None and "" not in sys.path and os.getcwd() not in sys.path:
+            sys.path.insert(
+                0, os.getcwd()
+            )  # package.module:function from the current directory, as Python does
         resolved = resolve(
             given,
             config=config,
@@ -225,6 +252,8 @@ def quantize_command(
             bench=not no_bench,
             bench_lengths=bench_lengths,
             bench_rounds=bench_rounds,
+            validate=validate,
+            max_drop=max_drop,
         )
         try:
             c_options = ConvertOptions(
@@ -258,6 +287,8 @@ def quantize_command(
             progress=progress_for(console, input_path, quiet) if os.path.isfile(input_path) else None,
             auto=resolved.auto,
             speed=resolved.speed,
+            metric=resolved.metric,
+            search_below=resolved.search_below,
         )
         render.print_quantize_report(console, report)
         if save_config is not None and report.auto is not None:
@@ -287,8 +318,7 @@ def _same_file(a: str, b: str) -> bool:
 
 
 def _quantize_error(report: QuantizeReport) -> str | None:
-    """The report's failure, naming --min-cosine when that was the criterion."""
-    verification = report.verification
-    if report.passed or verification is None or verification.options.criterion is not Criterion.MIN_COSINE:
-        return None
-    return f"accuracy below --min-cosine {verification.options.min_cosine:g}; nothing was written"
+    """The report's failure: the criterion missed, and what can help."""
+    from onnx_conv2matmul.cli import render
+
+    return render.quantize_failure(report)

@@ -161,17 +161,20 @@ def verification_table(verification: VerifyReport, *, cosine: bool = False) -> T
     options = verification.options
     criterion = options.criterion
     if criterion is Criterion.REPORT_ONLY:
-        title = "Accuracy against the original (reported only: no --min-cosine)"
+        title = "Accuracy against the original (measured only: no criterion on the cosine)"
         cosine = True
     elif criterion is Criterion.MIN_COSINE:
-        title = f"Verification: cosine >= {options.min_cosine}"
+        title = f"Verification: cosine >= {options.min_cosine} for every sample"
         cosine = True
     else:
         title = f"Verification: scaled max_abs <= {options.max_abs:g}, mean_abs <= {options.mean_abs:g}"
     table = Table(title=title, title_justify="left")
     columns = ["length", "output", "shape", "max |ref|", "max_abs", "mean_abs", "rel_err"]
+    samples = any(r.sample_cosine is not None for r in verification.results)
     if cosine:
         columns.append("cosine")
+        if samples:
+            columns.append("worst sample")
     columns.append("result")
     for column in columns:
         table.add_column(column, justify="left" if column in ("output", "shape", "result") else "right")
@@ -187,9 +190,22 @@ def verification_table(verification: VerifyReport, *, cosine: bool = False) -> T
         ]
         if cosine:
             row.append("-" if r.cosine is None else f"{r.cosine:.6f}")
-        row.append("[green]ok[/green]" if r.passed else f"[red]FAIL[/red] {escape(r.note)}")
+            if samples:
+                worst = "-" if r.sample_cosine is None else f"{r.sample_cosine:.6f} of {r.samples}"
+                row.append(worst)
+        row.append(_verdict(r, criterion))
         table.add_row(*row)
     return table
+
+
+def _verdict(row: OutputComparison, criterion: Criterion) -> str:
+    """``ok`` where a criterion was checked and met, ``measured`` where a float output was only
+    measured (integer outputs always must match), else FAIL with the note."""
+    if not row.passed:
+        return f"[red]FAIL[/red] {escape(row.note)}"
+    if criterion is Criterion.REPORT_ONLY and row.cosine is not None:
+        return "measured"
+    return "[green]ok[/green]"
 
 
 def _lengths_lines(verification: VerifyReport) -> list[str]:
@@ -240,7 +256,7 @@ def print_verification(console: Console, verification: VerifyReport, *, cosine: 
     for warning in verification.warnings:
         console.print(f"[yellow]Warning:[/yellow] {escape(warning)}", highlight=False, soft_wrap=True)
     if verification.options.criterion is Criterion.REPORT_ONLY:
-        console.print("Accuracy measured; set --min-cosine to make it a pass/fail criterion.")
+        console.print("Cosine measured only; --min-cosine makes it a pass/fail criterion.")
     elif verification.passed:
         count = len(verification.warnings)
         more = f", with {count} warning{'s' if count > 1 else ''} above" if count else ""
@@ -291,9 +307,16 @@ def print_quantize_report(console: Console, report: QuantizeReport) -> None:
         )
     if report.auto is not None:
         found = report.auto
-        table.add_row(
-            "search: minimum cosine asked / reached", f"{found.min_cosine:g} / {found.reached_cosine:.5f}"
-        )
+        if found.min_cosine is not None and found.reached_cosine is not None:
+            table.add_row(
+                "search: minimum cosine asked / reached", f"{found.min_cosine:g} / {found.reached_cosine:.5f}"
+            )
+        if found.metric is not None and found.original_score is not None and found.reached_score is not None:
+            table.add_row(
+                f"search: score of {found.metric.label}, original / reached",
+                f"{found.original_score:.6g} / {found.reached_score:.6g}"
+                f" (max drop {found.metric.max_drop_text})",
+            )
         for label, count in found.config.counts().items():
             table.add_row(f"search: {label}", str(count))
         table.add_row(
@@ -318,10 +341,13 @@ def print_quantize_report(console: Console, report: QuantizeReport) -> None:
     verification = report.verification
     if verification is not None:
         print_verification(console, verification, cosine=True)
+    for line in _accuracy_lines(report):
+        console.print(line, highlight=False, soft_wrap=True)
+    failure = quantize_failure(report)
     if report.output_path:
         console.print(f"Wrote {report.output_path}", highlight=False, soft_wrap=True)
-    elif verification is not None and verification.options.criterion is Criterion.MIN_COSINE:
-        console.print("Accuracy below --min-cosine: nothing was written.", highlight=False)
+    elif failure is not None:
+        console.print(escape(failure[0].upper() + failure[1:]) + ".", highlight=False, soft_wrap=True)
     else:
         console.print("Outputs that must match differ: nothing was written.", highlight=False)
 
@@ -402,6 +428,69 @@ def print_bench_report(console: Console, report: BenchReport) -> None:
     console.print(table)
     for warning in report.warnings:
         console.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False, soft_wrap=True)
+
+
+def quantize_failure(report: QuantizeReport) -> str | None:
+    """The report's failure: the criterion missed, and what can help."""
+    verification = report.verification
+    if report.passed or verification is None:
+        return None
+    metric = report.accuracy.get("metric") or {}
+    if metric.get("passed") is False:
+        return (
+            f"the score of --validate {metric['function']} dropped from {metric['original_score']:.6g}"
+            f" to {metric['score']:.6g}, more than --max-drop {metric['max_drop']:g}"
+            f"{' (relative)' if metric['relative'] else ''}; nothing was written"
+            + ("" if report.auto is not None else " (--auto searches for settings that meet it)")
+        )
+    if verification.options.criterion is not Criterion.MIN_COSINE:
+        return None
+    worst = min((c for c in (r.worst_cosine for r in verification.results) if c is not None), default=None)
+    floor = report.accuracy.get("min_cosine_source") == "default floor"
+    measured = "" if worst is None else f" (worst sample {worst:.4f})"
+    what = (
+        f"the accuracy floor --min-cosine {verification.options.min_cosine:g}"
+        if floor
+        else (f"--min-cosine {verification.options.min_cosine:g}")
+    )
+    helps = []
+    if report.mode == "matmul_nbits" and report.auto is None:
+        helps.append("--auto searches for settings that meet it")
+    if report.mode == "int8_dynamic":
+        helps.append("MatMulNBits with --auto may meet it")
+    if report.accuracy.get("inputs") == "synthesised":
+        helps.append("--inputs checks on real inputs")
+    if floor:
+        helps.append("--min-cosine X sets another floor")
+    return f"accuracy below {what}{measured}; nothing was written" + (
+        f" ({'; '.join(helps)})" if helps else ""
+    )
+
+
+def _accuracy_lines(report: QuantizeReport) -> list[str]:
+    """The criterion the output met (or missed), the user's score, and the synthetic-input caveat."""
+    accuracy = report.accuracy
+    lines = []
+    if accuracy.get("min_cosine_source") == "default floor":
+        lines.append(
+            f"Criterion: the default accuracy floor, every sample's cosine >= {accuracy['min_cosine']:g}"
+            " (--min-cosine sets another)."
+        )
+    metric = accuracy.get("metric")
+    if metric and metric.get("score") is not None:
+        verdict = "[green]ok[/green]" if metric.get("passed") else "[red]FAIL[/red]"
+        relative = " (relative)" if metric["relative"] else ""
+        lines.append(
+            f"Score of {escape(metric['function'])}: {metric['original_score']:.6g} -> {metric['score']:.6g},"
+            f" drop {metric['drop']:.4g}{relative}, at most {metric['max_drop']:g}: {verdict}"
+        )
+    if accuracy.get("inputs") == "synthesised":
+        lines.append(
+            "[yellow]note:[/yellow] measured on synthesised inputs, which can overstate accuracy"
+            " (a trained model can do well on random inputs and badly on real ones): --inputs with"
+            " real inputs, or --validate with your own measure, gives the true figure."
+        )
+    return lines
 
 
 def _setting_counts(report: QuantizeReport) -> dict[str, int]:

@@ -4,6 +4,9 @@ inverse, and the activation-weighted error the ``--auto`` search predicts accura
 
 from __future__ import annotations
 
+import hashlib
+import os
+
 import numpy as np
 
 from onnx_conv2matmul.quantize.options import Setting
@@ -75,3 +78,30 @@ works column by column, so their error estimates the whole weight's."""
 
 def _sampled_columns(n: int) -> np.ndarray:
     return np.unique(np.linspace(0, n - 1, min(n, SAMPLED_COLUMNS)).round().astype(np.int64))
+
+
+class BlockCache:
+    """Block-quantized weights kept as files in ``directory``, by a key naming the weight and
+    its setting: the search builds several models from the same weights, and a weight it
+    quantized once with a setting is read back (memory-mapped) instead of quantized again,
+    and its fp32 values are not read at all. The files go with the directory."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        os.makedirs(directory, exist_ok=True)
+
+    def _paths(self, key: str) -> tuple[str, str, str]:
+        stem = os.path.join(self.directory, hashlib.sha256(key.encode()).hexdigest()[:32])
+        return stem + ".packed.npy", stem + ".scales.npy", stem + ".zero_points.npy"
+
+    def get(self, key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """The packed data, scales and zero points stored under ``key``, or None."""
+        paths = self._paths(key)
+        if not all(os.path.exists(path) for path in paths):
+            return None
+        packed, scales, zero_points = (np.load(path, mmap_mode="r") for path in paths)
+        return packed, scales, zero_points
+
+    def put(self, key: str, packed: np.ndarray, scales: np.ndarray, zero_points: np.ndarray) -> None:
+        for path, array in zip(self._paths(key), (packed, scales, zero_points), strict=True):
+            np.save(path, array, allow_pickle=False)

@@ -21,6 +21,7 @@ from onnx_conv2matmul.files.load import load_input
 from onnx_conv2matmul.quantize.nbits import NBitsResult, quantize_matmul_nbits
 from onnx_conv2matmul.rewrite.passes import rewrite_model
 from onnx_conv2matmul.speed.choose import (
+    AccuracyCheck,
     Candidate,
     KernelChoice,
     SpeedOptions,
@@ -35,6 +36,7 @@ from onnx_conv2matmul.speed.timing import Latency, TimingOptions, TimingReport, 
 if TYPE_CHECKING:
     from onnx_conv2matmul.files.output import Output, Staged
     from onnx_conv2matmul.files.progress import Progress
+    from onnx_conv2matmul.quantize.metric import MetricTarget
     from onnx_conv2matmul.quantize.options import QuantizeOptions
     from onnx_conv2matmul.quantize.other_weights import OtherWeightsResult
     from onnx_conv2matmul.rewrite.options import ConvertOptions
@@ -113,9 +115,16 @@ def run_speed_step(
     verify: VerifyOptions,
     progress: Progress,
     int8: bool,
+    metric: MetricTarget | None = None,
+    original_score: float | None = None,
 ) -> SpeedOutcome:
     """Choose among the speed options' candidates (when there are several and the model has a
-    MatMulNBits node) and time the result."""
+    MatMulNBits node) and time the result.
+
+    A candidate meets the accuracy target as the output must meet the workflow's criterion:
+    every sample's cosine similarity at least ``verify.min_cosine`` and, with ``metric``, the
+    score's drop from ``original_score`` at most its ``max_drop`` (a candidate that misses it
+    counts as cosine -1, with the score in its note)."""
     timing = timing_options(speed, verify)
     if int8 or not speed.chooses or not accuracy_levels(first.staged.onnx_path):
         progress.phase("Timing the result against the original")
@@ -142,6 +151,8 @@ def run_speed_step(
             )
         progress.phase("Measuring the candidates' accuracy")
         check = reference_accuracy(src, verify)
+        if metric is not None and original_score is not None:
+            check = _with_metric(check, metric, original_score)
         progress.phase(f"Timing {len(candidates)} candidates against the original")
         choice = choose_kernel(
             src, candidates, check, min_cosine=verify.min_cosine, timing=timing, min_gain=speed.min_gain
@@ -153,6 +164,23 @@ def run_speed_step(
     labels = [model.label for model in choice.timing.models]
     chosen = dataclasses.replace(options, block_size=kept.block_size, accuracy_level=winner.accuracy_level)
     return SpeedOutcome(kept, chosen, choice, choice.timing, labels.index(winner.name))
+
+
+def _with_metric(check: AccuracyCheck, metric: MetricTarget, original_score: float) -> AccuracyCheck:
+    """``check``, and the user's score of each candidate that passes it: one whose score dropped
+    further than the metric allows fails (cosine -1)."""
+
+    def checked(candidate: str) -> tuple[float, str]:
+        cosine, note = check(candidate)
+        if cosine <= -1.0:
+            return cosine, note
+        score = metric.score(candidate, "a kernel candidate")
+        if not metric.meets(original_score, score):
+            drop = metric.drop(original_score, score)
+            return -1.0, f"score {score:.6g} against the original's {original_score:.6g} (drop {drop:.6g})"
+        return cosine, note
+
+    return checked
 
 
 def quantize_variant(

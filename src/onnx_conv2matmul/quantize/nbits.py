@@ -18,7 +18,7 @@ import contextlib
 import dataclasses
 import fnmatch
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
@@ -26,6 +26,9 @@ import onnx_ir as ir
 
 from onnx_conv2matmul._graphs import NameAllocator, is_external, used_names, walk_graphs
 from onnx_conv2matmul.quantize.options import NodeSetting, QuantizeOptions
+
+if TYPE_CHECKING:
+    from onnx_conv2matmul.quantize.blockwise import BlockCache
 
 _FLOATS = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
 
@@ -167,8 +170,13 @@ def quantize_matmul_nbits(
     *,
     feeds: Sequence[Mapping[str, np.ndarray]] | None = None,
     scratch_dir: str | None = None,
+    cache: BlockCache | None = None,
 ) -> NBitsResult:
     """Replace every selected MatMul with a constant 2-D weight by MatMulNBits, in place.
+
+    ``cache`` keeps the default algorithm's block quantization of each weight and setting
+    (see :class:`onnx_conv2matmul.quantize.blockwise.BlockCache`): a weight quantized before
+    with the same setting is not read or quantized again.
 
     Each MatMul gets its setting from :meth:`QuantizeOptions.setting_for`, quantized by
     the options' algorithm. ``gptq`` needs ``feeds`` (calibration inputs of the model): the
@@ -233,7 +241,7 @@ def quantize_matmul_nbits(
             )
         # GPTQ's result depends on the activations too: no sharing.
         share = options.algorithm != "gptq"
-        declined = _replace(node, graph, b, quantizer, names, done if share else {}, setting)
+        declined = _replace(node, graph, b, quantizer, names, done if share else {}, setting, cache)
         if declined is None:
             result.quantized += 1
             result.settings[node.name or ""] = setting
@@ -253,6 +261,7 @@ def _replace(
     names: NameAllocator,
     done: dict[tuple[int, NodeSetting], dict[str, ir.Value]],
     setting: NodeSetting,
+    cache: BlockCache | None = None,
 ) -> str | None:
     """Quantize one MatMul; why not when the quantizer declined it (the node is unchanged)."""
     from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantizer
@@ -266,7 +275,7 @@ def _replace(
     try:
         direct = type(quantizer) is DefaultWeightOnlyQuantizer and b.const_value.dtype in _DIRECT_TYPES
         if direct:
-            new_nodes, last = _quantize_direct(node, a, b, quantizer, names, done, setting, owner)
+            new_nodes, last = _quantize_direct(node, a, b, quantizer, names, done, setting, owner, cache)
         else:
             new_nodes, last = _quantize_through_proto(node, a, b, quantizer, names, done, setting, owner)
     except DeclinedError as declined:
@@ -304,6 +313,7 @@ def _quantize_direct(
     done: dict[tuple[int, NodeSetting], dict[str, ir.Value]],
     setting: NodeSetting,
     owner: ir.Graph,
+    cache: BlockCache | None = None,
 ) -> tuple[list[ir.Node], ir.Value]:
     """The default algorithm on the weight's array: onnxruntime's block quantization, the node
     and tensors as its ``quantize_matmul`` names them, without copying the fp32 weight into a
@@ -314,9 +324,16 @@ def _quantize_direct(
     key = (id(b), setting)
     tensors = done.get(key)
     if tensors is None:
-        packed, scales, zero_points = quantizer.qbits_block_quant(tensor.numpy())
-        if is_external(tensor):
-            tensor.release()  # read once; drop the mapping
+        cache_key = f"{node.name}|{b.name}|{setting.bits}|{setting.block_size}|{setting.symmetric}"
+        cached = cache.get(cache_key) if cache is not None else None
+        if cached is not None:
+            packed, scales, zero_points = cached
+        else:
+            packed, scales, zero_points = quantizer.qbits_block_quant(tensor.numpy())
+            if is_external(tensor):
+                tensor.release()  # read once; drop the mapping
+            if cache is not None:
+                cache.put(cache_key, packed, scales, zero_points)
         tensors = {
             "packed": _initializer(owner, names, f"{b.name}_Q{bits}", packed),
             "scales": _initializer(owner, names, f"{b.name}_scales", scales),

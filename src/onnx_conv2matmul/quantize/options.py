@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from onnx_conv2matmul.errors import InputError, OptionConflict
 
 if TYPE_CHECKING:
+    from onnx_conv2matmul.quantize.metric import MetricTarget
     from onnx_conv2matmul.speed.choose import SpeedOptions
 
 # The block sizes onnxruntime's MatMulNBits quantizer (MlasQuantizeBlockwise) accepts.
@@ -339,11 +340,13 @@ LADDER: tuple[Setting, ...] = tuple(
 
 @dataclasses.dataclass(frozen=True)
 class AutoOptions:
-    """What the search looks for.
+    """What the search looks for: ``min_cosine``, ``metric`` or both (``quantize_file`` takes
+    neither as its floor, :data:`onnx_conv2matmul.quantize.workflow.DEFAULT_MIN_COSINE`).
 
     Attributes:
-        min_cosine: Every float output's cosine similarity to fp32, on every feed, must
-            be at least this.
+        min_cosine: Every float output's cosine similarity to fp32, for every sample of
+            every feed, must be at least this.
+        metric: The user's score and the largest drop it may show.
         max_evaluations: Most full-model evaluations (at least 2).
         ladder: The quantized settings to choose from.
         other_weights: True or False to force int8 or float for the other weights;
@@ -353,13 +356,14 @@ class AutoOptions:
         include: When given, only MatMuls matching one of these are candidates.
     """
 
-    min_cosine: float
+    min_cosine: float | None = None
     max_evaluations: int = DEFAULT_MAX_EVALUATIONS
     ladder: tuple[Setting, ...] = LADDER
     other_weights: bool | None = None
     accuracy_level: int = 0
     exclude: tuple[str, ...] = ()
     include: tuple[str, ...] = ()
+    metric: MetricTarget | None = None
 
     def __post_init__(self) -> None:
         if self.max_evaluations < 2:
@@ -381,12 +385,18 @@ class Resolved:
 
     ``speed`` is None when nothing is timed; otherwise the kernel settings tried (one level and
     one block size when both are pinned: the result is then only timed against the original).
+    ``metric`` is the user's validation function with its largest drop (a criterion beside the
+    cosine, and the search's target); ``search_below``: whether a result below the criterion
+    makes the search run (the settings are the defaults: nothing given, no settings file, no
+    ``auto``, not int8 dynamic).
     """
 
     quantize: QuantizeOptions
     int8_dynamic: bool = False
     auto: AutoOptions | None = None
     speed: SpeedOptions | None = None
+    metric: MetricTarget | None = None
+    search_below: bool = False
 
 
 def resolve(
@@ -401,6 +411,8 @@ def resolve(
     bench: bool = True,
     bench_lengths: tuple[int, ...] | None = None,
     bench_rounds: int | None = None,
+    validate: str | None = None,
+    max_drop: str | float | None = None,
 ) -> Resolved:
     """Check and combine what a user asked for; the one place quantize options are decided.
 
@@ -411,7 +423,7 @@ def resolve(
         config: A settings file (:meth:`QuantizeOptions.to_config`).
         int8_dynamic: onnxruntime's int8 dynamic quantization instead of MatMulNBits.
         auto: Search for the smallest settings meeting ``min_cosine``.
-        min_cosine: The search's target (required with ``auto``).
+        min_cosine: The search's target (None: the workflow's floor, or the metric's drop).
         max_evaluations: The search's budget of full-model evaluations.
         save_config: Whether the chosen settings are to be written (``auto`` only).
         bench: Time the result against the original on this CPU and, unless pinned, choose the
@@ -420,9 +432,15 @@ def resolve(
             chosen by ``auto`` or by node, or the algorithm is not ``default``.
         bench_lengths: The lengths timed (default: chosen from the model's inputs).
         bench_rounds: The rounds of timed runs.
+        validate: The user's validation function, ``package.module:function`` or
+            ``path/to/file.py:function`` (see :func:`onnx_conv2matmul.quantize.metric.load_function`).
+        max_drop: With ``validate``, the largest drop of its score: a number (absolute), or a
+            string ``"X"`` or ``"X%"`` (relative); default
+            :data:`onnx_conv2matmul.quantize.metric.DEFAULT_MAX_DROP`.
 
     Raises:
         OptionConflict: options that need another or do not combine (named by field).
+        ValidationError: the validation function cannot be loaded.
         InputError: a value out of range, or a bad settings file.
     """
     given = dict(given or {})
@@ -434,15 +452,15 @@ def resolve(
         raise InputError(str(err)) from err
     if int8_dynamic:
         _refuse_with_int8_dynamic(options, given)
+    metric = _metric(validate, max_drop, int8_dynamic)
     speed = _speed_options(options, fields, bench, bench_lengths, bench_rounds, int8_dynamic, auto)
     if not auto:
         if save_config:
             raise OptionConflict("{0} needs {1}", "save_config", "auto")
         if max_evaluations is not None:
             raise OptionConflict("{0} needs {1}", "max_evaluations", "auto")
-        return Resolved(options, int8_dynamic, speed=speed)
-    if min_cosine is None:
-        raise OptionConflict("{0} needs {1}", "auto", "min_cosine")
+        below = not int8_dynamic and not given and config is None
+        return Resolved(options, int8_dynamic, speed=speed, metric=metric, search_below=below)
     if int8_dynamic:
         raise OptionConflict(
             "{0} chooses MatMulNBits settings: it does not combine with {1}", "auto", "int8_dynamic"
@@ -470,10 +488,41 @@ def resolve(
             accuracy_level=options.accuracy_level,
             exclude=options.exclude,
             include=options.include,
+            metric=metric,
         )
     except ValueError as err:
         raise InputError(str(err)) from err
-    return Resolved(options, int8_dynamic=False, auto=search, speed=speed)
+    return Resolved(options, int8_dynamic=False, auto=search, speed=speed, metric=metric)
+
+
+def _metric(validate: str | None, max_drop: str | float | None, int8_dynamic: bool) -> MetricTarget | None:
+    """The validation function with its largest drop (a string ending in % is relative)."""
+    from onnx_conv2matmul.quantize.metric import DEFAULT_MAX_DROP, MetricTarget, load_function
+
+    if validate is None:
+        if max_drop is not None:
+            raise OptionConflict("{0} needs {1}", "max_drop", "validate")
+        return None
+    if int8_dynamic:
+        raise OptionConflict(
+            "{0} needs MatMulNBits quantization: it does not combine with {1}", "validate", "int8_dynamic"
+        )
+    drop, relative = DEFAULT_MAX_DROP, False
+    if isinstance(max_drop, str):
+        text = max_drop.strip()
+        relative = text.endswith("%")
+        try:
+            drop = float(text.removesuffix("%")) / (100 if relative else 1)
+        except ValueError:
+            shown = repr(max_drop).replace("{", "{{").replace("}", "}}")
+            raise OptionConflict("{0}: expected a number or a percentage, got " + shown, "max_drop") from None
+    elif max_drop is not None:
+        drop = max_drop
+    function = load_function(validate)
+    try:
+        return MetricTarget(function, drop, relative, name=validate)
+    except ValueError as err:
+        raise OptionConflict("{0}: " + str(err).replace("{", "{{").replace("}", "}}"), "max_drop") from None
 
 
 def _speed_options(

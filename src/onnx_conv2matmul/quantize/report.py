@@ -52,9 +52,13 @@ class QuantizeReport(CommandReport):
     auto: AutoResult | None = None
     latency: dict[str, Any] | None = None
     kernel_choice: dict[str, Any] | None = None
+    accuracy: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
+        metric = self.accuracy.get("metric") or {}
+        if metric.get("passed") is False:
+            return False
         return self.verification is None or self.verification.passed
 
     @property
@@ -65,6 +69,13 @@ class QuantizeReport(CommandReport):
     def failure(self) -> str | None:
         if self.passed:
             return None
+        metric = self.accuracy.get("metric") or {}
+        if metric.get("passed") is False:
+            return (
+                f"the score of {metric['function']} dropped from {metric['original_score']:.6g} to"
+                f" {metric['score']:.6g}, more than {metric['max_drop']:g}"
+                f"{' (relative)' if metric['relative'] else ''}; nothing was written"
+            )
         assert self.verification is not None
         min_cosine = self.verification.options.min_cosine
         if min_cosine is not None:
@@ -108,6 +119,7 @@ class QuantizeReport(CommandReport):
             "auto": None if self.auto is None else self.auto.to_dict(),
             "latency": self.latency,
             "kernel_choice": self.kernel_choice,
+            "accuracy": self.accuracy or None,
         }
 
 

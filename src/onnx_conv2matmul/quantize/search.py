@@ -1,17 +1,21 @@
-"""Find the smallest quantized model that meets a minimum cosine similarity.
+"""Find the smallest quantized model that meets an accuracy target.
 
-The search, on a rewritten fp32 model and a list of input feeds:
+The target is a minimum cosine similarity to fp32 for every sample (a batch row of a feed)
+of every float output, or the user's own score (:mod:`onnx_conv2matmul.quantize.metric`)
+with the largest drop allowed, or both. The search, on a rewritten fp32 model and a list of
+input feeds:
 
 1. **Reference and activations.** The fp32 model runs once per feed with the input A of
-   every quantizable MatMul added as an output: its outputs are the reference, and each
-   MatMul gets ``h_k``, the mean square of its input's channel ``k``.
+   every quantizable MatMul added as an output: its outputs are the reference (kept on
+   disk, see :mod:`onnx_conv2matmul.quantize.reference`), and each MatMul gets ``h_k``, the
+   mean square of its input's channel ``k``, summed as the feeds arrive.
 2. **Sensitivity.** Every quantizable MatMul weight ``W [K, N]`` is quantized with every
    setting of the ladder by onnxruntime's own block quantizer (the one MatMulNBits
    quantization uses) and dequantized in numpy; its error is the output error energy
    that the activations would see, relative to the output's:
    ``sum_k h_k |W_k - Q(W)_k|^2 / sum_k h_k |W_k|^2``. The other weights (see
    :mod:`onnx_conv2matmul.quantize.other_weights`) get their relative int8 error, the largest of
-   them standing for all.
+   them standing for all. Both are measured once, whatever the target.
 3. **Allocation.** For a trade-off ``l`` (bytes per unit of error) each MatMul takes
    the setting with the least ``bytes + l * error`` (float: its fp32 bytes, error 0), and
    the other weights the cheaper of int8 and float likewise: the smallest model for its
@@ -19,16 +23,20 @@ The search, on a rewritten fp32 model and a list of input feeds:
    smallest setting; the model grows with ``l``, up to all float. The trade-offs tried
    are those at which some node's choice changes, in order.
 4. **Search.** The smallest model (``l = 0``) is evaluated first; then each step takes
-   ``1 - cosine`` as a straight line in the total predicted error through the last
-   failing and passing evaluations and aims a little inside where it meets the minimum
+   the loss (``1 - cosine`` over ``1 - minimum``, the score's drop over the largest drop
+   allowed: 1 is the limit) as a straight line in the total predicted error through the
+   last failing and passing evaluations and aims a little inside where it meets the limit
    (after two failures in a row, it bisects). Each step is a full-model evaluation: the
-   model is built, saved, run on every feed and its cosine taken on every float output
-   (integer outputs must match exactly). At most ``max_evaluations`` evaluations; the
-   last one is kept for all-float when nothing passed, which proves the target
-   unreachable when it fails too.
+   model is built, saved and run feed by feed, each feed compared with the reference as
+   it comes; the first feed below the minimum ends it (the feeds run in order of their
+   cosine in earlier evaluations, worst first, so a failing candidate is found out
+   early); the score, when asked for, is taken last. At most ``max_evaluations``
+   evaluations; the last one is kept for all-float when nothing passed, which proves the
+   target unreachable when it fails too.
 
 Everything is deterministic: the feeds, the order of nodes and trade-offs, and the
-evaluations (one onnxruntime session at a time, graph optimizations off).
+evaluations (one onnxruntime session at a time, graph optimizations off), provided the
+user's function is.
 """
 
 from __future__ import annotations
@@ -46,14 +54,16 @@ import numpy as np
 import onnx_ir as ir
 
 from onnx_conv2matmul._graphs import is_external
-from onnx_conv2matmul.errors import TargetUnreachable
+from onnx_conv2matmul.errors import ModelRunError, OutOfMemory, TargetUnreachable
 from onnx_conv2matmul.quantize import other_weights
 from onnx_conv2matmul.quantize.blockwise import (
+    BlockCache,
     _sampled_columns,
     _weighted_error,
     block_dequantize,
     block_quantize,
 )
+from onnx_conv2matmul.quantize.metric import MetricTarget
 from onnx_conv2matmul.quantize.nbits import NBitsResult, _constant_2d_weight, quantize_matmul_nbits
 from onnx_conv2matmul.quantize.options import (
     _OTHER_INT8,
@@ -62,6 +72,7 @@ from onnx_conv2matmul.quantize.options import (
     QuantizeOptions,
     Setting,
 )
+from onnx_conv2matmul.quantize.reference import FeedSet, Reference
 
 
 @dataclasses.dataclass
@@ -100,14 +111,23 @@ class AutoConfig:
 
 @dataclasses.dataclass
 class Evaluation:
-    """One full-model evaluation: the trade-off, the chosen weights' bytes, the worst cosine."""
+    """One full-model evaluation: the trade-off, the chosen weights' bytes, what was measured.
+
+    ``min_cosine`` is the worst per-sample cosine over the feeds run (None when no minimum
+    was asked for), ``feeds_run`` how many feeds ran before the first one below the
+    minimum ended it; ``score`` and ``drop`` are the user's metric (None when not asked
+    for, or not taken because the cosine failed already).
+    """
 
     tradeoff: float
     weight_bytes: int
-    min_cosine: float
+    min_cosine: float | None
     passed: bool
     seconds: float
     note: str = ""
+    feeds_run: int = 0
+    score: float | None = None
+    drop: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """As JSON: the all-float trade-off (infinite) is null."""
@@ -141,22 +161,39 @@ class NodeChoice:
 
 @dataclasses.dataclass
 class AutoResult:
-    """The search's outcome: the configuration, how it was found, and how long it took."""
+    """The search's outcome: the configuration, how it was found, and how long it took.
 
-    min_cosine: float
+    ``reference`` is what the fp32 model gave on the feeds (its files live in the search's
+    folder): the final accuracy check compares against it instead of running fp32 again.
+    """
+
+    min_cosine: float | None
     config: AutoConfig
-    reached_cosine: float
+    reached_cosine: float | None
     choices: list[NodeChoice]
     other_weights_error: float | None
     evaluations: list[Evaluation]
     feeds: int
     sensitivity_seconds: float = 0.0
     seconds: float = 0.0
+    metric: MetricTarget | None = None
+    original_score: float | None = None
+    reached_score: float | None = None
+    reference: Reference | None = dataclasses.field(default=None, repr=False, compare=False)
+    cache: BlockCache | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
+        metric = None
+        if self.metric is not None:
+            metric = {
+                **self.metric.to_dict(),
+                "original_score": self.original_score,
+                "reached_score": self.reached_score,
+            }
         return {
             "min_cosine": self.min_cosine,
             "reached_cosine": self.reached_cosine,
+            "metric": metric,
             "feeds": self.feeds,
             "seconds": round(self.seconds, 2),
             "sensitivity_seconds": round(self.sensitivity_seconds, 2),
@@ -170,13 +207,16 @@ class AutoResult:
         }
 
 
-def apply(model: ir.Model, config: AutoConfig) -> tuple[NBitsResult, other_weights.OtherWeightsResult | None]:
+def apply(
+    model: ir.Model, config: AutoConfig, cache: BlockCache | None = None
+) -> tuple[NBitsResult, other_weights.OtherWeightsResult | None]:
     """Quantize ``model`` in place as ``config`` says, as ``quantize`` does with its options.
 
     Returns the MatMulNBits totals and, when the other weights are stored as int8, their result.
+    ``cache`` keeps the quantized weights for the next model built (the same bytes).
     """
     options = config.quantize_options()
-    result = quantize_matmul_nbits(model, options)
+    result = quantize_matmul_nbits(model, options, cache=cache)
     others = other_weights.quantize_other_weights(model) if options.other_weights == "int8" else None
     return result, others
 
@@ -262,23 +302,6 @@ def _run(session: Any, feed: Mapping[str, np.ndarray], names: Sequence[str] | No
     return outputs
 
 
-def _worst_cosine(
-    index: int, reference: Sequence[Any], outputs: Sequence[Any], names: Sequence[str]
-) -> tuple[float, str]:
-    """The smallest cosine over the float outputs of one feed; -1 and a note when an exact output differs."""
-    from onnx_conv2matmul.verify.check import VerifyOptions, compare_outputs
-
-    options = VerifyOptions(report_only=True)
-    worst = 1.0
-    for name, r, o in zip(names, reference, outputs, strict=True):
-        row = compare_outputs(r, o, options, length=index, name=name)
-        if not row.passed:
-            return -1.0, f"{name} on feed {index}: {row.note}"
-        if row.cosine is not None:
-            worst = min(worst, row.cosine)
-    return worst, ""
-
-
 # --------------------------------------------------------------------------- #
 # The search
 # --------------------------------------------------------------------------- #
@@ -287,53 +310,169 @@ def _worst_cosine(
 ProgressCallback = Callable[[str], None]
 
 
+@dataclasses.dataclass
+class _Measured:
+    """What one evaluation measured: see :class:`Evaluation`; ``cosines`` by feed index."""
+
+    cosine: float | None = None
+    score: float | None = None
+    drop: float | None = None
+    note: str = ""
+    feeds_run: int = 0
+    cosines: dict[int, float] = dataclasses.field(default_factory=dict)
+
+
+class _Target:
+    """The options' target: whether a measurement meets it, and its loss (1 is the limit)."""
+
+    def __init__(self, options: AutoOptions, original_score: float | None) -> None:
+        self.min_cosine = options.min_cosine
+        self.metric = options.metric
+        self.original_score = original_score
+
+    def cosine_passed(self, measured: _Measured) -> bool:
+        return self.min_cosine is None or (measured.cosine is not None and measured.cosine >= self.min_cosine)
+
+    def passed(self, measured: _Measured) -> bool:
+        if not self.cosine_passed(measured):
+            return False
+        if self.metric is not None:
+            assert self.original_score is not None
+            return measured.score is not None and self.metric.meets(self.original_score, measured.score)
+        return True
+
+    def loss(self, measured: _Measured) -> float:
+        """The largest of the measured losses, each over its limit: 1 - cosine over 1 - the
+        minimum, the drop over the largest drop (an infinite loss where the limit is 0)."""
+        losses = [0.0]
+        if self.min_cosine is not None and measured.cosine is not None:
+            losses.append(_over(1.0 - measured.cosine, 1.0 - self.min_cosine))
+        if self.metric is not None and measured.drop is not None:
+            losses.append(_over(max(0.0, measured.drop), self.metric.max_drop))
+        return max(losses)
+
+    def describe(self) -> str:
+        parts = []
+        if self.min_cosine is not None:
+            parts.append(f"a minimum cosine similarity of {self.min_cosine:g}")
+        if self.metric is not None:
+            parts.append(f"a drop of the score of {self.metric.label} of at most {self.metric.max_drop_text}")
+        return " and ".join(parts)
+
+
+def _over(loss: float, limit: float) -> float:
+    if limit > 0:
+        return loss / limit
+    return 0.0 if loss <= 0 else math.inf
+
+
+@dataclasses.dataclass
+class Prepared:
+    """The rewritten fp32 model saved in the search's folder (``path``), and the same model
+    with the input of every quantizable MatMul (``nodes``) added as an output (``added``, after
+    ``output_names``) in ``activations_path``, beside it, reading the same data file.
+
+    Everything the search and the output read of the fp32 model comes from these files,
+    memory-mapped: the caller can let its own model go once it is saved.
+    """
+
+    path: str
+    activations_path: str
+    nodes: list[_Node]
+    output_names: list[str]
+    added: list[str]
+
+    def load(self) -> ir.Model:
+        """The fp32 model as it was given, its weights memory-mapped."""
+        return ir.load(self.path)
+
+
+def prepare(
+    model: ir.Model, options: AutoOptions, workdir: str, progress: ProgressCallback | None = None
+) -> Prepared:
+    """Save ``model`` (rewritten, fp32; not changed) into ``workdir`` for :func:`search`.
+
+    Two models share one data file: the fp32 model, which every candidate is built from, and
+    one whose outputs include each quantizable MatMul's input. onnxruntime keeps every graph
+    output of a run alive to its end, so only the runs that measure the inputs use the second.
+    """
+    from onnx_conv2matmul.files import output as _output
+
+    say = progress or (lambda _text: None)
+    fp32_path = os.path.join(workdir, "fp32.onnx")
+    activations_path = os.path.join(workdir, "fp32-activations.onnx")
+    nodes = _quantizable(model, options)
+    output_names = [v.name or "" for v in model.graph.outputs]
+    say("Saving the fp32 model for the search")
+    _output.save(model, fp32_path, "fp32.onnx.data")
+    copy = ir.load(fp32_path)  # its tensors read the data file just written, where they lie
+    added = _add_outputs(copy, sorted({n.a_name for n in nodes if n.a_name is not None}))
+    ir.save(copy, activations_path)  # a new .onnx only: the tensors stay references to that file
+    del copy
+    return Prepared(fp32_path, activations_path, nodes, output_names, added)
+
+
 def search(
-    model: ir.Model,
-    feeds: Sequence[Mapping[str, np.ndarray]],
+    model: ir.Model | Prepared,
+    feeds: Sequence[Mapping[str, np.ndarray]] | FeedSet,
     options: AutoOptions,
     workdir: str,
     *,
     deterministic: bool = False,
     progress: ProgressCallback | None = None,
+    original_score: float | None = None,
     memory: int | None = None,
 ) -> AutoResult:
-    """Find the smallest configuration of ``model`` (rewritten, fp32) that meets ``options.min_cosine``.
+    """Find the smallest configuration of ``model`` (rewritten, fp32) that meets the options' target.
 
-    ``model`` is not changed; it is saved into ``workdir`` (which the caller removes),
-    and every evaluated model is written there in turn. ``memory`` is the check's budget
+    ``model`` is not changed; it is saved into ``workdir`` (which the caller removes; or it
+    was, by :func:`prepare`), and every evaluated model and the reference outputs are written
+    there in turn; the
+    result's ``reference`` reads them. With ``options.metric``, ``original_score`` is the
+    original model's score (measured on ``model`` when None). ``memory`` is the check's budget
     (``VerifyOptions.memory``): the activations of a feed whose activations would take more
     than half of it are not measured (the smaller feeds' stand for it).
 
     Raises:
-        TargetUnreachable: the all-float model does not meet the minimum either.
+        TargetUnreachable: the all-float model does not meet the target either.
+        ValidationError: the user's function fails or returns no number.
     """
-    from onnx_conv2matmul.files import output as _output
-
+    if options.min_cosine is None and options.metric is None:
+        raise ValueError("the search needs a target: a minimum cosine similarity, a metric, or both")
     started = time.perf_counter()
     say = progress or (lambda _text: None)
-    if not feeds:
+    feed_set = feeds if isinstance(feeds, FeedSet) else _given(feeds)
+    if not feed_set.feeds:
         raise ValueError("the search needs at least one input feed")
-    fp32_path = os.path.join(workdir, "fp32.onnx")
-    nodes = _quantizable(model, options)
-    output_names = [v.name or "" for v in model.graph.outputs]
-    a_names = sorted({n.a_name for n in nodes if n.a_name is not None})
-    added = _add_outputs(model, a_names)
-    try:
-        say("Saving the fp32 model for the search")
-        _output.save(model, fp32_path, "fp32.onnx.data")
-    finally:
-        for _ in range(len(added)):
-            model.graph.outputs.pop()
+    prepared = model if isinstance(model, Prepared) else prepare(model, options, workdir, say)
+    fp32_path, nodes, output_names = prepared.path, prepared.nodes, prepared.output_names
     say("Measuring activations")
-    reference, activations = _reference(fp32_path, feeds, output_names, added, deterministic, memory)
+    reference = Reference(workdir, output_names, feed_set)
+    try:
+        _reference(prepared, reference, deterministic, memory)
+    except ModelRunError:
+        if feed_set.replan is None:
+            raise
+        # A planned run the model cannot run at: plan as the check does (running the model),
+        # with spares in place of what fails, and measure again.
+        say("Synthesising inputs that the model runs at")
+        feed_set = feed_set.replan()
+        reference = Reference(workdir, output_names, feed_set)
+        _reference(prepared, reference, deterministic, memory)
+    blocks = BlockCache(os.path.join(workdir, "quantized"))
+    if options.metric is not None and original_score is None:
+        say("Scoring the fp32 model")
+        original_score = _score_float(fp32_path, workdir, options.metric)
+    target = _Target(options, original_score)
     say("Measuring each weight's sensitivity")
     sens_started = time.perf_counter()
-    _sensitivities(model, nodes, options.ladder, activations)
+    model = prepared.load()  # the weights read from the copy, memory-mapped
+    _sensitivities(model, nodes, options.ladder, reference.activations)
     others = _Node("(other weights)", None, 0, 0, 0)
     if options.other_weights is None:
-        measured = _other_weights_error(model)
-        if measured is not None:
-            other_error, kept_bytes, int8_bytes = measured
+        measured_others = _other_weights_error(model)
+        if measured_others is not None:
+            other_error, kept_bytes, int8_bytes = measured_others
             others.float_bytes = kept_bytes
             others.options[_OTHER_INT8] = (other_error, int8_bytes)
     sensitivity_seconds = time.perf_counter() - sens_started
@@ -351,27 +490,39 @@ def search(
         return AutoConfig(chosen, int8_others, options.accuracy_level)
 
     evaluations: list[Evaluation] = []
-    cache: dict[str, tuple[bool, float]] = {}
+    cache: dict[str, tuple[bool, _Measured]] = {}
+    seen: dict[int, float] = {}  # each feed's cosine in the last evaluation that ran it
 
-    def evaluate(index: int) -> tuple[bool, float]:
+    def evaluate(index: int) -> tuple[bool, _Measured]:
         config = config_at(index)
         key = repr((sorted((n, repr(s)) for n, s in config.nodes.items()), config.other_weights))
         if key in cache:
             return cache[key]
         say(f"Evaluating configuration {len(evaluations) + 1} of at most {options.max_evaluations}")
         t0 = time.perf_counter()
-        cosine, note = _evaluate(
-            fp32_path, config, feeds, reference, output_names, added, workdir, deterministic
-        )
-        passed = cosine >= options.min_cosine
+        # Worst first: a feed that failed or came close before is the likeliest to fail now.
+        order = sorted(range(len(feed_set.feeds)), key=lambda i: (seen.get(i, math.inf), i))
+        measured = _evaluate(fp32_path, config, reference, order, workdir, deterministic, target, blocks)
+        seen.update(measured.cosines)
+        passed = target.passed(measured)
         bytes_ = _weight_bytes(nodes, config) + (
             others.options[_OTHER_INT8][1] if config.other_weights and others.options else others.float_bytes
         )
         evaluations.append(
-            Evaluation(tradeoffs[index], bytes_, cosine, passed, time.perf_counter() - t0, note)
+            Evaluation(
+                tradeoffs[index],
+                bytes_,
+                measured.cosine,
+                passed,
+                time.perf_counter() - t0,
+                measured.note,
+                measured.feeds_run,
+                measured.score,
+                measured.drop,
+            )
         )
-        cache[key] = (passed, cosine)
-        return passed, cosine
+        cache[key] = (passed, measured)
+        return passed, measured
 
     def error_at(index: int) -> float:
         """The predicted error of the configuration at ``index`` (non-increasing in it)."""
@@ -380,36 +531,37 @@ def search(
         return total + (others.choose(tradeoff)[1] if options.other_weights is None else 0.0)
 
     # Find the smallest index that passes: index 0 first, then steps that aim at the
-    # predicted error that the measured cosines say meets the minimum (see _next_index);
+    # predicted error that the measured losses say meets the limit (see _next_index);
     # the all-float end is assumed to pass and evaluated only when nothing else did.
     fail, good = 0, len(tradeoffs) - 1
-    reached: float | None = None
-    passed, cosine = evaluate(0)
-    fail_cosine, moved = cosine, ""
+    reached: _Measured | None = None
+    passed, measured = evaluate(0)
+    fail_loss, moved = target.loss(measured), ""
     if passed:
-        good, reached = 0, cosine
+        good, reached = 0, measured
     else:
         while good - fail > 1 and len(evaluations) < options.max_evaluations - (1 if reached is None else 0):
             mid = _next_index(
-                fail, good, fail_cosine, reached, options.min_cosine, error_at, bisect=moved == "fail twice"
+                fail,
+                good,
+                fail_loss,
+                None if reached is None else target.loss(reached),
+                error_at,
+                bisect=moved == "fail twice",
             )
-            passed, cosine = evaluate(mid)
+            passed, measured = evaluate(mid)
             if passed:
-                good, reached = mid, cosine
+                good, reached = mid, measured
                 moved = "good"
             else:
-                fail, fail_cosine = mid, cosine
+                fail, fail_loss = mid, target.loss(measured)
                 moved = "fail twice" if moved.startswith("fail") else "fail"
         if reached is None:
             good = len(tradeoffs) - 1
-            passed, cosine = evaluate(good)
+            passed, measured = evaluate(good)
             if not passed:
-                raise TargetUnreachable(
-                    f"a minimum cosine similarity of {options.min_cosine:g} is not met even with every"
-                    f" weight in float (worst cosine {_below(cosine, options.min_cosine)} over"
-                    f" {len(feeds)} input(s))"
-                )
-            reached = cosine
+                raise TargetUnreachable(_unreachable(target, measured, len(feed_set.feeds)))
+            reached = measured
     config = config_at(good)
     choices = []
     for node in nodes:
@@ -418,14 +570,31 @@ def search(
     return AutoResult(
         min_cosine=options.min_cosine,
         config=config,
-        reached_cosine=reached,
+        reached_cosine=reached.cosine,
         choices=choices,
         other_weights_error=others.options[_OTHER_INT8][0] if others.options else None,
         evaluations=evaluations,
-        feeds=len(feeds),
+        feeds=len(feed_set.feeds),
         sensitivity_seconds=sensitivity_seconds,
         seconds=time.perf_counter() - started,
+        metric=options.metric,
+        original_score=original_score,
+        reached_score=reached.score,
+        reference=reference,
+        cache=blocks,
     )
+
+
+def _unreachable(target: _Target, measured: _Measured, feeds: int) -> str:
+    """Why even the all-float model fails the target."""
+    found = []
+    if target.min_cosine is not None and measured.cosine is not None and measured.cosine < target.min_cosine:
+        found.append(f"worst cosine {_below(measured.cosine, target.min_cosine)} over {feeds} input(s)")
+    if target.metric is not None and measured.score is not None:
+        found.append(f"score {measured.score:.6g} against the original's {target.original_score:.6g}")
+    if measured.note:
+        found.append(measured.note)
+    return f"{target.describe()} is not met even with every weight in float ({'; '.join(found)})"
 
 
 # The step aims at this fraction of the predicted error the straight line allows, so that
@@ -445,29 +614,29 @@ def _below(value: float, target: float) -> str:
 def _next_index(
     fail: int,
     good: int,
-    fail_cosine: float,
-    good_cosine: float | None,
-    min_cosine: float,
+    fail_loss: float,
+    good_loss: float | None,
     error_at: Callable[[int], float],
     *,
     bisect: bool,
 ) -> int:
     """The next configuration to evaluate, strictly between ``fail`` and ``good``.
 
-    ``1 - cosine`` is taken as a straight line in the predicted error, through the failing
-    and the passing evaluation (through 0 for the all-float end, not measured): the step
-    aims at :data:`_AIM` of the error where that line meets the minimum, and takes the
-    index whose predicted error is nearest (errors fall as the index grows). After two
-    failures in a row it bisects the indices instead, so the bracket always shrinks.
+    The loss (1 is the limit, see :meth:`_Target.loss`) is taken as a straight line in the
+    predicted error, through the failing and the passing evaluation (through 0 for the
+    all-float end, not measured): the step aims at :data:`_AIM` of the error where that
+    line meets the limit, and takes the index whose predicted error is nearest (errors
+    fall as the index grows). After two failures in a row it bisects the indices instead,
+    so the bracket always shrinks.
     """
-    if bisect:
+    if bisect or not math.isfinite(fail_loss) or (good_loss is not None and not math.isfinite(good_loss)):
         return (fail + good) // 2
     e_fail, e_good = error_at(fail), error_at(good)
-    loss_fail, loss_good = 1.0 - fail_cosine, 1.0 - (1.0 if good_cosine is None else good_cosine)
-    if e_fail <= e_good or loss_fail <= loss_good:
+    loss_good = 0.0 if good_loss is None else good_loss
+    if e_fail <= e_good or fail_loss <= loss_good:
         return (fail + good) // 2
-    slope = (loss_fail - loss_good) / (e_fail - e_good)
-    target = e_good + _AIM * max(0.0, (1.0 - min_cosine) - loss_good) / slope
+    slope = (fail_loss - loss_good) / (e_fail - e_good)
+    target = e_good + _AIM * max(0.0, 1.0 - loss_good) / slope
     lo, hi = fail + 1, good - 1
     while lo < hi:  # the first index whose error is at most the target
         mid = (lo + hi) // 2
@@ -538,42 +707,72 @@ def _add_outputs(model: ir.Model, names: Sequence[str]) -> list[str]:
     return added
 
 
-def _reference(
-    path: str,
-    feeds: Sequence[Mapping[str, np.ndarray]],
-    names: Sequence[str],
-    added: Sequence[str],
-    deterministic: bool,
-    memory: int | None = None,
-) -> tuple[list[list[Any]], dict[str, np.ndarray]]:
-    """The fp32 outputs per feed, and per added value the mean square of each last-axis channel.
+ACTIVATION_BYTES = 128 * 2**20
+"""The most bytes of MatMul inputs the first pass of the search takes from one feed after the
+first (see :func:`_reference`)."""
 
-    The first feed gives every added value; a later one gives them too unless they would
-    take more than half of ``memory`` (in proportion to its input bytes): it then runs for
-    its outputs only.
+
+def _reference(
+    prepared: Prepared, reference: Reference, deterministic: bool, memory: int | None = None
+) -> None:
+    """Run the fp32 model on every feed: its outputs into ``reference``, and per quantizable
+    MatMul the mean square of each channel of its input (summed as the feeds arrive).
+
+    The first feed gives every MatMul's input; a later one gives them too unless they would
+    take more than :data:`ACTIVATION_BYTES` or half of ``memory`` (in proportion to its input
+    bytes). The feeds that give them run first, with the model whose outputs include them;
+    the others then run with the plain model, for their outputs only (onnxruntime would keep
+    every graph output of a long run alive). The statistics are means over many rows, which
+    short runs give as well as long ones.
     """
-    session = _session(path, deterministic)
-    reference: list[list[Any]] = []
+    feeds = reference.feeds.feeds
+    names = reference.names
+    limit = ACTIVATION_BYTES if memory is None else min(ACTIVATION_BYTES, memory / 2)
     sums: dict[str, np.ndarray] = {}
     counts: dict[str, int] = {}
-    per_input_byte = 0.0
-    for index, feed in enumerate(feeds):
-        input_bytes = sum(int(np.asarray(v).nbytes) for v in feed.values())
-        measure = index == 0 or memory is None or per_input_byte * input_bytes <= memory / 2
-        outputs = _run(session, feed, None if measure else names)
-        reference.append(outputs[: len(names)])
-        if index == 0:
-            added_bytes = sum(int(np.asarray(a).nbytes) for a in outputs[len(names) :])
-            per_input_byte = added_bytes / max(1, input_bytes)
-        for name, array in zip(added, outputs[len(names) :], strict=measure):
-            a = np.asarray(array, dtype=np.float64)
+
+    def run(session: Any, index: int) -> list[Any]:
+        feed = feeds[index]
+        try:
+            return _run(session, feed)
+        except OutOfMemory:
+            raise
+        except Exception as err:  # onnxruntime's own errors: this run cannot be made
+            shapes = ", ".join(f"{k}{list(np.asarray(v).shape)}" for k, v in feed.items())
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise ModelRunError(
+                f"onnxruntime cannot run the original model at length {reference.feeds.lengths[index]}"
+                f" ({shapes}): {first}"
+            ) from err
+
+    def input_bytes(index: int) -> int:
+        return sum(int(np.asarray(v).nbytes) for v in feeds[index].values())
+
+    measured = [0]
+    session = _session(prepared.activations_path, deterministic)
+    outputs = run(session, 0)
+    per_input_byte = sum(int(np.asarray(a).nbytes) for a in outputs[len(names) :]) / max(1, input_bytes(0))
+    measured += [i for i in range(1, len(feeds)) if per_input_byte * input_bytes(i) <= limit]
+    for index in measured:
+        if index:
+            outputs = run(session, index)
+        reference.put(index, outputs[: len(names)])
+        for name, array in zip(prepared.added, outputs[len(names) :], strict=True):
+            a = np.asarray(array)
             flat = a.reshape(-1, a.shape[-1]) if a.ndim else a.reshape(1, 1)
-            sums[name] = sums.get(name, 0.0) + np.square(flat).sum(axis=0)
+            square = np.einsum("ij,ij->j", flat, flat, dtype=np.float64)
+            sums[name] = sums.get(name, 0.0) + square
             counts[name] = counts.get(name, 0) + flat.shape[0]
         del outputs
     del session
+    rest = [i for i in range(len(feeds)) if i not in measured]
+    if rest:
+        session = _session(prepared.path, deterministic)
+        for index in rest:
+            reference.put(index, run(session, index))
+        del session
     gc.collect()
-    return reference, {name: sums[name] / max(counts[name], 1) for name in sums}
+    reference.activations = {name: sums[name] / max(counts[name], 1) for name in sums}
 
 
 def _sensitivities(
@@ -626,50 +825,87 @@ def _other_weights_error(model: ir.Model) -> tuple[float, int, int] | None:
     return None if worst is None else (worst, kept, stored)
 
 
-def _evaluate(
-    fp32_path: str,
-    config: AutoConfig,
-    feeds: Sequence[Mapping[str, np.ndarray]],
-    reference: Sequence[Sequence[Any]],
-    names: Sequence[str],
-    added: Sequence[str],
-    workdir: str,
-    deterministic: bool,
-) -> tuple[float, str]:
-    """Build ``config`` from the fp32 copy, save it, run every feed: the worst cosine and a note."""
-    from onnx_conv2matmul.errors import OutOfMemory
+def _candidate(
+    fp32_path: str, config: AutoConfig | None, workdir: str, cache: BlockCache | None = None
+) -> str:
+    """Build ``config`` (None: the fp32 model as it is) from the fp32 copy and save it; its path."""
     from onnx_conv2matmul.files import output as _output
 
     model = ir.load(fp32_path)
-    for _ in range(len(added)):
-        model.graph.outputs.pop()
-    apply(model, config)
+    if config is not None:
+        apply(model, config, cache)
     path = os.path.join(workdir, "candidate.onnx")
-    data_path = path + ".data"
+    _output.save(model, path, "candidate.onnx.data")
+    return path
+
+
+def _remove_candidate(path: str) -> None:
+    for leftover in (path, path + ".data"):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(leftover)
+
+
+def _score_float(fp32_path: str, workdir: str, metric: MetricTarget) -> float:
+    """The user's score of the fp32 model as the search saved it."""
+    path = _candidate(fp32_path, None, workdir)
     try:
-        _output.save(model, path, os.path.basename(data_path))
-        del model
-        session = _session(path, deterministic)
-        worst, note = 1.0, ""
-        for index, (feed, ref) in enumerate(zip(feeds, reference, strict=True)):
-            outputs = _run(session, feed)  # compared as it arrives, freed before the next feed
-            cosine, note = _worst_cosine(index, ref, outputs, names)
-            del outputs
-            worst = min(worst, cosine)
-            if note:
-                break
-        del session
-    except OutOfMemory:
-        raise
-    except Exception as err:  # a candidate that does not run fails; the search goes on
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        return -1.0, f"onnxruntime cannot run it: {first}"
+        return metric.score(path, "the fp32 model")
     finally:
-        gc.collect()
-        for leftover in (path, data_path):
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(leftover)
-    return worst, note
+        _remove_candidate(path)
+
+
+def _evaluate(
+    fp32_path: str,
+    config: AutoConfig,
+    reference: Reference,
+    order: Sequence[int],
+    workdir: str,
+    deterministic: bool,
+    target: _Target,
+    cache: BlockCache | None = None,
+) -> _Measured:
+    """Build ``config`` (with the weights ``cache`` holds), save it, run the feeds in ``order``
+    against the reference until one falls below the minimum cosine, then take the user's score
+    if the cosine held."""
+    measured = _Measured()
+    path = _candidate(fp32_path, config, workdir, cache)
+    try:
+        if target.min_cosine is not None:
+            try:
+                session = _session(path, deterministic)
+                worst = 1.0
+                for index in order:
+                    outputs = _run(session, reference.feeds.feeds[index])  # compared as it arrives
+                    cosine, note = reference.worst_cosine(index, outputs)
+                    del outputs
+                    measured.feeds_run += 1
+                    measured.cosines[index] = cosine
+                    worst = min(worst, cosine)
+                    if note or cosine < target.min_cosine:
+                        measured.note = note
+                        break
+                measured.cosine = worst
+                del session
+            except OutOfMemory:
+                raise
+            except Exception as err:  # a candidate that does not run fails; the search goes on
+                first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                measured.cosine, measured.note = -1.0, f"onnxruntime cannot run it: {first}"
+            gc.collect()
+        if target.metric is not None and target.cosine_passed(measured):
+            assert target.original_score is not None
+            measured.score = target.metric.score(path, "a candidate model")
+            measured.drop = target.metric.drop(target.original_score, measured.score)
+    finally:
+        _remove_candidate(path)
+    return measured
+
+
+def _given(feeds: Sequence[Mapping[str, np.ndarray]]) -> FeedSet:
+    """Feeds given as they are: numbered from 1, as the check numbers real inputs."""
+    how = {name: "from the input files" for name in (feeds[0] if feeds else {})}
+    rule = "real inputs: one run per file, each row's length is the file's number from 1"
+    return FeedSet(list(feeds), list(range(1, len(feeds) + 1)), rule, [], how)
 
 
 def synthesised_feeds(path: str, options: Any) -> list[Mapping[str, np.ndarray]]:

@@ -8,12 +8,13 @@ written beside the destination and renamed into place only when every step passe
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import os
 import resource
 import shutil
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import onnx_ir as ir
 
@@ -23,6 +24,7 @@ from onnx_conv2matmul.files import load as _io
 from onnx_conv2matmul.files import output as _output
 from onnx_conv2matmul.files.load import check_paths, load_input
 from onnx_conv2matmul.files.progress import NullProgress, Progress
+from onnx_conv2matmul.quantize.metric import MetricTarget
 from onnx_conv2matmul.quantize.nbits import (
     NBitsResult,
     int8_dynamic,
@@ -30,7 +32,7 @@ from onnx_conv2matmul.quantize.nbits import (
     quantize_matmul_nbits,
     weight_stats,
 )
-from onnx_conv2matmul.quantize.options import QuantizeOptions
+from onnx_conv2matmul.quantize.options import AutoOptions, QuantizeOptions
 from onnx_conv2matmul.quantize.report import BundleModel, BundleReport
 from onnx_conv2matmul.quantize.report import QuantizeReport as QuantizeReport  # its home before report.py
 from onnx_conv2matmul.rewrite.options import ConvertOptions
@@ -38,16 +40,25 @@ from onnx_conv2matmul.rewrite.passes import rewrite_model
 from onnx_conv2matmul.verify.check import VerifyOptions, check_feeds_for_graph, verify_models
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
-
-    import numpy as np
+    from collections.abc import Sequence
 
     from onnx_conv2matmul.quantize.options import AutoOptions
+    from onnx_conv2matmul.quantize.search import Prepared
     from onnx_conv2matmul.speed.choose import SpeedOptions
 
 
 def _peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+DEFAULT_MIN_COSINE = 0.99
+"""The accuracy floor of ``quantize`` when no criterion is given: the worst sample's cosine
+similarity to the fp32 model, on every float output of every feed."""
+
+SYNTHESISED_CAVEAT = (
+    "accuracy measured on synthesised inputs, which can overstate it (a trained model can"
+    " score well on random inputs and badly on real ones): real inputs of the model give the true figure"
+)
 
 
 def quantize_file(
@@ -62,57 +73,76 @@ def quantize_file(
     progress: Progress | None = None,
     auto: AutoOptions | None = None,
     speed: SpeedOptions | None = None,
+    metric: MetricTarget | None = None,
+    search_below: bool | None = None,
 ) -> QuantizeReport:
     """Rewrite pointwise convs, quantize, compare with the fp32 input, then publish.
 
     With ``speed``, the result is timed against the input on this CPU, and when the speed options
     leave several kernel settings (accuracy levels, block sizes) the fastest that meets the
-    accuracy target is kept (see :mod:`onnx_conv2matmul.quantize.kernel`); None times nothing.
+    accuracy criterion below is kept (see :mod:`onnx_conv2matmul.quantize.kernel`); None times
+    nothing.
 
-    ``verify`` holds the input synthesis and the pass criterion (``min_cosine``); its
-    ``feeds`` (real inputs), when given, are also the calibration inputs of the ``gptq``
-    algorithm. Quantizing is lossy: without ``min_cosine`` (or without ``verify``) the
-    accuracy is measured and reported only (``report_only``). ``quantize_options.other_weights``
-    ``int8`` stores the float weights MatMulNBits does not take as int8 (see
-    :mod:`onnx_conv2matmul.quantize.other_weights`).
+    ``verify`` holds the input synthesis and the pass criterion; its ``feeds`` (real
+    inputs), when given, are also the calibration inputs of the ``gptq`` algorithm.
+    ``quantize_options.other_weights`` ``int8`` stores the float weights MatMulNBits does
+    not take as int8 (see :mod:`onnx_conv2matmul.quantize.other_weights`).
+
+    The output is published only when it meets a criterion: ``verify.min_cosine`` (every
+    sample's cosine similarity, see :func:`onnx_conv2matmul.verify.check.sample_cosines`),
+    and ``metric`` (the user's score may drop by at most its ``max_drop``); with neither,
+    the floor :data:`DEFAULT_MIN_COSINE`. ``verify.report_only`` asks for no cosine
+    criterion (measured only). When the model falls below and ``search_below`` is true,
+    the search runs with the same criterion (as ``auto`` does) and its model is published
+    instead, with a warning; by default that happens when the settings are the defaults
+    (``quantize_options`` None, no ``auto``, not ``int8``).
 
     With ``auto``, the settings are searched for (see :mod:`onnx_conv2matmul.quantize.search`) on
     ``verify``'s inputs (its feeds, or the synthesised ones); the options chosen replace
     ``quantize_options`` (the report's ``options.quantize`` replays them) and the accuracy
-    check requires ``auto.min_cosine``.
+    check requires the search's target.
 
     Raises:
         InputError: also when the algorithm cannot run here (see
             :func:`onnx_conv2matmul.quantize.nbits.quantize_matmul_nbits`), checked before any work.
-        TargetUnreachable: with ``auto``, the minimum is not met even in float.
+        ValidationError: the metric's function fails or returns no number.
+        TargetUnreachable: with ``auto`` (or a search below the criterion), the target is not
+            met even in float.
     """
     started = time.perf_counter()
+    defaults = quantize_options is None and auto is None and not int8
+    search_below = defaults if search_below is None else search_below
     convert_options = convert_options or ConvertOptions(extended=True, allow_non_unit_dilation=True)
     quantize_options = quantize_options or QuantizeOptions()
     verify = verify or VerifyOptions()
     if auto is not None:
         if int8:
             raise InputError("the search chooses MatMulNBits settings, not int8 dynamic quantization")
-        verify = dataclasses.replace(verify, min_cosine=auto.min_cosine, report_only=False)
-    if verify.min_cosine is None:
-        verify = dataclasses.replace(verify, report_only=True)
+        if metric is not None and auto.metric is None:
+            auto = dataclasses.replace(auto, metric=metric)
+        metric = auto.metric
+        if auto.min_cosine is None and verify.min_cosine is not None:
+            auto = dataclasses.replace(auto, min_cosine=verify.min_cosine)
+    given_cosine = verify.min_cosine is not None or (auto is not None and auto.min_cosine is not None)
+    if auto is not None and auto.min_cosine is None and metric is None:
+        auto = dataclasses.replace(auto, min_cosine=DEFAULT_MIN_COSINE)
+    if auto is not None:
+        if auto.min_cosine is not None:
+            verify = dataclasses.replace(verify, min_cosine=auto.min_cosine, report_only=False)
+        else:
+            verify = dataclasses.replace(verify, report_only=True)
+    elif verify.min_cosine is None and not verify.report_only:
+        if metric is None:
+            verify = dataclasses.replace(verify, min_cosine=DEFAULT_MIN_COSINE)
+        else:
+            verify = dataclasses.replace(verify, report_only=True)
+    criterion = _criterion(verify, metric, given=given_cosine)
     progress = progress or NullProgress()
     src = os.fspath(input_path)
     dst = check_paths(src, os.fspath(output_path), inplace=False)
     if not int8:
         _check_quantize_options(quantize_options, verify)
-    report = QuantizeReport(
-        mode="int8_dynamic" if int8 else "matmul_nbits",
-        input_path=src,
-        options={
-            "rewrite": convert_options.to_dict(),
-            "quantize": {"int8_dynamic": True} if int8 else quantize_options.to_dict(),
-            "auto": None
-            if auto is None
-            else {"min_cosine": auto.min_cosine, "max_evaluations": auto.max_evaluations},
-            "speed": None if speed is None else speed.to_dict(),
-        },
-    )
+    report = _new_report(src, int8, convert_options, quantize_options, auto, criterion, speed)
     try:
         with _output.Output(dst, source=src) as output:
             _quantize_to(
@@ -127,12 +157,119 @@ def quantize_file(
                 report,
                 auto,
                 speed,
+                metric,
             )
+            if not report.passed and search_below and not int8:
+                first = report
+                below = _below_text(first)
+                progress.phase("Below the accuracy criterion: searching")
+                auto = AutoOptions(
+                    min_cosine=None if verify.report_only else verify.min_cosine,
+                    metric=metric,
+                    accuracy_level=quantize_options.accuracy_level,
+                    exclude=quantize_options.exclude,
+                    include=quantize_options.include,
+                )
+                report = _new_report(src, int8, convert_options, quantize_options, auto, criterion, speed)
+                report.accuracy["fallback"] = {
+                    "reason": below,
+                    "settings": first.options["quantize"],
+                    "worst_cosine": _worst_cosine(first),
+                    "score": (first.accuracy.get("metric") or {}).get("score"),
+                }
+                report.warnings.append(
+                    f"the settings asked for fell below the accuracy criterion ({below}): the search"
+                    " chose per-node settings that meet it instead"
+                )
+                _quantize_to(
+                    src,
+                    output,
+                    convert_options,
+                    quantize_options,
+                    int8,
+                    verify,
+                    run_checker,
+                    progress,
+                    report,
+                    auto,
+                    speed,
+                    metric,
+                )
     finally:
         progress.close()
     report.seconds = time.perf_counter() - started
     report.peak_rss_bytes = _peak_rss_bytes()
     return report
+
+
+def _criterion(verify: VerifyOptions, metric: MetricTarget | None, *, given: bool) -> dict[str, Any]:
+    """The report's ``accuracy`` object before any measurement: what the output must meet."""
+    if verify.report_only:
+        cosine_kind = None
+    elif verify.min_cosine is None:
+        cosine_kind = "exact"
+    else:
+        cosine_kind = "given" if given else "default floor"
+    return {
+        "min_cosine": None if verify.report_only else verify.min_cosine,
+        "min_cosine_source": cosine_kind,
+        "per_sample": True,
+        "inputs": "synthesised" if verify.feeds is None else "files",
+        "caveat": SYNTHESISED_CAVEAT if verify.feeds is None else None,
+        "metric": None if metric is None else {**metric.to_dict(), "original_score": None, "score": None},
+        "fallback": None,
+    }
+
+
+def _new_report(
+    src: str,
+    int8: bool,
+    convert_options: ConvertOptions,
+    quantize_options: QuantizeOptions,
+    auto: AutoOptions | None,
+    criterion: dict[str, Any],
+    speed: SpeedOptions | None,
+) -> QuantizeReport:
+    auto_options = None
+    if auto is not None:
+        auto_options = {
+            "min_cosine": auto.min_cosine,
+            "max_evaluations": auto.max_evaluations,
+            "metric": None if auto.metric is None else auto.metric.to_dict(),
+        }
+    return QuantizeReport(
+        mode="int8_dynamic" if int8 else "matmul_nbits",
+        input_path=src,
+        options={
+            "rewrite": convert_options.to_dict(),
+            "quantize": {"int8_dynamic": True} if int8 else quantize_options.to_dict(),
+            "auto": auto_options,
+            "speed": None if speed is None else speed.to_dict(),
+        },
+        accuracy=copy.deepcopy(criterion),
+    )
+
+
+def _worst_cosine(report: QuantizeReport) -> float | None:
+    rows = report.verification.results if report.verification is not None else []
+    cosines = [c for c in (r.worst_cosine for r in rows) if c is not None]
+    return min(cosines) if cosines else None
+
+
+def _below_text(report: QuantizeReport) -> str:
+    """What the failed check measured, in a few words."""
+    parts = []
+    worst = _worst_cosine(report)
+    verification = report.verification
+    if verification is not None and not verification.passed:
+        if verification.options.min_cosine is not None and worst is not None:
+            parts.append(f"worst cosine {worst:.4f} < {verification.options.min_cosine:g}")
+        else:
+            parts.append("outputs that must match differ")
+    found = report.accuracy.get("metric") or {}
+    if found.get("passed") is False:
+        parts.append(f"score {found['score']:.6g} against the original's {found['original_score']:.6g}")
+    return "; ".join(parts) or "the check failed"
 
 
 def _quantize_to(
@@ -147,6 +284,7 @@ def _quantize_to(
     report: QuantizeReport,
     auto: AutoOptions | None = None,
     speed: SpeedOptions | None = None,
+    metric: MetricTarget | None = None,
 ) -> None:
     dst = output.path
     loaded = load_input(src, dst, inplace=False, run_checker=run_checker, progress=progress, timings={})
@@ -159,68 +297,110 @@ def _quantize_to(
         check_feeds_for_graph(model.graph.inputs, verify.feeds)
     if int8:
         _check_int8_dynamic(model)
+    original_score = None
+    if metric is not None:
+        progress.phase("Scoring the original model")
+        original_score = metric.score(src, "the original model")
+        report.accuracy["metric"] = {**metric.to_dict(), "original_score": original_score, "score": None}
     report.weights_without_rewrite = weight_stats(model)
     progress.phase("Rewriting")
     rewrite = rewrite_model(model, convert_options)
     report.rewrite = rewrite.totals()
     report.weights_with_rewrite = weight_stats(model)
     external = loaded.has_external_data or _io.tensor_bytes(model) > _io.SINGLE_FILE_LIMIT_BYTES
-    if int8:
-        staged = _int8_staged(model, output, external, quantize_options, progress, report)
-    else:
-        if auto is not None:
-            _search(src, output, model, auto, verify, progress, report)
-            assert report.auto is not None
-            quantize_options = report.auto.config.quantize_options()
-            report.options["quantize"] = quantize_options.to_dict()
-        progress.phase("Quantizing")
-        with contextlib.ExitStack() as stack:
-            # gptq runs the model to capture its activations: from a copy in a scratch directory.
-            gptq = quantize_options.algorithm == "gptq"
-            scratch = stack.enter_context(output.scratch("gptq")) if gptq else None
-            result = quantize_matmul_nbits(model, quantize_options, feeds=verify.feeds, scratch_dir=scratch)
-        report.matmuls = result.matmuls
-        report.quantized_nodes = result.quantized
-        report.excluded = result.excluded
-        report.settings = result.settings
-        report.warnings.extend(_nbits_warnings(result))
-        if quantize_options.other_weights == "int8":
-            from onnx_conv2matmul.quantize.other_weights import quantize_other_weights
+    with contextlib.ExitStack() as searching:  # the search's scratch lives until the output's check
+        if int8:
+            staged = _int8_staged(model, output, external, quantize_options, progress, report)
+        else:
+            if auto is not None:
+                from onnx_conv2matmul.quantize import search as auto_search
 
-            report.other_weights = quantize_other_weights(model)
-        progress.phase("Saving")
-        staged = output.stage(model, external=external, progress=progress.advance)
-    with contextlib.ExitStack() as stack:  # at once: any error or interrupt removes what is staged
-        stack.enter_context(staged)
-        del model, loaded
-        report.peak_rss_quantize_bytes = _peak_rss_bytes()
-        if speed is not None:
-            staged = _speed_step(
-                src,
-                staged,
-                stack,
-                output,
-                convert_options,
-                quantize_options,
-                int8,
-                verify,
-                speed,
-                progress,
-                report,
-            )
-        report.external_data = staged.data_path is not None
-        report.output_bytes = staged.size
-        if run_checker:
-            progress.phase("Checking the output")
-            _io.run_checker(staged.onnx_path, "the quantized model")
-        progress.phase("Measuring accuracy")
-        result_v = verify_models(src, staged.onnx_path, verify)
-        result_v.candidate = dst
-        report.verification = result_v
-        if result_v.passed:
-            progress.phase("Publishing")
-            staged.publish(modes)
-            report.output_path = dst
+                workdir = searching.enter_context(output.scratch("auto"))
+                searching.callback(_drop_reference, report)
+                prepared = auto_search.prepare(model, auto, workdir, progress.phase)
+                if external:
+                    # The copy stands for the rewritten model from here on (memory-mapped): the
+                    # weights the rewrite made in memory go before the fp32 model runs.
+                    del model
+                    loaded.model = None  # type: ignore[assignment]
+                _search(src, workdir, prepared, auto, verify, progress, report, original_score)
+                if external:
+                    model = prepared.load()
+                assert report.auto is not None
+                quantize_options = report.auto.config.quantize_options()
+                report.options["quantize"] = quantize_options.to_dict()
+            progress.phase("Quantizing")
+            with contextlib.ExitStack() as stack:
+                # gptq runs the model to capture its activations: from a copy in a scratch directory.
+                gptq = quantize_options.algorithm == "gptq"
+                scratch = stack.enter_context(output.scratch("gptq")) if gptq else None
+                cache = report.auto.cache if report.auto is not None else None
+                result = quantize_matmul_nbits(
+                    model, quantize_options, feeds=verify.feeds, scratch_dir=scratch, cache=cache
+                )
+            report.matmuls = result.matmuls
+            report.quantized_nodes = result.quantized
+            report.excluded = result.excluded
+            report.settings = result.settings
+            report.warnings.extend(_nbits_warnings(result))
+            if quantize_options.other_weights == "int8":
+                from onnx_conv2matmul.quantize.other_weights import quantize_other_weights
+
+                report.other_weights = quantize_other_weights(model)
+            progress.phase("Saving")
+            staged = output.stage(model, external=external, progress=progress.advance)
+        with contextlib.ExitStack() as stack:  # at once: any error or interrupt removes what is staged
+            stack.enter_context(staged)
+            del model, loaded
+            report.peak_rss_quantize_bytes = _peak_rss_bytes()
+            if speed is not None:
+                staged = _speed_step(
+                    src,
+                    staged,
+                    stack,
+                    output,
+                    convert_options,
+                    quantize_options,
+                    int8,
+                    verify,
+                    speed,
+                    progress,
+                    report,
+                    metric,
+                    original_score,
+                )
+            report.external_data = staged.data_path is not None
+            report.output_bytes = staged.size
+            if run_checker:
+                progress.phase("Checking the output")
+                _io.run_checker(staged.onnx_path, "the quantized model")
+            progress.phase("Measuring accuracy")
+            reference = report.auto.reference if report.auto is not None else None
+            if reference is not None:
+                result_v = reference.check(src, staged.onnx_path, verify)
+            else:
+                result_v = verify_models(src, staged.onnx_path, verify)
+            result_v.candidate = dst
+            report.verification = result_v
+            if metric is not None and result_v.passed:
+                assert original_score is not None
+                progress.phase("Scoring the quantized model")
+                score = metric.score(staged.onnx_path, "the quantized model")
+                report.accuracy["metric"].update(
+                    score=score,
+                    drop=metric.drop(original_score, score),
+                    passed=metric.meets(original_score, score),
+                )
+            if report.passed:
+                progress.phase("Publishing")
+                staged.publish(modes)
+                report.output_path = dst
+
+
+def _drop_reference(report: QuantizeReport) -> None:
+    """The search's reference files go with its scratch directory: the report keeps none."""
+    if report.auto is not None:
+        report.auto.reference = report.auto.cache = None
 
 
 def _speed_step(
@@ -235,13 +415,19 @@ def _speed_step(
     speed: SpeedOptions,
     progress: Progress,
     report: QuantizeReport,
+    metric: MetricTarget | None,
+    original_score: float | None,
 ) -> _output.Staged:
     """Choose the kernel settings and time the result (see :mod:`onnx_conv2matmul.quantize.kernel`);
-    the staged model to check and publish."""
+    the staged model to check and publish. A candidate meets the accuracy target when it meets
+    the output's criterion: every sample's cosine at least ``verify.min_cosine`` (the floor by
+    default) and, with ``metric``, a score that dropped by at most its ``max_drop``."""
     from onnx_conv2matmul.quantize import kernel
 
     if report.auto is not None:
         quantize_options = report.auto.config.quantize_options()
+        # The search chose every node's block size: only the accuracy level is left to time.
+        speed = dataclasses.replace(speed, block_sizes=(quantize_options.block_size,))
     first = kernel.Variant(quantize_options.block_size, staged, None, report.other_weights)
     outcome = kernel.run_speed_step(
         src,
@@ -254,6 +440,8 @@ def _speed_step(
         verify=verify,
         progress=progress,
         int8=int8,
+        metric=metric,
+        original_score=original_score,
     )
     report.latency = outcome.latency()
     report.kernel_choice = None if outcome.choice is None else outcome.choice.to_dict()
@@ -274,29 +462,33 @@ def _speed_step(
 
 def _search(
     src: str,
-    output: _output.Output,
-    model: ir.Model,
+    workdir: str,
+    model: ir.Model | Prepared,
     auto: AutoOptions,
     verify: VerifyOptions,
     progress: Progress,
     report: QuantizeReport,
+    original_score: float | None,
 ) -> None:
-    """Run the search on the inputs the accuracy check uses (given or synthesised), in a
-    scratch directory beside the output (under its guard: see :meth:`_output.Output.scratch`)."""
+    """Run the search on the inputs the accuracy check uses (given or synthesised), in
+    ``workdir`` (a scratch directory beside the output, under its guard: see
+    :meth:`_output.Output.scratch`)."""
     from onnx_conv2matmul.quantize import search as auto_search
+    from onnx_conv2matmul.quantize.reference import feed_set
 
-    progress.phase("Planning the check's inputs" if verify.feeds is not None else "Synthesising inputs")
-    feeds: Sequence[Mapping[str, np.ndarray]] = auto_search.synthesised_feeds(src, verify)
-    with output.scratch("auto") as workdir:
-        report.auto = auto_search.search(
-            model,
-            feeds,
-            auto,
-            workdir,
-            deterministic=verify.deterministic,
-            progress=progress.phase,
-            memory=verify.memory,
-        )
+    if verify.feeds is None:
+        progress.phase("Synthesising inputs")
+    feeds = feed_set(src, verify)
+    report.auto = auto_search.search(
+        model,
+        feeds,
+        auto,
+        workdir,
+        deterministic=verify.deterministic,
+        progress=progress.phase,
+        original_score=original_score,
+        memory=verify.memory,
+    )
 
 
 def _check_quantize_options(options: QuantizeOptions, verify: VerifyOptions) -> None:

@@ -300,7 +300,7 @@ def reference_accuracy(original: str, verify: VerifyOptions) -> AccuracyCheck:
     """
     from onnx_conv2matmul.errors import Conv2MatMulError
     from onnx_conv2matmul.verify import run as runs
-    from onnx_conv2matmul.verify.check import Reference
+    from onnx_conv2matmul.verify.check import Reference, run_samples
     from onnx_conv2matmul.verify.compare import compare_outputs
 
     options = dataclasses.replace(verify, report_only=True, min_cosine=None)
@@ -318,15 +318,21 @@ def reference_accuracy(original: str, verify: VerifyOptions) -> AccuracyCheck:
             for run, ref_outputs, outputs in runs.candidate_runs(
                 opened, reference.specs, done, options, reference.plan.roles
             ):
+                samples = run_samples(run, options, reference.plan.roles)
                 for index in indices:
                     name = names[index]
                     row = compare_outputs(
-                        ref_outputs[index], outputs[index], options, length=run.length, name=name
+                        ref_outputs[index],
+                        outputs[index],
+                        options,
+                        length=run.length,
+                        name=name,
+                        samples=samples,
                     )
                     if not row.passed:
                         return -1.0, f"output {name!r} at length {run.length}: {row.note}"
-                    if row.cosine is not None:
-                        worst = min(worst, row.cosine)
+                    if row.worst_cosine is not None:  # the worst sample's, as the criterion states
+                        worst = min(worst, row.worst_cosine)
         except Conv2MatMulError as err:
             return -1.0, str(err)
         return worst, ""

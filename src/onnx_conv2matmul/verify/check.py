@@ -47,13 +47,18 @@ from onnx_conv2matmul.verify.compare import (
     element_scales as element_scales,
 )
 from onnx_conv2matmul.verify.compare import (
+    sample_cosines as sample_cosines,
+)
+from onnx_conv2matmul.verify.compare import (
     thresholds as thresholds,
 )
-from onnx_conv2matmul.verify.feeds import DimRole, InputSpec, dim_roles
+from onnx_conv2matmul.verify.feeds import DimRole, InputSpec, Role, Roles, dim_roles
 from onnx_conv2matmul.verify.feeds import Feed as Feed
 from onnx_conv2matmul.verify.feeds import _InputSpec as _InputSpec
 from onnx_conv2matmul.verify.feeds import check_feeds as check_feeds
 from onnx_conv2matmul.verify.feeds import check_feeds_for_graph as check_feeds_for_graph
+from onnx_conv2matmul.verify.feeds import feed_samples as feed_samples
+from onnx_conv2matmul.verify.feeds import input_value_ranges as input_value_ranges
 from onnx_conv2matmul.verify.feeds import load_inputs as load_inputs
 from onnx_conv2matmul.verify.feeds import synthesise_inputs as synthesise_inputs
 from onnx_conv2matmul.verify.options import DEFAULT_LENGTHS as DEFAULT_LENGTHS
@@ -202,10 +207,16 @@ def _verify(original: str, candidate: str, options: VerifyOptions, candidate_giv
         for run, ref_outputs, cand_outputs in runs.candidate_runs(
             opened, reference.specs, reference.done, options, roles
         ):
+            samples = run_samples(run, options, roles)
             for index in indices:
                 report.results.append(
                     compare_outputs(
-                        ref_outputs[index], cand_outputs[index], options, length=run.length, name=names[index]
+                        ref_outputs[index],
+                        cand_outputs[index],
+                        options,
+                        length=run.length,
+                        name=names[index],
+                        samples=samples,
                     )
                 )
             del ref_outputs, cand_outputs  # before the next run is made
@@ -214,6 +225,15 @@ def _verify(original: str, candidate: str, options: VerifyOptions, candidate_giv
     del opened
     gc.collect()
     return report
+
+
+def run_samples(run: Run, options: VerifyOptions, roles: Roles) -> int:
+    """How many samples (batch rows) the inputs of ``run`` hold: its batch dims' value, or the
+    first dim the float inputs of a real input file share (see :func:`feed_samples`)."""
+    if options.feeds is not None:
+        return feed_samples(options.feeds[run.length - 1])
+    values = {run.dims[key] for key in roles.keys(Role.BATCH) if key in run.dims}
+    return values.pop() if len(values) == 1 else 1
 
 
 class Reference:
@@ -306,8 +326,12 @@ __all__ = [
     "compare_outputs",
     "compare_sequences",
     "element_scales",
+    "feed_samples",
+    "input_value_ranges",
     "load_inputs",
     "planned_feeds",
+    "run_samples",
+    "sample_cosines",
     "synthesise_inputs",
     "thresholds",
     "verify_models",

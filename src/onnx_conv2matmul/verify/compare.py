@@ -19,7 +19,7 @@ output), and the figures are running sums over the blocks.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -40,6 +40,11 @@ class OutputComparison:
     do not (NaN/Inf for floats; -1 when no comparison could be made). A sequence output
     has the dtype ``sequence(<type>)`` and the shape ``[number of tensors]``. ``length``
     is the run's length (see :class:`onnx_conv2matmul.verify.plan.Run`).
+
+    ``samples`` is how many samples (batch rows, see :func:`sample_cosines`) a float output
+    holds; with more than one, ``sample_cosine`` is the worst sample's cosine similarity
+    (None otherwise: the output is one sample, ``cosine`` is its cosine), and a minimum
+    cosine similarity must hold for every sample.
     """
 
     length: int
@@ -54,6 +59,15 @@ class OutputComparison:
     mismatches: int
     passed: bool
     note: str = ""
+    samples: int = 1
+    sample_cosine: float | None = None
+
+    @property
+    def worst_cosine(self) -> float | None:
+        """The cosine similarity of the worst sample (None for exact types)."""
+        if self.cosine is None:
+            return None
+        return self.cosine if self.sample_cosine is None else min(self.cosine, self.sample_cosine)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -321,12 +335,14 @@ def _comparison(
     name: str,
     type_name: str,
     shape: list[int],
+    sample_cosines: Sequence[float] = (),
 ) -> OutputComparison:
     """The numbers and the verdict for one tensor (or a sequence's tensors together).
 
     Floats: ``rel_err`` is ``|ref - out| / |ref|`` and ``cosine`` the cosine similarity,
-    both over the places finite in both. Exact types: ``rel_err`` is the share of
-    elements that differ and ``cosine`` is None.
+    both over the places finite in both; with ``sample_cosines`` (one per sample, more
+    than one), a minimum cosine similarity must hold for the worst of them too. Exact
+    types: ``rel_err`` is the share of elements that differ and ``cosine`` is None.
     """
     mean_abs = tally.sum_diff / tally.count if tally.count else 0.0
     if tally.exact:
@@ -353,6 +369,7 @@ def _comparison(
         cosine = tally.dot / (norm_ref * norm_out)
     else:
         cosine = 1.0 if norm_ref == norm_out else 0.0
+    worst_sample = min(sample_cosines) if len(sample_cosines) > 1 else None
     note = ""
     if tally.mismatches:
         passed = False
@@ -360,7 +377,9 @@ def _comparison(
     elif options.criterion is Criterion.REPORT_ONLY:
         passed = True
     elif options.min_cosine is not None:
-        passed = cosine >= options.min_cosine
+        passed = min(cosine, cosine if worst_sample is None else worst_sample) >= options.min_cosine
+        if not passed and worst_sample is not None and worst_sample < options.min_cosine <= cosine:
+            note = f"the worst of {len(sample_cosines)} samples is below the minimum"
     else:
         max_limit, mean_limit = thresholds(dtype, options)
         passed = tally.max_diff <= max_limit and mean_abs <= mean_limit
@@ -379,19 +398,56 @@ def _comparison(
         tally.mismatches,
         passed,
         note,
+        max(1, len(sample_cosines)),
+        worst_sample,
     )
 
 
+def _cosine(ref: np.ndarray, out: np.ndarray, chunk: int = CHUNK_ELEMENTS) -> float:
+    """Cosine similarity over the places finite in both; 1 when both are zero there, 0 when one is."""
+    r, o = ref.reshape(-1), out.reshape(-1)
+    dot = ref_sq = out_sq = 0.0
+    for start in range(0, r.size, chunk):
+        a = r[start : start + chunk].astype(np.float64)
+        b = o[start : start + chunk].astype(np.float64)
+        both = np.isfinite(a) & np.isfinite(b)
+        a, b = a[both], b[both]
+        dot += float(np.dot(a, b))
+        ref_sq += float(np.dot(a, a))
+        out_sq += float(np.dot(b, b))
+    if ref_sq > 0 and out_sq > 0:
+        return dot / (float(np.sqrt(ref_sq)) * float(np.sqrt(out_sq)))
+    return 1.0 if ref_sq == out_sq else 0.0
+
+
+def sample_cosines(ref: np.ndarray, out: np.ndarray, samples: int) -> list[float]:
+    """The cosine similarity of each sample of a float output (same shapes), finite places only.
+
+    When ``samples`` is above 1 and the output's first axis has that length, each index of
+    that axis is a sample (a batch row of the inputs); otherwise the output is one sample.
+    One cosine over a whole batch lets a few rows that went wrong hide among many that did
+    not: a minimum is meant for every sample.
+    """
+    if samples > 1 and ref.ndim >= 1 and ref.shape[0] == samples:
+        return [_cosine(ref[i], out[i]) for i in range(samples)]
+    return [_cosine(ref, out)]
+
+
 def compare_arrays(
-    ref: np.ndarray, out: np.ndarray, options: VerifyOptions, *, length: int, name: str
+    ref: np.ndarray, out: np.ndarray, options: VerifyOptions, *, length: int, name: str, samples: int = 1
 ) -> OutputComparison:
     """Compare one tensor output: floats by the options' criterion, other types exactly.
 
-    A shape or type difference fails.
+    A shape or type difference fails. ``samples``: the batch rows of the inputs that made the
+    outputs; a float output whose first axis has that many (above 1) is judged per sample
+    too (see :func:`sample_cosines`).
     """
     problem = _tensor_problem(ref, out)
     if problem is not None:
         return OutputComparison.failure(length, name, problem, _type_name(ref), list(ref.shape))
+    per_sample: list[float] = []
+    if samples > 1 and np.issubdtype(ref.dtype, np.floating):
+        per_sample = sample_cosines(ref, out, samples)
     return _comparison(
         _tally(ref, out),
         ref.dtype,
@@ -400,6 +456,7 @@ def compare_arrays(
         name=name,
         type_name=_type_name(ref),
         shape=list(ref.shape),
+        sample_cosines=per_sample,
     )
 
 
@@ -436,13 +493,16 @@ def compare_sequences(
 
 
 def compare_outputs(
-    ref: Any, out: Any, options: VerifyOptions, *, length: int, name: str
+    ref: Any, out: Any, options: VerifyOptions, *, length: int, name: str, samples: int = 1
 ) -> OutputComparison:
-    """Compare one output of both models: a tensor, or a sequence of tensors (a list)."""
+    """Compare one output of both models: a tensor, or a sequence of tensors (a list).
+
+    ``samples``: the batch rows of the inputs (see :func:`compare_arrays`).
+    """
     if isinstance(ref, list) and isinstance(out, list):
         return compare_sequences(ref, out, options, length=length, name=name)
     if isinstance(ref, np.ndarray) and isinstance(out, np.ndarray):
-        return compare_arrays(ref, out, options, length=length, name=name)
+        return compare_arrays(ref, out, options, length=length, name=name, samples=samples)
     ref_kind, out_kind = _value_kind(ref), _value_kind(out)
     if ref_kind == out_kind:
         note = f"cannot compare outputs of type {ref_kind} (tensors and sequences of tensors only)"

@@ -34,6 +34,7 @@ from onnx_conv2matmul.verify.feeds import (
     _signature,
     check_feeds,
     check_names,
+    input_value_ranges,
     synthesise_inputs,
 )
 from onnx_conv2matmul.verify.options import VerifyOptions, feed_source, format_size
@@ -134,6 +135,10 @@ def open_model(
             ) from err
         raise ModelLoadError(f"onnxruntime cannot load the {label} model: {_first_line(err)}") from err
     own_specs = input_specs(opened)
+    if specs is None:
+        ranges = input_value_ranges(path)
+        for spec in own_specs:
+            spec.value_range = ranges.get(spec.name)
     if specs is not None and not _same_signature(specs, own_specs):
         raise InputError(
             f"the two models have different inputs: {_signature(specs)} vs {_signature(own_specs)}"

@@ -1,0 +1,234 @@
+"""What the fp32 model gives on the search's inputs, measured once and compared against as runs arrive.
+
+The search (:mod:`onnx_conv2matmul.quantize.search`) runs the fp32 model once per feed. Its
+outputs are written to the search's folder as ``.npy`` files and read back memory-mapped
+when a candidate is compared, so the memory held does not grow with the number of feeds:
+one feed's outputs at a time, the candidate's as they come out of onnxruntime. The same
+reference serves every evaluation of the search and the final accuracy check of the model
+that is published (:meth:`Reference.check`), so the fp32 model runs once in all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import gc
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from onnx_conv2matmul.errors import Hint, ModelLoadError, ModelRunError, OutOfMemory, is_out_of_memory
+from onnx_conv2matmul.verify import run as runs
+from onnx_conv2matmul.verify.check import (
+    OutputComparison,
+    VerifyOptions,
+    VerifyReport,
+    compare_outputs,
+    feed_samples,
+)
+
+
+@dataclasses.dataclass
+class FeedSet:
+    """The inputs of the search and of the check: the feeds, and how the report describes them.
+
+    Attributes:
+        feeds: One mapping of input name to array per run.
+        lengths: The report's length of each run (the synthesised length, or the feed's number from 1).
+        rule: How the lengths were chosen.
+        not_run: Default lengths the model could not run at, with why.
+        how: How each input was made.
+        samples: The samples (batch rows) each run's inputs hold.
+        dims: What each symbolic dim took, and why (the check's report).
+        runs: Every dim's value in each run.
+        warnings: What the check could not tell.
+        output_sizes: How the outputs' sizes were known.
+        replan: Set when the synthesised runs were planned without running the model: the
+            inputs as the check makes them after running each (spares replacing lengths the
+            model cannot run at), for when a planned run fails.
+    """
+
+    feeds: Sequence[Mapping[str, np.ndarray]]
+    lengths: list[int]
+    rule: str
+    not_run: list[tuple[int, str]] = dataclasses.field(default_factory=list)
+    how: dict[str, str] = dataclasses.field(default_factory=dict)
+    samples: list[int] = dataclasses.field(default_factory=list)
+    dims: list[Any] = dataclasses.field(default_factory=list)
+    runs: list[Any] = dataclasses.field(default_factory=list)
+    warnings: list[str] = dataclasses.field(default_factory=list)
+    output_sizes: str = ""
+    replan: Callable[[], FeedSet] | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.samples:
+            self.samples = [feed_samples(feed) for feed in self.feeds]
+
+
+def feed_set(path: str, options: VerifyOptions, *, run: bool = False) -> FeedSet:
+    """The inputs the accuracy check of the model at ``path`` runs on with ``options``, with
+    what its report says of them (the plan of :class:`onnx_conv2matmul.verify.check.Reference`).
+
+    The given feeds (checked against the model and the memory budget), or the synthesised
+    inputs of every planned run. Without ``run`` the plan is not run: the search's own first
+    pass runs it (and calls ``replan`` when a run fails); with ``run`` the original runs each
+    planned run first, as the check does, a spare replacing a length it cannot run at, and
+    its outputs are dropped at once.
+
+    Raises:
+        ModelRunError, InputError, OutOfMemory: as :func:`onnx_conv2matmul.verify.check.verify_models`.
+    """
+    from onnx_conv2matmul.verify.check import Reference as Plan
+    from onnx_conv2matmul.verify.check import run_samples, synthesise_inputs
+
+    replan = None
+    if options.feeds is not None:
+        plan = Plan(path, options, run=False)
+        feeds = list(options.feeds)
+        how = {spec.name: "from the input files" for spec in plan.specs}
+        lengths = list(range(1, len(feeds) + 1))
+        runs = list(plan.plan.runs)
+        samples = [feed_samples(feed) for feed in feeds]
+    else:
+        plan = Plan(path, options, run=run)
+        if run:
+            for index, (done, _) in enumerate(plan.done):
+                plan.done[index] = (done, [])
+            gc.collect()
+            runs = [done for done, _ in plan.done]
+        else:
+            runs = list(plan.plan.runs)
+            if options.lengths is None:
+                runs.sort(key=lambda r: (r.long, r.length))  # as the check lists them
+            replan = functools.partial(feed_set, path, options, run=True)
+        made = [synthesise_inputs(plan.specs, r.length, options, r.dims, plan.plan.roles) for r in runs]
+        feeds = [feed for feed, _ in made]
+        how = made[0][1] if made else {}
+        lengths = [r.length for r in runs]
+        samples = [run_samples(r, options, plan.plan.roles) for r in runs]
+    return FeedSet(
+        feeds,
+        lengths,
+        plan.plan.rule,
+        list(plan.not_run),
+        how,
+        samples,
+        list(plan.plan.roles.dims),
+        runs,
+        plan.warnings(),
+        plan.sizes_how,
+        replan,
+    )
+
+
+class Reference:
+    """The fp32 outputs per feed (files in ``directory``), and per quantizable MatMul the mean
+    square of each channel of its input (``activations``, by the input's name)."""
+
+    def __init__(self, directory: str, names: Sequence[str], feeds: FeedSet) -> None:
+        self.directory = directory
+        self.names = list(names)
+        self.feeds = feeds
+        self.activations: dict[str, np.ndarray] = {}
+        self._held: dict[tuple[int, int], Any] = {}
+
+    def _path(self, feed: int, output: int) -> str:
+        return os.path.join(self.directory, f"reference-{feed}-{output}.npy")
+
+    def put(self, feed: int, outputs: Sequence[Any]) -> None:
+        """Keep the fp32 outputs of one feed: numeric tensors on disk, anything else in memory."""
+        for index, value in enumerate(outputs):
+            if isinstance(value, np.ndarray) and value.dtype != object:
+                np.save(self._path(feed, index), value, allow_pickle=False)
+            else:
+                self._held[(feed, index)] = value
+
+    def get(self, feed: int) -> list[Any]:
+        """The fp32 outputs of one feed (tensors memory-mapped)."""
+        return [
+            self._held[(feed, index)]
+            if (feed, index) in self._held
+            else np.load(self._path(feed, index), mmap_mode="r")
+            for index in range(len(self.names))
+        ]
+
+    def compare(
+        self, feed: int, outputs: Sequence[Any], options: VerifyOptions, indices: Sequence[int] | None = None
+    ) -> list[OutputComparison]:
+        """One feed's candidate outputs against the reference, one row per output compared."""
+        reference = self.get(feed)
+        rows = [
+            compare_outputs(
+                reference[index],
+                outputs[index],
+                options,
+                length=self.feeds.lengths[feed],
+                name=self.names[index],
+                samples=self.feeds.samples[feed],
+            )
+            for index in (range(len(self.names)) if indices is None else indices)
+        ]
+        del reference
+        return rows
+
+    def worst_cosine(self, feed: int, outputs: Sequence[Any]) -> tuple[float, str]:
+        """The smallest per-sample cosine of one feed's float outputs; -1 and a note when an
+        output that must match exactly differs (or NaN/Inf differ)."""
+        worst = 1.0
+        for row in self.compare(feed, outputs, VerifyOptions(report_only=True)):
+            if not row.passed:
+                return -1.0, f"{row.output} on feed {feed}: {row.note}"
+            cosine = row.worst_cosine
+            if cosine is not None:
+                worst = min(worst, cosine)
+        return worst, ""
+
+    def check(self, original: str, candidate: str, options: VerifyOptions) -> VerifyReport:
+        """The accuracy check of ``candidate`` on the reference's feeds, as
+        :func:`onnx_conv2matmul.verify.check.verify_models` reports it, without running the
+        original again; a candidate that cannot be loaded or run fails."""
+        report = VerifyReport(original, candidate, options, dict(self.feeds.how))
+        report.lengths = list(self.feeds.lengths)
+        report.lengths_rule = self.feeds.rule
+        report.lengths_not_run = list(self.feeds.not_run)
+        report.dims, report.runs = list(self.feeds.dims), list(self.feeds.runs)
+        report.warnings, report.output_sizes = list(self.feeds.warnings), self.feeds.output_sizes
+        indices = list(options.output_indices) if options.output_indices else None
+        try:
+            session = runs.session(candidate, options)
+        except Exception as err:  # a candidate that does not load fails the check (memory aside)
+            if is_out_of_memory(err):
+                raise OutOfMemory(
+                    f"out of memory loading the candidate model: {_first_line(err)}",
+                    hint=Hint.VERIFY_OUT_OF_MEMORY,
+                ) from err
+            failure = ModelLoadError(f"onnxruntime cannot load the candidate model: {_first_line(err)}")
+            report.results.append(OutputComparison.failure(0, "*", str(failure)))
+            return report
+        names = [o.name for o in session.get_outputs()]
+        if names != self.names:
+            report.results.append(
+                OutputComparison.failure(
+                    0, "*", f"the two models have different outputs: {self.names} vs {names}"
+                )
+            )
+            return report
+        try:
+            for feed, inputs in enumerate(self.feeds.feeds):
+                where = f"at length {self.feeds.lengths[feed]}"
+                outputs = runs.run_feeds(session, inputs, "candidate", where, None)
+                report.results.extend(self.compare(feed, outputs, options, indices))
+                del outputs
+        except ModelRunError as err:
+            report.results.append(OutputComparison.failure(0, "*", str(err)))
+        finally:
+            del session
+            gc.collect()
+        return report
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
