@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from onnx_conv2matmul.quantize.nbits import NBitsProjection, WeightStats
     from onnx_conv2matmul.quantize.options import NodeSetting
     from onnx_conv2matmul.quantize.other_weights import OtherWeightsResult
-    from onnx_conv2matmul.quantize.search import AutoResult
+    from onnx_conv2matmul.quantize.search_result import AutoResult
     from onnx_conv2matmul.rewrite.report import ConvEntry, ConvertReport
     from onnx_conv2matmul.verify.check import VerifyReport
 

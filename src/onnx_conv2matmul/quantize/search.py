@@ -53,211 +53,31 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from onnx_conv2matmul._graphs import is_external
 from onnx_conv2matmul.errors import ModelRunError, OutOfMemory, TargetUnreachable
-from onnx_conv2matmul.quantize import other_weights
 from onnx_conv2matmul.quantize.blockwise import (
     BlockCache,
-    _sampled_columns,
-    _weighted_error,
-    block_dequantize,
-    block_quantize,
 )
 from onnx_conv2matmul.quantize.metric import MetricTarget
-from onnx_conv2matmul.quantize.nbits import NBitsResult, _constant_2d_weight, quantize_matmul_nbits
 from onnx_conv2matmul.quantize.options import (
     _OTHER_INT8,
-    FLOAT,
     AutoOptions,
-    QuantizeOptions,
-    Setting,
 )
 from onnx_conv2matmul.quantize.reference import FeedSet, Reference
-
-
-@dataclasses.dataclass
-class AutoConfig:
-    """A chosen configuration: a setting per MatMul (by name) and the other weights' storage.
-
-    :meth:`quantize_options` gives the equivalent options and :meth:`to_config` the settings
-    file ``quantize --config`` reads; :func:`apply` quantizes a model with them.
-    """
-
-    nodes: dict[str, Setting]
-    other_weights: bool = False
-    accuracy_level: int = 0
-
-    def quantize_options(self) -> QuantizeOptions:
-        """The equivalent options: every candidate node named in ``nodes`` (which overrides
-        the other settings), every other MatMul excluded, so it stays in float."""
-        return QuantizeOptions(
-            accuracy_level=self.accuracy_level,
-            exclude=("*",),
-            nodes={name: setting.node_setting() for name, setting in sorted(self.nodes.items())},
-            other_weights="int8" if self.other_weights else "keep",
-        )
-
-    def to_config(self) -> dict[str, Any]:
-        """The equivalent options as a settings file holds them (``quantize --config``)."""
-        return self.quantize_options().to_config()
-
-    def counts(self) -> dict[str, int]:
-        """How many nodes take each setting, by label."""
-        counts: dict[str, int] = {}
-        for setting in self.nodes.values():
-            counts[setting.label] = counts.get(setting.label, 0) + 1
-        return dict(sorted(counts.items()))
-
-
-@dataclasses.dataclass
-class Evaluation:
-    """One full-model evaluation: the trade-off, the chosen weights' bytes, what was measured.
-
-    ``min_cosine`` is the worst per-sample cosine over the feeds run (None when no minimum
-    was asked for), ``feeds_run`` how many feeds ran before the first one below the
-    minimum ended it; ``score`` and ``drop`` are the user's metric (None when not asked
-    for, or not taken because the cosine failed already).
-    """
-
-    tradeoff: float
-    weight_bytes: int
-    min_cosine: float | None
-    passed: bool
-    seconds: float
-    note: str = ""
-    feeds_run: int = 0
-    score: float | None = None
-    drop: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        """As JSON: the all-float trade-off (infinite) is null."""
-        data = dataclasses.asdict(self)
-        data["tradeoff"] = None if math.isinf(self.tradeoff) else self.tradeoff
-        return data
-
-
-@dataclasses.dataclass
-class NodeChoice:
-    """A MatMul in the result: its weight shape, setting, predicted error and bytes."""
-
-    name: str
-    k: int
-    n: int
-    setting: Setting
-    error: float
-    weight_bytes: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "k": self.k,
-            "n": self.n,
-            **self.setting.to_dict(),
-            "label": self.setting.label,
-            "predicted_error": self.error,
-            "weight_bytes": self.weight_bytes,
-        }
-
-
-@dataclasses.dataclass
-class AutoResult:
-    """The search's outcome: the configuration, how it was found, and how long it took.
-
-    ``reference`` is what the fp32 model gave on the feeds (its files live in the search's
-    folder): the final accuracy check compares against it instead of running fp32 again.
-    """
-
-    min_cosine: float | None
-    config: AutoConfig
-    reached_cosine: float | None
-    choices: list[NodeChoice]
-    other_weights_error: float | None
-    evaluations: list[Evaluation]
-    feeds: int
-    sensitivity_seconds: float = 0.0
-    seconds: float = 0.0
-    metric: MetricTarget | None = None
-    original_score: float | None = None
-    reached_score: float | None = None
-    reference: Reference | None = dataclasses.field(default=None, repr=False, compare=False)
-    cache: BlockCache | None = dataclasses.field(default=None, repr=False, compare=False)
-
-    def to_dict(self) -> dict[str, Any]:
-        metric = None
-        if self.metric is not None:
-            metric = {
-                **self.metric.to_dict(),
-                "original_score": self.original_score,
-                "reached_score": self.reached_score,
-            }
-        return {
-            "min_cosine": self.min_cosine,
-            "reached_cosine": self.reached_cosine,
-            "metric": metric,
-            "feeds": self.feeds,
-            "seconds": round(self.seconds, 2),
-            "sensitivity_seconds": round(self.sensitivity_seconds, 2),
-            "full_evaluations": len(self.evaluations),
-            "evaluations": [e.to_dict() for e in self.evaluations],
-            "settings": self.config.counts(),
-            "other_weights": "int8" if self.config.other_weights else "keep",
-            "other_weights_error": self.other_weights_error,
-            "nodes": [c.to_dict() for c in self.choices],
-            "config": self.config.to_config(),
-        }
-
-
-def apply(
-    model: ir.Model, config: AutoConfig, cache: BlockCache | None = None
-) -> tuple[NBitsResult, other_weights.OtherWeightsResult | None]:
-    """Quantize ``model`` in place as ``config`` says, as ``quantize`` does with its options.
-
-    Returns the MatMulNBits totals and, when the other weights are stored as int8, their result.
-    ``cache`` keeps the quantized weights for the next model built (the same bytes).
-    """
-    options = config.quantize_options()
-    result = quantize_matmul_nbits(model, options, cache=cache)
-    others = other_weights.quantize_other_weights(model) if options.other_weights == "int8" else None
-    return result, others
-
-
-def _graphs(model: ir.Model) -> list[tuple[ir.Graph, str]]:
-    from onnx_conv2matmul._graphs import walk_graphs
-
-    return list(walk_graphs(model.graph))
-
-
-# --------------------------------------------------------------------------- #
-# Sensitivity
-# --------------------------------------------------------------------------- #
-
-
-@dataclasses.dataclass
-class _Node:
-    """A quantizable MatMul: name, the input A's name, and per setting (error, bytes)."""
-
-    name: str
-    a_name: str | None
-    k: int
-    n: int
-    float_bytes: int
-    options: dict[Setting, tuple[float, int]] = dataclasses.field(default_factory=dict)
-
-    def choose(self, tradeoff: float) -> tuple[Setting, float, int]:
-        """The option with the least ``bytes + tradeoff * error`` (float: error 0); ties: fewer bytes.
-
-        An infinite trade-off gives float.
-        """
-        if math.isinf(tradeoff):
-            return FLOAT, 0.0, self.float_bytes
-        best: tuple[Setting, float, int] = (FLOAT, 0.0, self.float_bytes)
-        best_cost = float(self.float_bytes)
-        for setting, (error, size) in self.options.items():
-            cost = size + tradeoff * error
-            if cost < best_cost or (cost == best_cost and size < best[2]):
-                best, best_cost = (setting, error, size), cost
-        return best
-
+from onnx_conv2matmul.quantize.search_result import AutoConfig as AutoConfig
+from onnx_conv2matmul.quantize.search_result import AutoResult as AutoResult
+from onnx_conv2matmul.quantize.search_result import Evaluation as Evaluation
+from onnx_conv2matmul.quantize.search_result import NodeChoice as NodeChoice
+from onnx_conv2matmul.quantize.search_result import apply as apply
+from onnx_conv2matmul.quantize.sensitivity import (
+    _breakpoints,
+    _Node,
+    _other_weights_error,
+    _quantizable,
+    _sensitivities,
+    _weight_bytes,
+)
+from onnx_conv2matmul.quantize.target import _below as _below
+from onnx_conv2matmul.quantize.target import _Measured, _Target, _unreachable
 
 # --------------------------------------------------------------------------- #
 # Running models
@@ -308,62 +128,6 @@ def _run(session: Any, feed: Mapping[str, np.ndarray], names: Sequence[str] | No
 
 
 ProgressCallback = Callable[[str], None]
-
-
-@dataclasses.dataclass
-class _Measured:
-    """What one evaluation measured: see :class:`Evaluation`; ``cosines`` by feed index."""
-
-    cosine: float | None = None
-    score: float | None = None
-    drop: float | None = None
-    note: str = ""
-    feeds_run: int = 0
-    cosines: dict[int, float] = dataclasses.field(default_factory=dict)
-
-
-class _Target:
-    """The options' target: whether a measurement meets it, and its loss (1 is the limit)."""
-
-    def __init__(self, options: AutoOptions, original_score: float | None) -> None:
-        self.min_cosine = options.min_cosine
-        self.metric = options.metric
-        self.original_score = original_score
-
-    def cosine_passed(self, measured: _Measured) -> bool:
-        return self.min_cosine is None or (measured.cosine is not None and measured.cosine >= self.min_cosine)
-
-    def passed(self, measured: _Measured) -> bool:
-        if not self.cosine_passed(measured):
-            return False
-        if self.metric is not None:
-            assert self.original_score is not None
-            return measured.score is not None and self.metric.meets(self.original_score, measured.score)
-        return True
-
-    def loss(self, measured: _Measured) -> float:
-        """The largest of the measured losses, each over its limit: 1 - cosine over 1 - the
-        minimum, the drop over the largest drop (an infinite loss where the limit is 0)."""
-        losses = [0.0]
-        if self.min_cosine is not None and measured.cosine is not None:
-            losses.append(_over(1.0 - measured.cosine, 1.0 - self.min_cosine))
-        if self.metric is not None and measured.drop is not None:
-            losses.append(_over(max(0.0, measured.drop), self.metric.max_drop))
-        return max(losses)
-
-    def describe(self) -> str:
-        parts = []
-        if self.min_cosine is not None:
-            parts.append(f"a minimum cosine similarity of {self.min_cosine:g}")
-        if self.metric is not None:
-            parts.append(f"a drop of the score of {self.metric.label} of at most {self.metric.max_drop_text}")
-        return " and ".join(parts)
-
-
-def _over(loss: float, limit: float) -> float:
-    if limit > 0:
-        return loss / limit
-    return 0.0 if loss <= 0 else math.inf
 
 
 @dataclasses.dataclass
@@ -585,30 +349,9 @@ def search(
     )
 
 
-def _unreachable(target: _Target, measured: _Measured, feeds: int) -> str:
-    """Why even the all-float model fails the target."""
-    found = []
-    if target.min_cosine is not None and measured.cosine is not None and measured.cosine < target.min_cosine:
-        found.append(f"worst cosine {_below(measured.cosine, target.min_cosine)} over {feeds} input(s)")
-    if target.metric is not None and measured.score is not None:
-        found.append(f"score {measured.score:.6g} against the original's {target.original_score:.6g}")
-    if measured.note:
-        found.append(measured.note)
-    return f"{target.describe()} is not met even with every weight in float ({'; '.join(found)})"
-
-
 # The step aims at this fraction of the predicted error the straight line allows, so that
 # it rather passes (a usable result) than fails by a hair.
 _AIM = 0.8
-
-
-def _below(value: float, target: float) -> str:
-    """``value`` with enough digits to show that it is below ``target`` (0.9999999, not 1)."""
-    for digits in range(6, 18):
-        text = f"{value:.{digits}g}"
-        if float(text) < target:
-            return text
-    return repr(value)
 
 
 def _next_index(
@@ -647,47 +390,6 @@ def _next_index(
     if lo - 1 > fail and abs(error_at(lo - 1) - target) < abs(error_at(lo) - target):
         return lo - 1
     return lo
-
-
-def _breakpoints(items: Sequence[_Node]) -> list[float]:
-    """The trade-offs at which some item's choice may change, ascending.
-
-    An item switches from a smaller option to a larger, more accurate one where
-    ``bytes + tradeoff * error`` is equal for both.
-    """
-    points: set[float] = set()
-    for item in items:
-        options = [(0.0, item.float_bytes), *item.options.values()]
-        for error_a, bytes_a in options:
-            for error_b, bytes_b in options:
-                if bytes_a < bytes_b and error_a > error_b:
-                    points.add((bytes_b - bytes_a) / (error_a - error_b))
-    return sorted(points)
-
-
-def _weight_bytes(nodes: Sequence[_Node], config: AutoConfig) -> int:
-    total = 0
-    for node in nodes:
-        setting = config.nodes[node.name]
-        total += node.float_bytes if setting.bits is None else node.options[setting][1]
-    return total
-
-
-def _quantizable(model: ir.Model, options: AutoOptions) -> list[_Node]:
-    """The named MatMuls MatMulNBits takes that the options select, in graph order (names unique)."""
-    nodes: dict[str, _Node] = {}
-    for graph, _ in _graphs(model):
-        for node in graph:
-            b = _constant_2d_weight(node)
-            name = node.name or ""
-            if b is None or not name or name in nodes or not options.selects(name):
-                continue
-            a = node.inputs[0]
-            in_main = graph is model.graph and a is not None and not a.is_initializer()
-            k, n = (int(d) for d in b.const_value.shape.numpy())  # type: ignore[union-attr]
-            a_name = a.name if in_main and a is not None else None
-            nodes[name] = _Node(name, a_name, k, n, int(b.const_value.nbytes))  # type: ignore[union-attr]
-    return list(nodes.values())
 
 
 def _add_outputs(model: ir.Model, names: Sequence[str]) -> list[str]:
@@ -773,56 +475,6 @@ def _reference(
         del session
     gc.collect()
     reference.activations = {name: sums[name] / max(counts[name], 1) for name in sums}
-
-
-def _sensitivities(
-    model: ir.Model, nodes: Sequence[_Node], ladder: Sequence[Setting], activations: Mapping[str, np.ndarray]
-) -> None:
-    """Fill each node's (error, bytes) per setting of the ladder."""
-    by_name = {node.name: node for node in nodes}
-    for graph, _ in _graphs(model):
-        for node in graph:
-            entry = by_name.get(node.name or "")
-            b = _constant_2d_weight(node)
-            if entry is None or b is None or entry.options:
-                continue
-            columns = _sampled_columns(entry.n)
-            full = b.const_value.numpy()  # type: ignore[union-attr]
-            weight = np.ascontiguousarray(full[:, columns])
-            del full
-            if is_external(b.const_value):
-                b.const_value.release()  # type: ignore[union-attr]
-            h = activations.get(entry.a_name or "")
-            if h is None or h.shape != (entry.k,):
-                h = np.ones(entry.k)
-            scaled = entry.n / len(columns)  # bytes are per column
-            as_float = weight.astype(np.float32)
-            for setting in ladder:
-                assert setting.bits is not None
-                packed, scales, zero_points = block_quantize(weight, setting)
-                approx = block_dequantize(packed, scales, zero_points, setting.bits, entry.k)
-                size = packed.nbytes + scales.nbytes + (0 if zero_points is None else zero_points.nbytes)
-                entry.options[setting] = (_weighted_error(as_float, approx, h), round(size * scaled))
-            del weight, as_float
-
-
-def _other_weights_error(model: ir.Model) -> tuple[float, int, int] | None:
-    """The other weights' largest relative int8 error, their bytes, their bytes as int8 (None: none)."""
-    worst: float | None = None
-    kept = stored = 0
-    for tensor, axis in other_weights.eligible_arrays(model):
-        array = tensor.numpy()
-        if not np.isfinite(array).all():
-            continue
-        q, scales = other_weights.quantize_data_int8(array, axis)
-        approx = other_weights.dequantize_int8(q, scales, axis)
-        diff = float(np.square(array.astype(np.float64) - approx).sum())
-        norm = float(np.square(array.astype(np.float64)).sum())
-        error = diff / norm if norm > 0 else 0.0
-        worst = error if worst is None else max(worst, error)
-        kept += int(tensor.nbytes)
-        stored += q.nbytes + scales.nbytes
-    return None if worst is None else (worst, kept, stored)
 
 
 def _candidate(
