@@ -57,11 +57,15 @@ from onnx_conv2matmul.errors import ModelRunError, OutOfMemory, TargetUnreachabl
 from onnx_conv2matmul.quantize.blockwise import (
     BlockCache,
 )
+from onnx_conv2matmul.quantize.blockwise import block_dequantize as block_dequantize
+from onnx_conv2matmul.quantize.blockwise import block_quantize as block_quantize
 from onnx_conv2matmul.quantize.metric import MetricTarget
 from onnx_conv2matmul.quantize.options import (
     _OTHER_INT8,
     AutoOptions,
 )
+from onnx_conv2matmul.quantize.options import FLOAT as FLOAT
+from onnx_conv2matmul.quantize.options import Setting as Setting
 from onnx_conv2matmul.quantize.reference import FeedSet, Reference
 from onnx_conv2matmul.quantize.search_result import AutoConfig as AutoConfig
 from onnx_conv2matmul.quantize.search_result import AutoResult as AutoResult
