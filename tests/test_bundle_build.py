@@ -20,6 +20,7 @@ from onnx_conv2matmul.bundle.split import split_decoder_joint, verify_split
 from onnx_conv2matmul.errors import InputError
 from onnx_conv2matmul.files import load as _io
 from onnx_conv2matmul.files import output as _output
+from onnx_conv2matmul.quantize.options import QuantizeOptions
 from onnx_conv2matmul.verify.check import VerifyOptions
 
 DATA = Path(__file__).parent / "data"
@@ -285,8 +286,11 @@ def test_build_refuses_before_any_work(tmp_path: Path) -> None:
 
 
 def test_build_below_the_minimum_cosine_writes_nothing(tmp_path: Path) -> None:
+    """Settings given (as the bundle command passes them): below the criterion the encoder is
+    refused; with none, quantize_file's search below the criterion would run instead."""
     out = tmp_path / "bundle"
-    report = build_bundle(SOURCE, out, BundleOptions(verify=VerifyOptions(min_cosine=0.99999999)))
+    options = BundleOptions(quantize=QuantizeOptions(), verify=VerifyOptions(min_cosine=0.99999999))
+    report = build_bundle(SOURCE, out, options)
     assert not report.passed and report.output_dir is None
     assert report.failure is not None and "encoder" in report.failure
     assert not out.exists() and not [n for n in os.listdir(tmp_path) if n.startswith(".")]

@@ -88,7 +88,11 @@ def test_quantize_keeps_the_winner_and_says_so(tmp_path: Path) -> None:
 
 
 def test_a_target_no_candidate_meets_fails_as_without_timing(tmp_path: Path) -> None:
-    code, data, _ = _run("quantize", ENCODER, tmp_path / "q.onnx", "--min-cosine", "0.99999", *FAST)
+    """Settings given (--bits 4): below the criterion nothing is written (with the default
+    settings the search would run instead)."""
+    code, data, _ = _run(
+        "quantize", ENCODER, tmp_path / "q.onnx", "--bits", "4", "--min-cosine", "0.99999", *FAST
+    )
     assert code == 1 and data["output"] is None
     choice = data["kernel_choice"]
     assert not any(c["meets_target"] for c in choice["candidates"])
