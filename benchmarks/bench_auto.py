@@ -89,7 +89,7 @@ def fetch_recognizer() -> Path:
 
 
 def run(argv: list[str]) -> dict[str, Any]:
-    """One process: wall seconds, peak RSS in MiB, exit code."""
+    """One process: wall seconds, CPU seconds (user + system), peak RSS in MiB, exit code."""
     start = time.perf_counter()
     process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     assert process.stderr is not None
@@ -100,7 +100,8 @@ def run(argv: list[str]) -> dict[str, Any]:
     if code != 0:
         tail = stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
         print(f"  exit {code}: {tail[0]}", file=sys.stderr)
-    return {"wall": wall, "rss_mib": usage.ru_maxrss / 1024, "code": code}
+    cpu = usage.ru_utime + usage.ru_stime
+    return {"wall": wall, "cpu": cpu, "rss_mib": usage.ru_maxrss / 1024, "code": code}
 
 
 def summary(report_path: Path) -> dict[str, Any]:
@@ -191,24 +192,27 @@ def main() -> None:
 
 def print_table(results: dict[str, list[dict[str, Any]]], input_bytes: int) -> None:
     base_wall = statistics.median(r["wall"] for r in results["recipe"])
+    base_cpu = statistics.median(r["cpu"] for r in results["recipe"])
     base_rss = max(r["rss_mib"] for r in results["recipe"])
     print(
-        "| run | wall s (median) | x recipe | peak RSS MiB | vs recipe MiB | output MiB | worst cosine |"
-        " evaluations (feeds run) | exit |"
+        "| run | wall s (median) | x recipe | CPU s (median) | x recipe | peak RSS MiB | vs recipe MiB |"
+        " output MiB | worst cosine | evaluations (feeds run) | exit |"
     )
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |")
     for name, runs in results.items():
         wall = statistics.median(r["wall"] for r in runs)
+        cpu = statistics.median(r["cpu"] for r in runs)
         rss = max(r["rss_mib"] for r in runs)
         last = runs[-1]
         cosine = "-" if last["worst_cosine"] is None else f"{last['worst_cosine']:.4f}"
         evaluations = "-" if not last["evaluations"] else f"{last['evaluations']} ({last['feeds_run']})"
         print(
-            f"| {name} | {wall:.1f} | {wall / base_wall:.2f} | {rss:.0f} | {rss - base_rss:+.0f} |"
-            f" {last['output_mib']:.2f} | {cosine} | {evaluations} | {last['code']} |"
+            f"| {name} | {wall:.1f} | {wall / base_wall:.2f} | {cpu:.1f} | {cpu / base_cpu:.2f} | {rss:.0f} |"
+            f" {rss - base_rss:+.0f} | {last['output_mib']:.2f} | {cosine} | {evaluations} | {last['code']} |"
         )
     auto = results["auto"]
     auto_wall = statistics.median(r["wall"] for r in auto) / base_wall
+    auto_cpu = statistics.median(r["cpu"] for r in auto) / base_cpu
     auto_rss = max(r["rss_mib"] for r in auto)
     budget = base_rss + input_bytes / 2**20
     print()
@@ -219,6 +223,7 @@ def print_table(results: dict[str, list[dict[str, Any]]], input_bytes: int) -> N
     )
     verdict = "met" if auto_wall <= WALL_GOAL else "NOT met"
     print(f"auto wall {auto_wall:.2f}x the recipe's (goal {WALL_GOAL:g}x): {verdict}")
+    print(f"auto CPU time {auto_cpu:.2f}x the recipe's (what wall time is on an idle machine)")
 
 
 if __name__ == "__main__":
