@@ -57,8 +57,19 @@ def test_build_for_onnx_asr_names_the_quantization(tmp_path: Path) -> None:
 
 
 def test_accuracy_below_the_minimum_exits_1_and_writes_nothing(tmp_path: Path) -> None:
+    """With settings given, as quantize: a result below the minimum is refused (no search)."""
     out = tmp_path / "b"
-    code, stdout, _ = _invoke("bundle", SOURCE, out, "--min-cosine", "0.99999", "--report-json-stdout")
+    code, stdout, _ = _invoke(
+        "bundle",
+        SOURCE,
+        out,
+        "--block-size",
+        "64",
+        "--min-cosine",
+        "0.99999",
+        "--no-bench",
+        "--report-json-stdout",
+    )
     assert code == 1
     data = json.loads(stdout)
     _validate(data)
@@ -90,3 +101,12 @@ def test_the_encoder_kernel_is_chosen_by_timing_unless_no_bench(tmp_path: Path) 
     assert code == 0, stderr
     plain = json.loads((tmp_path / "plain" / "encoder-model.int4.report.json").read_text())
     assert plain.get("kernel_choice") is None and plain.get("latency") is None
+
+
+def test_with_default_settings_the_encoder_below_the_minimum_is_searched_for(tmp_path: Path) -> None:
+    """As quantize: the default settings falling below the criterion make the search run."""
+    out = tmp_path / "b"
+    code, _, stderr = _invoke("bundle", SOURCE, out, "--min-cosine", "0.99999", "--no-bench")
+    assert code == 0, stderr
+    encoder = json.loads((out / "encoder-model.int4.report.json").read_text())
+    assert encoder["auto"] is not None

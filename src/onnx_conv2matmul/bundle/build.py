@@ -69,6 +69,8 @@ class BundleOptions:
         convert: The rewrite options of the encoder (default: the quantize command's).
         verify: The encoder's accuracy check (inputs, ``min_cosine``).
         auto: Search the encoder's settings (see :mod:`onnx_conv2matmul.quantize.search`).
+        search_below: Below the accuracy criterion, search for settings that meet it, as
+            ``quantize`` does with its default settings (None: when no settings were given).
         speed: Time the encoder's kernel settings on this CPU and keep the fastest that meets the
             accuracy target (:class:`~onnx_conv2matmul.speed.choose.SpeedOptions`); None: as given.
         tag: The onnx-asr ``quantization`` value the files are named for.
@@ -81,6 +83,7 @@ class BundleOptions:
     verify: VerifyOptions | None = None
     auto: AutoOptions | None = None
     speed: SpeedOptions | None = None
+    search_below: bool | None = None
     tag: str = layouts.DEFAULT_TAG
     run_checker: bool = True
 
@@ -280,6 +283,7 @@ def _build_into(
         progress=progress,
         auto=options.auto,
         speed=options.speed,
+        search_below=options.search_below,
     )
     report.models.append(_result("encoder", encoder_name, staging, encoder_report))
     if encoder_report.output_path is None:

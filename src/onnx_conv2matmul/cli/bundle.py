@@ -176,6 +176,7 @@ def _build(src: str, out: str, layout: str, tag: str, kwargs: dict[str, Any]) ->
         verify=verify,
         auto=resolved.auto,
         speed=resolved.speed,
+        search_below=resolved.search_below,
         tag=tag,
         run_checker=not kwargs["skip_checker"],
     )
