@@ -165,7 +165,7 @@ def _probe_subsampling(encoder_path: str, features: int) -> int:
     import onnxruntime as ort
 
     options = ort.SessionOptions()
-    options.log_severity_level = 3
+    options.log_severity_level = 4  # fatal only: the error is in the exception
     session = ort.InferenceSession(encoder_path, options, providers=["CPUExecutionProvider"])
     inputs = session.get_inputs()
     feeds = {

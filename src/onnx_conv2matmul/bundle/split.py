@@ -387,7 +387,7 @@ def _session(path: str) -> ort.InferenceSession:
     import onnxruntime as ort
 
     options = ort.SessionOptions()
-    options.log_severity_level = 3
+    options.log_severity_level = 4  # fatal only: the error is in the exception
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
 

@@ -7,7 +7,13 @@ from typing import Any
 
 import click
 
-from onnx_conv2matmul.cli.common import OUTCOME, emit_report, handled_errors, stderr_console
+from onnx_conv2matmul.cli.common import (
+    OUTCOME,
+    emit_report,
+    handled_errors,
+    quiet_onnxruntime,
+    stderr_console,
+)
 from onnx_conv2matmul.cli.flags import bench_options, build_verify_options, verify_options
 from onnx_conv2matmul.files import load as _io
 from onnx_conv2matmul.files.load import check_report_target
@@ -52,6 +58,7 @@ def bench_command(
     """
     OUTCOME.start(report_json_stdout, list(models))
     with handled_errors():
+        quiet_onnxruntime()
         from onnx_conv2matmul import api
         from onnx_conv2matmul.cli import render
         from onnx_conv2matmul.errors import InputError

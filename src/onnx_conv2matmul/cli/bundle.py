@@ -21,6 +21,7 @@ from onnx_conv2matmul.cli.common import (
     emit_report,
     handled_errors,
     progress_for,
+    quiet_onnxruntime,
     stderr_console,
 )
 from onnx_conv2matmul.cli.flags import build_verify_options, nbits_given
@@ -114,6 +115,7 @@ def bundle_command(
         return
     OUTCOME.start(bool(kwargs["report_json_stdout"]), paths[0] if paths else "")
     with handled_errors():
+        quiet_onnxruntime()
         if len(paths) != 2:
             hint = " (to list a bundle: bundle --check DIR)" if len(paths) == 1 else ""
             raise click.UsageError(f"bundle takes SRC_DIR and OUT_DIR{hint}")

@@ -129,6 +129,16 @@ def fingerprint(path: str) -> tuple[int, ...] | None:
 OUTCOME = Outcome()
 
 
+def quiet_onnxruntime() -> None:
+    """Keep onnxruntime's own log lines (its C++ default logger) off the terminal: a failure
+    reaches the user as the one error line, which carries onnxruntime's message. Sessions the
+    package opens set their own severity to fatal as well. Called by the commands that run
+    models; it imports onnxruntime, so ``convert`` without a check does not pay for it."""
+    import onnxruntime as ort
+
+    ort.set_default_logger_severity(4)
+
+
 def stderr_console(quiet: bool) -> Console:
     from rich.console import Console  # imported when needed: convert starts its copy first
 

@@ -17,6 +17,7 @@ from onnx_conv2matmul.cli.common import (
     emit_report,
     handled_errors,
     progress_for,
+    quiet_onnxruntime,
     stderr_console,
 )
 from onnx_conv2matmul.cli.flags import (
@@ -72,6 +73,8 @@ def convert_command(
     with handled_errors():
         options = build_rewrite_options(kwargs)
         verify_opts = build_verify_options(kwargs) if verify else None
+        if verify:
+            quiet_onnxruntime()
         output = check_paths(input_path, output_path, inplace=inplace)
         OUTCOME.watch(output, output + ".data", output + api.FAILED_SUFFIX, report_json)
         if report_json is not None:
@@ -131,6 +134,7 @@ def verify_command(
     """Compare two models with the same inputs and outputs in onnxruntime."""
     OUTCOME.start(report_json_stdout, [original, candidate])
     with handled_errors():
+        quiet_onnxruntime()
         console = stderr_console(quiet)
         from onnx_conv2matmul.cli import render
 

@@ -23,6 +23,7 @@ from onnx_conv2matmul.cli.common import (
     emit_report,
     handled_errors,
     progress_for,
+    quiet_onnxruntime,
     stderr_console,
 )
 from onnx_conv2matmul.cli.flags import (
@@ -223,6 +224,7 @@ def quantize_command(
     """
     OUTCOME.start(report_json_stdout, input_path)
     with handled_errors():
+        quiet_onnxruntime()
         console = stderr_console(quiet)
         from onnx_conv2matmul.cli import render
 

@@ -96,11 +96,18 @@ def measurably_slower(latency: Latency) -> bool:
     return low > 1
 
 
-def timing_options(speed: SpeedOptions, verify: VerifyOptions) -> TimingOptions:
+def timing_options(speed: SpeedOptions, verify: VerifyOptions, src: str | None = None) -> TimingOptions:
     """The speed options' timing, with inputs made as the accuracy check makes them (fixed
-    values, dims, the length input; synthesised even when the check has real inputs)."""
+    values, dims, the length input); with ``src``, the inputs the speed step times on instead:
+    the real ones, or the accuracy check's runs of ``src`` (see
+    :mod:`onnx_conv2matmul.speed.inputs`)."""
     synthesis = dataclasses.replace(verify, feeds=None, lengths=None, min_cosine=None, report_only=False)
-    return dataclasses.replace(speed.timing, synthesis=synthesis)
+    timing = dataclasses.replace(speed.timing, synthesis=synthesis)
+    if src is None:
+        return timing
+    from onnx_conv2matmul.speed.inputs import timing_inputs
+
+    return timing_inputs(src, timing, verify)
 
 
 def run_speed_step(
@@ -125,7 +132,7 @@ def run_speed_step(
     every sample's cosine similarity at least ``verify.min_cosine`` and, with ``metric``, the
     score's drop from ``original_score`` at most its ``max_drop`` (a candidate that misses it
     counts as cosine -1, with the score in its note)."""
-    timing = timing_options(speed, verify)
+    timing = timing_options(speed, verify, src)
     if int8 or not speed.chooses or not accuracy_levels(first.staged.onnx_path):
         progress.phase("Timing the result against the original")
         report = time_models([src, first.staged.onnx_path], timing, labels=["original", "result"])

@@ -96,7 +96,7 @@ def _session(path: str, deterministic: bool) -> Any:
     release_freed_memory()  # the previous candidate's weights, before this one's load
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.log_severity_level = 3
+    so.log_severity_level = 4  # fatal only: the error is in the exception
     so.enable_cpu_mem_arena = False  # what a run allocates is given back when it ends
     if deterministic:
         so.intra_op_num_threads = 1

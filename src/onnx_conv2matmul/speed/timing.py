@@ -105,7 +105,7 @@ def timed_session(path: str, threads: int) -> Session:
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
-    options.log_severity_level = 3
+    options.log_severity_level = 4  # fatal only: the error is in the exception
     options.add_session_config_entry(SPINNING_KEY, "0")
     session: Session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
     return session
@@ -133,6 +133,12 @@ class TimingOptions:
         memory_budget_bytes: Memory the sessions open together may take; None:
             :func:`default_budget` (a little more than the largest session, so the timing never
             holds the original and its candidates all at once when they are large).
+        feeds: Inputs to time on instead of synthesised ones, each under the number the report
+            gives it (its "length"); ``lengths`` and ``synthesis`` are then not used. Every
+            model gets the arrays of its own inputs' names (see
+            :mod:`onnx_conv2matmul.speed.inputs`, which takes them from ``--inputs`` or from the
+            runs the accuracy check made).
+        feeds_rule: Where ``feeds`` came from, for the report.
     """
 
     lengths: tuple[int, ...] | None = None
@@ -141,6 +147,10 @@ class TimingOptions:
     threads: int = 0
     synthesis: VerifyOptions = dataclasses.field(default_factory=VerifyOptions)
     memory_budget_bytes: int | None = None
+    feeds: tuple[tuple[int, Mapping[str, np.ndarray]], ...] | None = dataclasses.field(
+        default=None, compare=False, repr=False
+    )
+    feeds_rule: str = ""
 
     def __post_init__(self) -> None:
         if self.lengths is not None and (not self.lengths or any(n < 1 for n in self.lengths)):
@@ -153,6 +163,8 @@ class TimingOptions:
             raise ValueError(f"bench threads must be >= 0, got {self.threads}")
         if self.synthesis.feeds is not None:
             raise ValueError("timing synthesises its inputs: real inputs are not taken")
+        if self.feeds is not None and not self.feeds:
+            raise ValueError("no input to time on")
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -160,7 +172,8 @@ class TimingOptions:
             "rounds": self.rounds,
             "warmup": self.warmup,
             "threads": self.threads,
-            "batch": 1,
+            "batch": 1 if self.feeds is None else None,
+            "inputs": "synthesised" if self.feeds is None else self.feeds_rule or "given",
         }
 
 
@@ -525,6 +538,10 @@ def _prepare(
         finally:
             if mode is Mode.ONE_AT_A_TIME:
                 model.close()
+    if options.feeds is not None:
+        for model in models:
+            model.feeds = {number: _own_inputs(model, feed) for number, feed in options.feeds}
+        return tuple(number for number, _ in options.feeds), options.feeds_rule or "the given inputs"
     if options.lengths is not None:
         lengths, rule = options.lengths, "given"
     else:
@@ -536,6 +553,14 @@ def _prepare(
             for n in lengths
         }
     return tuple(lengths), rule
+
+
+def _own_inputs(model: _Model, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The arrays of ``feed`` that ``model`` takes, by its inputs' names."""
+    missing = [spec.name for spec in model.specs if spec.name not in feed]
+    if missing:
+        raise InputError(f"the inputs to time {model.label} on lack {', '.join(missing)}")
+    return {spec.name: np.asarray(feed[spec.name]) for spec in model.specs}
 
 
 def _warm_up(models: Sequence[_Model], lengths: Sequence[int], runs: int) -> None:

@@ -77,7 +77,7 @@ def session(path: str, options: VerifyOptions) -> Any:
 
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.log_severity_level = 3
+    so.log_severity_level = 4  # fatal only: the error is in the exception
     so.enable_cpu_mem_arena = False
     if options.deterministic:
         so.intra_op_num_threads = 1

@@ -1,0 +1,93 @@
+"""The inputs the speed step times on: the user's, or shapes the accuracy check proved.
+
+- With real inputs (``--inputs``), the timing runs on them and nothing else: their shapes and
+  values, at most :data:`MAX_TIMED_FEEDS` of them (the smallest and the largest by bytes, so the
+  latency is seen at two sizes).
+- With lengths given for the timing (``--bench-lengths``), synthesised inputs at those lengths,
+  as the user asked.
+- Otherwise the runs the accuracy check makes of the original model (its plan, at batch 1,
+  each run made once here: a shape it cannot take is replaced as the check replaces it), the
+  shortest and the longest of them. A fixed height (a recognizer's 48) or a value the graph
+  needs (silero's sample rate) is then what the check found, never a default length the model
+  cannot take.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from onnx_conv2matmul.speed.timing import TimingOptions
+from onnx_conv2matmul.verify.options import VerifyOptions, feed_source
+
+MAX_TIMED_FEEDS = 2
+"""Real inputs timed at most: the smallest and the largest."""
+
+
+def _bytes(feed: Mapping[str, np.ndarray]) -> int:
+    return sum(int(np.asarray(a).nbytes) for a in feed.values())
+
+
+def _shapes(feed: Mapping[str, np.ndarray]) -> str:
+    return ", ".join(f"{name}{list(np.shape(a))}" for name, a in feed.items())
+
+
+def pick_feeds(feeds: Sequence[Mapping[str, np.ndarray]]) -> list[int]:
+    """The indices of the feeds to time: the smallest and the largest by bytes (the first of
+    equals), in that order; one when there is one size."""
+    if not feeds:
+        return []
+    sizes = [_bytes(feed) for feed in feeds]
+    small = min(range(len(feeds)), key=lambda i: (sizes[i], i))
+    large = max(range(len(feeds)), key=lambda i: (sizes[i], -i))
+    return [small] if sizes[small] == sizes[large] else [small, large]
+
+
+def given_inputs(timing: TimingOptions, feeds: Sequence[Mapping[str, np.ndarray]]) -> TimingOptions:
+    """``timing`` on real inputs: each numbered as the accuracy check numbers it (from 1)."""
+    chosen = pick_feeds(feeds)
+    described = "; ".join(f"{i + 1}: {feed_source(feeds[i], i)} ({_shapes(feeds[i])})" for i in chosen)
+    return dataclasses.replace(
+        timing,
+        feeds=tuple((i + 1, feeds[i]) for i in chosen),
+        feeds_rule=f"the given inputs (--inputs), the smallest and the largest: {described}",
+    )
+
+
+def proven_inputs(src: str, timing: TimingOptions, verify: VerifyOptions) -> TimingOptions:
+    """``timing`` on the accuracy check's runs of ``src`` at batch 1 (its shortest and longest,
+    the long run of a speech encoder left out when there are others).
+
+    Raises:
+        ModelRunError, InputError, OutOfMemory: as the accuracy check, for the original.
+    """
+    from onnx_conv2matmul.verify.check import Reference
+
+    options = dataclasses.replace(verify, batch=1, feeds=None, report_only=True, min_cosine=None)
+    reference = Reference(src, options)
+    runs = [run for run, _ in reference.done]
+    for index, (run, _) in enumerate(reference.done):
+        reference.done[index] = (run, [])  # the outputs are not needed
+    feeds = reference.feeds()
+    usable = [i for i, run in enumerate(runs) if not run.long] or list(range(len(runs)))
+    chosen = [usable[i] for i in pick_feeds([feeds[i] for i in usable])]
+    numbers = [runs[i].length for i in chosen]
+    if len(set(numbers)) != len(numbers) or min(numbers, default=1) < 1:
+        numbers = list(range(1, len(chosen) + 1))
+    described = "; ".join(f"{n}: {_shapes(feeds[i])}" for n, i in zip(numbers, chosen, strict=True))
+    return dataclasses.replace(
+        timing,
+        feeds=tuple((n, feeds[i]) for n, i in zip(numbers, chosen, strict=True)),
+        feeds_rule=f"the accuracy check's shortest and longest runs, batch 1: {described}",
+    )
+
+
+def timing_inputs(src: str, timing: TimingOptions, verify: VerifyOptions) -> TimingOptions:
+    """What the speed step times ``src`` and its candidates on (see the module's description)."""
+    if verify.feeds is not None:
+        return given_inputs(timing, verify.feeds)
+    if timing.lengths is not None:
+        return timing
+    return proven_inputs(src, timing, verify)
