@@ -275,7 +275,9 @@ def print_verification(console: Console, verification: VerifyReport, *, cosine: 
 
 
 def print_quantize_report(console: Console, report: QuantizeReport) -> None:
-    """The quantize command's summary."""
+    """The quantize command's summary; its first line says why nothing was quantized, if so."""
+    if report.unchanged is not None:
+        console.print(f"[bold yellow]{escape(report.unchanged.message)}[/bold yellow]", soft_wrap=True)
     table = Table(title=f"Quantize ({report.mode})", title_justify="left")
     table.add_column("")
     table.add_column("value", justify="right")

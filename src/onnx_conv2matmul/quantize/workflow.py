@@ -44,6 +44,8 @@ if TYPE_CHECKING:
 
     from onnx_conv2matmul.quantize.options import AutoOptions
     from onnx_conv2matmul.quantize.search import Prepared
+    from onnx_conv2matmul.quantize.unchanged import Unchanged
+    from onnx_conv2matmul.rewrite.report import ConvertReport
     from onnx_conv2matmul.speed.choose import SpeedOptions
 
 
@@ -342,7 +344,8 @@ def _quantize_to(
             report.quantized_nodes = result.quantized
             report.excluded = result.excluded
             report.settings = result.settings
-            report.warnings.extend(_nbits_warnings(result))
+            report.unchanged = _why_unchanged(rewrite, report, result, quantize_options, verify)
+            report.warnings.extend(_nbits_warnings(result, quantize_options))
             if quantize_options.other_weights == "int8":
                 from onnx_conv2matmul.quantize.other_weights import quantize_other_weights
 
@@ -498,9 +501,31 @@ def _check_quantize_options(options: QuantizeOptions, verify: VerifyOptions) -> 
     check_available(options.algorithm, has_calibration=bool(verify.feeds))
 
 
-def _nbits_warnings(result: NBitsResult) -> list[str]:
+def _why_unchanged(
+    rewrite: ConvertReport,
+    report: QuantizeReport,
+    result: NBitsResult,
+    options: QuantizeOptions,
+    verify: VerifyOptions,
+) -> Unchanged | None:
+    """Why nothing was quantized (see :mod:`onnx_conv2matmul.quantize.unchanged`)."""
+    from onnx_conv2matmul.quantize.unchanged import why_unchanged
+
+    assert report.weights_without_rewrite is not None and report.weights_with_rewrite is not None
+    return why_unchanged(
+        rewrite.entries,
+        report.weights_without_rewrite,
+        report.weights_with_rewrite,
+        result,
+        options,
+        searched=report.auto is not None,
+        min_cosine=verify.min_cosine,
+    )
+
+
+def _nbits_warnings(result: NBitsResult, options: QuantizeOptions) -> list[str]:
     warnings = []
-    if result.quantized == 0:
+    if result.quantized == 0 and (options.include or options.exclude) and not options.nodes:
         warnings.append(
             "no MatMul was quantized: check the include and exclude patterns against the node names"
         )

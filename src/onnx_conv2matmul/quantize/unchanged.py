@@ -1,0 +1,151 @@
+"""Why a quantize run quantized nothing: one cause, its figure and the option that changes it.
+
+A run that quantizes no MatMul still writes its output (exit 0) when it meets the accuracy
+criterion: the file is the input with the rewrite's exact changes, so a script that quantizes a
+folder of models gets every file it asked for. The summary's first line, and ``unchanged`` in the
+JSON report, say why, by the first cause that applies:
+
+1. ``accuracy_floor``: the search for settings that meet the accuracy criterion kept every
+   MatMul in float;
+2. ``patterns``: ``--include``/``--exclude`` left every quantizable MatMul out;
+3. ``adds_transposes``: the pointwise convs were left as they are because rewriting them adds
+   Transposes (a depthwise or larger-kernel conv beside them needs channels-first data);
+4. ``larger_kernels``: the weights are in convs with kernels larger than 1, which MatMulNBits
+   cannot take;
+5. ``no_weights``: the model has no MatMul, Gemm or pointwise conv with a constant weight.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from onnx_conv2matmul.rewrite.reasons import SkipReason
+
+if TYPE_CHECKING:
+    from onnx_conv2matmul.quantize.nbits import NBitsResult, WeightStats
+    from onnx_conv2matmul.quantize.options import QuantizeOptions
+    from onnx_conv2matmul.rewrite.report import ConvEntry
+
+
+class Cause(str, enum.Enum):
+    """Why nothing was quantized (values are part of the JSON report)."""
+
+    PATTERNS = "patterns"
+    ACCURACY_FLOOR = "accuracy_floor"
+    ADDS_TRANSPOSES = "adds_transposes"
+    LARGER_KERNELS = "larger_kernels"
+    NO_WEIGHTS = "no_weights"
+
+
+@dataclasses.dataclass(frozen=True)
+class Unchanged:
+    """The cause, the share of the float weights it concerns (None when not about weights), the
+    option that changes it (None when there is none) and the sentence the summary opens with."""
+
+    cause: Cause
+    share: float | None
+    option: str | None
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "cause": self.cause.value,
+            "weight_share": None if self.share is None else round(self.share, 4),
+            "option": self.option,
+            "message": self.message,
+        }
+
+
+def _share(entries: Sequence[ConvEntry], reason: SkipReason, total: int) -> tuple[int, float]:
+    chosen = [e for e in entries if e.reason is reason]
+    weight = sum(e.weight_bytes for e in chosen)
+    return len(chosen), (weight / total if total else 0.0)
+
+
+def _convs(count: int, what: str) -> str:
+    return f"{count} {what}{'s' if count != 1 else ''}"
+
+
+def _percent(share: float) -> str:
+    return f"{share:.0%}" if share >= 0.01 or share == 0 else f"{share:.1%}" if share >= 0.001 else "<0.1%"
+
+
+def why_unchanged(
+    entries: Sequence[ConvEntry],
+    weights: WeightStats,
+    rewritten: WeightStats,
+    result: NBitsResult,
+    options: QuantizeOptions,
+    *,
+    searched: bool,
+    min_cosine: float | None,
+) -> Unchanged | None:
+    """The reason ``result`` quantized nothing (None when it quantized something).
+
+    Args:
+        entries: The rewrite's record of every conv (what was skipped and why).
+        weights: The float weights of the model before the rewrite.
+        rewritten: The same after the rewrite (how many MatMuls the quantizer could take).
+        result: What the quantizer did.
+        options: The settings it had (their include and exclude patterns).
+        searched: Whether the settings came from the search for the accuracy criterion.
+        min_cosine: That criterion, for the message.
+    """
+    if result.quantized:
+        return None
+    total = weights.total_bytes
+    quantizable = rewritten.quantizable_matmuls
+    if searched and quantizable:
+        floor = f" (every sample's cosine >= {min_cosine:g})" if min_cosine is not None else ""
+        return Unchanged(
+            Cause.ACCURACY_FLOOR,
+            rewritten.share,
+            "--min-cosine",
+            f"nothing quantized: the accuracy criterion{floor} kept every MatMul in float;"
+            " a lower --min-cosine, or --inputs with real inputs, lets the search quantize some",
+        )
+    if (options.include or options.exclude) and quantizable:
+        patterns = ", ".join(repr(p) for p in (*options.include, *options.exclude))
+        return Unchanged(
+            Cause.PATTERNS,
+            None,
+            "--include / --exclude",
+            f"nothing quantized: the include and exclude patterns ({patterns}) left all"
+            f" {quantizable} quantizable MatMul(s) in float; check them against the node names",
+        )
+    pointwise, pointwise_share = _share(entries, SkipReason.ADDS_TRANSPOSES, total)
+    larger, larger_share = _share(entries, SkipReason.KERNEL_NOT_POINTWISE, total)
+    if pointwise and pointwise_share >= larger_share:
+        return Unchanged(
+            Cause.ADDS_TRANSPOSES,
+            pointwise_share,
+            "--allow-added-transposes",
+            f"nothing quantized: {_convs(pointwise, 'pointwise conv')} holding {_percent(pointwise_share)} of"
+            " the weights were left as they are because rewriting them adds Transposes (a depthwise or"
+            " larger-kernel conv beside them needs channels-first data); --allow-added-transposes"
+            " quantizes them",
+        )
+    if larger and larger_share > 0:
+        also = (
+            f"; {_convs(pointwise, 'pointwise conv')} ({_percent(pointwise_share)}) would add Transposes"
+            " (--allow-added-transposes)"
+            if pointwise
+            else ""
+        )
+        return Unchanged(
+            Cause.LARGER_KERNELS,
+            larger_share,
+            "--int8-dynamic",
+            f"nothing quantized: {_percent(larger_share)} of the weights are in {_convs(larger, 'conv')} with"
+            " kernels larger than 1, which MatMulNBits cannot take (it takes MatMuls, and pointwise"
+            f" convs once rewritten); --int8-dynamic quantizes convs too (as ConvInteger){also}",
+        )
+    return Unchanged(
+        Cause.NO_WEIGHTS,
+        None,
+        None,
+        "nothing quantized: the model has no MatMul, Gemm or pointwise conv with a constant weight",
+    )

@@ -1,0 +1,118 @@
+"""A quantize run that quantizes nothing says why on the summary's first line, by cause, with the
+figure and the option that changes it; the include/exclude hint only when patterns were given.
+Such a run still writes its output (the documented choice) and exits 0."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+from onnx import helper, numpy_helper
+
+from onnx_conv2matmul.cli.app import main
+from speed_fakes import sequence_matmul_model
+
+SCHEMA = json.loads((Path(__file__).parent.parent / "schema" / "report.schema.json").read_text())
+PATTERN_HINT = "include and exclude patterns"
+
+
+def _conv(name: str, x: str, y: str, cin: int, cout: int, k: int, group: int, rng: Any) -> tuple[Any, Any]:
+    w = (rng.standard_normal((cout, cin // group, k, k)) / np.sqrt(cin * k * k)).astype(np.float32)
+    node = helper.make_node("Conv", [x, name + "_w"], [y], name=name, group=group, pads=[k // 2] * 4)
+    return node, numpy_helper.from_array(w, name + "_w")
+
+
+def mobile_block(channels: int = 32, wide: int = 64, pointwise: bool = True) -> onnx.ModelProto:
+    """depthwise 3x3 -> pointwise 1x1 (channels -> wide) -> depthwise 3x3: the pointwise conv sits
+    between two convs that need channels-first data, so rewriting it adds Transposes. Without
+    ``pointwise`` the middle conv is a 3x3 too."""
+    rng = np.random.default_rng(0)
+    nodes, weights = [], []
+    for args in (
+        ("dw1", "x", "a", channels, channels, 3, channels),
+        ("pw", "a", "b", channels, wide, 1 if pointwise else 3, 1),
+        ("dw2", "b", "y", wide, wide, 3, wide),
+    ):
+        node, weight = _conv(*args, rng=rng)  # type: ignore[misc]
+        nodes.append(node)
+        weights.append(weight)
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", channels, "H", "W"])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", wide, "H", "W"])],
+        weights,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def _quantize(tmp_path: Path, model: onnx.ModelProto, *args: str) -> tuple[int, dict[str, Any], str]:
+    source, out = tmp_path / "in.onnx", tmp_path / "out.onnx"
+    onnx.save(model, source)
+    result = CliRunner().invoke(
+        main,
+        [
+            "quantize",
+            str(source),
+            str(out),
+            "--no-bench",
+            "--verify-lengths",
+            "16,32",
+            *args,
+            "--report-json-stdout",
+        ],
+        catch_exceptions=False,
+    )
+    data = json.loads(result.stdout)
+    jsonschema.validate(data, SCHEMA)
+    assert result.exit_code == 0, result.stderr
+    assert out.exists()  # the unchanged model is written, with its cause
+    return result.exit_code, data, result.stderr
+
+
+def _first_line(stderr: str) -> str:
+    return next(line for line in stderr.splitlines() if line.strip())
+
+
+def test_pointwise_convs_that_add_transposes_are_the_cause(tmp_path: Path) -> None:
+    _, data, stderr = _quantize(tmp_path, mobile_block())
+    unchanged = data["unchanged"]
+    assert unchanged["cause"] == "adds_transposes"
+    assert unchanged["option"] == "--allow-added-transposes"
+    # 32 x 64 pointwise weights against 32 x 9 + 64 x 9 depthwise ones
+    assert unchanged["weight_share"] == pytest.approx(2048 / (2048 + 864), abs=1e-4)
+    first = _first_line(stderr)
+    assert first.startswith("nothing quantized: 1 pointwise conv holding 70% of the weights")
+    assert "--allow-added-transposes" in first
+    assert PATTERN_HINT not in stderr
+
+
+def test_larger_kernels_are_the_cause(tmp_path: Path) -> None:
+    _, data, stderr = _quantize(tmp_path, mobile_block(pointwise=False))
+    assert data["unchanged"]["cause"] == "larger_kernels"
+    assert data["unchanged"]["weight_share"] == pytest.approx(1.0)
+    first = _first_line(stderr)
+    assert "kernels larger than 1" in first and "100%" in first and "--int8-dynamic" in first
+    assert PATTERN_HINT not in stderr
+
+
+def test_patterns_that_leave_everything_out_are_the_cause(tmp_path: Path) -> None:
+    _, data, stderr = _quantize(tmp_path, sequence_matmul_model(), "--exclude", "mm*")
+    assert data["unchanged"]["cause"] == "patterns"
+    first = _first_line(stderr)
+    assert "'mm*'" in first and "2 quantizable MatMul" in first
+    assert PATTERN_HINT in stderr
+
+
+def test_a_quantized_model_has_no_cause(tmp_path: Path) -> None:
+    _, data, stderr = _quantize(tmp_path, sequence_matmul_model())
+    assert data["unchanged"] is None and data["quantized_nodes"] == 2
+    assert not _first_line(stderr).startswith("nothing quantized")
