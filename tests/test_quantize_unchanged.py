@@ -86,12 +86,13 @@ def test_pointwise_convs_that_add_transposes_are_the_cause(tmp_path: Path) -> No
     _, data, stderr = _quantize(tmp_path, mobile_block())
     unchanged = data["unchanged"]
     assert unchanged["cause"] == "adds_transposes"
-    assert unchanged["option"] == "--allow-added-transposes"
+    assert unchanged["option"] == "--prefer size"  # not timed (--no-bench): the model without them
     # 32 x 64 pointwise weights against 32 x 9 + 64 x 9 depthwise ones
     assert unchanged["weight_share"] == pytest.approx(2048 / (2048 + 864), abs=1e-4)
     first = _first_line(stderr)
     assert first.startswith("nothing quantized: 1 pointwise conv holding 70% of the weights")
-    assert "--allow-added-transposes" in first
+    assert "not timed" in first and "--prefer size keeps them" in first
+    assert data["transposes"]["kept"] == "without them"
     assert PATTERN_HINT not in stderr
 
 

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from onnx_conv2matmul.quantize.metric import MetricTarget
     from onnx_conv2matmul.quantize.options import AutoOptions, QuantizeOptions
     from onnx_conv2matmul.quantize.report import BundleReport, InspectReport, QuantizeReport
+    from onnx_conv2matmul.quantize.transposes import TransposeOptions
     from onnx_conv2matmul.speed.bench import BenchReport
     from onnx_conv2matmul.speed.choose import SpeedOptions
     from onnx_conv2matmul.speed.timing import TimingOptions
@@ -207,6 +208,7 @@ def quantize_file(
     speed: SpeedOptions | None = None,
     metric: MetricTarget | None = None,
     search_below: bool | None = None,
+    transposes: TransposeOptions | None = None,
 ) -> QuantizeReport:
     """Rewrite pointwise convs and Gemms, quantize, compare with the input, then publish.
 
@@ -225,7 +227,10 @@ def quantize_file(
     block sizes), keep the fastest that meets the same criterion
     (:class:`~onnx_conv2matmul.speed.choose.SpeedOptions`, which
     :func:`~onnx_conv2matmul.quantize.options.resolve` builds as the command line does); None
-    (the default here) times nothing.
+    (the default here) times nothing. ``transposes``: weigh the pointwise convs whose rewrite
+    adds Transposes by measurement and keep them or not by its preference
+    (:class:`~onnx_conv2matmul.quantize.transposes.TransposeOptions`; None, the default here,
+    leaves them as ``convert_options`` says).
 
     Raises:
         InputError: bad paths, options or inputs (nothing is written).
@@ -248,6 +253,7 @@ def quantize_file(
         speed=speed,
         metric=metric,
         search_below=search_below,
+        transposes=transposes,
     )
 
 

@@ -113,6 +113,16 @@ from onnx_conv2matmul.quantize.options import DEFAULT_MAX_EVALUATIONS, resolve
 @click.option("--no-dilation", is_flag=True, help="Do not rewrite convs with dilation > 1.")
 @click.option("--max-dilation", type=click.IntRange(min=1), default=None)
 @allow_added_transposes
+@click.option(
+    "--prefer",
+    type=click.Choice(["size", "speed"]),
+    default=None,
+    help=(
+        "When pointwise convs are left because rewriting them adds Transposes, both models are made"
+        " and timed: size keeps the smaller, speed the faster [default: the smaller one not slower"
+        " than the input by more than 10%, else the faster]."
+    ),
+)
 @no_gemm
 @click.option(
     "--min-cosine",
@@ -199,6 +209,7 @@ def quantize_command(
     no_dilation: bool,
     max_dilation: int | None,
     allow_added_transposes: bool,
+    prefer: str | None,
     no_gemm: bool,
     min_cosine: float | None,
     validate: str | None,
@@ -267,6 +278,16 @@ def quantize_command(
             )
         except ValueError as err:
             raise InputError(str(err)) from err
+        if prefer is not None and allow_added_transposes:
+            raise click.UsageError(
+                "--allow-added-transposes keeps those convs whatever they cost; --prefer chooses by"
+                " measurement: give one of them"
+            )
+        transposes = None
+        if not allow_added_transposes and not resolved.int8_dynamic:
+            from onnx_conv2matmul.quantize.transposes import Prefer, TransposeOptions
+
+            transposes = TransposeOptions(Prefer(prefer or "balanced"))
         _io.check_input_path(input_path)
         v_options = build_verify_options(verify_kwargs, min_cosine, inputs)
         for path, what in ((report_json, "report"), (save_config, "settings file")):
@@ -291,6 +312,7 @@ def quantize_command(
             speed=resolved.speed,
             metric=resolved.metric,
             search_below=resolved.search_below,
+            transposes=transposes,
         )
         render.print_quantize_report(console, report)
         if save_config is not None and report.auto is not None:

@@ -274,6 +274,27 @@ def print_verification(console: Console, verification: VerifyReport, *, cosine: 
         console.print("[bold red]Verification FAILED[/bold red]")
 
 
+def print_transpose_trade(console: Console, trade: dict[str, Any]) -> None:
+    """The pointwise convs whose rewrite adds Transposes: both models and the one kept."""
+    table = Table(
+        title=(
+            f"{trade['convs']} pointwise convs add Transposes when rewritten; they hold"
+            f" {trade['weight_share']:.0%} of the weights"
+        ),
+        title_justify="left",
+    )
+    for column in ("model", "size", "latency x original", "meets the criterion", "kept"):
+        table.add_column(column, justify="left" if column == "model" else "right")
+    for model in trade["models"]:
+        ratios = model["latency_ratios"]
+        latency = "not timed" if ratios is None else " / ".join(f"{r:.2f}" for r in ratios)
+        size = "-" if model["size_ratio"] is None else f"{model['size_ratio']:.3f}x"
+        kept = "yes" if model["name"] == trade["kept"] else ""
+        table.add_row(model["name"], size, latency, "yes" if model["meets_criterion"] else "no", kept)
+    console.print(table)
+    console.print(f"Kept: {escape(trade['reason'])}", highlight=False, soft_wrap=True)
+
+
 def print_quantize_report(console: Console, report: QuantizeReport) -> None:
     """The quantize command's summary; its first line says why nothing was quantized, if so."""
     if report.unchanged is not None:
@@ -333,6 +354,8 @@ def print_quantize_report(console: Console, report: QuantizeReport) -> None:
     table.add_row("peak memory (RSS) until saved", human_bytes(report.peak_rss_quantize_bytes))
     table.add_row("peak memory (RSS) with the accuracy check", human_bytes(report.peak_rss_bytes))
     console.print(table)
+    if report.transposes is not None:
+        print_transpose_trade(console, report.transposes.to_dict())
     if report.kernel_choice is not None:
         console.print(kernel_choice_table(report.kernel_choice))
         console.print(f"Chosen: {escape(report.kernel_choice['reason'])}", highlight=False, soft_wrap=True)

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from onnx_conv2matmul.quantize.options import NodeSetting
     from onnx_conv2matmul.quantize.other_weights import OtherWeightsResult
     from onnx_conv2matmul.quantize.search_result import AutoResult
+    from onnx_conv2matmul.quantize.transposes import TransposeTrade
     from onnx_conv2matmul.quantize.unchanged import Unchanged
     from onnx_conv2matmul.rewrite.report import ConvEntry, ConvertReport
     from onnx_conv2matmul.verify.check import VerifyReport
@@ -56,6 +57,8 @@ class QuantizeReport(CommandReport):
     accuracy: dict[str, Any] = dataclasses.field(default_factory=dict)
     unchanged: Unchanged | None = None
     """Why no MatMul was quantized (None when some were, or in int8 dynamic mode)."""
+    transposes: TransposeTrade | None = None
+    """The trade of the convs whose rewrite adds Transposes, when it was weighed."""
 
     @property
     def passed(self) -> bool:
@@ -124,6 +127,7 @@ class QuantizeReport(CommandReport):
             "kernel_choice": self.kernel_choice,
             "accuracy": self.accuracy or None,
             "unchanged": None if self.unchanged is None else self.unchanged.to_dict(),
+            "transposes": None if self.transposes is None else self.transposes.to_dict(),
         }
 
 

@@ -124,7 +124,8 @@ def why_unchanged(
             pointwise_share,
             "--allow-added-transposes",
             f"nothing quantized: {_convs(pointwise, 'pointwise conv')} holding {_percent(pointwise_share)} of"
-            " the weights were left as they are because rewriting them adds Transposes (a depthwise or"
+            f" the weights {'was' if pointwise == 1 else 'were'} left as they are because rewriting them"
+            " adds Transposes (a depthwise or"
             " larger-kernel conv beside them needs channels-first data); --allow-added-transposes"
             " quantizes them",
         )
@@ -149,3 +150,15 @@ def why_unchanged(
         None,
         "nothing quantized: the model has no MatMul, Gemm or pointwise conv with a constant weight",
     )
+
+
+def with_trade(unchanged: Unchanged, reason: str) -> Unchanged:
+    """``unchanged`` with the measured trade of the convs that add Transposes (why the model
+    without them was kept) in its message, when that is its cause."""
+    if unchanged.cause is not Cause.ADDS_TRANSPOSES:
+        return unchanged
+    message = unchanged.message.replace(
+        "; --allow-added-transposes quantizes them",
+        f"; measured: {reason}; --prefer size keeps them",
+    )
+    return dataclasses.replace(unchanged, option="--prefer size", message=message)

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 
     from onnx_conv2matmul.quantize.options import AutoOptions
     from onnx_conv2matmul.quantize.search import Prepared
+    from onnx_conv2matmul.quantize.transposes import TransposeOptions, TransposeTrade
     from onnx_conv2matmul.quantize.unchanged import Unchanged
     from onnx_conv2matmul.rewrite.report import ConvertReport
     from onnx_conv2matmul.speed.choose import SpeedOptions
@@ -77,8 +78,15 @@ def quantize_file(
     speed: SpeedOptions | None = None,
     metric: MetricTarget | None = None,
     search_below: bool | None = None,
+    transposes: TransposeOptions | None = None,
 ) -> QuantizeReport:
     """Rewrite pointwise convs, quantize, compare with the fp32 input, then publish.
+
+    With ``transposes``, when the rewrite would leave pointwise convs because converting them
+    adds Transposes, the model is made both without and with them, both are timed against the
+    input, and the preference keeps one (see :mod:`onnx_conv2matmul.quantize.transposes`; the
+    report's ``transposes`` shows the trade); None, or ``allow_added_transposes`` given, decides
+    nothing.
 
     With ``speed``, the result is timed against the input on this CPU, and when the speed options
     leave several kernel settings (accuracy levels, block sizes) the fastest that meets the
@@ -112,6 +120,14 @@ def quantize_file(
             met even in float.
     """
     started = time.perf_counter()
+    asked = {
+        "quantize_options": quantize_options,
+        "verify": verify,
+        "auto": auto,
+        "metric": metric,
+        "search_below": search_below,
+        "run_checker": run_checker,
+    }
     defaults = quantize_options is None and auto is None and not int8
     search_below = defaults if search_below is None else search_below
     convert_options = convert_options or ConvertOptions(extended=True, allow_non_unit_dilation=True)
@@ -147,6 +163,13 @@ def quantize_file(
     report = _new_report(src, int8, convert_options, quantize_options, auto, criterion, speed)
     try:
         with _output.Output(dst, source=src) as output:
+            trade = None
+            if transposes is not None and not int8 and not convert_options.allow_added_transposes:
+                convert_options, trade = _weigh_transposes(
+                    src, output, convert_options, transposes, speed, verify, progress, asked
+                )
+                report = _new_report(src, int8, convert_options, quantize_options, auto, criterion, speed)
+                report.transposes = trade
             _quantize_to(
                 src,
                 output,
@@ -173,6 +196,7 @@ def quantize_file(
                     include=quantize_options.include,
                 )
                 report = _new_report(src, int8, convert_options, quantize_options, auto, criterion, speed)
+                report.transposes = trade
                 report.accuracy["fallback"] = {
                     "reason": below,
                     "settings": first.options["quantize"],
@@ -199,9 +223,39 @@ def quantize_file(
                 )
     finally:
         progress.close()
+    if report.unchanged is not None and report.transposes is not None:
+        from onnx_conv2matmul.quantize.unchanged import with_trade
+
+        report.unchanged = with_trade(report.unchanged, report.transposes.reason)
     report.seconds = time.perf_counter() - started
     report.peak_rss_bytes = _peak_rss_bytes()
     return report
+
+
+def _weigh_transposes(
+    src: str,
+    output: _output.Output,
+    convert_options: ConvertOptions,
+    transposes: TransposeOptions,
+    speed: SpeedOptions | None,
+    verify: VerifyOptions,
+    progress: Progress,
+    asked: dict[str, Any],
+) -> tuple[ConvertOptions, TransposeTrade | None]:
+    """Make the model without and with the convs that add Transposes (each quantized and checked
+    as this run asks, nothing timed), and keep the rewrite options the preference chooses."""
+    from onnx_conv2matmul.quantize.transposes import decide
+
+    def run(rewrite: ConvertOptions, path: str) -> QuantizeReport:
+        return quantize_file(src, path, convert_options=rewrite, **asked)
+
+    timing = None
+    if speed is not None:
+        from onnx_conv2matmul.quantize.kernel import timing_options
+
+        timing = timing_options(speed, verify)
+    with output.scratch("transposes") as scratch:
+        return decide(src, scratch, convert_options, transposes, run, timing, verify, progress.phase)
 
 
 def _criterion(verify: VerifyOptions, metric: MetricTarget | None, *, given: bool) -> dict[str, Any]:

@@ -1,0 +1,277 @@
+"""Whether the pointwise convs whose rewrite adds Transposes are rewritten: decided by measurement.
+
+A pointwise conv between two convs that need channels-first data (a depthwise conv, a 3x3 one)
+runs channels-last between two Transposes of its own once rewritten, and these Transposes cancel
+against nothing (the cleanup, :mod:`onnx_conv2matmul.rewrite.cleanup`, removes those that do).
+Rewritten, its weight can be quantized; left as it is, it stays in float. On mobile CNNs such
+convs hold most of the weights (86% of a PP-OCRv4 text detector's), so this is a trade of size
+for latency, and the Transposes' cost depends on the CPU.
+
+So, when the rewrite leaves such convs (skip reason ``adds_transposes``) holding a share of the
+weights, ``quantize`` makes both models (without them and with them, each quantized and checked
+as the run asks), times them against the original side by side on this CPU (the speed step's
+inputs, :mod:`onnx_conv2matmul.speed.inputs`), and keeps one by the preference:
+
+- ``size``: the smaller model that meets the accuracy criterion, whatever its latency;
+- ``speed``: the faster one (the lower geometric mean of the latency ratios over the inputs);
+- by default (``balanced``): the smaller one among those not slower than the original by more
+  than :data:`DEFAULT_MARGIN`; when neither is, the faster.
+
+The report's ``transposes`` section shows the trade: those convs' number and weight share, each
+model's size and latency ratio, the margin, what was kept and why. The run then quantizes with the
+rewrite options kept (its kernel choice and latency table are those of the model written).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from onnx_conv2matmul.rewrite.reasons import SkipReason
+
+DEFAULT_MARGIN = 0.10
+"""By default the model kept may be at most this much slower than the original (a latency ratio
+of at most 1.10, geometric mean over the inputs timed)."""
+
+
+class Prefer(str, enum.Enum):
+    """What the choice of ``--prefer`` favours."""
+
+    SIZE = "size"
+    SPEED = "speed"
+    BALANCED = "balanced"
+
+
+@dataclasses.dataclass(frozen=True)
+class TransposeOptions:
+    """The preference, the margin of the default, and (for tests) the timing's clock and sessions."""
+
+    prefer: Prefer = Prefer.BALANCED
+    margin: float = DEFAULT_MARGIN
+    clock: Callable[[], float] | None = dataclasses.field(default=None, compare=False)
+    session_factory: Any = dataclasses.field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.margin < 10:
+            raise ValueError(f"the latency margin must be in [0, 10), got {self.margin}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """One of the two models: with or without the convs that add Transposes."""
+
+    name: str
+    with_transposes: bool
+    bytes: int
+    passed: bool
+    ratios: tuple[float, ...] | None = None
+    quantized_nodes: int = 0
+
+    @property
+    def speed(self) -> float | None:
+        """The geometric mean of the latency ratios (None when not timed)."""
+        if not self.ratios:
+            return None
+        return math.exp(sum(math.log(r) for r in self.ratios) / len(self.ratios))
+
+    def to_dict(self, original_bytes: int) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "with_transposes": self.with_transposes,
+            "bytes": self.bytes,
+            "size_ratio": round(self.bytes / original_bytes, 4) if original_bytes else None,
+            "quantized_nodes": self.quantized_nodes,
+            "meets_criterion": self.passed,
+            "latency_ratios": None if self.ratios is None else [round(r, 4) for r in self.ratios],
+            "latency_ratio": None if self.speed is None else round(self.speed, 4),
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class TransposeTrade:
+    """What the convs that add Transposes weigh, both models, and the one kept."""
+
+    convs: int
+    weight_share: float
+    original_bytes: int
+    layouts: tuple[Layout, ...]
+    prefer: Prefer
+    margin: float
+    kept: int
+    reason: str
+    timed_on: str = ""
+
+    @property
+    def chosen(self) -> Layout:
+        return self.layouts[self.kept]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "convs": self.convs,
+            "weight_share": round(self.weight_share, 4),
+            "prefer": self.prefer.value,
+            "margin": self.margin,
+            "models": [layout.to_dict(self.original_bytes) for layout in self.layouts],
+            "kept": self.chosen.name,
+            "with_transposes": self.chosen.with_transposes,
+            "reason": self.reason,
+            "timed_on": self.timed_on,
+        }
+
+
+def _size(count: int) -> str:
+    return f"{count / 2**20:.2f} MiB" if count >= 2**20 else f"{count / 2**10:.1f} KiB"
+
+
+def choose(layouts: Sequence[Layout], prefer: Prefer, margin: float) -> tuple[int, str]:
+    """The index of the layout kept, and why (see the module's description).
+
+    A layout that misses the accuracy criterion is never kept while another meets it."""
+    if not layouts:
+        raise ValueError("no model to choose from")
+    eligible = [i for i, layout in enumerate(layouts) if layout.passed] or list(range(len(layouts)))
+
+    def size(i: int) -> tuple[int, int]:
+        return layouts[i].bytes, i
+
+    def speed(i: int) -> tuple[float, int]:
+        value = layouts[i].speed
+        return (math.inf if value is None else value), i
+
+    def described(i: int) -> str:
+        value = layouts[i].speed
+        timing = "" if value is None else f", {value:.2f}x the original's latency"
+        return f"{layouts[i].name} ({_size(layouts[i].bytes)}{timing})"
+
+    missed = [layouts[i].name for i in range(len(layouts)) if i not in eligible]
+    why_not = f"; {', '.join(missed)} missed the accuracy criterion" if missed else ""
+    if prefer is Prefer.SIZE:
+        best = min(eligible, key=size)
+        return best, f"--prefer size: {described(best)} is the smallest{why_not}"
+    timed = [i for i in eligible if layouts[i].speed is not None]
+    if prefer is Prefer.SPEED:
+        if not timed:
+            best = eligible[0]
+            return best, f"--prefer speed, nothing timed: {described(best)} adds no Transposes{why_not}"
+        best = min(timed, key=speed)
+        return best, f"--prefer speed: {described(best)} is the fastest{why_not}"
+    if not timed:
+        best = eligible[0]
+        return (
+            best,
+            f"not timed: {described(best)} adds no Transposes (--prefer size keeps the smaller){why_not}",
+        )
+    within = [i for i in timed if (layouts[i].speed or math.inf) <= 1 + margin]
+    if within:
+        best = min(within, key=size)
+        slower = [described(i) for i in timed if i not in within and layouts[i].bytes < layouts[best].bytes]
+        over = f"; {', '.join(slower)} is slower by more than that" if slower else ""
+        return best, (
+            f"{described(best)} is the smallest not slower than the original by more than"
+            f" {margin:.0%}{over}{why_not}"
+        )
+    best = min(timed, key=speed)
+    return best, (
+        f"every model is slower than the original by more than {margin:.0%}: {described(best)} is the"
+        f" fastest (--prefer size keeps the smaller){why_not}"
+    )
+
+
+def left_with_transposes(src: str, convert_options: Any) -> tuple[int, float]:
+    """How many convs the rewrite leaves because they add Transposes, and their share of the
+    float weights (read from the ``.onnx`` without reading external data)."""
+    from onnx_conv2matmul.quantize.inspection import inspect_file
+
+    inspected = inspect_file(src, convert_options, run_checker=False)
+    entries = [e for e in inspected.rewrite.entries if e.reason is SkipReason.ADDS_TRANSPOSES]
+    total = inspected.projection.weights_without_rewrite.total_bytes
+    weight = sum(e.weight_bytes for e in entries)
+    return len(entries), (weight / total if total else 0.0)
+
+
+def file_bytes(path: str) -> int:
+    from onnx_conv2matmul.speed.timing import model_file_bytes
+
+    return model_file_bytes(path) if os.path.exists(path) else 0
+
+
+CandidateRun = Callable[[Any, str], Any]
+"""Quantizes the input with rewrite options into a path; returns its quantize report."""
+
+
+def decide(
+    src: str,
+    scratch: str,
+    convert_options: Any,
+    options: TransposeOptions,
+    run: CandidateRun,
+    timing: Any | None,
+    verify: Any,
+    progress: Callable[[str], None] = lambda _: None,
+) -> tuple[Any, TransposeTrade | None]:
+    """The rewrite options to quantize with, and the trade that chose them (None when the rewrite
+    leaves no conv because of Transposes, or they hold no weight).
+
+    Both models are made by ``run`` in ``scratch`` and timed against ``src`` with ``timing``
+    (the speed step's options; None: nothing is timed, as with ``--no-bench``).
+
+    Raises:
+        ModelLoadError, ModelRunError: a model cannot be timed.
+    """
+    convs, share = left_with_transposes(src, convert_options)
+    if not convs or share <= 0:
+        return convert_options, None
+    with_options = dataclasses.replace(convert_options, allow_added_transposes=True)
+    layouts: list[Layout] = []
+    paths: list[str | None] = []
+    for name, flag, rewrite in (
+        ("without them", False, convert_options),
+        ("with them", True, with_options),
+    ):
+        progress(f"Quantizing {name}: the convs that add Transposes")
+        path = os.path.join(scratch, ("with" if flag else "without") + ".onnx")
+        try:
+            report = run(rewrite, path)
+            passed, quantized = bool(report.passed), int(report.quantized_nodes)
+        except Exception as err:  # a model that cannot be made is not a candidate
+            from onnx_conv2matmul.errors import Conv2MatMulError
+
+            if not isinstance(err, Conv2MatMulError):
+                raise
+            passed, quantized = False, 0
+        made = passed and os.path.exists(path)
+        layouts.append(Layout(name, flag, file_bytes(path) if made else 0, made, None, quantized))
+        paths.append(path if made else None)
+    timed_on = ""
+    timed = [i for i, path in enumerate(paths) if path is not None]
+    timed_paths = [path for path in paths if path is not None]
+    if timing is not None and timed:
+        from onnx_conv2matmul.speed.inputs import timing_inputs
+        from onnx_conv2matmul.speed.timing import time_models
+
+        progress("Timing both against the original")
+        measured = timing_inputs(src, timing, verify)
+        result = time_models(
+            [src, *timed_paths],
+            measured,
+            labels=["original", *(layouts[i].name for i in timed)],
+            clock=options.clock,
+            session_factory=options.session_factory,
+        )
+        timed_on = result.lengths_rule
+        for row, i in zip(result.models[1:], timed, strict=True):
+            ratios = tuple(lat.ratio for lat in row.latencies if lat.ratio is not None)
+            layouts[i] = dataclasses.replace(layouts[i], ratios=ratios)
+    original = file_bytes(src)
+    for i, layout in enumerate(layouts):
+        if not layout.passed:
+            layouts[i] = dataclasses.replace(layout, bytes=layout.bytes or original)
+    kept, reason = choose(layouts, options.prefer, options.margin)
+    trade = TransposeTrade(
+        convs, share, original, tuple(layouts), options.prefer, options.margin, kept, reason, timed_on
+    )
+    return (with_options if layouts[kept].with_transposes else convert_options), trade

@@ -1,0 +1,119 @@
+"""The pointwise convs whose rewrite adds Transposes: kept or not by measurement and ``--prefer``.
+The timings are fake (a clock advanced by a cost per model file, real onnxruntime sessions for the
+outputs), so no test depends on how fast anything runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import onnx
+import pytest
+
+from onnx_conv2matmul.quantize.options import QuantizeOptions
+from onnx_conv2matmul.quantize.transposes import Layout, Prefer, TransposeOptions, choose
+from onnx_conv2matmul.quantize.workflow import quantize_file
+from onnx_conv2matmul.speed.choose import SpeedOptions
+from onnx_conv2matmul.speed.timing import TimingOptions
+from onnx_conv2matmul.verify.check import VerifyOptions
+from speed_fakes import FakeClock, Sessions
+from test_quantize_unchanged import mobile_block
+
+SCHEMA = json.loads((Path(__file__).parent.parent / "schema" / "report.schema.json").read_text())
+SMALL = Layout("with them", True, 400, True, (1.05, 1.08))
+LARGE = Layout("without them", False, 1000, True, (1.0, 1.0))
+
+
+@pytest.mark.parametrize(
+    ("layouts", "prefer", "kept", "why"),
+    [
+        ((LARGE, SMALL), Prefer.BALANCED, 1, "not slower than the original by more than 10%"),
+        ((LARGE, Layout("with them", True, 400, True, (1.3, 1.4))), Prefer.BALANCED, 0, "the smallest"),
+        (
+            (Layout("a", False, 1000, True, (1.2,)), Layout("b", True, 400, True, (1.5,))),
+            Prefer.BALANCED,
+            0,
+            "every model is slower",
+        ),
+        ((LARGE, Layout("with them", True, 400, True, (1.3, 1.4))), Prefer.SIZE, 1, "--prefer size"),
+        ((LARGE, SMALL), Prefer.SPEED, 0, "--prefer speed"),
+        ((LARGE, Layout("with them", True, 400, False, (0.9,))), Prefer.SIZE, 0, "missed the accuracy"),
+        (
+            (Layout("without them", False, 1000, True), Layout("with them", True, 400, True)),
+            Prefer.BALANCED,
+            0,
+            "not timed",
+        ),
+    ],
+    ids=["within-margin", "over-margin", "both-over", "size", "speed", "missed-criterion", "untimed"],
+)
+def test_choose(layouts: tuple[Layout, ...], prefer: Prefer, kept: int, why: str) -> None:
+    index, reason = choose(layouts, prefer, 0.10)
+    assert index == kept
+    assert why in reason
+
+
+def _run(tmp_path: Path, prefer: Prefer, with_cost: float) -> dict[str, object]:
+    """The mobile block quantized (8 bits, so the floor is met) with ``prefer``; a run of the model
+    with the Transposes costs ``with_cost`` ms, any other model 1 ms."""
+    source = tmp_path / "block.onnx"
+    onnx.save(mobile_block(channels=64, wide=256), source)
+    clock = FakeClock()
+
+    def cost(path: str, length: int) -> float:
+        return with_cost if Path(path).name == "with.onnx" else 1.0
+
+    options = TransposeOptions(prefer, clock=clock, session_factory=Sessions(clock, cost, real=True))
+    speed = SpeedOptions(TimingOptions(rounds=3, warmup=0), levels=(0,), block_sizes=(32,))
+    report = quantize_file(
+        source,
+        tmp_path / f"out-{prefer.value}-{with_cost}.onnx",
+        quantize_options=QuantizeOptions(bits=8, block_size=32),
+        verify=VerifyOptions(lengths=(16, 32)),
+        speed=speed,
+        transposes=options,
+    )
+    assert report.passed
+    data: dict[str, object] = json.loads(json.dumps(report.to_dict()))  # as written to a file
+    jsonschema.validate(data, SCHEMA)
+    return data
+
+
+def test_the_default_keeps_the_smaller_model_within_the_margin(tmp_path: Path) -> None:
+    data = _run(tmp_path, Prefer.BALANCED, 1.05)
+    trade = data["transposes"]
+    assert isinstance(trade, dict)
+    assert trade["kept"] == "with them" and trade["with_transposes"]
+    assert trade["convs"] == 1
+    assert trade["weight_share"] == pytest.approx(16384 / (16384 + 2880), abs=1e-4)
+    without, with_ = trade["models"]
+    assert with_["latency_ratios"] == pytest.approx([1.05] * len(with_["latency_ratios"]))
+    assert without["latency_ratio"] == pytest.approx(1.0)
+    assert with_["bytes"] < without["bytes"]
+    assert data["quantized_nodes"] == 1 and data["unchanged"] is None
+
+
+def test_the_default_leaves_them_when_they_cost_more_than_the_margin(tmp_path: Path) -> None:
+    data = _run(tmp_path, Prefer.BALANCED, 1.5)
+    trade = data["transposes"]
+    assert isinstance(trade, dict) and trade["kept"] == "without them"
+    assert data["quantized_nodes"] == 0
+    unchanged = data["unchanged"]
+    assert isinstance(unchanged, dict) and unchanged["cause"] == "adds_transposes"
+    assert "1.50x" in unchanged["message"] and "--prefer size" in unchanged["message"]
+
+
+def test_prefer_size_keeps_them_whatever_they_cost(tmp_path: Path) -> None:
+    data = _run(tmp_path, Prefer.SIZE, 3.0)
+    trade = data["transposes"]
+    assert isinstance(trade, dict) and trade["kept"] == "with them"
+    assert data["quantized_nodes"] == 1
+    files = data["files"]
+    assert isinstance(files, dict) and files["ratio"] < 0.5
+
+
+def test_prefer_speed_keeps_the_faster(tmp_path: Path) -> None:
+    data = _run(tmp_path, Prefer.SPEED, 1.05)
+    trade = data["transposes"]
+    assert isinstance(trade, dict) and trade["kept"] == "without them"
