@@ -33,6 +33,11 @@ from typing import Any
 
 from onnx_conv2matmul.rewrite.reasons import SkipReason
 
+MIN_SHARE = 0.01
+"""Convs that add Transposes and hold less than this share of the float weights are not weighed:
+the rewrite leaves them (quantizing them would change the size by less than the noise of a
+measurement changes the latency)."""
+
 DEFAULT_MARGIN = 0.10
 """By default the model kept may be at most this much slower than the original (a latency ratio
 of at most 1.10, geometric mean over the inputs timed)."""
@@ -104,6 +109,8 @@ class TransposeTrade:
     kept: int
     reason: str
     timed_on: str = ""
+    timing: Any = dataclasses.field(default=None, compare=False, repr=False)
+    """The timing options both models were timed with (the written one is timed again so)."""
 
     @property
     def chosen(self) -> Layout:
@@ -223,7 +230,7 @@ def decide(
         ModelLoadError, ModelRunError: a model cannot be timed.
     """
     convs, share = left_with_transposes(src, convert_options)
-    if not convs or share <= 0:
+    if not convs or share < MIN_SHARE:
         return convert_options, None
     with_options = dataclasses.replace(convert_options, allow_added_transposes=True)
     layouts: list[Layout] = []
@@ -247,6 +254,7 @@ def decide(
         layouts.append(Layout(name, flag, file_bytes(path) if made else 0, made, None, quantized))
         paths.append(path if made else None)
     timed_on = ""
+    measured = None
     timed = [i for i, path in enumerate(paths) if path is not None]
     timed_paths = [path for path in paths if path is not None]
     if timing is not None and timed:
@@ -272,6 +280,75 @@ def decide(
             layouts[i] = dataclasses.replace(layout, bytes=layout.bytes or original)
     kept, reason = choose(layouts, options.prefer, options.margin)
     trade = TransposeTrade(
-        convs, share, original, tuple(layouts), options.prefer, options.margin, kept, reason, timed_on
+        convs,
+        share,
+        original,
+        tuple(layouts),
+        options.prefer,
+        options.margin,
+        kept,
+        reason,
+        timed_on,
+        measured,
     )
     return (with_options if layouts[kept].with_transposes else convert_options), trade
+
+
+def within_margin(
+    src: str, trade: TransposeTrade, options: TransposeOptions
+) -> Callable[[str], float | None]:
+    """By default (``balanced``), the check of the model with the Transposes as it is written
+    (after the kernel choice): timed again against ``src`` as both models were, its latency ratio
+    (the geometric mean over the inputs) when above the margin, else None. ``size`` and ``speed``
+    are not bound by the margin: None."""
+
+    def slower(path: str) -> float | None:
+        if trade.prefer is not Prefer.BALANCED or trade.timing is None:
+            return None
+        from onnx_conv2matmul.speed.timing import time_models
+
+        result = time_models(
+            [src, path],
+            trade.timing,
+            labels=["original", "with them"],
+            clock=options.clock,
+            session_factory=options.session_factory,
+        )
+        ratios = [lat.ratio for lat in result.models[1].latencies if lat.ratio is not None]
+        ratio = math.exp(sum(math.log(r) for r in ratios) / len(ratios)) if ratios else None
+        return ratio if ratio is not None and ratio > 1 + trade.margin else None
+
+    return slower
+
+
+def refused(trade: TransposeTrade, ratio: float) -> TransposeTrade:
+    """``trade`` after the model with the Transposes, timed again as written, was refused: the
+    model without them is kept, and the reason says what was measured."""
+    without = next(i for i, layout in enumerate(trade.layouts) if not layout.with_transposes)
+    reason = (
+        f"{trade.reason}; but timed again as written ({ratio:.2f}x the original's latency) it was"
+        f" slower than the original by more than {trade.margin:.0%}: the model without them is kept"
+        " (--prefer size keeps them)"
+    )
+    return dataclasses.replace(trade, kept=without, reason=reason)
+
+
+def weigh(
+    src: str,
+    scratch: str,
+    convert_options: Any,
+    options: TransposeOptions,
+    speed: Any,
+    verify: Any,
+    progress: Callable[[str], None],
+    run: CandidateRun,
+) -> tuple[Any, TransposeTrade | None]:
+    """:func:`decide` for ``quantize``: ``run`` makes each model in ``scratch`` as the run was
+    asked (settings, check, search; nothing timed); both are timed with the speed options'
+    timing (None: ``--no-bench``)."""
+    timing = None
+    if speed is not None:
+        from onnx_conv2matmul.quantize.kernel import timing_options
+
+        timing = timing_options(speed, verify)
+    return decide(src, scratch, convert_options, options, run, timing, verify, progress)

@@ -40,11 +40,11 @@ from onnx_conv2matmul.rewrite.passes import rewrite_model
 from onnx_conv2matmul.verify.check import VerifyOptions, check_feeds_for_graph, verify_models
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from onnx_conv2matmul.quantize.options import AutoOptions
     from onnx_conv2matmul.quantize.search import Prepared
-    from onnx_conv2matmul.quantize.transposes import TransposeOptions, TransposeTrade
+    from onnx_conv2matmul.quantize.transposes import TransposeOptions
     from onnx_conv2matmul.quantize.unchanged import Unchanged
     from onnx_conv2matmul.rewrite.report import ConvertReport
     from onnx_conv2matmul.speed.choose import SpeedOptions
@@ -120,7 +120,7 @@ def quantize_file(
             met even in float.
     """
     started = time.perf_counter()
-    asked = {
+    asked: dict[str, Any] = {
         "quantize_options": quantize_options,
         "verify": verify,
         "auto": auto,
@@ -161,15 +161,30 @@ def quantize_file(
     if not int8:
         _check_quantize_options(quantize_options, verify)
     report = _new_report(src, int8, convert_options, quantize_options, auto, criterion, speed)
+    trade = None
     try:
         with _output.Output(dst, source=src) as output:
-            trade = None
             if transposes is not None and not int8 and not convert_options.allow_added_transposes:
-                convert_options, trade = _weigh_transposes(
-                    src, output, convert_options, transposes, speed, verify, progress, asked
-                )
+                from onnx_conv2matmul.quantize.transposes import weigh
+
+                with output.scratch("transposes") as scratch:
+                    convert_options, trade = weigh(
+                        src,
+                        scratch,
+                        convert_options,
+                        transposes,
+                        speed,
+                        verify,
+                        progress.phase,
+                        lambda rewrite, path: quantize_file(src, path, convert_options=rewrite, **asked),
+                    )
                 report = _new_report(src, int8, convert_options, quantize_options, auto, criterion, speed)
                 report.transposes = trade
+            refuse = None
+            if trade is not None and trade.chosen.with_transposes and transposes is not None:
+                from onnx_conv2matmul.quantize.transposes import within_margin
+
+                refuse = within_margin(src, trade, transposes)
             _quantize_to(
                 src,
                 output,
@@ -183,6 +198,7 @@ def quantize_file(
                 auto,
                 speed,
                 metric,
+                refuse,
             )
             if not report.passed and search_below and not int8:
                 first = report
@@ -220,9 +236,19 @@ def quantize_file(
                     auto,
                     speed,
                     metric,
+                    refuse,
                 )
     finally:
         progress.close()
+    if trade is not None and report.refused_ratio is not None:
+        # The model with the Transposes, timed again as written, was slower than the margin
+        # allows: nothing was published, and the model without them is made and written instead.
+        from onnx_conv2matmul.quantize.transposes import refused
+
+        trade = refused(trade, report.refused_ratio)
+        without = dataclasses.replace(convert_options, allow_added_transposes=False)
+        report = quantize_file(src, dst, convert_options=without, speed=speed, **asked)
+        report.transposes = trade
     if report.unchanged is not None and report.transposes is not None:
         from onnx_conv2matmul.quantize.unchanged import with_trade
 
@@ -230,32 +256,6 @@ def quantize_file(
     report.seconds = time.perf_counter() - started
     report.peak_rss_bytes = _peak_rss_bytes()
     return report
-
-
-def _weigh_transposes(
-    src: str,
-    output: _output.Output,
-    convert_options: ConvertOptions,
-    transposes: TransposeOptions,
-    speed: SpeedOptions | None,
-    verify: VerifyOptions,
-    progress: Progress,
-    asked: dict[str, Any],
-) -> tuple[ConvertOptions, TransposeTrade | None]:
-    """Make the model without and with the convs that add Transposes (each quantized and checked
-    as this run asks, nothing timed), and keep the rewrite options the preference chooses."""
-    from onnx_conv2matmul.quantize.transposes import decide
-
-    def run(rewrite: ConvertOptions, path: str) -> QuantizeReport:
-        return quantize_file(src, path, convert_options=rewrite, **asked)
-
-    timing = None
-    if speed is not None:
-        from onnx_conv2matmul.quantize.kernel import timing_options
-
-        timing = timing_options(speed, verify)
-    with output.scratch("transposes") as scratch:
-        return decide(src, scratch, convert_options, transposes, run, timing, verify, progress.phase)
 
 
 def _criterion(verify: VerifyOptions, metric: MetricTarget | None, *, given: bool) -> dict[str, Any]:
@@ -341,6 +341,7 @@ def _quantize_to(
     auto: AutoOptions | None = None,
     speed: SpeedOptions | None = None,
     metric: MetricTarget | None = None,
+    refuse: Callable[[str], float | None] | None = None,
 ) -> None:
     dst = output.path
     loaded = load_input(src, dst, inplace=False, run_checker=run_checker, progress=progress, timings={})
@@ -448,7 +449,10 @@ def _quantize_to(
                     drop=metric.drop(original_score, score),
                     passed=metric.meets(original_score, score),
                 )
-            if report.passed:
+            if report.passed and refuse is not None:
+                progress.phase("Timing the model with the Transposes as written")
+                report.refused_ratio = refuse(staged.onnx_path)
+            if report.passed and report.refused_ratio is None:
                 progress.phase("Publishing")
                 staged.publish(modes)
                 report.output_path = dst
