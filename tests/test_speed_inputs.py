@@ -20,7 +20,7 @@ from onnx_conv2matmul.speed.inputs import given_inputs, pick_feeds, timing_input
 from onnx_conv2matmul.speed.timing import TimingOptions, time_models
 from onnx_conv2matmul.verify.check import VerifyOptions
 from processes import run_python
-from speed_fakes import FakeClock, Sessions
+from speed_fakes import FakeClock, Sessions, sequence_matmul_model
 
 WIDTH = 64
 
@@ -136,3 +136,13 @@ def test_onnxruntime_log_lines_stay_off_the_terminal(frames: Path) -> None:
     assert not [line for line in lines if re.search(r"\[[VIWEF]:onnxruntime", line)], done.stderr
     errors = [line for line in lines if line.startswith("error:")]
     assert len(errors) == 1 and "Reshape" in errors[0], done.stderr
+
+
+def test_without_inputs_the_default_lengths_are_kept_where_the_model_takes_them(tmp_path: Path) -> None:
+    path = tmp_path / "seq.onnx"
+    onnx.save(sequence_matmul_model(), path)
+    timing = timing_inputs(str(path), TimingOptions(), VerifyOptions())
+    assert timing.feeds is not None
+    assert [number for number, _ in timing.feeds] == [200, 1000]
+    assert [feed["x"].shape for _, feed in timing.feeds] == [(1, 200, 64), (1, 1000, 64)]
+    assert "default lengths" in timing.feeds_rule

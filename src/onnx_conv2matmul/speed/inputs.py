@@ -5,11 +5,12 @@
   latency is seen at two sizes).
 - With lengths given for the timing (``--bench-lengths``), synthesised inputs at those lengths,
   as the user asked.
-- Otherwise the runs the accuracy check makes of the original model (its plan, at batch 1,
-  each run made once here: a shape it cannot take is replaced as the check replaces it), the
-  shortest and the longest of them. A fixed height (a recognizer's 48) or a value the graph
-  needs (silero's sample rate) is then what the check found, never a default length the model
-  cannot take.
+- Otherwise runs of the original made by the accuracy check's machinery at batch 1: at the
+  timing's default lengths (200 and 1000 for a sequence, 224 and 448 for an image) when the
+  original runs at both, else the check's own plan (a shape it cannot take replaced as the check
+  replaces it), its shortest and longest runs. A fixed height (a recognizer's 48) or a value the
+  graph needs (silero's sample rate) is then what the check found, never a default length the
+  model cannot take.
 """
 
 from __future__ import annotations
@@ -57,16 +58,33 @@ def given_inputs(timing: TimingOptions, feeds: Sequence[Mapping[str, np.ndarray]
 
 
 def proven_inputs(src: str, timing: TimingOptions, verify: VerifyOptions) -> TimingOptions:
-    """``timing`` on the accuracy check's runs of ``src`` at batch 1 (its shortest and longest,
-    the long run of a speech encoder left out when there are others).
+    """``timing`` on runs of ``src`` at batch 1 that the accuracy check's machinery made: at the
+    timing's default lengths (200 and 1000 for a sequence, 224 and 448 for an image) when the
+    original runs at both, else at the check's own shortest and longest runs (the long run of a
+    speech encoder left out when there are others).
 
     Raises:
         ModelRunError, InputError, OutOfMemory: as the accuracy check, for the original.
     """
+    from onnx_conv2matmul.errors import Conv2MatMulError
+    from onnx_conv2matmul.speed.timing import default_lengths
     from onnx_conv2matmul.verify.check import Reference
 
     options = dataclasses.replace(verify, batch=1, feeds=None, report_only=True, min_cosine=None)
-    reference = Reference(src, options)
+    probe = Reference(src, options, run=False)
+    lengths, _ = default_lengths(probe.specs, options)
+    del probe
+    reference: Reference | None = None
+    try:
+        reference = Reference(src, dataclasses.replace(options, lengths=tuple(lengths)))
+        rule = "the timing's default lengths, run by the accuracy check's planner at batch 1"
+        if sorted(run.length for run, _ in reference.done) != sorted(lengths):
+            reference = None  # a length left out (the memory budget): not proven
+    except Conv2MatMulError:
+        reference = None
+    if reference is None:
+        reference = Reference(src, options)
+        rule = "the accuracy check's shortest and longest runs, batch 1"
     runs = [run for run, _ in reference.done]
     for index, (run, _) in enumerate(reference.done):
         reference.done[index] = (run, [])  # the outputs are not needed
@@ -80,7 +98,7 @@ def proven_inputs(src: str, timing: TimingOptions, verify: VerifyOptions) -> Tim
     return dataclasses.replace(
         timing,
         feeds=tuple((n, feeds[i]) for n, i in zip(numbers, chosen, strict=True)),
-        feeds_rule=f"the accuracy check's shortest and longest runs, batch 1: {described}",
+        feeds_rule=f"{rule}: {described}",
     )
 
 
