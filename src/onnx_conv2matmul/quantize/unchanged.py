@@ -11,7 +11,8 @@ JSON report, say why, by the first cause that applies:
 3. ``adds_transposes``: the pointwise convs were left as they are because rewriting them adds
    Transposes (a depthwise or larger-kernel conv beside them needs channels-first data);
 4. ``larger_kernels``: the weights are in convs with kernels larger than 1, which MatMulNBits
-   cannot take;
+   cannot take (``--int8-dynamic`` does not help either on the models tried: onnxruntime's
+   ``quantize_dynamic`` left silero's and the PP-OCRv4 detector's convs in float);
 5. ``no_weights``: the model has no MatMul, Gemm or pointwise conv with a constant weight.
 """
 
@@ -139,10 +140,10 @@ def why_unchanged(
         return Unchanged(
             Cause.LARGER_KERNELS,
             larger_share,
-            "--int8-dynamic",
+            None,
             f"nothing quantized: {_percent(larger_share)} of the weights are in {_convs(larger, 'conv')} with"
             " kernels larger than 1, which MatMulNBits cannot take (it takes MatMuls, and pointwise"
-            f" convs once rewritten); --int8-dynamic quantizes convs too (as ConvInteger){also}",
+            f" convs once rewritten), and no option of quantize changes that{also}",
         )
     return Unchanged(
         Cause.NO_WEIGHTS,
