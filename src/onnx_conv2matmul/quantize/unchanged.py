@@ -13,7 +13,10 @@ JSON report, say why, by the first cause that applies:
 4. ``larger_kernels``: the weights are in convs with kernels larger than 1, which MatMulNBits
    cannot take (``--int8-dynamic`` does not help either on the models tried: onnxruntime's
    ``quantize_dynamic`` left silero's and the PP-OCRv4 detector's convs in float);
-5. ``no_weights``: the model has no MatMul, Gemm or pointwise conv with a constant weight.
+5. ``weights_are_inputs``: the pointwise convs' weights are initializers that are also graph
+   inputs (a caller may replace them), which the rewrite leaves alone; chosen over 3 and 4 when
+   they hold more of the weights;
+6. ``no_weights``: the model has no MatMul, Gemm or pointwise conv with a constant weight.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ class Cause(str, enum.Enum):
     ACCURACY_FLOOR = "accuracy_floor"
     ADDS_TRANSPOSES = "adds_transposes"
     LARGER_KERNELS = "larger_kernels"
+    WEIGHTS_ARE_INPUTS = "weights_are_inputs"
     NO_WEIGHTS = "no_weights"
 
 
@@ -119,6 +123,17 @@ def why_unchanged(
         )
     pointwise, pointwise_share = _share(entries, SkipReason.ADDS_TRANSPOSES, total)
     larger, larger_share = _share(entries, SkipReason.KERNEL_NOT_POINTWISE, total)
+    inputs, inputs_share = _share(entries, SkipReason.WEIGHT_OVERRIDABLE, total)
+    if inputs and inputs_share > max(pointwise_share, larger_share):
+        return Unchanged(
+            Cause.WEIGHTS_ARE_INPUTS,
+            inputs_share,
+            None,
+            f"nothing quantized: {_convs(inputs, 'pointwise conv')} holding {_percent(inputs_share)} of"
+            " the weights read them from initializers that are also graph inputs (a caller may feed"
+            " other weights), so they are left as they are; re-export the model with the weights as"
+            " plain initializers to quantize them",
+        )
     if pointwise and pointwise_share >= larger_share:
         return Unchanged(
             Cause.ADDS_TRANSPOSES,
