@@ -291,3 +291,19 @@ def model_bytes(path: str) -> int:
                 if total >= PROGRESS_MIN_BYTES:
                     break
     return total
+
+
+def files_read(
+    inputs: tuple[str, ...] | list[str] = (), validate: str | None = None, config: str | None = None
+) -> list[str]:
+    """The files a run reads besides its models, which no output or report may overwrite:
+    the ``--inputs`` files or folders, the ``--config`` settings file, and the file of a
+    ``--validate path/to/file.py:function`` (a module named by its dotted name is not a path)."""
+    read = [*inputs]
+    if config is not None:
+        read.append(config)
+    if validate is not None and ":" in validate:
+        module = validate.rsplit(":", 1)[0]
+        if module.endswith(".py") or os.sep in module:
+            read.append(module)
+    return read

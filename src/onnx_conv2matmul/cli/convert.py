@@ -136,7 +136,7 @@ def verify_command(
 
         options = build_verify_options(verify_kwargs, min_cosine, inputs)
         if report_json is not None:
-            check_report_target(report_json, inputs=[original, candidate], outputs=[])
+            check_report_target(report_json, inputs=[original, candidate], outputs=[], read=inputs)
         OUTCOME.watch(report_json)
         report = api.verify_files(original, candidate, options)
         render.print_verification(console, report.verification, cosine=cosine)
