@@ -20,6 +20,7 @@ from onnx_conv2matmul.cli.common import (
     stderr_console,
 )
 from onnx_conv2matmul.cli.flags import (
+    FiniteFloatRange,
     build_rewrite_options,
     build_verify_options,
     inputs_option,
@@ -105,7 +106,7 @@ def convert_command(
 @click.option("--cosine", is_flag=True, help="Also print the cosine similarity per output.")
 @click.option(
     "--min-cosine",
-    type=click.FloatRange(-1, 1),
+    type=FiniteFloatRange(-1, 1),
     default=None,
     help="Pass when every float output's cosine similarity is at least X (quantized models).",
 )

@@ -4,6 +4,7 @@ library's option types.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,27 @@ if TYPE_CHECKING:
 _DEFAULTS = QuantizeOptions()
 
 
+class FiniteFloatRange(click.FloatRange):
+    """``click.FloatRange`` that also refuses NaN and the infinities (a range lets NaN through:
+    it compares false with both bounds)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
+def _block_size(value: int | None) -> int | None:
+    """Refuse at parse time a block size MatMulNBits does not take (the option names itself)."""
+    from onnx_conv2matmul.quantize.options import BLOCK_SIZES
+
+    if value is not None and value not in BLOCK_SIZES:
+        sizes = ", ".join(map(str, BLOCK_SIZES))
+        raise click.BadParameter(f"{value} is not a block size MatMulNBits takes ({sizes})")
+    return value
+
+
 def parse_pairs(values: tuple[str, ...], option: str, kind: type) -> dict[str, Any]:
     pairs: dict[str, Any] = {}
     for item in values:
@@ -39,6 +61,10 @@ def parse_pairs(values: tuple[str, ...], option: str, kind: type) -> dict[str, A
             pairs[name] = kind(raw)
         except ValueError:
             raise click.BadParameter(f"{raw!r} is not a {kind.__name__}", param_hint=option) from None
+        if kind is float and not math.isfinite(pairs[name]):
+            raise click.BadParameter(f"{raw!r} is not a finite number", param_hint=option)
+        if kind is int and pairs[name] < 1:
+            raise click.BadParameter(f"{raw!r} is not a positive integer", param_hint=option)
     return pairs
 
 
@@ -117,17 +143,17 @@ VERIFY_OPTIONS = [
         default=None,
         help="Also compare this (length) output; integer outputs must match exactly.",
     ),
-    click.option("--verify-seed", type=int, default=0, show_default=True),
+    click.option("--verify-seed", type=click.IntRange(min=0), default=0, show_default=True),
     click.option(
         "--verify-max-abs",
-        type=click.FloatRange(min=0),
+        type=FiniteFloatRange(min=0),
         default=DEFAULT_MAX_ABS,
         show_default=True,
         help="Max scaled absolute difference.",
     ),
     click.option(
         "--verify-mean-abs",
-        type=click.FloatRange(min=0),
+        type=FiniteFloatRange(min=0),
         default=DEFAULT_MEAN_ABS,
         show_default=True,
         help="Max mean scaled absolute difference.",
@@ -195,6 +221,7 @@ NBITS_OPTIONS = [
     click.option(
         "--block-size",
         type=int,
+        callback=lambda _ctx, _param, value: _block_size(value),
         default=None,
         help=f"MatMulNBits block size: 16, 32, 64, 128 or 256 [default: {_DEFAULTS.block_size}].",
     ),

@@ -27,6 +27,7 @@ from onnx_conv2matmul.cli.common import (
     stderr_console,
 )
 from onnx_conv2matmul.cli.flags import (
+    FiniteFloatRange,
     allow_added_transposes,
     bench_options,
     build_verify_options,
@@ -116,7 +117,7 @@ from onnx_conv2matmul.quantize.options import DEFAULT_MAX_EVALUATIONS, resolve
 @no_gemm
 @click.option(
     "--min-cosine",
-    type=click.FloatRange(-1, 1),
+    type=FiniteFloatRange(-1, 1),
     default=None,
     help=(
         "The accuracy the output must meet: every sample's cosine similarity to the input at least X"
