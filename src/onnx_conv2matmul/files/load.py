@@ -506,7 +506,6 @@ def check_report_target(
     the file in messages (another JSON file written the same way, e.g. a settings file).
     """
     check_report_path(report_path, what=what)
-    check_not_read(report_path, read, what=what)
     protected = {os.path.realpath(p) for p in inputs}
     for out in outputs:
         protected.update({os.path.realpath(out), os.path.realpath(out + ".data")})
@@ -520,6 +519,7 @@ def check_report_target(
             protected |= files_read_by(path)
     if target in protected:
         raise InputError(f"the {what} would overwrite a model file: {report_path}")
+    check_not_read(report_path, read, what=what)
 
 
 def check_model(path: str, label: str | None = None) -> None:
