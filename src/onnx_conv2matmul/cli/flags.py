@@ -41,16 +41,6 @@ class FiniteFloatRange(click.FloatRange):
         return number
 
 
-def _block_size(value: int | None) -> int | None:
-    """Refuse at parse time a block size MatMulNBits does not take (the option names itself)."""
-    from onnx_conv2matmul.quantize.options import BLOCK_SIZES
-
-    if value is not None and value not in BLOCK_SIZES:
-        sizes = ", ".join(map(str, BLOCK_SIZES))
-        raise click.BadParameter(f"{value} is not a block size MatMulNBits takes ({sizes})")
-    return value
-
-
 def parse_pairs(values: tuple[str, ...], option: str, kind: type) -> dict[str, Any]:
     pairs: dict[str, Any] = {}
     for item in values:
@@ -64,7 +54,7 @@ def parse_pairs(values: tuple[str, ...], option: str, kind: type) -> dict[str, A
         if kind is float and not math.isfinite(pairs[name]):
             raise click.BadParameter(f"{raw!r} is not a finite number", param_hint=option)
         if kind is int and pairs[name] < 1:
-            raise click.BadParameter(f"{raw!r} is not a positive integer", param_hint=option)
+            raise click.BadParameter(f"{raw!r}: must be >= 1", param_hint=option)
     return pairs
 
 
@@ -221,7 +211,6 @@ NBITS_OPTIONS = [
     click.option(
         "--block-size",
         type=int,
-        callback=lambda _ctx, _param, value: _block_size(value),
         default=None,
         help=f"MatMulNBits block size: 16, 32, 64, 128 or 256 [default: {_DEFAULTS.block_size}].",
     ),
