@@ -195,7 +195,7 @@ def test_cli_auto_writes_config_and_report(tmp_path: Path) -> None:
     [
         (["--max-drop", "0.1"], "--max-drop needs --validate"),
         (["--validate", "json:dumps", "--max-drop", "1 point"], "expected a number or a percentage"),
-        (["--validate", "no_such_module_here:f"], "cannot import no_such_module_here"),
+        (["--validate", "no_such_module_here:f"], "No module named 'no_such_module_here'"),
         (["--validate", "json:no_such_function"], "json has no no_such_function"),
         (["--validate", "json"], "package.module:function"),
         (["--validate", "json:dumps", "--int8-dynamic"], "does not combine with --int8-dynamic"),

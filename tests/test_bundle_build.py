@@ -242,19 +242,26 @@ def test_build_writes_config_manifest_and_replaces_its_own_bundle(tmp_path: Path
     assert {f.path for f in report.files} == set(os.listdir(out))
     assert report.bundle_bytes == sum(p.stat().st_size for p in out.iterdir())
     assert report.bundle_bytes < report.source_bytes
-    (out / "stale.txt").write_text("from an earlier run")
-    again = build_bundle(source, out)
-    assert again.passed and not (out / "stale.txt").exists()
+    assert manifest["written"]["tool"] == "onnx-conv2matmul" and manifest["written"]["run"]
+    first_run = manifest["written"]["run"]
+    again = build_bundle(source, out)  # its own bundle, unchanged: replaced whole
+    assert again.passed
+    assert json.loads((out / "manifest.json").read_text())["written"]["run"] != first_run
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]  # no staging or lock left
+    # A file the tool did not write makes the folder no longer provably its own: refused, kept.
+    (out / "stale.txt").write_text("the user's notes")
+    with pytest.raises(InputError, match=r"stale\.txt"):
+        build_bundle(source, out)
+    assert (out / "stale.txt").read_text() == "the user's notes"
 
 
 def test_replacing_without_an_atomic_exchange(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "bundle"
     assert build_bundle(SOURCE, out).passed
-    (out / "stale.txt").write_text("from an earlier run")
+    before = json.loads((out / "manifest.json").read_text())["written"]["run"]
     monkeypatch.setattr("onnx_conv2matmul.files.publish._exchange", lambda a, b: False)
     assert build_bundle(SOURCE, out).passed
-    assert not (out / "stale.txt").exists() and (out / "manifest.json").is_file()
+    assert json.loads((out / "manifest.json").read_text())["written"]["run"] != before
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]
 
 

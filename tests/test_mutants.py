@@ -64,7 +64,7 @@ def test_nonfinite_mismatches_count_nan_and_inf_that_differ() -> None:
 
 def test_a_float_row_has_every_number_worked_out() -> None:
     row = _row(REF, OUT)
-    limits = thresholds(np.dtype(np.float64), VerifyOptions())
+    limits = thresholds(np.dtype(np.float64), VerifyOptions(), 4)  # the mean limit of 4 elements
     assert row == OutputComparison(
         length=7,
         output="y",
@@ -78,6 +78,7 @@ def test_a_float_row_has_every_number_worked_out() -> None:
         mismatches=0,
         passed=False,
         note=f"above the limits for float64: max_abs {limits[0]:.3g}, mean_abs {limits[1]:.3g}",
+        sample_rel_err=0.5 / math.sqrt(REF_SQ),  # fewer than 8 elements: judged by relative error too
     )
     # float32 is widened to float64 before the differences are taken.
     row32 = _row(REF.astype(np.float32), OUT.astype(np.float32))
@@ -89,16 +90,25 @@ def test_a_float_row_has_every_number_worked_out() -> None:
     [(0.25, 0.0625, True), (0.2499, 0.0625, False), (0.25, 0.0624, False), (1.0, 1.0, True)],
 )
 def test_the_scaled_difference_limits_are_inclusive(max_abs: float, mean_abs: float, passed: bool) -> None:
-    row = _row(REF, OUT, VerifyOptions(max_abs=max_abs, mean_abs=mean_abs))
+    # REF and OUT tiled to 64 elements (one differs per 4): a size whose mean limit is the
+    # option's plus (max - mean) / 8; the options are shifted so that the limits are the values.
+    ref, out = np.tile(REF, (1, 16)), np.tile(OUT, (1, 16))
+    mean_option = (mean_abs * 8 - max_abs) / 7
+    row = _row(ref, out, VerifyOptions(max_abs=max_abs, mean_abs=mean_option))
+    assert thresholds(np.dtype(np.float64), VerifyOptions(max_abs=max_abs, mean_abs=mean_option), 64) == (
+        max_abs,
+        pytest.approx(mean_abs),
+    )
     assert row.passed is passed
     assert (row.note == "") is passed
 
 
 @pytest.mark.parametrize(("delta", "passed"), [(0.0, True), (1e-9, False), (-0.5, True)])
 def test_the_min_cosine_limit_is_inclusive(delta: float, passed: bool) -> None:
-    cosine = _row(REF, OUT).cosine
+    ref, out = np.tile(REF, (1, 2)), np.tile(OUT, (1, 2))  # 8 elements: the cosine alone judges
+    cosine = _row(ref, out).cosine
     assert cosine is not None
-    row = _row(REF, OUT, VerifyOptions(min_cosine=cosine + delta))
+    row = _row(ref, out, VerifyOptions(min_cosine=cosine + delta))
     assert row.passed is passed
     assert row.note == ""
 
@@ -147,14 +157,15 @@ def test_zero_and_empty_float_outputs() -> None:
     assert (gone.rel_err, gone.cosine) == (1.0, 0.0)
     small = _row(np.array([0.5]), np.array([0.25]), VerifyOptions(report_only=True))
     assert (small.rel_err, small.cosine, small.max_ref) == (0.5, 1.0, 0.5)  # below 1 too
-    empty = _row(np.zeros((0, 4)), np.zeros((0, 4)))
+    empty = _row(np.zeros((0, 4)), np.zeros((0, 4)))  # nothing compared: fails (issue 32)
     assert (empty.mean_abs, empty.rel_err, empty.cosine, empty.passed, empty.shape) == (
         0.0,
         0.0,
         1.0,
-        True,
+        False,
         [0, 4],
     )
+    assert "empty" in empty.note
 
 
 def test_exact_types_compare_every_element() -> None:
@@ -172,7 +183,7 @@ def test_exact_types_compare_every_element() -> None:
     same = _row(np.array([4, 4], dtype=np.int32), np.array([4, 4], dtype=np.int32))
     assert same == OutputComparison(7, "y", "int32", [2], 0.0, 0.0, 0.0, None, 0.0, 0, True, "")
     empty = _row(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
-    assert (empty.max_abs, empty.mean_abs, empty.rel_err, empty.passed) == (0.0, 0.0, 0.0, True)
+    assert (empty.max_abs, empty.mean_abs, empty.rel_err, empty.passed) == (0.0, 0.0, 0.0, False)
 
 
 def test_strings_compare_as_text() -> None:
@@ -226,7 +237,7 @@ def test_sequences_sum_their_tensors_and_name_the_first_that_fails() -> None:
     ref_sq, out_sq = 2 * REF_SQ + 1, REF_SQ + OUT_SQ + 4
     assert row.rel_err == pytest.approx(math.sqrt(0.25 + 1) / math.sqrt(ref_sq))
     assert row.cosine == pytest.approx((REF_SQ + DOT + 2) / math.sqrt(ref_sq * out_sq))
-    limits = thresholds(np.dtype(np.float64), options)
+    limits = thresholds(np.dtype(np.float64), options, 1)  # element 2 holds one number
     assert not row.passed
     assert (
         row.note
@@ -262,7 +273,7 @@ def test_sequences_of_exact_types_and_empty_sequences() -> None:
     assert (empty.dtype, empty.shape, empty.passed, empty.cosine, empty.mean_abs) == (
         "sequence",
         [0],
-        True,
+        False,  # nothing compared (issue 32)
         None,
         0.0,
     )
@@ -298,7 +309,7 @@ def test_sequences_that_cannot_be_compared() -> None:
 def test_compare_outputs_dispatches_on_the_kind_of_value() -> None:
     options = VerifyOptions()
     assert compare_outputs(REF, REF.copy(), options, length=1, name="y") == OutputComparison(
-        1, "y", "float64", [2, 2], 0.0, 0.0, 0.0, pytest.approx(1.0), 8.0, 0, True, ""
+        1, "y", "float64", [2, 2], 0.0, 0.0, 0.0, pytest.approx(1.0), 8.0, 0, True, "", sample_rel_err=0.0
     )
     seq = compare_outputs([REF], [REF], options, length=4, name="z")
     assert (seq.dtype, seq.passed, seq.length, seq.output) == ("sequence(float64)", True, 4, "z")

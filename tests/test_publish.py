@@ -15,6 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from helpers import run
 from onnx_conv2matmul import InputError, convert_file
+from onnx_conv2matmul.files import owned
 from onnx_conv2matmul.files.publish import Destination, DestinationBusy, referenced_files
 from processes import run_python
 
@@ -165,11 +166,13 @@ def test_recovery_removes_what_a_killed_run_left(tmp_path: Path) -> None:
     (directory / "o.onnx.1.data").write_bytes(b"left by a killed run")
     stale = directory / ".o.onnx.abcd1234.tmp"
     stale.mkdir()
+    owned.mark(str(stale))  # as the killed run made it
     journal = [str(directory / "o.onnx.data"), str(directory / "o.onnx.1.data"), str(src)]
     (stale / "obsolete.json").write_text(json.dumps(journal))
     with Destination(directory / "o.onnx.x"):  # another destination, with a run writing it
         other = directory / ".o.onnx.x.abcd1234.tmp"  # ... and its staging
         other.mkdir()
+        owned.mark(str(other))
         with Destination(out) as destination:
             assert destination.data_name == "o.onnx.1.data"
         assert not stale.exists() and other.exists()
@@ -182,19 +185,47 @@ def test_abandoned_staging_of_other_destinations_is_removed(tmp_path: Path) -> N
     directory, with their lock files; one that holds a journal is left to its own destination."""
     for name in (".a.onnx.abcd1234.tmp", ".b.onnx.auto-abcd1234.tmp", ".c.onnx.gptq-abcd1234.tmp"):
         (tmp_path / name).mkdir()
+        owned.mark(str(tmp_path / name))
         (tmp_path / name / "model.onnx.data").write_bytes(b"a copy of the weights")
     (tmp_path / ".b.onnx.lock").write_text("")  # what a killed run leaves
     journaled = tmp_path / ".d.onnx.abcd1234.tmp"
     journaled.mkdir()
+    owned.mark(str(journaled))
     (journaled / "obsolete.json").write_text(json.dumps([str(tmp_path / "d.onnx.data")]))
     (tmp_path / "d.onnx.data").write_bytes(b"")
     not_staging = [tmp_path / ".e.onnx.abcd123.tmp", tmp_path / ".f.onnx.ABCD1234.tmp"]
     for path in not_staging:
         path.mkdir()
+    # Named like a staging directory, but the user's: it holds no mark of this tool.
+    users = tmp_path / ".g.onnx.abcd1234.tmp"
+    users.mkdir()
+    (users / "notes.txt").write_text("mine")
+    not_staging.append(users)
     with Destination(tmp_path / "o.onnx"):
         pass
     left = {journaled.name, "d.onnx.data"} | {p.name for p in not_staging}
     assert {p.name for p in tmp_path.iterdir()} == left
+    assert (users / "notes.txt").read_text() == "mine"
+
+
+def test_recovery_leaves_a_look_alike_of_the_users(tmp_path: Path) -> None:
+    """A folder named like this destination's staging, but without the tool's mark, is not
+    removed, nor are the files a journal in it names (class 2 of issue 32)."""
+    src, _ = _setup(tmp_path / "m")
+    out = tmp_path / "m" / "o.onnx"
+    convert_file(src, out)
+    (tmp_path / "m" / "o.onnx.1.data").write_bytes(b"the user's")
+    look_alike = tmp_path / "m" / ".o.onnx.abcd1234.tmp"
+    look_alike.mkdir()
+    (look_alike / "obsolete.json").write_text(json.dumps([str(tmp_path / "m" / "o.onnx.1.data")]))
+    (look_alike / "keep.txt").write_text("mine")
+    convert_file(src, out)
+    assert (look_alike / "keep.txt").read_text() == "mine"
+    assert (tmp_path / "m" / "o.onnx.1.data").read_bytes() == b"the user's"
+    empty = tmp_path / "m" / ".o.onnx.efgh5678.tmp"
+    empty.mkdir()  # what a run killed before its mark leaves: nothing to lose, removed
+    convert_file(src, out)
+    assert not empty.exists()
 
 
 def test_staging_left_by_an_interrupt_is_removed_with_the_destination(tmp_path: Path) -> None:

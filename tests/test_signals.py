@@ -200,22 +200,26 @@ def test_importing_the_package_leaves_signal_handling_alone() -> None:
 SCRATCH_STALL = f"""
     import os, shutil, sys, time
     import onnx_conv2matmul.files.output as _out
-    _save, _rmtree, _stalled = _out.save, shutil.rmtree, []
+    import onnx_conv2matmul.files.publish as _pub
+    _save, _rmtree, _remove_dir, _stalled = _out.save, shutil.rmtree, _pub._remove_dir, []
     def _stall(*args, **kwargs):
         _save(*args, **kwargs)
         _stalled.append(True)
         sys.stderr.write("{MARKER}\\n")
         sys.stderr.flush()
         time.sleep(600)
-    def _slow_rmtree(*args, **kwargs):
-        if _stalled and os.environ.get("CLEANING"):
-            _stalled.clear()
-            sys.stderr.write("cleaning\\n")
-            sys.stderr.flush()
-            sys.stdin.readline()
-        return _rmtree(*args, **kwargs)
+    def _slow(remove):
+        def slow(*args, **kwargs):
+            if _stalled and os.environ.get("CLEANING"):
+                _stalled.clear()
+                sys.stderr.write("cleaning\\n")
+                sys.stderr.flush()
+                sys.stdin.readline()
+            return remove(*args, **kwargs)
+        return slow
     _out.save = _stall
-    shutil.rmtree = _slow_rmtree
+    shutil.rmtree = _slow(_rmtree)
+    _pub._remove_dir = _slow(_remove_dir)  # the staging and scratch directories' own removal
 """
 
 

@@ -464,10 +464,12 @@ def _verify_scales(tmp_path: Path, reference: list[float], candidate: list[float
     return verify_models(ref, cand, VerifyOptions(lengths=(16,), batch=2)).passed
 
 
-def test_nan_and_inf_at_the_same_places_pass(tmp_path: Path) -> None:
+def test_nan_and_inf_in_the_original_fail_even_at_the_same_places(tmp_path: Path) -> None:
+    """Where the original gives NaN or Inf the check compares nothing: it cannot pass (issue 32)."""
     nan, inf = float("nan"), float("inf")
-    assert _verify_scales(tmp_path, [1.0, nan, 2.0], [1.0, nan, 2.0])
-    assert _verify_scales(tmp_path, [1.0, inf, nan], [1.0, inf, nan])
+    assert not _verify_scales(tmp_path, [1.0, nan, 2.0], [1.0, nan, 2.0])
+    assert not _verify_scales(tmp_path, [1.0, inf, nan], [1.0, inf, nan])
+    assert _verify_scales(tmp_path, [1.0, 3.0, 2.0], [1.0, 3.0, 2.0])
 
 
 def test_nan_or_inf_that_differ_fail(tmp_path: Path) -> None:

@@ -266,9 +266,15 @@ def bench_models(
 ) -> BenchReport:
     """Time the models at ``paths`` side by side on this CPU (batch 1, interleaved rounds),
     against ``paths[baseline]``; a warning names each quantized model slower than a float
-    baseline (:func:`onnx_conv2matmul.speed.bench.bench_models`)."""
+    baseline (:func:`onnx_conv2matmul.speed.bench.bench_models`).
+
+    Raises:
+        InputError: a path that is not a readable ONNX file, before any timing.
+    """
     from onnx_conv2matmul.speed import bench
 
+    for path in paths:
+        _io.parse_model(os.fspath(path))
     return bench.bench_models(paths, lengths, baseline=baseline, options=options)
 
 

@@ -16,8 +16,9 @@ the layout's files (see :mod:`onnx_conv2matmul.bundle.layouts`):
 
 Everything is written in a hidden staging directory beside the output folder, under the
 output's lock, and renamed into place at the end: the output folder is the old one or the
-new one, never a mix. An output folder that exists must be empty or a bundle (it holds
-``manifest.json``): a bundle is replaced whole.
+new one, never a mix. An output folder that exists must be empty or a bundle this tool wrote,
+unchanged (its manifest's record names every entry, see :mod:`onnx_conv2matmul.bundle.record`):
+such a bundle is replaced whole; anything else is refused before any work.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import TYPE_CHECKING
 
 import onnx
 
-from onnx_conv2matmul.bundle import layouts
+from onnx_conv2matmul.bundle import layouts, record
 from onnx_conv2matmul.bundle.layouts import Role
 from onnx_conv2matmul.bundle.report import BundleBuildReport, BundleFile, BundleModelResult
 from onnx_conv2matmul.bundle.split import split_decoder_joint, verify_split
@@ -209,11 +210,7 @@ def _check_output_dir(path: str, source: str) -> None:
     if os.path.lexists(path):
         if os.path.islink(path) or not os.path.isdir(path):
             raise InputError(f"output exists and is not a folder: {path}")
-        if os.listdir(path) and not os.path.isfile(os.path.join(path, layouts.MANIFEST)):
-            raise InputError(
-                f"output folder {path} is not empty and holds no {layouts.MANIFEST}: it is not a"
-                " bundle this tool wrote; remove it or choose another folder"
-            )
+        record.refuse_unless_ours(path)
 
 
 def build_bundle(
@@ -254,6 +251,8 @@ def build_bundle(
         staging = destination.staging_dir()
         _build_into(staging, destination.staging_dir(), source, facts, options, report, progress)
         if report.passed:
+            if os.path.isdir(out) and not os.path.islink(out):
+                record.refuse_unless_ours(out)  # again: the folder may have changed meanwhile
             _publish.publish_directory(staging, out)
             report.output_dir = out
     report.seconds = time.perf_counter() - started
@@ -303,7 +302,7 @@ def _build_into(
     if not report.passed:
         return
     listing = bundle_report(staging, manifest=True)
-    manifest = json.dumps(listing.to_dict(), indent=2) + "\n"
+    manifest = json.dumps({**listing.to_dict(), record.KEY: record.record(staging)}, indent=2) + "\n"
     _io.write_text_atomic(os.path.join(staging, layouts.MANIFEST), manifest)
     owners = {}
     for model in listing.models:

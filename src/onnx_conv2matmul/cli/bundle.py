@@ -19,6 +19,7 @@ from onnx_conv2matmul.bundle.layouts import (
 from onnx_conv2matmul.cli.common import (
     OUTCOME,
     emit_report,
+    files_read,
     handled_errors,
     progress_for,
     quiet_onnxruntime,
@@ -168,7 +169,8 @@ def _build(src: str, out: str, layout: str, tag: str, kwargs: dict[str, Any]) ->
     report_json = kwargs["report_json"]
     if report_json is not None:
         sources = [os.path.join(src, name) for name in (SOURCE_ENCODER, SOURCE_DECODER_JOINT)]
-        check_report_target(report_json, inputs=sources, outputs=[], what="report")
+        read = files_read(kwargs["inputs"], kwargs.get("validate"), kwargs["config"])
+        check_report_target(report_json, inputs=sources, outputs=[], what="report", read=read)
     OUTCOME.watch(out, report_json)
     encoder = os.path.join(src, SOURCE_ENCODER)
     options = BundleOptions(
@@ -202,7 +204,8 @@ def _check(directory: str, paths: tuple[str, ...], manifest: str | None, json_st
         console = stderr_console(False)
         if manifest is not None:
             models = [os.path.join(directory, n) for n in _onnx_names(directory)]
-            check_report_target(manifest, inputs=models, outputs=[])
+            # Every file of the folder is the check's input, or the bundle's own (its manifest).
+            check_report_target(manifest, inputs=models, outputs=[], read=[directory])
             OUTCOME.watch(manifest)
         report = api.check_bundle(directory, manifest=manifest is not None)
         render.print_bundle_report(console, report)

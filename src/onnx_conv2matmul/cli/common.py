@@ -162,7 +162,8 @@ def handled_errors(*, click_shows_usage: bool = False) -> Iterator[None]:
     """Map every exception to one line on stderr and an exit code; never a traceback.
 
     The exit code is :func:`onnx_conv2matmul.errors.exit_code_for`'s (click's usage errors:
-    2); an internal error (3) is re-raised for a traceback with ONNX_CONV2MATMUL_DEBUG=1.
+    2); an internal error (3) gets its traceback printed first with ONNX_CONV2MATMUL_DEBUG=1,
+    which changes only what is printed, never the exit code.
     The message of an error of this package gets the flag its hint names (see
     :data:`HINTS`). With ``click_shows_usage`` click's usage errors go on to click, which
     prints the usage too.
@@ -194,8 +195,11 @@ def handled_errors(*, click_shows_usage: bool = False) -> Iterator[None]:
     except Exception as err:
         if is_out_of_memory(err):  # onnxruntime's bad_alloc or failed allocation: not a bug
             fail(_out_of_memory(err), exit_code_for(err))
-        if os.environ.get("ONNX_CONV2MATMUL_DEBUG"):
-            raise
+        if os.environ.get("ONNX_CONV2MATMUL_DEBUG"):  # more said, the same exit code
+            import traceback
+
+            with contextlib.suppress(OSError, ValueError):
+                traceback.print_exc(file=sys.stderr)
         fail(internal_error(err), exit_code_for(err))
 
 
@@ -219,15 +223,53 @@ def _out_of_memory(err: BaseException) -> str:
     return f"out of memory: {first}" if first and "out of memory" not in first.lower() else "out of memory"
 
 
+# Hints worded without a flag that this invocation refuses (see :func:`refused_flags`).
+_WITHOUT: dict[Hint, dict[str, str | None]] = {
+    Hint.VERIFY_BUDGET: {"--verify-lengths": "--verify-memory SIZE raises the budget"},
+    Hint.VERIFY_OUT_OF_MEMORY: {"--verify-lengths": "--verify-memory SIZE lowers what the check holds"},
+}
+
+
+def refused_flags(ctx: click.Context) -> set[str]:
+    """The flags this invocation of its command refuses although the command has them:
+    real inputs (``--inputs``) exclude the synthesis's lengths, values and dims; ``bench``
+    times batch 1 at its own lengths."""
+    refused = set()
+    if ctx.params.get("inputs"):
+        refused |= {"--verify-input", "--verify-dim", "--verify-lengths"}
+    if ctx.command.name == "bench":
+        refused |= {"--verify-lengths", "--verify-batch"}
+    return refused
+
+
+def hint_text(hint: Hint, ctx: click.Context | None) -> str | None:
+    """How ``hint`` reads in this invocation: None when the command lacks its flag, or every
+    flag it could name is refused here; never a flag the same invocation refuses."""
+    option, text = HINTS[hint]
+    if ctx is None or option not in {param.name for param in ctx.command.params}:
+        return None
+    refused = refused_flags(ctx)
+    if hint is Hint.VERIFY_INPUTS:  # a list of flags: those this invocation takes
+        names = {param.name for param in ctx.command.params}
+        usable = [f for f in text.split(", ") if f not in refused]
+        if "bench_lengths" in names and ctx.command.name == "bench":
+            usable.append("--bench-lengths")
+        return ", ".join(usable) or None
+    for flag, instead in _WITHOUT.get(hint, {}).items():
+        if flag in refused:
+            if instead is None:
+                return None
+            text = instead
+    return text
+
+
 def with_hint(message: str, hint: Hint | None) -> str:
-    """``message (hint)``, the hint worded with the flag it names, when this command has that flag."""
+    """``message (hint)``, the hint worded with the flag it names, when this command has that
+    flag and this invocation does not refuse it (:func:`hint_text`)."""
     if hint is None:
         return message
-    option, text = HINTS[hint]
-    ctx = click.get_current_context(silent=True)
-    if ctx is None or option not in {param.name for param in ctx.command.params}:
-        return message
-    return f"{message} ({text})"
+    text = hint_text(hint, click.get_current_context(silent=True))
+    return message if text is None else f"{message} ({text})"
 
 
 def internal_error(err: Exception) -> str:
@@ -301,3 +343,19 @@ def model_bytes(path: str) -> int:
                 if total >= PROGRESS_MIN_BYTES:
                     break
     return total
+
+
+def files_read(
+    inputs: tuple[str, ...] | list[str] = (), validate: str | None = None, config: str | None = None
+) -> list[str]:
+    """The files a run reads besides its models, which no output or report may overwrite:
+    the ``--inputs`` files or folders, the ``--config`` settings file, and the file of a
+    ``--validate path/to/file.py:function`` (a module named by its dotted name is not a path)."""
+    read = [*inputs]
+    if config is not None:
+        read.append(config)
+    if validate is not None and ":" in validate:
+        module = validate.rsplit(":", 1)[0]
+        if module.endswith(".py") or os.sep in module:
+            read.append(module)
+    return read

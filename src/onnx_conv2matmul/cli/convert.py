@@ -21,6 +21,7 @@ from onnx_conv2matmul.cli.common import (
     stderr_console,
 )
 from onnx_conv2matmul.cli.flags import (
+    FiniteFloatRange,
     build_rewrite_options,
     build_verify_options,
     inputs_option,
@@ -108,7 +109,7 @@ def convert_command(
 @click.option("--cosine", is_flag=True, help="Also print the cosine similarity per output.")
 @click.option(
     "--min-cosine",
-    type=click.FloatRange(-1, 1),
+    type=FiniteFloatRange(-1, 1),
     default=None,
     help="Pass when every float output's cosine similarity is at least X (quantized models).",
 )
@@ -140,7 +141,7 @@ def verify_command(
 
         options = build_verify_options(verify_kwargs, min_cosine, inputs)
         if report_json is not None:
-            check_report_target(report_json, inputs=[original, candidate], outputs=[])
+            check_report_target(report_json, inputs=[original, candidate], outputs=[], read=inputs)
         OUTCOME.watch(report_json)
         report = api.verify_files(original, candidate, options)
         render.print_verification(console, report.verification, cosine=cosine)

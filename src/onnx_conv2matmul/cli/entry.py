@@ -33,6 +33,9 @@ def run() -> None:
     the interpreter's switch interval is left alone (a shorter one, for the thread that
     copies data files, made no measurable difference).
     """
+    from onnx_conv2matmul.cli import streams
+
+    streams.guard()  # closed or vanishing stdout/stderr cannot change the run
     install_signal_handlers()
     from onnx_conv2matmul.cli import lazy_import as _lazy
 
@@ -52,7 +55,9 @@ def run() -> None:
         if exit_.code is not None and not isinstance(exit_.code, int):
             raise  # a message for the interpreter to print
         for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(OSError):  # a closed pipe: nothing more to say
+            with contextlib.suppress(
+                OSError, ValueError, AttributeError
+            ):  # a closed pipe: nothing more to say
                 stream.flush()
         os._exit(exit_.code or 0)
 

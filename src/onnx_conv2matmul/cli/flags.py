@@ -4,6 +4,7 @@ library's option types.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,17 @@ if TYPE_CHECKING:
 _DEFAULTS = QuantizeOptions()
 
 
+class FiniteFloatRange(click.FloatRange):
+    """``click.FloatRange`` that also refuses NaN and the infinities (a range lets NaN through:
+    it compares false with both bounds)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
 def parse_pairs(values: tuple[str, ...], option: str, kind: type) -> dict[str, Any]:
     pairs: dict[str, Any] = {}
     for item in values:
@@ -39,6 +51,10 @@ def parse_pairs(values: tuple[str, ...], option: str, kind: type) -> dict[str, A
             pairs[name] = kind(raw)
         except ValueError:
             raise click.BadParameter(f"{raw!r} is not a {kind.__name__}", param_hint=option) from None
+        if kind is float and not math.isfinite(pairs[name]):
+            raise click.BadParameter(f"{raw!r} is not a finite number", param_hint=option)
+        if kind is int and pairs[name] < 1:
+            raise click.BadParameter(f"{raw!r}: must be >= 1", param_hint=option)
     return pairs
 
 
@@ -117,17 +133,17 @@ VERIFY_OPTIONS = [
         default=None,
         help="Also compare this (length) output; integer outputs must match exactly.",
     ),
-    click.option("--verify-seed", type=int, default=0, show_default=True),
+    click.option("--verify-seed", type=click.IntRange(min=0), default=0, show_default=True),
     click.option(
         "--verify-max-abs",
-        type=click.FloatRange(min=0),
+        type=FiniteFloatRange(min=0),
         default=DEFAULT_MAX_ABS,
         show_default=True,
         help="Max scaled absolute difference.",
     ),
     click.option(
         "--verify-mean-abs",
-        type=click.FloatRange(min=0),
+        type=FiniteFloatRange(min=0),
         default=DEFAULT_MEAN_ABS,
         show_default=True,
         help="Max mean scaled absolute difference.",

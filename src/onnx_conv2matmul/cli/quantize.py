@@ -12,7 +12,7 @@ import click
 from onnx_conv2matmul import api
 from onnx_conv2matmul.errors import InputError
 from onnx_conv2matmul.files import load as _io
-from onnx_conv2matmul.files.load import check_report_target
+from onnx_conv2matmul.files.load import check_not_read, check_report_target
 from onnx_conv2matmul.quantize.weight_only import ALGORITHMS
 from onnx_conv2matmul.rewrite.options import ConvertOptions
 
@@ -21,12 +21,14 @@ if TYPE_CHECKING:
 from onnx_conv2matmul.cli.common import (
     OUTCOME,
     emit_report,
+    files_read,
     handled_errors,
     progress_for,
     quiet_onnxruntime,
     stderr_console,
 )
 from onnx_conv2matmul.cli.flags import (
+    FiniteFloatRange,
     allow_added_transposes,
     bench_options,
     build_verify_options,
@@ -126,7 +128,7 @@ from onnx_conv2matmul.quantize.options import DEFAULT_MAX_EVALUATIONS, resolve
 @no_gemm
 @click.option(
     "--min-cosine",
-    type=click.FloatRange(-1, 1),
+    type=FiniteFloatRange(-1, 1),
     default=None,
     help=(
         "The accuracy the output must meet: every sample's cosine similarity to the input at least X"
@@ -290,9 +292,12 @@ def quantize_command(
             transposes = TransposeOptions(Prefer(prefer or "balanced"))
         _io.check_input_path(input_path)
         v_options = build_verify_options(verify_kwargs, min_cosine, inputs)
+        read = files_read(inputs, validate, config)
+        for written in (output_path, output_path + ".data"):
+            check_not_read(written, read, what="output")
         for path, what in ((report_json, "report"), (save_config, "settings file")):
             if path is not None:
-                check_report_target(path, inputs=[input_path], outputs=[output_path], what=what)
+                check_report_target(path, inputs=[input_path], outputs=[output_path], what=what, read=read)
         if report_json is not None and save_config is not None and _same_file(report_json, save_config):
             raise click.UsageError(
                 f"--report-json and --save-config name the same file ({save_config}): one would overwrite"

@@ -6,6 +6,7 @@ memory-mapped by onnx-ir when a tensor is read. Writing is :mod:`onnx_conv2matmu
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -13,7 +14,7 @@ import shutil
 import stat
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 import onnx
@@ -146,8 +147,10 @@ def check_report_path(path: str, *, what: str = "report") -> None:
 def check_kept_path(path: str) -> None:
     """Refuse a destination for a failed output (``keep_on_failure``) that is not a directory.
 
-    A failed output is moved to directory ``path``; a directory already there is replaced,
-    anything else (a file, a link) is refused before any work.
+    A failed output is moved to directory ``path``; a directory already there is replaced
+    only when this tool kept a failed output there and nothing in it changed (see
+    :mod:`onnx_conv2matmul.files.owned`); anything else (a file, a link, a folder of the
+    user's) is refused before any work.
     """
     if os.path.islink(path):
         raise InputError(
@@ -158,6 +161,13 @@ def check_kept_path(path: str) -> None:
         raise InputError(
             f"cannot keep a failed output in {path}: it exists and is not a directory", hint=Hint.KEPT_PATH
         )
+    if os.path.isdir(path):
+        from onnx_conv2matmul.files.owned import foreign_entries
+
+        odd = foreign_entries(path)
+        if odd is None or odd:
+            why = f"it holds {', '.join(odd[:3])}" if odd else "it is a folder this tool did not keep there"
+            raise InputError(f"cannot keep a failed output in {path}: {why}", hint=Hint.KEPT_PATH)
 
 
 def _check_path_text(path: str, what: str) -> None:
@@ -458,12 +468,38 @@ def load_input(
     return loaded
 
 
+def files_of(paths: Iterable[str]) -> set[str]:
+    """The real paths of ``paths`` and, for a directory among them, of the entries in it: the
+    files a run reads besides its models (``--inputs`` files or folders, a settings file, the
+    file of a validation function)."""
+    found: set[str] = set()
+    for path in paths:
+        found.add(os.path.realpath(path))
+        if os.path.isdir(path):
+            with contextlib.suppress(OSError):
+                found.update(os.path.realpath(os.path.join(path, name)) for name in os.listdir(path))
+    return found
+
+
+def check_not_read(path: str, read: Iterable[str], *, what: str) -> None:
+    """Refuse, before any work, an output path that is one of the files the run reads (see
+    :func:`files_of`): writing it would replace the run's own input."""
+    if os.path.realpath(path) in files_of(read):
+        raise InputError(f"the {what} would overwrite a file this run reads: {path}")
+
+
 def check_report_target(
-    report_path: str, *, inputs: list[str], outputs: list[str], what: str = "report"
+    report_path: str,
+    *,
+    inputs: list[str],
+    outputs: list[str],
+    what: str = "report",
+    read: Iterable[str] = (),
 ) -> None:
     """Refuse, before any work, a JSON report path that cannot be written or would replace a
     model file: an input, a file an input reads (its external data, however named), or an
-    output being written (with its ``.data``).
+    output being written (with its ``.data``); or any other file the run reads (``read``, see
+    :func:`check_not_read`).
 
     The inputs are parsed (one protobuf parse each, no tensor data) only when the report
     path is an existing regular file: nothing else can be a file a model reads. ``what`` names
@@ -483,6 +519,7 @@ def check_report_target(
             protected |= files_read_by(path)
     if target in protected:
         raise InputError(f"the {what} would overwrite a model file: {report_path}")
+    check_not_read(report_path, read, what=what)
 
 
 def check_model(path: str, label: str | None = None) -> None:

@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING
 
 import onnx
 
-from onnx_conv2matmul.errors import InputError
+from onnx_conv2matmul.errors import Hint, InputError
 from onnx_conv2matmul.files import datafile as _datafile
 from onnx_conv2matmul.files import load as _io
+from onnx_conv2matmul.files import owned
 from onnx_conv2matmul.files import publish as _publish
 from onnx_conv2matmul.files.datafile import ProgressCallback
 from onnx_conv2matmul.files.ranges import external_ranges
@@ -200,14 +201,27 @@ class Staged:
         self.directory = ""
 
     def keep(self, directory: str, modes: tuple[int, int]) -> str:
-        """Move the staged files into ``directory`` (replaced if it exists); return the model path."""
+        """Move the staged files into ``directory``; return the model path.
+
+        An existing ``directory`` is replaced only when it is a folder this tool kept, unchanged
+        (its mark names every entry, see :mod:`onnx_conv2matmul.files.owned`); else refused.
+        """
         if os.path.lexists(directory) and not os.path.isdir(directory):
             raise InputError(f"cannot keep the failed output: {directory} exists and is not a directory")
         if os.path.isdir(directory):
+            odd = None if os.path.islink(directory) else owned.foreign_entries(directory)
+            if odd is None or odd:
+                why = f"it holds {', '.join(odd[:3])}" if odd else "it is not a folder this tool kept"
+                raise InputError(
+                    f"cannot keep the failed output in {directory}: {why}; nothing was deleted"
+                    " (remove it yourself)",
+                    hint=Hint.KEPT_PATH,
+                )
             shutil.rmtree(directory)
         os.chmod(self.onnx_path, modes[0])
         if self.data_path is not None:
             os.chmod(self.data_path, modes[1])
+        owned.mark(self.directory, files=True)
         _io.usual_mode(self.directory, directory=True)
         os.replace(self.directory, directory)
         self.directory = ""  # the files now belong to the caller

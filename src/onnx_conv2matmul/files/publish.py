@@ -28,6 +28,11 @@ How :class:`Destination` keeps it:
    only until the next run for that destination. Any run that writes into the same
    directory also removes the staging and scratch directories of other destinations
    whose lock is free, as long as they hold no journal (nothing was published from them).
+6. A directory is taken for a staging or scratch directory by proof, not by its name: each
+   holds this tool's mark (:mod:`onnx_conv2matmul.files.owned`), written right after it was
+   made, and removed last when the directory is removed. Recovery and the sweep leave alone
+   a directory named like one that holds something but not the mark (a run killed before
+   writing the mark, or after removing it, leaves an empty directory, which they remove).
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ from contextlib import AbstractContextManager
 import onnx
 
 from onnx_conv2matmul.errors import DestinationBusy, InputError
+from onnx_conv2matmul.files import owned
 from onnx_conv2matmul.files.load import usual_mode
 from onnx_conv2matmul.files.paths import data_files
 
@@ -136,6 +142,7 @@ class Destination:
         """
         path = tempfile.mkdtemp(prefix=f".{self.name}.", suffix=".tmp", dir=self.directory)
         self._staging.append(path)
+        owned.mark(path)
         return path
 
     def scratch_dir(self, kind: str) -> str:
@@ -147,11 +154,12 @@ class Destination:
             raise ValueError(f"a scratch directory's kind is lowercase letters, not {kind!r}")
         path = tempfile.mkdtemp(prefix=f".{self.name}.{kind}-", suffix=".tmp", dir=self.directory)
         self._staging.append(path)
+        owned.mark(path)
         return path
 
     def remove_scratch(self, path: str) -> None:
         """Remove a directory :meth:`scratch_dir` made, now rather than at the end of the run."""
-        shutil.rmtree(path, ignore_errors=True)
+        _remove_dir(path)
         if path in self._staging:
             self._staging.remove(path)
 
@@ -162,7 +170,7 @@ class Destination:
         abandoned staging of other destinations in the directory (see :meth:`_sweep`)."""
         entries = os.listdir(self.directory)
         pattern = self._staging_pattern()
-        stale = [e for e in entries if pattern.fullmatch(e)]
+        stale = [e for e in entries if pattern.fullmatch(e) and _ours(os.path.join(self.directory, e))]
         self._sweep(entries)
         if not stale:
             return
@@ -179,7 +187,7 @@ class Destination:
                 if in_use is not None and path not in in_use and self._removable(path):
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(path)
-            shutil.rmtree(directory, ignore_errors=True)
+            _remove_dir(directory)
 
     def _sweep(self, entries: list[str]) -> None:
         """Remove the staging and scratch directories of other destinations in the directory
@@ -197,7 +205,7 @@ class Destination:
             path = os.path.join(self.directory, entry)
             if match is None or match.group(1) == self.name or not os.path.isdir(path):
                 continue
-            if not os.path.islink(path) and not os.path.lexists(os.path.join(path, _JOURNAL)):
+            if not os.path.islink(path) and not os.path.lexists(os.path.join(path, _JOURNAL)) and _ours(path):
                 abandoned.setdefault(match.group(1), []).append(entry)
         if not abandoned:
             return
@@ -217,7 +225,7 @@ class Destination:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(os.path.join(self.directory, f".{name}.lock"))
                 os.close(fd)
-        shutil.rmtree(trash, ignore_errors=True)
+        _remove_dir(trash)
         self._staging.remove(trash)
 
     def protect(self, paths: Iterable[str]) -> None:
@@ -257,7 +265,7 @@ class Destination:
             for path in obsolete:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
-            shutil.rmtree(staging, ignore_errors=True)
+            _remove_dir(staging)
 
     # -- the lock ----------------------------------------------------------------------
 
@@ -265,7 +273,7 @@ class Destination:
         """Remove what is left of the staging directories, then the lock file, then release
         the lock (in that order, see :func:`_lock`)."""
         for path in self._staging:
-            shutil.rmtree(path, ignore_errors=True)
+            _remove_dir(path)
         self._staging.clear()
         if self._lock_fd >= 0:
             with contextlib.suppress(FileNotFoundError):
@@ -278,6 +286,41 @@ class Destination:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def _ours(path: str) -> bool:
+    """Whether a directory named like a staging directory is one: it holds this tool's mark,
+    or nothing at all (what a run killed around writing or removing the mark leaves)."""
+    if os.path.islink(path) or not os.path.isdir(path):
+        return False
+    if owned.is_marked(path):
+        return True
+    try:
+        return not os.listdir(path)
+    except OSError:
+        return False
+
+
+def _remove_dir(path: str) -> None:
+    """Remove a directory the tool made, its mark last: a removal cut short leaves a directory
+    that still proves itself the tool's (or an empty one)."""
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return
+    for name in names:
+        if name == owned.MARK:
+            continue
+        entry = os.path.join(path, name)
+        if os.path.isdir(entry) and not os.path.islink(entry):
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(entry)
+    with contextlib.suppress(OSError):
+        os.unlink(os.path.join(path, owned.MARK))
+    with contextlib.suppress(OSError):
+        os.rmdir(path)
 
 
 def _read_journal(directory: str) -> list[str]:

@@ -9,19 +9,29 @@ semantics of NNCF's ``quantize_with_accuracy_control`` (``max_drop``, ``DropType
 file path in place of an in-memory model, so that any runtime can load it.
 
 The function runs in this process, on files the tool writes; it must not keep them open or
-change them. Whatever it raises, and a result that is not a finite number, is the user's to
-fix: :class:`~onnx_conv2matmul.errors.ValidationError` (exit code 2).
+change them. It is fenced (:func:`fenced`), and so is the import of its module: whatever it
+raises (``SystemExit`` from ``sys.exit`` included), a result that is not a finite number, and a
+change to the process it runs in (working directory, ``sys.argv``, the environment, the
+standard streams, the handlers of SIGINT, SIGTERM and SIGHUP) are the user's to fix:
+:class:`~onnx_conv2matmul.errors.ValidationError` (exit code 2), one line naming the function,
+with the process put back as it was. The user's code sees ``sys.argv`` as ``[the function's
+name]``, never the tool's own arguments, so a module that parses its command line at import
+finds nothing of ours there. A ``KeyboardInterrupt`` is not fenced: it cannot be told from
+Ctrl-C (or the SIGTERM the command line turns into one), so the run ends as interrupted.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import importlib.util
+import io
 import math
 import os
+import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from onnx_conv2matmul.errors import ValidationError
@@ -74,16 +84,12 @@ class MetricTarget:
         Raises:
             ValidationError: the function raised, or returned something other than a finite number.
         """
-        try:
+        with fenced(f"the validation function {self.label}", f"on {what}", capture=True):
             value = self.validate(path)
-        except Exception as err:  # the user's code: any failure is theirs to fix
-            first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-            detail = f"{type(err).__name__}: {first}" if first else type(err).__name__
-            raise ValidationError(f"the validation function {self.label} failed on {what}: {detail}") from err
-        number = _as_float(value)
+            number = _as_float(value)
         if number is None or not math.isfinite(number):
             raise ValidationError(
-                f"the validation function {self.label} returned {value!r} for {what}:"
+                f"the validation function {self.label} returned {_short(value)} for {what}:"
                 " a finite number is needed"
             )
         return number
@@ -121,6 +127,115 @@ def _as_float(value: object) -> float | None:
     return float(array.reshape(()))
 
 
+_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+def _short(value: object) -> str:
+    """A one-line repr of the user's value, at most 60 characters (a failing repr is named as such)."""
+    try:
+        text = repr(value)
+    except Exception:
+        text = f"a {type(value).__name__} whose repr fails"
+    text = " ".join(text.split())
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    first = text.splitlines()[0] if text else ""
+    return f"{type(err).__name__}: {first}" if first else type(err).__name__
+
+
+@contextlib.contextmanager
+def fenced(who: str, when: str, *, capture: bool = False) -> Iterator[None]:
+    """Run the user's code in the block as a guest: see the module docstring.
+
+    ``who`` names the code (``the validation function m:f``), ``when`` the moment (``on the
+    input model``). With ``capture``, what it prints while the block runs is held back and
+    written to stderr only when it succeeds (a module's usage text on a failed import is not
+    shown as if it were the tool's).
+
+    Raises:
+        ValidationError: the code raised (``KeyboardInterrupt`` aside), exited, or changed the process.
+    """
+    cwd = _cwd()
+    argv, argv_list = sys.argv, list(sys.argv)
+    environ = dict(os.environ)
+    streams = (sys.stdin, sys.stdout, sys.stderr)
+    handlers = {signum: signal.getsignal(signum) for signum in _SIGNALS}
+    held = io.StringIO()
+    failure: str | None = None
+    given = [who.rsplit(" ", 1)[-1]]
+    sys.argv = given
+    if capture:
+        sys.stdout = sys.stderr = held
+    try:
+        yield
+    except (KeyboardInterrupt, ValidationError):
+        raise
+    except SystemExit as err:
+        failure = f"{who} called sys.exit({err.code!r}) {when}"
+    except BaseException as err:  # the user's code: any failure is theirs to fix
+        failure = f"{who} failed {when}: {_first_line(err)}"
+    finally:
+        if capture:  # the streams held back are ours: put back whatever the user's code left as is
+            if sys.stdout is held:
+                sys.stdout = streams[1]
+            if sys.stderr is held:
+                sys.stderr = streams[2]
+        changed = (
+            ["sys.argv"] if sys.argv is not given or given != [who.rsplit(" ", 1)[-1]] else []
+        ) + _put_back(cwd, argv, argv_list, environ, streams, handlers)
+        if capture and failure is None and held.getvalue():
+            sys.stderr.write(held.getvalue())
+    if failure is not None:
+        raise ValidationError(failure)
+    if changed:
+        raise ValidationError(
+            f"{who} changed {', '.join(changed)} {when}: it must leave the process as it found it (put back)"
+        )
+
+
+def _cwd() -> str | None:
+    try:
+        return os.getcwd()
+    except OSError:
+        return None
+
+
+def _put_back(
+    cwd: str | None,
+    argv: list[str],
+    argv_list: list[str],
+    environ: dict[str, str],
+    streams: tuple[Any, Any, Any],
+    handlers: dict[int, Any],
+) -> list[str]:
+    """Restore what :func:`fenced` saw before the user's code ran; name what had changed."""
+    changed = []
+    if cwd is not None and _cwd() != cwd:
+        changed.append("the working directory")
+        with contextlib.suppress(OSError):
+            os.chdir(cwd)
+    if argv[:] != argv_list:
+        argv[:] = argv_list
+    sys.argv = argv
+    if dict(os.environ) != environ:
+        changed.append("the environment")
+        for key in [k for k in os.environ if k not in environ]:
+            del os.environ[key]
+        os.environ.update(environ)
+    if (sys.stdin, sys.stdout, sys.stderr) != streams:
+        changed.append("the standard streams")
+        sys.stdin, sys.stdout, sys.stderr = streams
+    for signum, handler in handlers.items():
+        if signal.getsignal(signum) is not handler:
+            changed.append(f"the handler of {signal.Signals(signum).name}")
+            with contextlib.suppress(ValueError, TypeError):
+                signal.signal(signum, handler)
+    return changed
+
+
 def load_function(spec: str) -> Validate:
     """The callable ``spec`` names: ``package.module:function`` (importable from ``sys.path``)
     or ``path/to/file.py:function`` (its folder is added to ``sys.path``, so modules beside it
@@ -132,16 +247,13 @@ def load_function(spec: str) -> Validate:
     module_name, sep, attribute = spec.rpartition(":")
     if not sep or not module_name or not attribute:
         raise ValidationError(f"name the validation function as package.module:function, got {spec!r}")
-    try:
+    if module_name.endswith(".py") and not os.path.isfile(module_name):
+        raise ValidationError(f"no such file for the validation function: {module_name}")
+    with fenced(f"the validation function {spec}", "at the import of its module", capture=True):
         if module_name.endswith(".py"):
             module = _module_from_file(module_name)
         else:
             module = importlib.import_module(module_name)
-    except ValidationError:
-        raise
-    except Exception as err:  # an ImportError, or whatever the module raises on import
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ValidationError(f"cannot import {module_name} for the validation function: {first}") from err
     target: Any = module
     for part in attribute.split("."):
         target = getattr(target, part, None)
@@ -153,8 +265,6 @@ def load_function(spec: str) -> Validate:
 
 
 def _module_from_file(path: str) -> Any:
-    if not os.path.isfile(path):
-        raise ValidationError(f"no such file for the validation function: {path}")
     name = "_onnx_conv2matmul_validate_" + os.path.splitext(os.path.basename(path))[0]
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:

@@ -138,12 +138,34 @@ class Reference:
         return os.path.join(self.directory, f"reference-{feed}-{output}.npy")
 
     def put(self, feed: int, outputs: Sequence[Any]) -> None:
-        """Keep the fp32 outputs of one feed: numeric tensors on disk, anything else in memory."""
+        """Keep the fp32 outputs of one feed: numeric tensors on disk, anything else in memory.
+
+        Raises:
+            ModelRunError: a float output is empty or holds NaN or Inf: no candidate can be
+                judged against it (see :func:`onnx_conv2matmul.verify.compare.cannot_compare`).
+        """
+        for index, value in enumerate(outputs):
+            self._comparable(feed, index, value)
         for index, value in enumerate(outputs):
             if isinstance(value, np.ndarray) and value.dtype != object:
                 np.save(self._path(feed, index), value, allow_pickle=False)
             else:
                 self._held[(feed, index)] = value
+
+    def _comparable(self, feed: int, index: int, value: Any) -> None:
+        if not isinstance(value, np.ndarray) or not np.issubdtype(value.dtype, np.floating):
+            return
+        bad = int(value.size - np.count_nonzero(np.isfinite(value)))
+        if value.size and not bad:
+            return
+        files = any(how == "from the input files" for how in self.feeds.how.values())
+        where = f"input file {feed + 1}" if files else f"the inputs of length {self.feeds.lengths[feed]}"
+        what = "an empty output" if not value.size else f"NaN or Inf at {bad} of {value.size} elements"
+        raise ModelRunError(
+            f"the original model gives {what} in {self.names[index]!r} on {where}: the accuracy"
+            " check cannot compare anything there",
+            hint=Hint.INPUT_FILES if files else Hint.VERIFY_INPUTS,
+        )
 
     def get(self, feed: int) -> list[Any]:
         """The fp32 outputs of one feed (tensors memory-mapped)."""

@@ -18,6 +18,8 @@ import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from onnx_conv2matmul.errors import Hint, InputError, ModelRunError
 
 if TYPE_CHECKING:
@@ -215,6 +217,9 @@ def capture_inputs(
 ) -> dict[str, list[np.ndarray]]:
     """The values of the main-graph tensors ``names`` on each feed, as onnxruntime's GPTQ sees them.
 
+    A value that holds NaN or Inf is refused (:class:`ModelRunError`): GPTQ's Hessian would
+    turn every weight it quantizes into NaN.
+
     As ``gptq_quantize`` does: the model's outputs are replaced by these tensors and it runs
     in onnxruntime with default session options. The model is written to a scratch
     directory (with its weights in a data file) for that, then restored as it was.
@@ -254,6 +259,16 @@ def capture_inputs(
                 hint=Hint.INPUT_FILES,
             ) from err
         for name, value in zip(names, values, strict=True):
+            array = np.asarray(value)
+            if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
+                from onnx_conv2matmul.verify.options import feed_source
+
+                raise ModelRunError(
+                    f"the model's MatMul input {name!r} holds NaN or Inf on inputs"
+                    f" {feed_source(feed, index)}: gptq cannot calibrate on them (its weights would"
+                    " be NaN)",
+                    hint=Hint.INPUT_FILES,
+                )
             captured[name].append(value)
     return captured
 

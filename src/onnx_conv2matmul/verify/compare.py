@@ -6,6 +6,18 @@ same places with the same values in both models; integer, bool and string output
 match exactly; a sequence output must hold as many tensors as the reference's, each
 passing on its own.
 
+A comparison counts only when it compared numbers: an output the original gives NaN or Inf
+in (the inputs broke it, or it overflowed), or that holds no element (an empty batch), fails
+in every criterion, report-only included, with a note that says so. A cosine cannot judge an
+output of fewer than :data:`TINY_ELEMENTS` elements per sample (of one element it only sees
+the sign): there a minimum cosine ``c`` also bounds each sample's relative error
+``|ref - out| / |ref|`` by ``sqrt(1/c^2 - 1)``, the relative error of an error orthogonal to
+the reference at cosine ``c`` (0.142 for the floor 0.99), and the row's
+:attr:`OutputComparison.worst_cosine` is the lesser of the cosine and that bound's inverse
+``1 / sqrt(1 + e^2)``. The mean limit of the scaled difference shrinks to the maximum's for
+small outputs (see :func:`thresholds`): a mean over two elements is no quieter than their
+largest.
+
 Outputs are read in blocks of at most :data:`CHUNK_ELEMENTS` elements, twice: once in
 their own precision for the slices' magnitudes (a maximum of absolute values is exact in
 any precision), once in float64 for the differences and the sums of the report. So the
@@ -29,6 +41,25 @@ from onnx_conv2matmul.verify.options import Criterion, VerifyOptions
 CHUNK_ELEMENTS = 1 << 18
 """The most elements of one output a comparison works on at once (2 MiB of float64)."""
 
+TINY_ELEMENTS = 8
+"""Float outputs with fewer elements per sample than this are judged by relative error too
+under a minimum cosine (a score, a probability, a few logits: the cosine of one number is its
+sign)."""
+
+
+def cosine_rel_err(min_cosine: float) -> float:
+    """The relative error a minimum cosine allows a tiny output: ``sqrt(1/c^2 - 1)`` (inf for ``c <= 0``)."""
+    if min_cosine <= 0:
+        return float("inf")
+    return float(np.sqrt(max(0.0, 1.0 / (min_cosine * min_cosine) - 1.0)))
+
+
+def rel_err_cosine(rel_err: float) -> float:
+    """The cosine a relative error stands for, the inverse of :func:`cosine_rel_err`: ``1/sqrt(1+e^2)``."""
+    if not np.isfinite(rel_err):
+        return 0.0
+    return float(1.0 / np.sqrt(1.0 + rel_err * rel_err))
+
 
 @dataclasses.dataclass
 class OutputComparison:
@@ -44,7 +75,9 @@ class OutputComparison:
     ``samples`` is how many samples (batch rows, see :func:`sample_cosines`) a float output
     holds; with more than one, ``sample_cosine`` is the worst sample's cosine similarity
     (None otherwise: the output is one sample, ``cosine`` is its cosine), and a minimum
-    cosine similarity must hold for every sample.
+    cosine similarity must hold for every sample. ``sample_rel_err`` is the worst sample's
+    relative error for a float output of fewer than :data:`TINY_ELEMENTS` elements per
+    sample (None for larger outputs and exact types), which a minimum cosine bounds too.
     """
 
     length: int
@@ -61,13 +94,18 @@ class OutputComparison:
     note: str = ""
     samples: int = 1
     sample_cosine: float | None = None
+    sample_rel_err: float | None = None
 
     @property
     def worst_cosine(self) -> float | None:
-        """The cosine similarity of the worst sample (None for exact types)."""
+        """The cosine similarity of the worst sample (None for exact types); for a tiny output
+        the lesser of it and the cosine its worst relative error stands for (:func:`rel_err_cosine`)."""
         if self.cosine is None:
             return None
-        return self.cosine if self.sample_cosine is None else min(self.cosine, self.sample_cosine)
+        worst = self.cosine if self.sample_cosine is None else min(self.cosine, self.sample_cosine)
+        if self.sample_rel_err is not None:
+            worst = min(worst, rel_err_cosine(self.sample_rel_err))
+        return worst
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -113,15 +151,25 @@ def _block(array: np.ndarray, index: tuple[slice, ...]) -> np.ndarray:
 
 
 # pragma: no mutate end
-def thresholds(dtype: np.dtype[Any], options: VerifyOptions) -> tuple[float, float]:
-    """(max_abs, mean_abs) limits for an output type: the options, raised to what the type can hold.
+def thresholds(dtype: np.dtype[Any], options: VerifyOptions, elements: int = 0) -> tuple[float, float]:
+    """(max_abs, mean_abs) limits for an output type and size: the options, raised to what the
+    type can hold and to what a mean over ``elements`` elements can be.
 
     Conv and MatMul accumulate in different orders, so a correct fp16 rewrite differs by an
     fp16 rounding step. The limits never go below 4 and 0.5 machine epsilons of the type
     (fp16: 3.9e-3 and 4.9e-4; fp32 and fp64 keep the options' values).
+
+    The mean limit is sized for large outputs, whose rounding errors mostly sit far below
+    their largest; a mean over a few elements is about as large as their maximum (one
+    element: equal). With ``elements`` (the count compared, 0: large), the mean limit is
+    ``mean + (max - mean) / sqrt(elements)``: the maximum's for one element, within 10% of
+    the option's beyond ten thousand.
     """
     eps = float(np.finfo(dtype).eps) if np.issubdtype(dtype, np.floating) else 0.0
-    return max(options.max_abs, 4 * eps), max(options.mean_abs, 0.5 * eps)
+    max_limit, mean_limit = max(options.max_abs, 4 * eps), max(options.mean_abs, 0.5 * eps)
+    if elements > 0 and max_limit > mean_limit:
+        mean_limit += (max_limit - mean_limit) / float(np.sqrt(elements))
+    return max_limit, mean_limit
 
 
 def _magnitude(ref: np.ndarray) -> np.ndarray:
@@ -219,6 +267,8 @@ class _Tally:
 
     exact: bool
     count: int = 0
+    elements: int = 0
+    ref_nonfinite: int = 0
     max_diff: float = 0.0
     sum_diff: float = 0.0
     ref_sq: float = 0.0
@@ -230,6 +280,8 @@ class _Tally:
 
     def add(self, other: _Tally) -> None:
         self.count += other.count
+        self.elements += other.elements
+        self.ref_nonfinite += other.ref_nonfinite
         self.max_diff = max(self.max_diff, other.max_diff)
         self.sum_diff += other.sum_diff
         self.ref_sq += other.ref_sq
@@ -245,17 +297,21 @@ def _float_block(ref: np.ndarray, out: np.ndarray, scale: np.ndarray) -> _Tally:
     r = ref.astype(np.float64).ravel()
     o = out.astype(np.float64).ravel()
     both = np.isfinite(r) & np.isfinite(o)
+    ref_nonfinite = 0
     if both.all():
         rf, of, mismatches = r, o, 0
         scale = scale.ravel()
     else:
         rf, of, mismatches = r[both], o[both], _nonfinite_mismatches(r, o)
         scale = scale.ravel()[both]
+        ref_nonfinite = int(np.count_nonzero(~np.isfinite(r)))
     diff = rf - of
     scaled = np.abs(diff) / scale
     return _Tally(
         exact=False,
         count=int(scaled.size),
+        elements=int(r.size),
+        ref_nonfinite=ref_nonfinite,
         max_diff=float(scaled.max(initial=0.0)),
         sum_diff=float(scaled.sum()),
         ref_sq=_dot(rf, rf),
@@ -292,6 +348,7 @@ def _exact_block(ref: np.ndarray, out: np.ndarray) -> _Tally:
     return _Tally(
         exact=True,
         count=int(diff.size),
+        elements=int(diff.size),
         max_diff=float(diff.max(initial=0.0)),
         sum_diff=float(diff.sum()),
         mismatches=int(np.count_nonzero(differ)),
@@ -326,6 +383,23 @@ def _tally(ref: np.ndarray, out: np.ndarray) -> _Tally:
     return _exact_tally(ref, out)
 
 
+def cannot_compare(tally: _Tally) -> str | None:
+    """Why a tensor's comparison compared nothing that counts, or None when it did.
+
+    An output without elements (an empty batch) and a float output the original gives NaN or
+    Inf in (its inputs broke it, or it overflowed) cannot tell a right candidate from a wrong
+    one there: they fail in every criterion.
+    """
+    if tally.elements == 0:
+        return "no element to compare: the output is empty on these inputs"
+    if tally.ref_nonfinite:
+        return (
+            f"the original gives NaN or Inf at {tally.ref_nonfinite} of {tally.elements} elements:"
+            " nothing to compare there (inputs on which it gives finite numbers are needed)"
+        )
+    return None
+
+
 def _comparison(
     tally: _Tally,
     dtype: np.dtype[Any],
@@ -336,19 +410,24 @@ def _comparison(
     type_name: str,
     shape: list[int],
     sample_cosines: Sequence[float] = (),
+    sample_rel_errs: Sequence[float] | None = None,
 ) -> OutputComparison:
     """The numbers and the verdict for one tensor (or a sequence's tensors together).
 
     Floats: ``rel_err`` is ``|ref - out| / |ref|`` and ``cosine`` the cosine similarity,
     both over the places finite in both; with ``sample_cosines`` (one per sample, more
-    than one), a minimum cosine similarity must hold for the worst of them too. Exact
-    types: ``rel_err`` is the share of elements that differ and ``cosine`` is None.
+    than one), a minimum cosine similarity must hold for the worst of them too; with
+    ``sample_rel_errs`` (a tiny output, see :data:`TINY_ELEMENTS`), a minimum cosine bounds
+    the worst relative error too (:func:`cosine_rel_err`). Exact types: ``rel_err`` is the
+    share of elements that differ and ``cosine`` is None. Whatever the criterion, an output
+    that compared nothing that counts fails (:func:`cannot_compare`).
     """
     mean_abs = tally.sum_diff / tally.count if tally.count else 0.0
+    problem = cannot_compare(tally)
     if tally.exact:
         rel_err = tally.mismatches / tally.count if tally.count else 0.0
-        passed = tally.mismatches == 0
-        note = "" if passed else f"{tally.mismatches} elements differ (exact match required)"
+        passed = tally.mismatches == 0 and problem is None
+        note = f"{tally.mismatches} elements differ (exact match required)" if tally.mismatches else ""
         return OutputComparison(
             length,
             name,
@@ -361,7 +440,7 @@ def _comparison(
             0.0,
             tally.mismatches,
             passed,
-            note,
+            note or problem or "",
         )
     norm_ref, norm_out, norm_diff = (float(np.sqrt(v)) for v in (tally.ref_sq, tally.out_sq, tally.diff_sq))
     rel_err = norm_diff / norm_ref if norm_ref > 0 else (0.0 if norm_diff == 0 else np.inf)
@@ -370,18 +449,29 @@ def _comparison(
     else:
         cosine = 1.0 if norm_ref == norm_out else 0.0
     worst_sample = min(sample_cosines) if len(sample_cosines) > 1 else None
+    worst_rel = max(sample_rel_errs) if sample_rel_errs else None
     note = ""
     if tally.mismatches:
         passed = False
         note = f"{tally.mismatches} elements are NaN/Inf in one model and not the same in the other"
+    elif problem is not None:
+        passed, note = False, problem
     elif options.criterion is Criterion.REPORT_ONLY:
         passed = True
     elif options.min_cosine is not None:
         passed = min(cosine, cosine if worst_sample is None else worst_sample) >= options.min_cosine
         if not passed and worst_sample is not None and worst_sample < options.min_cosine <= cosine:
             note = f"the worst of {len(sample_cosines)} samples is below the minimum"
+        limit = cosine_rel_err(options.min_cosine)
+        if passed and worst_rel is not None and not worst_rel <= limit:
+            passed = False
+            per = max(1, tally.elements // max(1, len(sample_cosines)))
+            note = (
+                f"relative error {worst_rel:.3g} above {limit:.3g}, the bound a minimum cosine of"
+                f" {options.min_cosine:g} sets on an output of {per} element(s) per sample"
+            )
     else:
-        max_limit, mean_limit = thresholds(dtype, options)
+        max_limit, mean_limit = thresholds(dtype, options, tally.count)
         passed = tally.max_diff <= max_limit and mean_abs <= mean_limit
         if not passed:
             note = f"above the limits for {dtype}: max_abs {max_limit:.3g}, mean_abs {mean_limit:.3g}"
@@ -400,6 +490,7 @@ def _comparison(
         note,
         max(1, len(sample_cosines)),
         worst_sample,
+        worst_rel,
     )
 
 
@@ -433,6 +524,29 @@ def sample_cosines(ref: np.ndarray, out: np.ndarray, samples: int) -> list[float
     return [_cosine(ref, out)]
 
 
+def _rel_err(ref: np.ndarray, out: np.ndarray) -> float:
+    """``|ref - out| / |ref|`` over the places finite in both (0 when both are 0, inf when only ref is)."""
+    r, o = ref.astype(np.float64).ravel(), out.astype(np.float64).ravel()
+    both = np.isfinite(r) & np.isfinite(o)
+    r, o = r[both], o[both]
+    diff, norm = float(np.linalg.norm(r - o)), float(np.linalg.norm(r))
+    if norm > 0:
+        return diff / norm
+    return 0.0 if diff == 0 else float("inf")
+
+
+def sample_rel_errs(ref: np.ndarray, out: np.ndarray, samples: int) -> list[float] | None:
+    """Each sample's relative error of a tiny float output (fewer than :data:`TINY_ELEMENTS`
+    elements per sample, samples as :func:`sample_cosines` cuts them); None for a larger one."""
+    per_sample = samples > 1 and ref.ndim >= 1 and ref.shape[0] == samples
+    count = samples if per_sample else 1
+    if ref.size == 0 or ref.size // count >= TINY_ELEMENTS:
+        return None
+    if per_sample:
+        return [_rel_err(ref[i], out[i]) for i in range(samples)]
+    return [_rel_err(ref, out)]
+
+
 def compare_arrays(
     ref: np.ndarray, out: np.ndarray, options: VerifyOptions, *, length: int, name: str, samples: int = 1
 ) -> OutputComparison:
@@ -446,8 +560,11 @@ def compare_arrays(
     if problem is not None:
         return OutputComparison.failure(length, name, problem, _type_name(ref), list(ref.shape))
     per_sample: list[float] = []
-    if samples > 1 and np.issubdtype(ref.dtype, np.floating):
-        per_sample = sample_cosines(ref, out, samples)
+    rel_errs = None
+    if np.issubdtype(ref.dtype, np.floating):
+        if samples > 1:
+            per_sample = sample_cosines(ref, out, samples)
+        rel_errs = sample_rel_errs(ref, out, samples)
     return _comparison(
         _tally(ref, out),
         ref.dtype,
@@ -457,6 +574,7 @@ def compare_arrays(
         type_name=_type_name(ref),
         shape=list(ref.shape),
         sample_cosines=per_sample,
+        sample_rel_errs=rel_errs,
     )
 
 
@@ -467,7 +585,8 @@ def compare_sequences(
 
     The row reports ``sequence(<type>)`` with the shape ``[number of tensors]``; its
     numbers are taken over every tensor together, and the note names the first
-    tensor that fails.
+    tensor that fails. An empty tensor among others is no failure (its shape matched);
+    a sequence that holds no element at all compared nothing and fails.
     """
     kind = f"sequence({_type_name(ref[0])})" if ref and isinstance(ref[0], np.ndarray) else "sequence"
     if len(ref) != len(out):
@@ -483,12 +602,15 @@ def compare_sequences(
     for index, (r, o) in enumerate(zip(ref, out, strict=True)):
         tally = _tally(r, o)
         total.add(tally)
+        if tally.elements == 0:
+            continue
         part = _comparison(tally, dtype, options, length=length, name=name, type_name=kind, shape=[])
         if not part.passed and not first_failure:
             first_failure = f"element {index}: {part.note}"
     row = _comparison(total, dtype, options, length=length, name=name, type_name=kind, shape=[len(ref)])
-    row.passed = not first_failure
-    row.note = first_failure
+    if first_failure or row.passed:
+        row.passed = not first_failure
+        row.note = first_failure
     return row
 
 
