@@ -93,6 +93,7 @@ def feed_set(path: str, options: VerifyOptions, *, run: bool = False) -> FeedSet
         samples = [feed_samples(feed) for feed in feeds]
     else:
         plan = Plan(path, options, run=run)
+        options = plan.options  # with the sizes and values found before the check
         if run:
             for index, (done, _) in enumerate(plan.done):
                 plan.done[index] = (done, [])

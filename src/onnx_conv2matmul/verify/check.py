@@ -19,6 +19,7 @@ run's outputs are compared as the candidate's arrive and freed before the next r
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 from collections.abc import Mapping
 from typing import Any
@@ -52,7 +53,8 @@ from onnx_conv2matmul.verify.compare import (
 from onnx_conv2matmul.verify.compare import (
     thresholds as thresholds,
 )
-from onnx_conv2matmul.verify.feeds import DimRole, InputSpec, Role, Roles, dim_roles
+from onnx_conv2matmul.verify.discover import discover, graph_specs, needs_probes, read_graph
+from onnx_conv2matmul.verify.feeds import DimRole, InputSpec, Role, Roles, check_names, dim_roles
 from onnx_conv2matmul.verify.feeds import Feed as Feed
 from onnx_conv2matmul.verify.feeds import _InputSpec as _InputSpec
 from onnx_conv2matmul.verify.feeds import check_feeds as check_feeds
@@ -187,6 +189,7 @@ def verify_models(
 
 def _verify(original: str, candidate: str, options: VerifyOptions, candidate_given: bool) -> VerifyReport:
     reference = Reference(original, options)
+    options = reference.options  # with what was found before the check (see discover)
     report = VerifyReport(original, candidate, options, reference.how())
     report.lengths = [run.length for run, _ in reference.done]
     report.lengths_rule, report.lengths_not_run = reference.plan.rule, reference.not_run
@@ -244,8 +247,9 @@ class Reference:
     """
 
     def __init__(self, path: str, options: VerifyOptions, *, run: bool = True) -> None:
-        self.options = options
         opened, self.specs, self.names = runs.open_model(path, "original", options)
+        options = discover(path, options, self.specs, functools.partial(runs.probe_run, opened))
+        self.options = options
         roles = dim_roles(self.specs, options)
         sizes = runs.measure_outputs(opened, self.specs, roles, options, runs.output_sizes(opened))
         self.sizes_how = sizes.how
@@ -287,6 +291,45 @@ class Reference:
         ]
 
 
+def discover_inputs(path: str, options: VerifyOptions) -> VerifyOptions:
+    """``options`` with the input values and sizes the model at ``path`` takes, found in its
+    graph and by probing it (see :mod:`onnx_conv2matmul.verify.discover`), and ``found`` set.
+
+    Every step that synthesises inputs from the options it returns (the check, the search, the
+    latency step) feeds the same shapes and values, so they are looked for once. As they are
+    with real inputs, when already looked for, or when the model cannot be read or loaded here
+    (the check then reports why).
+
+    Raises:
+        OutOfMemory: memory ran out while probing.
+    """
+    if options.feeds is not None or options.found is not None:
+        return options
+    model = read_graph(path)
+    specs = graph_specs(model) if model is not None else None
+    if specs is None:
+        return options
+    try:
+        check_names(specs, options)
+    except InputError:
+        return options  # the check refuses them with the message
+    if not needs_probes(specs, options):
+        return discover(path, options, specs, _no_run, model)
+    try:
+        opened, specs, _ = runs.open_model(path, "original", options)
+    except (ModelLoadError, InputError):
+        return options
+    try:
+        return discover(path, options, specs, functools.partial(runs.probe_run, opened), model)
+    finally:
+        del opened
+        gc.collect()
+
+
+def _no_run(feeds: Mapping[str, np.ndarray]) -> None:  # pragma: no cover - never called
+    raise AssertionError("no probe runs without two sequence dims")
+
+
 def planned_feeds(path: str, options: VerifyOptions) -> list[Mapping[str, np.ndarray]]:
     """The inputs the check of the model at ``path`` feeds it, one set per run.
 
@@ -325,6 +368,7 @@ __all__ = [
     "compare_arrays",
     "compare_outputs",
     "compare_sequences",
+    "discover_inputs",
     "element_scales",
     "feed_samples",
     "input_value_ranges",

@@ -322,7 +322,8 @@ def dim_roles(specs: Sequence[InputSpec], options: VerifyOptions) -> Roles:
     axes: dict[str, tuple[int | str, ...]] = {}
     for spec in specs:
         row: list[int | str] = []
-        for axis, dim in enumerate(spec.shape):
+        for axis, declared in enumerate(spec.shape):
+            dim = options.axes.get(f"{spec.name}[{axis}]", declared)
             if not _symbolic(dim):
                 row.append(int(dim))  # type: ignore[arg-type]
             elif isinstance(dim, str) and dim:
@@ -609,6 +610,10 @@ def check_names(specs: Sequence[InputSpec], options: VerifyOptions) -> None:
     unknown = [name for name in options.dims if name not in dims]
     if unknown:
         problems.append(f"unknown {_named('dim', unknown)} {known_dims}")
+    places = {f"{spec.name}[{axis}]" for spec in specs for axis in range(len(spec.shape))}
+    unknown = [name for name in options.axes if name not in places]
+    if unknown:
+        problems.append(f"unknown {_named('input axis', unknown)} {known_inputs}")
     for role, name in (("signal", options.signal_input), ("length", options.length_input)):
         if name is not None and name not in inputs:
             problems.append(f"unknown {role} input {name!r} {known_inputs}")

@@ -184,6 +184,18 @@ def run_feeds(opened: Any, feeds: Mapping[str, np.ndarray], label: str, where: s
         ) from err
 
 
+def probe_run(opened: Any, feeds: Mapping[str, np.ndarray]) -> None:
+    """Run the original once on probe inputs, dropping its outputs (see
+    :mod:`onnx_conv2matmul.verify.discover`).
+
+    Raises:
+        ModelRunError: onnxruntime cannot run it on them.
+        OutOfMemory: memory ran out.
+    """
+    run_feeds(opened, feeds, "original", "probing the sizes it takes", None)
+    gc.collect()
+
+
 def run_at(
     opened: Any, specs: list[InputSpec], run: Run, options: VerifyOptions, label: str, roles: Roles
 ) -> Any:
@@ -310,9 +322,12 @@ def reference_runs(
                 candidate = _next_spare(spares, candidate, planner_fit, done)
     if not done:
         tried = ", ".join(str(n) for n, _ in not_run)
+        sequence = [d for d in plan.roles.dims if d.role.value == "sequence"]
+        free = ", ".join(f"{d.key} ({', '.join(d.places)})" for d in sequence)
         raise ModelRunError(
-            f"{first_error}; it fails at every length tried ({tried}):"
-            " fix input values, dim values or lengths"
+            f"the original model runs at none of the synthesised shapes tried (dims {free or 'none'}"
+            f" at lengths {tried}, after the probes for the sizes it takes): {first_error}",
+            hint=Hint.SYNTHESISED_SHAPES,
         ) from first_error
     return done, not_run
 
