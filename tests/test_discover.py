@@ -11,22 +11,13 @@ from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 
 from helpers import no_bench
-from model_cache import FETCHER, Packaged
+from model_cache import FETCHER
 from onnx_conv2matmul.cli.app import main
 from onnx_conv2matmul.errors import ModelRunError
 from onnx_conv2matmul.verify.check import VerifyOptions, discover_inputs, verify_models
+from real_packages import REC, SILERO
 
 RNG = np.random.default_rng(11)
-REC = Packaged(
-    "rapidocr-onnxruntime==1.4.4",
-    "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
-    "48fc40f24f6d2a207a2b1091d3437eb3cc3eb6b676dc3ef9c37384005483683b",
-)
-SILERO = Packaged(
-    "silero-vad==6.2.3",
-    "silero_vad/data/silero_vad.onnx",
-    "1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3",
-)
 
 
 def _recognizer(height: int | str | None = "H", width: int | str | None = "W") -> onnx.ModelProto:

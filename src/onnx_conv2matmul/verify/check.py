@@ -73,6 +73,7 @@ from onnx_conv2matmul.verify.options import Criterion as Criterion
 from onnx_conv2matmul.verify.options import VerifyOptions as VerifyOptions
 from onnx_conv2matmul.verify.options import feed_source, format_size
 from onnx_conv2matmul.verify.plan import LengthPlan, Planner, Run, plan_lengths
+from onnx_conv2matmul.verify.stream import Spill, merge_rows
 
 
 @dataclasses.dataclass
@@ -189,6 +190,25 @@ def verify_models(
 
 def _verify(original: str, candidate: str, options: VerifyOptions, candidate_given: bool) -> VerifyReport:
     reference = Reference(original, options)
+    try:
+        report = _compare(reference, original, candidate, candidate_given)
+    finally:
+        reference.close()
+    if options.feeds is not None:
+        report.results = merged_rows(report.results)
+    return report
+
+
+def merged_rows(results: list[OutputComparison]) -> list[OutputComparison]:
+    """One row per output and inputs file: the rows of its chunks merged (see
+    :func:`onnx_conv2matmul.verify.stream.merge_rows`)."""
+    groups: dict[tuple[int, str], list[OutputComparison]] = {}
+    for row in results:
+        groups.setdefault((row.length, row.output), []).append(row)
+    return [merge_rows(rows) for rows in groups.values()]
+
+
+def _compare(reference: Reference, original: str, candidate: str, candidate_given: bool) -> VerifyReport:
     options = reference.options  # with what was found before the check (see discover)
     report = VerifyReport(original, candidate, options, reference.how())
     report.lengths = [run.length for run, _ in reference.done]
@@ -208,7 +228,7 @@ def _verify(original: str, candidate: str, options: VerifyOptions, candidate_giv
     roles = reference.plan.roles
     try:
         for run, ref_outputs, cand_outputs in runs.candidate_runs(
-            opened, reference.specs, reference.done, options, roles
+            opened, reference.specs, reference.done, options, roles, reference.spill
         ):
             samples = run_samples(run, options, roles)
             for index in indices:
@@ -233,6 +253,8 @@ def _verify(original: str, candidate: str, options: VerifyOptions, candidate_giv
 def run_samples(run: Run, options: VerifyOptions, roles: Roles) -> int:
     """How many samples (batch rows) the inputs of ``run`` hold: its batch dims' value, or the
     first dim the float inputs of a real input file share (see :func:`feed_samples`)."""
+    if run.rows is not None:
+        return run.rows[1] - run.rows[0]
     if options.feeds is not None:
         return feed_samples(options.feeds[run.length - 1])
     values = {run.dims[key] for key in roles.keys(Role.BATCH) if key in run.dims}
@@ -258,12 +280,26 @@ class Reference:
         planner.step = self.plan.step
         self.done: list[tuple[Run, list[Any]]] = []
         self.not_run: list[tuple[int, str]] = list(self.plan.left_out)
+        self.spill: Spill | None = None
         if run:
-            self.done, self.not_run = runs.reference_runs(opened, self.specs, self.plan, options, planner.fit)
+            self.spill = Spill() if self.plan.spill else None
+            try:
+                self.done, self.not_run = runs.reference_runs(
+                    opened, self.specs, self.plan, options, planner.fit, self.spill
+                )
+            except BaseException:
+                self.close()
+                raise
         if options.lengths is None and options.feeds is None:
             self.done.sort(key=lambda item: (item[0].long, item[0].length))
         del opened
         gc.collect()
+
+    def close(self) -> None:
+        """Remove the reference outputs kept on disk, if any."""
+        if self.spill is not None:
+            self.spill.close()
+            self.spill = None
 
     def how(self) -> dict[str, str]:
         """How each input is synthesised (the same in every run)."""
@@ -373,6 +409,7 @@ __all__ = [
     "feed_samples",
     "input_value_ranges",
     "load_inputs",
+    "merged_rows",
     "planned_feeds",
     "run_samples",
     "sample_cosines",

@@ -123,8 +123,10 @@ class VerifyOptions:
             Excludes ``lengths``, ``inputs`` and ``dims``.
         memory: The budget of one run, in bytes: its inputs plus the outputs of both
             models, which the check holds at once (estimated from the output shapes
-            before the run). Default lengths are shortened to fit it; lengths given,
-            real inputs or a model that do not fit it are refused.
+            before the run). Default lengths are shortened to fit it; lengths given or a
+            model that do not fit it are refused; real inputs are fed in chunks of
+            samples that fit it (see :mod:`onnx_conv2matmul.verify.stream`), only one
+            sample that does not fit is refused.
         axes: Fixed sizes per input axis, keyed ``input[axis]`` (an unnamed dim has no
             name for ``dims``): the axis is taken as static.
         found: What :func:`onnx_conv2matmul.verify.discover.discover` found and put into

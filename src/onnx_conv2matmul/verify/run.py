@@ -49,6 +49,7 @@ from onnx_conv2matmul.verify.plan import (
     probe_values,
     value_bytes,
 )
+from onnx_conv2matmul.verify.stream import Spill, cut_inputs, sample_rows
 
 _ORT_TYPES: dict[str, Any] = {
     "tensor(float)": np.float32,
@@ -200,13 +201,17 @@ def run_at(
     opened: Any, specs: list[InputSpec], run: Run, options: VerifyOptions, label: str, roles: Roles
 ) -> Any:
     """The outputs of ``run``; see :func:`run_feeds`."""
-    feeds, _ = synthesise_inputs(
-        specs, run.length, options, run.dims if options.feeds is None else None, roles
-    )
     if options.feeds is not None:
-        where = f"on inputs {feed_source(options.feeds[run.length - 1], run.length - 1)}"
+        feed = options.feeds[run.length - 1]
+        feeds: Mapping[str, np.ndarray] = (
+            sample_rows(feed, set(run.cut), *run.rows) if run.rows is not None else feed
+        )
+        where = f"on inputs {feed_source(feed, run.length - 1)}"
+        if run.rows is not None:
+            where += f" (samples {run.rows[0] + 1} to {run.rows[1]})"
         hint: Hint | None = Hint.INPUT_FILES
     else:
+        feeds, _ = synthesise_inputs(specs, run.length, options, run.dims, roles)
         where = f"at {_dims_text(run)}"
         hint = None
     return run_feeds(opened, feeds, label, where, hint)
@@ -270,10 +275,10 @@ def _measure_feeds(
     """With real inputs: the outputs the declarations leave unknown are measured on the first
     feed, and taken in proportion to each feed's input bytes (the feeds are not changed)."""
     assert options.feeds is not None
-    first = options.feeds[0]
-    outputs = run_feeds(
-        opened, dict(first), "original", f"on inputs {feed_source(first, 0)}", Hint.INPUT_FILES
-    )
+    whole = options.feeds[0]
+    cut = cut_inputs(specs, whole)
+    first = sample_rows(whole, cut, 0, 1) if cut else dict(whole)  # one sample is enough
+    outputs = run_feeds(opened, first, "original", f"on inputs {feed_source(whole, 0)}", Hint.INPUT_FILES)
     values = feed_dims(first, roles, specs)
     unknown = sum(
         value_bytes(value)
@@ -292,6 +297,7 @@ def reference_runs(
     plan: LengthPlan,
     options: VerifyOptions,
     planner_fit: Callable[..., Any],
+    spill: Spill | None = None,
 ) -> tuple[list[tuple[Run, list[Any]]], list[tuple[int, str]]]:
     """The original's outputs of every run, and the lengths it could not run at (with why).
 
@@ -310,7 +316,11 @@ def reference_runs(
         candidate: Run | None = run
         while candidate is not None:
             try:
-                done.append((candidate, run_at(opened, specs, candidate, options, "original", plan.roles)))
+                outputs = run_at(opened, specs, candidate, options, "original", plan.roles)
+                if spill is not None:
+                    outputs = spill.put(len(done), outputs)
+                done.append((candidate, outputs))
+                del outputs
                 break
             except ModelRunError as err:
                 if not plan.spares:
@@ -350,6 +360,7 @@ def candidate_runs(
     done: list[tuple[Run, list[Any]]],
     options: VerifyOptions,
     roles: Roles,
+    spill: Spill | None = None,
 ) -> Iterator[tuple[Run, list[Any], list[Any]]]:
     """Each run's reference and candidate outputs, one run at a time: the reference's are
     dropped from ``done`` as they are handed out, so each run's outputs can be freed before
@@ -362,6 +373,8 @@ def candidate_runs(
     for index in range(len(done)):
         run, reference = done[index]
         done[index] = (run, [])
+        if spill is not None:
+            reference = spill.get(reference)
         outputs = run_at(opened, specs, run, options, "candidate", roles)
         yield run, reference, outputs
         del reference, outputs
