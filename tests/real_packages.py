@@ -22,3 +22,9 @@ SILERO = Packaged(
     "1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3",
 )
 """silero VAD v6: input [B, T], state [2, B, 128], sr int64 scalar picking an If branch."""
+DET = Packaged(
+    "rapidocr-onnxruntime==1.4.4",
+    "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
+    "d2a7720d45a54257208b1e13e36a8479894cb74155a5efe29462512d42f49da9",
+)
+"""PP-OCRv4 text detector: x [N, 3, H, W] (multiples of 32), a probability map [N, 1, H, W]."""

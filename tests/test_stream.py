@@ -25,7 +25,7 @@ from onnx_conv2matmul.errors import InputError
 from onnx_conv2matmul.verify.check import VerifyOptions, load_inputs, verify_models
 from onnx_conv2matmul.verify.options import parse_size
 from onnx_conv2matmul.verify.stream import Spill, chunk_rows, merge_rows, read_npz
-from real_packages import REC
+from real_packages import DET, REC
 
 RNG = np.random.default_rng(7)
 
@@ -174,3 +174,17 @@ def test_state_inputs_are_fed_whole_with_each_chunk(tmp_path: Path) -> None:
     report = verify_models(src, src, VerifyOptions(feeds=feeds, memory=parse_size("64KiB")))
     assert report.passed and len(report.runs) > 1
     assert {run.rows is not None for run in report.runs} == {True}
+
+
+@pytest.mark.network
+def test_sixteen_detector_pages_check_in_the_default_budget(tmp_path: Path) -> None:
+    """Before: refused, the file's 50 MiB of inputs and two models' outputs exceed 64 MiB at once."""
+    src = str(FETCHER.fetch(DET))
+    pages = np.random.default_rng(1).uniform(-1, 1, (16, 3, 512, 512)).astype(np.float32)
+    np.savez(tmp_path / "pages.npz", x=pages)
+    report = verify_models(src, src, VerifyOptions(feeds=tuple(load_inputs([tmp_path / "pages.npz"]))))
+    assert report.passed
+    last = report.runs[-1].rows
+    assert len(report.runs) > 1 and last is not None and last[1] == 16
+    (row,) = report.results
+    assert row.samples == 16 and row.shape == [16, 1, 512, 512]

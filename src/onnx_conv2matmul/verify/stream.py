@@ -24,6 +24,7 @@ A user's ``--inputs`` file is never refused for its size. The memory budget
 # pragma: no mutate start
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -136,11 +137,28 @@ def one_at_a_time(specs: Sequence[InputSpec], feed: Mapping[str, np.ndarray]) ->
 def sample_rows(
     feed: Mapping[str, np.ndarray], cut: set[str], start: int, stop: int
 ) -> dict[str, np.ndarray]:
-    """Rows ``start:stop`` of the inputs in ``cut`` (read into memory), the others as they are."""
-    return {
-        name: np.ascontiguousarray(array[start:stop]) if name in cut else np.asarray(array)
-        for name, array in feed.items()
-    }
+    """Rows ``start:stop`` of the inputs in ``cut`` (read into memory), the others as they are.
+
+    The pages of a memory-mapped file that were read are given back at once: they are the
+    file's, and would otherwise count in the process's memory until the whole file was read.
+    """
+    rows = {}
+    for name, array in feed.items():
+        if name in cut:
+            rows[name] = np.array(array[start:stop], order="C")
+            _drop_pages(array)
+        else:
+            rows[name] = np.asarray(array)
+    return rows
+
+
+def _drop_pages(array: np.ndarray) -> None:
+    import mmap
+
+    mapped = getattr(array, "_mmap", None)
+    if isinstance(mapped, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED"):
+        with contextlib.suppress(OSError, ValueError):
+            mapped.madvise(mmap.MADV_DONTNEED)
 
 
 def chunk_rows(rows: int, per_row: int, fixed: int, memory: int, *, single: bool = False) -> int | None:
