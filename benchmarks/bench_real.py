@@ -292,11 +292,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--big", action="store_true", help="also check 2,000 lines in the default budget")
+    parser.add_argument("--only", choices=("rec", "cls"), help="one model only")
     args = parser.parse_args()
     root = args.workdir or Path(tempfile.mkdtemp(prefix="bench-real-"))
     header = ("model", "run", "MiB", "x fp32", "metric", "wall s", "peak MiB", "result")
     rows = [header]
     for kind, packaged, drop in (("rec", REC, "0.01"), ("cls", CLS, "0.01")):
+        if args.only not in (None, kind):
+            continue
         work = root / kind
         work.mkdir(parents=True, exist_ok=True)
         rows.extend(bench(kind, str(FETCHER.fetch(packaged)), work, drop))

@@ -154,3 +154,15 @@ def test_silero_vad_check_runs_at_its_sample_rate(tmp_path: Path) -> None:
     assert report.passed
     assert report.inputs["sr"] == "fixed 16000"
     assert all(run.dims["(unnamed)"] >= 192 for run in report.runs)
+
+
+@pytest.mark.network
+def test_ppocr_v4_recognizer_with_inputs_times_at_the_height_it_takes(tmp_path: Path) -> None:
+    """Before: with --inputs, the latency step still synthesised 224x224 and ended with exit 2."""
+    src = FETCHER.fetch(REC)
+    np.savez(tmp_path / "lines.npz", x=np.random.default_rng(0).uniform(-1, 1, (4, 3, 48, 320)).astype("f"))
+    out = tmp_path / "q.onnx"
+    argv = ["quantize", str(src), str(out), "--inputs", str(tmp_path / "lines.npz"), "--bench-rounds", "3"]
+    result = CliRunner().invoke(main, argv)
+    assert result.exit_code == 0, result.stderr
+    assert out.exists()

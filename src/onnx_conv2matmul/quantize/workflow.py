@@ -149,6 +149,10 @@ def quantize_file(
         _check_quantize_options(quantize_options, verify)
     # Once: the check, the search and the latency step all feed these sizes and values.
     verify = discover_inputs(src, verify)
+    if verify.feeds is not None:
+        # The latency step still synthesises its inputs: at the sizes the model takes.
+        found = discover_inputs(src, dataclasses.replace(verify, feeds=None))
+        verify = dataclasses.replace(verify, axes=found.axes)
     report = _new_report(src, int8, convert_options, quantize_options, auto, criterion, speed)
     try:
         with _output.Output(dst, source=src) as output:

@@ -128,7 +128,8 @@ class VerifyOptions:
             samples that fit it (see :mod:`onnx_conv2matmul.verify.stream`), only one
             sample that does not fit is refused.
         axes: Fixed sizes per input axis, keyed ``input[axis]`` (an unnamed dim has no
-            name for ``dims``): the axis is taken as static.
+            name for ``dims``): the axis is taken as static. With ``feeds``, they serve
+            the steps that still synthesise inputs (the latency step).
         found: What :func:`onnx_conv2matmul.verify.discover.discover` found and put into
             ``inputs`` and ``axes``; None: not looked for yet (the check looks).
     """
@@ -162,7 +163,6 @@ class VerifyOptions:
                     ("lengths", self.lengths),
                     ("input values", self.inputs),
                     ("dim values", self.dims),
-                    ("axis sizes", self.axes),
                 )
                 if value
             ]
