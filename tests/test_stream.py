@@ -188,3 +188,32 @@ def test_sixteen_detector_pages_check_in_the_default_budget(tmp_path: Path) -> N
     assert len(report.runs) > 1 and last is not None and last[1] == 16
     (row,) = report.results
     assert row.samples == 16 and row.shape == [16, 1, 512, 512]
+
+
+def test_a_reference_on_disk_serves_several_candidates_and_goes_with_its_holder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As the kernel choice compares several candidates with one reference, never closing it."""
+    import gc
+
+    from onnx_conv2matmul.verify import run as runs
+    from onnx_conv2matmul.verify.check import Reference
+
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    src = _save(conv_model(), tmp_path / "pw.onnx")
+    npz = _lines(tmp_path / "calib.npz", 200, (6, 160))
+    options = VerifyOptions(feeds=tuple(load_inputs([npz])), memory=parse_size("160KiB"))
+    reference = Reference(src, options)
+    assert reference.plan.spill and len(os.listdir(scratch)) == 1
+    for _ in range(2):
+        opened, _, _ = runs.open_model(src, "candidate", reference.options, reference.specs)
+        done = list(reference.done)
+        roles = reference.plan.roles
+        for _run, ref, out in runs.candidate_runs(opened, reference.specs, done, options, roles):
+            np.testing.assert_array_equal(ref[0], out[0])
+        del opened
+    del reference, done, ref, out
+    gc.collect()
+    assert os.listdir(scratch) == []

@@ -228,7 +228,7 @@ def _compare(reference: Reference, original: str, candidate: str, candidate_give
     roles = reference.plan.roles
     try:
         for run, ref_outputs, cand_outputs in runs.candidate_runs(
-            opened, reference.specs, reference.done, options, roles, reference.spill
+            opened, reference.specs, reference.done, options, roles
         ):
             samples = run_samples(run, options, roles)
             for index in indices:

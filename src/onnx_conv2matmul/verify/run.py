@@ -49,7 +49,7 @@ from onnx_conv2matmul.verify.plan import (
     probe_values,
     value_bytes,
 )
-from onnx_conv2matmul.verify.stream import Spill, cut_inputs, sample_rows
+from onnx_conv2matmul.verify.stream import Spill, Spilled, cut_inputs, sample_rows
 
 _ORT_TYPES: dict[str, Any] = {
     "tensor(float)": np.float32,
@@ -360,7 +360,6 @@ def candidate_runs(
     done: list[tuple[Run, list[Any]]],
     options: VerifyOptions,
     roles: Roles,
-    spill: Spill | None = None,
 ) -> Iterator[tuple[Run, list[Any], list[Any]]]:
     """Each run's reference and candidate outputs, one run at a time: the reference's are
     dropped from ``done`` as they are handed out, so each run's outputs can be freed before
@@ -373,8 +372,8 @@ def candidate_runs(
     for index in range(len(done)):
         run, reference = done[index]
         done[index] = (run, [])
-        if spill is not None:
-            reference = spill.get(reference)
+        if isinstance(reference, Spilled):
+            reference = reference.load()  # kept on disk (see verify.stream)
         outputs = run_at(opened, specs, run, options, "candidate", roles)
         yield run, reference, outputs
         del reference, outputs

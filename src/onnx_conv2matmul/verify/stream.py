@@ -30,6 +30,7 @@ import math
 import os
 import shutil
 import tempfile
+import weakref
 import zipfile
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -213,36 +214,51 @@ class ChunkedFeeds(Sequence[Mapping[str, np.ndarray]]):
 
 
 class Spill:
-    """The reference outputs of a check, on disk: one ``.npy`` file per run and output."""
+    """The reference outputs of a check, on disk: one ``.npy`` file per run and output.
+
+    The directory goes with :meth:`close`, or when the last :class:`Spilled` of it is
+    garbage (whoever holds the outputs, e.g. a step that compares several candidates).
+    """
 
     def __init__(self) -> None:
         self.directory = tempfile.mkdtemp(prefix="onnx-conv2matmul-reference-")
         self._held: dict[tuple[int, int], Any] = {}
+        self._remove = weakref.finalize(self, shutil.rmtree, self.directory, ignore_errors=True)
 
-    def put(self, run: int, outputs: Sequence[Any]) -> list[Any]:
-        """Keep one run's outputs on disk (anything but a numeric tensor in memory); returns
-        placeholders that :meth:`get` reads back."""
+    def put(self, run: int, outputs: Sequence[Any]) -> Spilled:
+        """Keep one run's outputs on disk (anything but a numeric tensor in memory)."""
         for index, value in enumerate(outputs):
             if isinstance(value, np.ndarray) and value.dtype != object:
                 np.save(self._path(run, index), value, allow_pickle=False)
             else:
                 self._held[(run, index)] = value
-        return [("spilled", run, index) for index in range(len(outputs))]
+        return Spilled(self, run, len(outputs))
 
-    def get(self, placeholders: Sequence[Any]) -> list[Any]:
-        found = []
-        for _, run, index in placeholders:
-            if (run, index) in self._held:
-                found.append(self._held.pop((run, index)))
-            else:
-                found.append(np.load(self._path(run, index), mmap_mode="r"))
-        return found
+    def get(self, run: int, count: int) -> list[Any]:
+        """One run's outputs, tensors memory-mapped."""
+        return [
+            self._held[(run, index)]
+            if (run, index) in self._held
+            else np.load(self._path(run, index), mmap_mode="r")
+            for index in range(count)
+        ]
 
     def _path(self, run: int, output: int) -> str:
         return os.path.join(self.directory, f"{run}-{output}.npy")
 
     def close(self) -> None:
-        shutil.rmtree(self.directory, ignore_errors=True)
+        self._remove()
+
+
+class Spilled(list[Any]):
+    """One run's reference outputs kept on disk by a :class:`Spill`: :meth:`load` reads them."""
+
+    def __init__(self, spill: Spill, run: int, count: int) -> None:
+        super().__init__()
+        self.spill, self.run, self.outputs = spill, run, count
+
+    def load(self) -> list[Any]:
+        return self.spill.get(self.run, self.outputs)
 
 
 def merge_rows(rows: Sequence[OutputComparison]) -> OutputComparison:
