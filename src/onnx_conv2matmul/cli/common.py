@@ -47,6 +47,7 @@ HINTS: dict[Hint, tuple[str, str]] = {
     Hint.NOT_INT8_DYNAMIC: ("int8_dynamic", "without --int8-dynamic, the default MatMulNBits mode takes it"),
     Hint.KEPT_PATH: ("keep_on_failure", "--keep-on-failure moves a failed output there"),
     Hint.CALIBRATION_INPUTS: ("inputs", "--inputs FILE.npz gives them"),
+    Hint.SYNTHESISED_SHAPES: ("inputs", "--inputs FILE.npz gives real inputs; or --verify-dim NAME=SIZE"),
     Hint.INPUT_FILES: ("inputs", "check the --inputs files: the model cannot run on them"),
     Hint.VERIFY_BUDGET: (
         "verify_memory",

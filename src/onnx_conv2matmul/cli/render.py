@@ -213,8 +213,12 @@ def _lengths_lines(verification: VerifyReport) -> list[str]:
     if not verification.lengths:
         return []
     takes = any(dim.role.value == "sequence" for dim in verification.dims) or verification.options.feeds
-    used = ", ".join(map(str, verification.lengths)) if takes or not verification.dims else "none"
+    lengths = dict.fromkeys(verification.lengths)  # the chunks of one inputs file share its number
+    used = ", ".join(map(str, lengths)) if takes or not verification.dims else "none"
     lines = [f"Lengths: {used} ({verification.lengths_rule})"]
+    if verification.options.found:
+        found = "; ".join(f"{f.what} = {f.value} ({f.how})" for f in verification.options.found)
+        lines.append(f"Found before the check: {found}")
     if verification.dims and verification.runs:
         parts = []
         for dim in verification.dims:

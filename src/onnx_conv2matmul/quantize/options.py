@@ -354,6 +354,9 @@ class AutoOptions:
         accuracy_level: MatMulNBits accuracy level of every quantized node.
         exclude: Glob patterns of MatMul names kept in float.
         include: When given, only MatMuls matching one of these are candidates.
+        measure: Scale each node's predicted error by its output error measured with the
+            node quantized alone (see :mod:`onnx_conv2matmul.quantize.measured`); None:
+            when the inputs are the user's files.
     """
 
     min_cosine: float | None = None
@@ -364,6 +367,7 @@ class AutoOptions:
     exclude: tuple[str, ...] = ()
     include: tuple[str, ...] = ()
     metric: MetricTarget | None = None
+    measure: bool | None = None
 
     def __post_init__(self) -> None:
         if self.max_evaluations < 2:

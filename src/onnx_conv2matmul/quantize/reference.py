@@ -27,6 +27,7 @@ from onnx_conv2matmul.verify.check import (
     VerifyReport,
     compare_outputs,
     feed_samples,
+    merged_rows,
 )
 
 
@@ -85,14 +86,22 @@ def feed_set(path: str, options: VerifyOptions, *, run: bool = False) -> FeedSet
 
     replan = None
     if options.feeds is not None:
+        from onnx_conv2matmul.verify.stream import Chunk, ChunkedFeeds
+
         plan = Plan(path, options, run=False)
-        feeds = list(options.feeds)
-        how = {spec.name: "from the input files" for spec in plan.specs}
-        lengths = list(range(1, len(feeds) + 1))
         runs = list(plan.plan.runs)
-        samples = [feed_samples(feed) for feed in feeds]
+        # The files' samples in the chunks the memory budget allows, each read when it runs.
+        chunks = [
+            Chunk(r.length - 1, *(r.rows or (0, feed_samples(options.feeds[r.length - 1]))), r.cut)
+            for r in runs
+        ]
+        feeds: Sequence[Mapping[str, np.ndarray]] = ChunkedFeeds(options.feeds, chunks)
+        how = {spec.name: "from the input files" for spec in plan.specs}
+        lengths = [r.length for r in runs]
+        samples = [chunk.samples for chunk in chunks]
     else:
         plan = Plan(path, options, run=run)
+        options = plan.options  # with the sizes and values found before the check
         if run:
             for index, (done, _) in enumerate(plan.done):
                 plan.done[index] = (done, [])
@@ -248,6 +257,8 @@ class Reference:
         finally:
             del session
             gc.collect()
+        if options.feeds is not None:
+            report.results = merged_rows(report.results)
         return report
 
 

@@ -243,6 +243,9 @@ def search(
             other_error, kept_bytes, int8_bytes = measured_others
             others.float_bytes = kept_bytes
             others.options[_OTHER_INT8] = (other_error, int8_bytes)
+    if _measures(options, feed_set):
+        say("Measuring each weight's sensitivity on the inputs")
+        _measure_alone(fp32_path, nodes, options, reference, workdir, deterministic, blocks)
     sensitivity_seconds = time.perf_counter() - sens_started
     items = [*nodes, others]
     tradeoffs = [0.0, *_breakpoints(items), math.inf]
@@ -351,6 +354,37 @@ def search(
         reference=reference,
         cache=blocks,
     )
+
+
+def _measures(options: AutoOptions, feed_set: FeedSet) -> bool:
+    """Whether sensitivity is measured (see :mod:`onnx_conv2matmul.quantize.measured`): as
+    the options say, by default when the feeds are the user's files."""
+    if options.measure is not None:
+        return options.measure
+    return bool(feed_set.how) and all(how == "from the input files" for how in feed_set.how.values())
+
+
+def _measure_alone(
+    fp32_path: str,
+    nodes: Sequence[Any],
+    options: AutoOptions,
+    reference: Reference,
+    workdir: str,
+    deterministic: bool,
+    blocks: BlockCache,
+) -> None:
+    """Each node's errors scaled by its loss measured alone on every feed."""
+    from onnx_conv2matmul.quantize.measured import calibrate
+
+    every = list(range(len(reference.feeds.feeds)))
+    measure_all = _Target(dataclasses.replace(options, min_cosine=-2.0, metric=None), None)
+
+    def loss_alone(name: str, setting: Setting) -> float:
+        config = AutoConfig({name: setting}, False, options.accuracy_level)
+        measured = _evaluate(fp32_path, config, reference, every, workdir, deterministic, measure_all, blocks)
+        return 1.0 - (measured.cosine if measured.cosine is not None else -1.0)
+
+    calibrate(nodes, loss_alone)
 
 
 # The step aims at this fraction of the predicted error the straight line allows, so that

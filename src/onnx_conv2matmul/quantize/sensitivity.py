@@ -118,7 +118,7 @@ def _sensitivities(
             weight = np.ascontiguousarray(full[:, columns])
             del full
             if is_external(b.const_value):
-                b.const_value.release()  # type: ignore[union-attr]
+                b.const_value.release()  # type: ignore[union-attr,unused-ignore]
             h = activations.get(entry.a_name or "")
             if h is None or h.shape != (entry.k,):
                 h = np.ones(entry.k)

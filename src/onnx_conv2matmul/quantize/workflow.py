@@ -37,7 +37,12 @@ from onnx_conv2matmul.quantize.report import BundleModel, BundleReport
 from onnx_conv2matmul.quantize.report import QuantizeReport as QuantizeReport  # its home before report.py
 from onnx_conv2matmul.rewrite.options import ConvertOptions
 from onnx_conv2matmul.rewrite.passes import rewrite_model
-from onnx_conv2matmul.verify.check import VerifyOptions, check_feeds_for_graph, verify_models
+from onnx_conv2matmul.verify.check import (
+    VerifyOptions,
+    check_feeds_for_graph,
+    discover_inputs,
+    verify_models,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -160,6 +165,12 @@ def quantize_file(
     dst = check_paths(src, os.fspath(output_path), inplace=False)
     if not int8:
         _check_quantize_options(quantize_options, verify)
+    # Once: the check, the search and the latency step all feed these sizes and values.
+    verify = discover_inputs(src, verify)
+    if verify.feeds is not None:
+        # The latency step still synthesises its inputs: at the sizes the model takes.
+        found = discover_inputs(src, dataclasses.replace(verify, feeds=None))
+        verify = dataclasses.replace(verify, axes=found.axes)
     report = _new_report(src, int8, convert_options, quantize_options, auto, criterion, speed)
     trade = None
     try:

@@ -19,6 +19,7 @@ run's outputs are compared as the candidate's arrive and freed before the next r
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 from collections.abc import Mapping
 from typing import Any
@@ -52,7 +53,8 @@ from onnx_conv2matmul.verify.compare import (
 from onnx_conv2matmul.verify.compare import (
     thresholds as thresholds,
 )
-from onnx_conv2matmul.verify.feeds import DimRole, InputSpec, Role, Roles, dim_roles
+from onnx_conv2matmul.verify.discover import discover, graph_specs, needs_probes, read_graph
+from onnx_conv2matmul.verify.feeds import DimRole, InputSpec, Role, Roles, check_names, dim_roles
 from onnx_conv2matmul.verify.feeds import Feed as Feed
 from onnx_conv2matmul.verify.feeds import _InputSpec as _InputSpec
 from onnx_conv2matmul.verify.feeds import check_feeds as check_feeds
@@ -71,6 +73,7 @@ from onnx_conv2matmul.verify.options import Criterion as Criterion
 from onnx_conv2matmul.verify.options import VerifyOptions as VerifyOptions
 from onnx_conv2matmul.verify.options import feed_source, format_size
 from onnx_conv2matmul.verify.plan import LengthPlan, Planner, Run, plan_lengths
+from onnx_conv2matmul.verify.stream import Spill, merge_rows
 
 
 @dataclasses.dataclass
@@ -187,6 +190,26 @@ def verify_models(
 
 def _verify(original: str, candidate: str, options: VerifyOptions, candidate_given: bool) -> VerifyReport:
     reference = Reference(original, options)
+    try:
+        report = _compare(reference, original, candidate, candidate_given)
+    finally:
+        reference.close()
+    if options.feeds is not None:
+        report.results = merged_rows(report.results)
+    return report
+
+
+def merged_rows(results: list[OutputComparison]) -> list[OutputComparison]:
+    """One row per output and inputs file: the rows of its chunks merged (see
+    :func:`onnx_conv2matmul.verify.stream.merge_rows`)."""
+    groups: dict[tuple[int, str], list[OutputComparison]] = {}
+    for row in results:
+        groups.setdefault((row.length, row.output), []).append(row)
+    return [merge_rows(rows) for rows in groups.values()]
+
+
+def _compare(reference: Reference, original: str, candidate: str, candidate_given: bool) -> VerifyReport:
+    options = reference.options  # with what was found before the check (see discover)
     report = VerifyReport(original, candidate, options, reference.how())
     report.lengths = [run.length for run, _ in reference.done]
     report.lengths_rule, report.lengths_not_run = reference.plan.rule, reference.not_run
@@ -230,6 +253,8 @@ def _verify(original: str, candidate: str, options: VerifyOptions, candidate_giv
 def run_samples(run: Run, options: VerifyOptions, roles: Roles) -> int:
     """How many samples (batch rows) the inputs of ``run`` hold: its batch dims' value, or the
     first dim the float inputs of a real input file share (see :func:`feed_samples`)."""
+    if run.rows is not None:
+        return run.rows[1] - run.rows[0]
     if options.feeds is not None:
         return feed_samples(options.feeds[run.length - 1])
     values = {run.dims[key] for key in roles.keys(Role.BATCH) if key in run.dims}
@@ -244,8 +269,9 @@ class Reference:
     """
 
     def __init__(self, path: str, options: VerifyOptions, *, run: bool = True) -> None:
-        self.options = options
         opened, self.specs, self.names = runs.open_model(path, "original", options)
+        options = discover(path, options, self.specs, functools.partial(runs.probe_run, opened))
+        self.options = options
         roles = dim_roles(self.specs, options)
         sizes = runs.measure_outputs(opened, self.specs, roles, options, runs.output_sizes(opened))
         self.sizes_how = sizes.how
@@ -254,12 +280,26 @@ class Reference:
         planner.step = self.plan.step
         self.done: list[tuple[Run, list[Any]]] = []
         self.not_run: list[tuple[int, str]] = list(self.plan.left_out)
+        self.spill: Spill | None = None
         if run:
-            self.done, self.not_run = runs.reference_runs(opened, self.specs, self.plan, options, planner.fit)
+            self.spill = Spill() if self.plan.spill else None
+            try:
+                self.done, self.not_run = runs.reference_runs(
+                    opened, self.specs, self.plan, options, planner.fit, self.spill
+                )
+            except BaseException:
+                self.close()
+                raise
         if options.lengths is None and options.feeds is None:
             self.done.sort(key=lambda item: (item[0].long, item[0].length))
         del opened
         gc.collect()
+
+    def close(self) -> None:
+        """Remove the reference outputs kept on disk, if any."""
+        if self.spill is not None:
+            self.spill.close()
+            self.spill = None
 
     def how(self) -> dict[str, str]:
         """How each input is synthesised (the same in every run)."""
@@ -285,6 +325,45 @@ class Reference:
             )[0]
             for run, _ in self.done
         ]
+
+
+def discover_inputs(path: str, options: VerifyOptions) -> VerifyOptions:
+    """``options`` with the input values and sizes the model at ``path`` takes, found in its
+    graph and by probing it (see :mod:`onnx_conv2matmul.verify.discover`), and ``found`` set.
+
+    Every step that synthesises inputs from the options it returns (the check, the search, the
+    latency step) feeds the same shapes and values, so they are looked for once. As they are
+    with real inputs, when already looked for, or when the model cannot be read or loaded here
+    (the check then reports why).
+
+    Raises:
+        OutOfMemory: memory ran out while probing.
+    """
+    if options.feeds is not None or options.found is not None:
+        return options
+    model = read_graph(path)
+    specs = graph_specs(model) if model is not None else None
+    if specs is None:
+        return options
+    try:
+        check_names(specs, options)
+    except InputError:
+        return options  # the check refuses them with the message
+    if not needs_probes(specs, options):
+        return discover(path, options, specs, _no_run, model)
+    try:
+        opened, specs, _ = runs.open_model(path, "original", options)
+    except (ModelLoadError, InputError):
+        return options
+    try:
+        return discover(path, options, specs, functools.partial(runs.probe_run, opened), model)
+    finally:
+        del opened
+        gc.collect()
+
+
+def _no_run(feeds: Mapping[str, np.ndarray]) -> None:  # pragma: no cover - never called
+    raise AssertionError("no probe runs without two sequence dims")
 
 
 def planned_feeds(path: str, options: VerifyOptions) -> list[Mapping[str, np.ndarray]]:
@@ -325,10 +404,12 @@ __all__ = [
     "compare_arrays",
     "compare_outputs",
     "compare_sequences",
+    "discover_inputs",
     "element_scales",
     "feed_samples",
     "input_value_ranges",
     "load_inputs",
+    "merged_rows",
     "planned_feeds",
     "run_samples",
     "sample_cosines",

@@ -40,6 +40,7 @@ import numpy as np
 
 from onnx_conv2matmul.errors import InputError
 from onnx_conv2matmul.verify.options import VerifyOptions, feed_source
+from onnx_conv2matmul.verify.stream import feed_rows, read_npz, spec_rows
 
 STATE_NAME = re.compile(r"(state|cache|hidden|memory|^h0?$|^c0?$|^h_|^c_)", re.IGNORECASE)
 LENGTH_NAME = re.compile(r"(^|_)(len|length|lengths|seq_len|n_frames)s?($|_)", re.IGNORECASE)
@@ -111,11 +112,9 @@ def load_inputs(paths: Sequence[str | os.PathLike[str]]) -> list[Feed]:
 
 def _read_npz(path: str) -> Feed:
     try:
-        data = np.load(path, allow_pickle=False)
-        if not isinstance(data, np.lib.npyio.NpzFile):
+        if not zipfile.is_zipfile(path) and _is_npy(path):
             raise InputError(f"not an .npz file (a single .npy array): {path}")
-        with data:
-            arrays = {name: np.asarray(data[name]) for name in data.files}
+        arrays = read_npz(path)  # memory-mapped where stored uncompressed
     except InputError:
         raise
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
@@ -126,6 +125,11 @@ def _read_npz(path: str) -> Feed:
     if not arrays:
         raise InputError(f"inputs file holds no arrays: {path}")
     return Feed(arrays, path)
+
+
+def _is_npy(path: str) -> bool:
+    with open(path, "rb") as handle:
+        return handle.read(6) == b"\x93NUMPY"
 
 
 def check_feeds_for_graph(graph_inputs: Sequence[Any], feeds: Sequence[Mapping[str, np.ndarray]]) -> None:
@@ -175,7 +179,10 @@ def check_feeds(specs: Sequence[InputSpec], feeds: Sequence[Mapping[str, np.ndar
                     f"{where}: input {name!r} has rank {array.ndim} {list(array.shape)},"
                     f" the model takes rank {len(spec.shape)} {spec.shape}"
                 )
+            rows = spec_rows(specs, feed)
             for axis, (got, dim) in enumerate(zip(array.shape, spec.shape, strict=True)):
+                if axis == 0 and dim == 1 and rows > 1 and got == rows:
+                    continue  # a fixed batch of 1: the file's samples are fed one at a time
                 if isinstance(dim, int) and dim > 0 and got != dim:
                     raise InputError(
                         f"{where}: input {name!r} has {got} on axis {axis}, the model takes {dim}"
@@ -322,7 +329,8 @@ def dim_roles(specs: Sequence[InputSpec], options: VerifyOptions) -> Roles:
     axes: dict[str, tuple[int | str, ...]] = {}
     for spec in specs:
         row: list[int | str] = []
-        for axis, dim in enumerate(spec.shape):
+        for axis, declared in enumerate(spec.shape):
+            dim = options.axes.get(f"{spec.name}[{axis}]", declared)
             if not _symbolic(dim):
                 row.append(int(dim))  # type: ignore[arg-type]
             elif isinstance(dim, str) and dim:
@@ -493,12 +501,7 @@ def synthesise_inputs(
 def feed_samples(feed: Mapping[str, np.ndarray]) -> int:
     """How many samples one run's inputs hold: the first dim of its float inputs of rank 2 or
     more when they all agree on it (a batch), else 1."""
-    firsts = {
-        int(array.shape[0])
-        for array in feed.values()
-        if isinstance(array, np.ndarray) and array.ndim >= 2 and np.issubdtype(array.dtype, np.floating)
-    }
-    return firsts.pop() if len(firsts) == 1 else 1
+    return feed_rows(feed)
 
 
 _RANGE_READ_LIMIT = 64 * 2**20
@@ -609,6 +612,10 @@ def check_names(specs: Sequence[InputSpec], options: VerifyOptions) -> None:
     unknown = [name for name in options.dims if name not in dims]
     if unknown:
         problems.append(f"unknown {_named('dim', unknown)} {known_dims}")
+    places = {f"{spec.name}[{axis}]" for spec in specs for axis in range(len(spec.shape))}
+    unknown = [name for name in options.axes if name not in places]
+    if unknown:
+        problems.append(f"unknown {_named('input axis', unknown)} {known_inputs}")
     for role, name in (("signal", options.signal_input), ("length", options.length_input)):
         if name is not None and name not in inputs:
             problems.append(f"unknown {role} input {name!r} {known_inputs}")

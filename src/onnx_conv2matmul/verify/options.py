@@ -63,6 +63,20 @@ def format_size(size: int) -> str:
     return f"{size} B"  # pragma: no cover
 
 
+@dataclasses.dataclass(frozen=True)
+class Found:
+    """A value the model's inputs take, found before the check (see
+    :mod:`onnx_conv2matmul.verify.discover`): an input's value (``what`` an input name) or an
+    input axis's size (``what`` written ``input[axis]``), and how it was found."""
+
+    what: str
+    value: int
+    how: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"what": self.what, "value": self.value, "how": self.how}
+
+
 class Criterion(str, enum.Enum):
     """How float outputs are judged (integer, bool and string outputs always match exactly).
 
@@ -109,8 +123,15 @@ class VerifyOptions:
             Excludes ``lengths``, ``inputs`` and ``dims``.
         memory: The budget of one run, in bytes: its inputs plus the outputs of both
             models, which the check holds at once (estimated from the output shapes
-            before the run). Default lengths are shortened to fit it; lengths given,
-            real inputs or a model that do not fit it are refused.
+            before the run). Default lengths are shortened to fit it; lengths given or a
+            model that do not fit it are refused; real inputs are fed in chunks of
+            samples that fit it (see :mod:`onnx_conv2matmul.verify.stream`), only one
+            sample that does not fit is refused.
+        axes: Fixed sizes per input axis, keyed ``input[axis]`` (an unnamed dim has no
+            name for ``dims``): the axis is taken as static. With ``feeds``, they serve
+            the steps that still synthesise inputs (the latency step).
+        found: What :func:`onnx_conv2matmul.verify.discover.discover` found and put into
+            ``inputs`` and ``axes``; None: not looked for yet (the check looks).
     """
 
     lengths: tuple[int, ...] | None = None
@@ -129,6 +150,8 @@ class VerifyOptions:
     # Arrays have no truth value: options holding feeds compare as equal whatever the arrays.
     feeds: tuple[Mapping[str, np.ndarray], ...] | None = dataclasses.field(default=None, compare=False)
     memory: int = DEFAULT_MEMORY
+    axes: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    found: tuple[Found, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.feeds is not None:
@@ -151,7 +174,7 @@ class VerifyOptions:
             raise ValueError("verify lengths must be positive integers")
         if self.batch < 1:
             raise ValueError("verify batch must be >= 1")
-        if any(v < 1 for v in self.dims.values()):
+        if any(v < 1 for v in self.dims.values()) or any(v < 1 for v in self.axes.values()):
             raise ValueError("verify dims must be >= 1")
         if self.memory < 1:
             raise ValueError("the verify memory budget must be at least 1 byte")
@@ -179,6 +202,8 @@ class VerifyOptions:
         data = dataclasses.asdict(dataclasses.replace(self, feeds=None))
         data["inputs"] = dict(self.inputs)
         data["dims"] = dict(self.dims)
+        data["axes"] = dict(self.axes)
+        data["found"] = None if self.found is None else [f.to_dict() for f in self.found]
         data["feeds"] = None if feeds is None else [feed_source(feed, i) for i, feed in enumerate(feeds)]
         return data
 

@@ -86,6 +86,10 @@ class Run:
     outputs: int
     share: int = 0
     long: bool = False
+    rows: tuple[int, int] | None = None
+    """Real inputs fed in chunks: the rows (samples) ``start, stop`` of the feed."""
+    cut: frozenset[str] = frozenset()
+    """The inputs cut along their first axis into ``rows`` (see :mod:`onnx_conv2matmul.verify.stream`)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -93,6 +97,7 @@ class Run:
             "dims": dict(self.dims),
             "input_bytes": self.inputs,
             "output_bytes": self.outputs,
+            "rows": None if self.rows is None else list(self.rows),
         }
 
 
@@ -339,6 +344,8 @@ class LengthPlan:
     budget: int
     left_out: tuple[tuple[int, str], ...] = ()
     step: int = 1
+    spill: bool = False
+    """The reference outputs of every run do not fit the budget together: they go to disk."""
 
     @property
     def wanted(self) -> tuple[int, ...]:
@@ -427,10 +434,14 @@ def plan_lengths(
     planner = Planner(specs, roles, sizes, options)
     budget = options.memory
     if options.feeds is not None:
-        runs = [_feed_run(planner, i + 1, feed) for i, feed in enumerate(options.feeds)]
+        runs = [run for i, feed in enumerate(options.feeds) for run in _feed_runs(planner, i + 1, feed)]
         rule = "real inputs: one run per file, each row's length is the file's number from 1"
-        _refuse_above(runs, budget, "the inputs files")
-        return LengthPlan(tuple(runs), (), rule, roles, budget)
+        if len(runs) > len(options.feeds):
+            rule += f"; their samples fed in {len(runs)} chunks within the memory budget"
+        spill = held(runs) > budget
+        if spill:
+            rule += "; the reference outputs kept on disk"
+        return LengthPlan(tuple(runs), (), rule, roles, budget, spill=spill)
     if not roles.sequence:
         run = planner.run(0, planner.uniform(0))
         _refuse_above([run], budget, "the check")
@@ -505,12 +516,62 @@ def feed_dims(feed: Mapping[str, np.ndarray], roles: Roles, specs: Sequence[Inpu
     return values
 
 
-def _feed_run(planner: Planner, number: int, feed: Mapping[str, np.ndarray]) -> Run:
-    """The run of one set of real inputs, its length the feed's number."""
+def _feed_runs(planner: Planner, number: int, feed: Mapping[str, np.ndarray]) -> list[Run]:
+    """The runs of one set of real inputs, its length the feed's number: one, or one per
+    chunk of its samples (see :mod:`onnx_conv2matmul.verify.stream`).
+
+    Raises:
+        InputError: one sample of it does not fit the memory budget.
+    """
+    from onnx_conv2matmul.verify.options import feed_source
+    from onnx_conv2matmul.verify.stream import chunk_rows, cut_inputs, one_at_a_time, spec_rows
+
     values = feed_dims(feed, planner.roles, planner.specs)
-    inputs = sum(int(np.asarray(feed[s.name]).nbytes) for s in planner.specs)
+    nbytes = {s.name: int(feed[s.name].nbytes) for s in planner.specs}
+    inputs = sum(nbytes.values())
     outputs = planner.sizes.bytes(values) + math.ceil(planner.sizes.per_input_byte * inputs)
-    return Run(number, values, inputs, outputs)
+    cut = cut_inputs(planner.specs, feed)
+    rows = spec_rows(planner.specs, feed)
+    budget = planner.options.memory
+    where = f"inputs {feed_source(feed, number - 1)}"
+    if not cut:
+        if inputs + 2 * outputs > budget:
+            _refuse_sample(where, inputs + 2 * outputs, budget, "its inputs and both models' outputs")
+        return [Run(number, values, inputs, outputs)]
+    single = one_at_a_time(planner.specs, feed)
+    one = {k: 1 if k in planner.roles.keys(Role.BATCH) else v for k, v in values.items()}
+    fixed = sum(n for name, n in nbytes.items() if name not in cut)
+    per_row_in = sum(n for name, n in nbytes.items() if name in cut) / rows
+    per_row_out = planner.sizes.bytes(one) + planner.sizes.per_input_byte * per_row_in
+    per_row = math.ceil(per_row_in + per_row_out)
+    size = chunk_rows(rows, per_row, fixed, budget, single=single)
+    if size is None:
+        _refuse_sample(where, fixed + 2 * per_row, budget, "one sample's inputs and both models' outputs")
+        raise AssertionError  # pragma: no cover - refused above
+    runs = []
+    for start in range(0, rows, size):
+        stop = min(rows, start + size)
+        batch = planner.roles.keys(Role.BATCH)
+        chunk_values = {k: stop - start if k in batch else v for k, v in values.items()}
+        runs.append(
+            Run(
+                number,
+                chunk_values,
+                fixed + math.ceil(per_row_in * (stop - start)),
+                math.ceil(per_row_out * (stop - start)),
+                rows=(start, stop),
+                cut=frozenset(cut),
+            )
+        )
+    return runs
+
+
+def _refuse_sample(where: str, need: int, budget: int, what: str) -> None:
+    raise InputError(
+        f"{where}: {what} need about {format_size(need)}, above the memory budget of"
+        f" {format_size(budget)}; the samples of a file are fed in chunks, but one does not fit",
+        hint=Hint.VERIFY_BUDGET,
+    )
 
 
 def _refuse_above(runs: Sequence[Run], budget: int, what: str) -> None:

@@ -49,6 +49,7 @@ from onnx_conv2matmul.verify.plan import (
     probe_values,
     value_bytes,
 )
+from onnx_conv2matmul.verify.stream import Spill, Spilled, cut_inputs, sample_rows
 
 _ORT_TYPES: dict[str, Any] = {
     "tensor(float)": np.float32,
@@ -184,17 +185,33 @@ def run_feeds(opened: Any, feeds: Mapping[str, np.ndarray], label: str, where: s
         ) from err
 
 
+def probe_run(opened: Any, feeds: Mapping[str, np.ndarray]) -> None:
+    """Run the original once on probe inputs, dropping its outputs (see
+    :mod:`onnx_conv2matmul.verify.discover`).
+
+    Raises:
+        ModelRunError: onnxruntime cannot run it on them.
+        OutOfMemory: memory ran out.
+    """
+    run_feeds(opened, feeds, "original", "probing the sizes it takes", None)
+    gc.collect()
+
+
 def run_at(
     opened: Any, specs: list[InputSpec], run: Run, options: VerifyOptions, label: str, roles: Roles
 ) -> Any:
     """The outputs of ``run``; see :func:`run_feeds`."""
-    feeds, _ = synthesise_inputs(
-        specs, run.length, options, run.dims if options.feeds is None else None, roles
-    )
     if options.feeds is not None:
-        where = f"on inputs {feed_source(options.feeds[run.length - 1], run.length - 1)}"
+        feed = options.feeds[run.length - 1]
+        feeds: Mapping[str, np.ndarray] = (
+            sample_rows(feed, set(run.cut), *run.rows) if run.rows is not None else feed
+        )
+        where = f"on inputs {feed_source(feed, run.length - 1)}"
+        if run.rows is not None:
+            where += f" (samples {run.rows[0] + 1} to {run.rows[1]})"
         hint: Hint | None = Hint.INPUT_FILES
     else:
+        feeds, _ = synthesise_inputs(specs, run.length, options, run.dims, roles)
         where = f"at {_dims_text(run)}"
         hint = None
     return run_feeds(opened, feeds, label, where, hint)
@@ -258,10 +275,10 @@ def _measure_feeds(
     """With real inputs: the outputs the declarations leave unknown are measured on the first
     feed, and taken in proportion to each feed's input bytes (the feeds are not changed)."""
     assert options.feeds is not None
-    first = options.feeds[0]
-    outputs = run_feeds(
-        opened, dict(first), "original", f"on inputs {feed_source(first, 0)}", Hint.INPUT_FILES
-    )
+    whole = options.feeds[0]
+    cut = cut_inputs(specs, whole)
+    first = sample_rows(whole, cut, 0, 1) if cut else dict(whole)  # one sample is enough
+    outputs = run_feeds(opened, first, "original", f"on inputs {feed_source(whole, 0)}", Hint.INPUT_FILES)
     values = feed_dims(first, roles, specs)
     unknown = sum(
         value_bytes(value)
@@ -280,6 +297,7 @@ def reference_runs(
     plan: LengthPlan,
     options: VerifyOptions,
     planner_fit: Callable[..., Any],
+    spill: Spill | None = None,
 ) -> tuple[list[tuple[Run, list[Any]]], list[tuple[int, str]]]:
     """The original's outputs of every run, and the lengths it could not run at (with why).
 
@@ -298,7 +316,11 @@ def reference_runs(
         candidate: Run | None = run
         while candidate is not None:
             try:
-                done.append((candidate, run_at(opened, specs, candidate, options, "original", plan.roles)))
+                outputs = run_at(opened, specs, candidate, options, "original", plan.roles)
+                if spill is not None:
+                    outputs = spill.put(len(done), outputs)
+                done.append((candidate, outputs))
+                del outputs
                 break
             except ModelRunError as err:
                 if not plan.spares:
@@ -310,9 +332,12 @@ def reference_runs(
                 candidate = _next_spare(spares, candidate, planner_fit, done)
     if not done:
         tried = ", ".join(str(n) for n, _ in not_run)
+        sequence = [d for d in plan.roles.dims if d.role.value == "sequence"]
+        free = ", ".join(f"{d.key} ({', '.join(d.places)})" for d in sequence)
         raise ModelRunError(
-            f"{first_error}; it fails at every length tried ({tried}):"
-            " fix input values, dim values or lengths"
+            f"the original model runs at none of the synthesised shapes tried (dims {free or 'none'}"
+            f" at lengths {tried}, after the probes for the sizes it takes): {first_error}",
+            hint=Hint.SYNTHESISED_SHAPES,
         ) from first_error
     return done, not_run
 
@@ -347,6 +372,8 @@ def candidate_runs(
     for index in range(len(done)):
         run, reference = done[index]
         done[index] = (run, [])
+        if isinstance(reference, Spilled):
+            reference = reference.load()  # kept on disk (see verify.stream)
         outputs = run_at(opened, specs, run, options, "candidate", roles)
         yield run, reference, outputs
         del reference, outputs

@@ -1,0 +1,296 @@
+"""Real inputs of any size: read in place, fed in chunks of samples, their reference kept on disk.
+
+A user's ``--inputs`` file is never refused for its size. The memory budget
+(:attr:`VerifyOptions.memory`) decides how the file's samples are fed, not whether:
+
+- **Reading.** An ``.npz`` member that numpy stored uncompressed (``numpy.savez``) is
+  memory-mapped where it lies in the archive (:func:`map_member`), so a 700 MB file costs
+  nothing until rows are read; a compressed member (``savez_compressed``) is read whole.
+- **Samples.** A feed whose float inputs of rank 2 or more share their first dim ``B``
+  holds ``B`` samples (batch rows); every input whose first axis has ``B`` rows is cut
+  along it (:func:`sample_rows`), the others (states, scalars) are fed whole with each
+  chunk. A model whose first axis is a static 1 takes them one at a time.
+- **Chunks.** Each chunk of rows holds at most a third of the budget in inputs and one
+  model's outputs (:func:`chunk_rows`): the reference's outputs, the candidate's and the
+  inputs then fit at once. Only a single sample that does not fit is refused.
+- **Reference on disk.** When the reference outputs of every chunk do not fit the budget
+  together, the original's outputs go to ``.npy`` files in a temporary directory
+  (:class:`Spill`) and are read back memory-mapped when the candidate's arrive.
+- **Reduction.** The rows of one output over the chunks of one file are merged into one
+  (:func:`merge_rows`): the largest differences, the element-weighted mean, the worst
+  cosines, the samples summed.
+"""
+
+# pragma: no mutate start
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+import shutil
+import tempfile
+import weakref
+import zipfile
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from onnx_conv2matmul.verify.compare import OutputComparison
+
+if TYPE_CHECKING:
+    from onnx_conv2matmul.verify.feeds import InputSpec
+
+CHUNK_SHARE = 3
+"""A chunk holds at most ``memory // CHUNK_SHARE`` of inputs plus one model's outputs."""
+
+
+def map_member(path: str, info: zipfile.ZipInfo) -> np.ndarray | None:
+    """The ``.npy`` member ``info`` of the archive at ``path`` memory-mapped in place, or None
+    when it is compressed or not a plain array (then read it as usual)."""
+    if info.compress_type != zipfile.ZIP_STORED:
+        return None
+    with open(path, "rb") as handle:
+        handle.seek(info.header_offset)
+        local = handle.read(30)
+        if len(local) < 30 or local[:4] != b"PK\x03\x04":
+            return None
+        name_length = int.from_bytes(local[26:28], "little")
+        extra_length = int.from_bytes(local[28:30], "little")
+        start = info.header_offset + 30 + name_length + extra_length
+        handle.seek(start)
+        try:
+            version = np.lib.format.read_magic(handle)
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(handle)
+            elif version == (2, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(handle)
+            else:
+                return None
+        except ValueError:
+            return None
+        offset = handle.tell()
+    if dtype.hasobject or math.prod(shape) == 0:
+        return None
+    return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape, order="F" if fortran else "C")
+
+
+def read_npz(path: str) -> dict[str, np.ndarray]:
+    """The arrays of an ``.npz`` file, memory-mapped where stored uncompressed.
+
+    Raises:
+        OSError, ValueError, EOFError, zipfile.BadZipFile: as ``numpy.load`` does.
+    """
+    arrays: dict[str, np.ndarray] = {}
+    with zipfile.ZipFile(path) as archive:
+        infos = {info.filename: info for info in archive.infolist()}
+    with np.load(path, allow_pickle=False) as data:
+        for name in data.files:
+            info = infos.get(f"{name}.npy")
+            mapped = map_member(path, info) if info is not None else None
+            arrays[name] = mapped if mapped is not None else np.asarray(data[name])
+    return arrays
+
+
+def feed_rows(feed: Mapping[str, np.ndarray]) -> int:
+    """The samples a feed holds: the first dim its float inputs of rank 2 or more share, else 1."""
+    firsts = {
+        int(array.shape[0])
+        for array in feed.values()
+        if isinstance(array, np.ndarray) and array.ndim >= 2 and np.issubdtype(array.dtype, np.floating)
+    }
+    return firsts.pop() if len(firsts) == 1 else 1
+
+
+def spec_rows(specs: Sequence[InputSpec], feed: Mapping[str, np.ndarray]) -> int:
+    """The samples a feed holds for a model: the first dim its float inputs of rank 2 or more
+    share, among those whose first axis the model leaves free (or fixes at 1); else 1."""
+    free = {
+        spec.name
+        for spec in specs
+        if len(spec.shape) >= 2 and not (isinstance(spec.shape[0], int) and spec.shape[0] > 1)
+    }
+    return feed_rows({name: array for name, array in feed.items() if name in free})
+
+
+def cut_inputs(specs: Sequence[InputSpec], feed: Mapping[str, np.ndarray]) -> set[str]:
+    """The inputs cut along their first axis when the feed's samples are fed in chunks."""
+    rows = spec_rows(specs, feed)
+    if rows <= 1:
+        return set()
+    first = {spec.name: spec.shape[0] if spec.shape else None for spec in specs}
+    cut = set()
+    for name, array in feed.items():
+        dim = first.get(name)
+        static = isinstance(dim, int) and dim > 1
+        if name in first and array.ndim >= 1 and array.shape[0] == rows and not static:
+            cut.add(name)
+    return cut
+
+
+def one_at_a_time(specs: Sequence[InputSpec], feed: Mapping[str, np.ndarray]) -> bool:
+    """Whether the model's first axis is a static 1 where the feed holds several samples."""
+    cut = cut_inputs(specs, feed)
+    return any(spec.name in cut and spec.shape and spec.shape[0] == 1 for spec in specs)
+
+
+def sample_rows(
+    feed: Mapping[str, np.ndarray], cut: set[str], start: int, stop: int
+) -> dict[str, np.ndarray]:
+    """Rows ``start:stop`` of the inputs in ``cut`` (read into memory), the others as they are.
+
+    The pages of a memory-mapped file that were read are given back at once: they are the
+    file's, and would otherwise count in the process's memory until the whole file was read.
+    """
+    rows = {}
+    for name, array in feed.items():
+        if name in cut:
+            rows[name] = np.array(array[start:stop], order="C")
+            _drop_pages(array)
+        else:
+            rows[name] = np.asarray(array)
+    return rows
+
+
+def _drop_pages(array: np.ndarray) -> None:
+    import mmap
+
+    mapped = getattr(array, "_mmap", None)
+    if isinstance(mapped, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED"):
+        with contextlib.suppress(OSError, ValueError):
+            mapped.madvise(mmap.MADV_DONTNEED)
+
+
+def chunk_rows(rows: int, per_row: int, fixed: int, memory: int, *, single: bool = False) -> int | None:
+    """How many samples a chunk takes: as many as keep ``fixed + rows * per_row`` bytes within
+    a :data:`CHUNK_SHARE` share of ``memory`` (1 with ``single``); None when one does not fit
+    the whole budget (inputs and both models' outputs)."""
+    if fixed + 2 * per_row > memory:
+        return None
+    if single:
+        return 1
+    share = memory // CHUNK_SHARE
+    return max(1, min(rows, (share - fixed) // max(per_row, 1)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Chunk:
+    """Rows ``start:stop`` of feed ``feed`` (0-based); ``rows`` None: the feed as it is."""
+
+    feed: int
+    start: int
+    stop: int
+    cut: frozenset[str] = frozenset()
+
+    @property
+    def samples(self) -> int:
+        return self.stop - self.start
+
+    def inputs(self, feeds: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
+        feed = feeds[self.feed]
+        if not self.cut:
+            return {name: np.asarray(array) for name, array in feed.items()}
+        return sample_rows(feed, set(self.cut), self.start, self.stop)
+
+
+class ChunkedFeeds(Sequence[Mapping[str, np.ndarray]]):
+    """The chunks of real inputs as a sequence of feeds, each read when it is asked for."""
+
+    def __init__(self, feeds: Sequence[Mapping[str, np.ndarray]], chunks: Sequence[Chunk]) -> None:
+        self.feeds, self.chunks = feeds, list(chunks)
+
+    def __len__(self) -> int:
+        return len(self.chunks)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        return self.chunks[index].inputs(self.feeds)
+
+    def __iter__(self) -> Iterator[Mapping[str, np.ndarray]]:
+        for chunk in self.chunks:
+            yield chunk.inputs(self.feeds)
+
+
+class Spill:
+    """The reference outputs of a check, on disk: one ``.npy`` file per run and output.
+
+    The directory goes with :meth:`close`, or when the last :class:`Spilled` of it is
+    garbage (whoever holds the outputs, e.g. a step that compares several candidates).
+    """
+
+    def __init__(self) -> None:
+        self.directory = tempfile.mkdtemp(prefix="onnx-conv2matmul-reference-")
+        self._held: dict[tuple[int, int], Any] = {}
+        self._remove = weakref.finalize(self, shutil.rmtree, self.directory, ignore_errors=True)
+
+    def put(self, run: int, outputs: Sequence[Any]) -> Spilled:
+        """Keep one run's outputs on disk (anything but a numeric tensor in memory)."""
+        for index, value in enumerate(outputs):
+            if isinstance(value, np.ndarray) and value.dtype != object:
+                np.save(self._path(run, index), value, allow_pickle=False)
+            else:
+                self._held[(run, index)] = value
+        return Spilled(self, run, len(outputs))
+
+    def get(self, run: int, count: int) -> list[Any]:
+        """One run's outputs, tensors memory-mapped."""
+        return [
+            self._held[(run, index)]
+            if (run, index) in self._held
+            else np.load(self._path(run, index), mmap_mode="r")
+            for index in range(count)
+        ]
+
+    def _path(self, run: int, output: int) -> str:
+        return os.path.join(self.directory, f"{run}-{output}.npy")
+
+    def close(self) -> None:
+        self._remove()
+
+
+class Spilled(list[Any]):
+    """One run's reference outputs kept on disk by a :class:`Spill`: :meth:`load` reads them."""
+
+    def __init__(self, spill: Spill, run: int, count: int) -> None:
+        super().__init__()
+        self.spill, self.run, self.outputs = spill, run, count
+
+    def load(self) -> list[Any]:
+        return self.spill.get(self.run, self.outputs)
+
+
+def merge_rows(rows: Sequence[OutputComparison]) -> OutputComparison:
+    """One row for an output over the chunks of one file (see the module's documentation)."""
+    if len(rows) == 1:
+        return rows[0]
+    first = rows[0]
+    failed = [r for r in rows if not r.passed]
+    elements = [max(1, math.prod(r.shape)) for r in rows]
+    mean = sum(r.mean_abs * n for r, n in zip(rows, elements, strict=True)) / sum(elements)
+    cosines = [r.cosine for r in rows if r.cosine is not None]
+    worst = [c for c in (r.worst_cosine for r in rows) if c is not None]
+    shape = list(first.shape)
+    if shape:
+        shape[0] = sum(r.shape[0] if r.shape else 1 for r in rows)
+    samples = sum(r.samples for r in rows)
+    return OutputComparison(
+        length=first.length,
+        output=first.output,
+        dtype=first.dtype,
+        shape=shape,
+        max_abs=max(r.max_abs for r in rows),
+        mean_abs=mean,
+        rel_err=max(r.rel_err for r in rows),
+        cosine=min(cosines) if cosines else None,
+        max_ref=max(r.max_ref for r in rows),
+        mismatches=-1 if any(r.mismatches < 0 for r in rows) else sum(r.mismatches for r in rows),
+        passed=not failed,
+        note=failed[0].note if failed else first.note,
+        samples=samples,
+        sample_cosine=(min(worst) if worst else None) if samples > 1 else None,
+    )
+
+
+# pragma: no mutate end
