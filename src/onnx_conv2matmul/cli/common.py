@@ -194,6 +194,7 @@ _FLAGS = {
     "symmetric": "--symmetric/--asymmetric",
     "other_weights_int8": "--other-weights int8",
     "nodes": "the settings file's nodes",
+    "bench_mode": "--bench",
 }
 
 

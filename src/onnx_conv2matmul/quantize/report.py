@@ -52,6 +52,8 @@ class QuantizeReport(CommandReport):
     auto: AutoResult | None = None
     latency: dict[str, Any] | None = None
     kernel_choice: dict[str, Any] | None = None
+    kernel_plan: Any = None
+    """The kernel settings chosen from per-shape costs (``quantize.kernel.KernelPlan``), or None."""
     accuracy: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
@@ -119,6 +121,7 @@ class QuantizeReport(CommandReport):
             "auto": None if self.auto is None else self.auto.to_dict(),
             "latency": self.latency,
             "kernel_choice": self.kernel_choice,
+            "kernel_costs": None if self.kernel_plan is None else self.kernel_plan.to_dict(),
             "accuracy": self.accuracy or None,
         }
 

@@ -307,6 +307,15 @@ def _quantize_to(
     rewrite = rewrite_model(model, convert_options)
     report.rewrite = rewrite.totals()
     report.weights_with_rewrite = weight_stats(model)
+    if speed is not None and speed.mode == "shapes" and speed.chooses and not int8:
+        from onnx_conv2matmul.quantize import kernel
+
+        progress.phase("Kernel choice: timing each weight shape")
+        report.kernel_plan = kernel.plan_kernels(src, model, quantize_options, speed, verify)
+        quantize_options = report.kernel_plan.options
+        report.options["quantize"] = quantize_options.to_dict()
+        if auto is not None and len(speed.levels) > 1:
+            auto = dataclasses.replace(auto, accuracy_level=quantize_options.accuracy_level)
     external = loaded.has_external_data or _io.tensor_bytes(model) > _io.SINGLE_FILE_LIMIT_BYTES
     with contextlib.ExitStack() as searching:  # the search's scratch lives until the output's check
         if int8:
@@ -323,7 +332,10 @@ def _quantize_to(
                     # weights the rewrite made in memory go before the fp32 model runs.
                     del model
                     loaded.model = None  # type: ignore[assignment]
-                _search(src, workdir, prepared, auto, verify, progress, report, original_score)
+                speed_filter = None
+                if report.kernel_plan is not None and speed is not None:
+                    speed_filter = report.kernel_plan.speed_filter(auto.accuracy_level, speed.margin)
+                _search(src, workdir, prepared, auto, verify, progress, report, original_score, speed_filter)
                 if external:
                     model = prepared.load()
                 assert report.auto is not None
@@ -428,6 +440,12 @@ def _speed_step(
         quantize_options = report.auto.config.quantize_options()
         # The search chose every node's block size: only the accuracy level is left to time.
         speed = dataclasses.replace(speed, block_sizes=(quantize_options.block_size,))
+    chosen_by_cost = report.kernel_plan is not None
+    tried_levels = speed.levels
+    if chosen_by_cost:  # chosen before the quantization: the result is only timed
+        speed = dataclasses.replace(
+            speed, block_sizes=(quantize_options.block_size,), levels=(quantize_options.accuracy_level,)
+        )
     first = kernel.Variant(quantize_options.block_size, staged, None, report.other_weights)
     outcome = kernel.run_speed_step(
         src,
@@ -443,6 +461,24 @@ def _speed_step(
         metric=metric,
         original_score=original_score,
     )
+    if chosen_by_cost and outcome.slower() and len(tried_levels) > 1:
+        first_slower = outcome.slower()
+        outcome = kernel.retry_levels(
+            src,
+            outcome,
+            quantize_options,
+            speed,
+            tried_levels,
+            verify=verify,
+            progress=progress,
+            metric=metric,
+            original_score=original_score,
+        )
+        assert outcome.choice is not None
+        report.warnings.append(
+            f"{first_slower[0]}: the other accuracy levels were checked and timed, and"
+            f" {outcome.choice.chosen.candidate.name} kept ({outcome.choice.reason})"
+        )
     report.latency = outcome.latency()
     report.kernel_choice = None if outcome.choice is None else outcome.choice.to_dict()
     report.warnings.extend(outcome.slower())
@@ -469,6 +505,7 @@ def _search(
     progress: Progress,
     report: QuantizeReport,
     original_score: float | None,
+    speed_filter: Any = None,
 ) -> None:
     """Run the search on the inputs the accuracy check uses (given or synthesised), in
     ``workdir`` (a scratch directory beside the output, under its guard: see
@@ -488,6 +525,7 @@ def _search(
         progress=progress.phase,
         original_score=original_score,
         memory=verify.memory,
+        speed_filter=speed_filter,
     )
 
 
