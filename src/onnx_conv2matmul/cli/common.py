@@ -244,16 +244,26 @@ def emit_report(report: CommandReport, path: str | None, error: str | None = Non
 
 
 class RichProgress:
-    """One bar on stderr whose label follows the phase; the save phase counts tensors."""
+    """One bar on stderr whose label follows the step, named with its phase (``[quantize]
+    Quantizing``); the steps that count their work (the save counts tensors) show an estimate of
+    the time left."""
 
     def __init__(self, console: Console) -> None:
-        from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+        from rich.progress import (
+            BarColumn,
+            Progress,
+            TaskProgressColumn,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
         self._progress = Progress(
             TextColumn("{task.description}"),
             BarColumn(),
             TaskProgressColumn(),
             TimeElapsedColumn(),
+            TimeRemainingColumn(),  # the estimate, for the steps that count their work
             console=console,
             transient=True,
         )

@@ -44,6 +44,7 @@ class QuantizeReport(CommandReport):
     output_bytes: int = 0
     external_data: bool = False
     seconds: float = 0.0
+    seconds_by_phase: dict[str, float] = dataclasses.field(default_factory=dict)
     peak_rss_bytes: int = 0
     peak_rss_quantize_bytes: int = 0
     verification: VerifyReport | None = None
@@ -113,6 +114,7 @@ class QuantizeReport(CommandReport):
                 "external_data": self.external_data,
             },
             "seconds": round(self.seconds, 2),
+            "seconds_by_phase": self.seconds_by_phase,
             "peak_rss_bytes": self.peak_rss_bytes,
             "peak_rss_quantize_bytes": self.peak_rss_quantize_bytes,
             "verification": None if self.verification is None else self.verification.to_dict(),

@@ -33,6 +33,7 @@ from onnx_conv2matmul.quantize.nbits import (
     weight_stats,
 )
 from onnx_conv2matmul.quantize.options import AutoOptions, QuantizeOptions
+from onnx_conv2matmul.quantize.phases import PhaseTimer
 from onnx_conv2matmul.quantize.report import BundleModel, BundleReport
 from onnx_conv2matmul.quantize.report import QuantizeReport as QuantizeReport  # its home before report.py
 from onnx_conv2matmul.rewrite.options import ConvertOptions
@@ -137,7 +138,7 @@ def quantize_file(
         else:
             verify = dataclasses.replace(verify, report_only=True)
     criterion = _criterion(verify, metric, given=given_cosine)
-    progress = progress or NullProgress()
+    progress = phases = PhaseTimer(progress or NullProgress())
     src = os.fspath(input_path)
     dst = check_paths(src, os.fspath(output_path), inplace=False)
     if not int8:
@@ -198,6 +199,7 @@ def quantize_file(
     finally:
         progress.close()
     report.seconds = time.perf_counter() - started
+    report.seconds_by_phase = phases.by_phase()
     report.peak_rss_bytes = _peak_rss_bytes()
     return report
 
