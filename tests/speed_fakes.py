@@ -150,6 +150,7 @@ class KernelMachine:
         self.clock = clock
         self.cost = cost
         self.opened: list[str] = []
+        self.runs: list[tuple[str, int]] = []
 
     def __call__(self, path: str, threads: int) -> Any:
         import os
@@ -168,6 +169,7 @@ class KernelMachine:
 
             def run(self, names: Any, feeds: Mapping[str, np.ndarray]) -> None:
                 rows = int(next(iter(feeds.values())).shape[0])
+                machine.runs.append((key, rows))
                 machine.clock.now += machine.cost(key, k, n, rows) / 1000
 
         return _Session()

@@ -69,6 +69,24 @@ def test_each_shape_is_timed_once_in_its_own_session_and_added_up(tmp_path: Path
     assert floats == pytest.approx(tuple(3 * 64 * 128 * r / 1e6 for r in (25, 125)))
 
 
+def test_the_kernels_of_a_shape_are_timed_in_interleaved_rounds() -> None:
+    costs, machine = _costs(runs=4, warmup=1)
+    costs.prefetch(LAYERS[:1], [FLOAT_KERNEL, Kernel(4, 64, 4)])
+    timed = [key for key, rows in machine.runs if rows == 25][2:]  # after one warm-up run each
+    assert timed == [
+        "float",
+        "int4-b64-l4",
+        "int4-b64-l4",
+        "float",
+        "float",
+        "int4-b64-l4",
+        "int4-b64-l4",
+        "float",
+    ]
+    assert costs.cost(64, 128, FLOAT_KERNEL, 125) == pytest.approx(INT8_SLOW("float", 64, 128, 125))
+    assert costs.measured == 4
+
+
 def test_costs_are_kept_per_machine_and_read_back(tmp_path: Path) -> None:
     path = tmp_path / "costs.json"
     costs, _machine = _costs(path=path)

@@ -335,13 +335,14 @@ def plan_kernels(
     import time
 
     from onnx_conv2matmul.quantize.speed_objective import model_layers, rank_kernels
-    from onnx_conv2matmul.speed.costs import KernelCosts, cache_path
+    from onnx_conv2matmul.speed.costs import KernelCosts, cache_dir, cache_path
 
     started = time.perf_counter()
     lengths = _bench_lengths(src, speed, verify)
     if costs is None:
         costs = KernelCosts(cache_path(), read_cache=speed.cache, threads=speed.timing.threads)
-    layers = model_layers(model, src, lengths, options.selects)
+    rows_cache = os.path.join(cache_dir(), "model-rows") if speed.cache else None
+    layers = model_layers(model, src, lengths, options.selects, cache=rows_cache)
     bits = options.bits if options.bits in (4, 8) else 4
     winner, ranked, floats = rank_kernels(
         costs, layers, speed.block_sizes, speed.levels, bits=bits, min_gain=speed.min_gain

@@ -35,6 +35,7 @@ def rows_by_value(src: str, lengths: Sequence[int]) -> dict[str, tuple[int, ...]
     import onnx
 
     base = onnx.load(src, load_external_data=False)
+    _external_as_inputs(base)
     found: dict[str, list[int | None]] = {}
     for index, length in enumerate(lengths):
         model = onnx.ModelProto()
@@ -63,6 +64,24 @@ def rows_by_value(src: str, lengths: Sequence[int]) -> dict[str, tuple[int, ...]
     return {name: tuple(r for r in rows if r is not None) for name, rows in found.items() if None not in rows}
 
 
+def _external_as_inputs(model: Any) -> None:
+    """Turn the initializers whose data lies in external files (not loaded) into graph inputs of
+    the same type and shape: shape inference needs their shapes, never their values (the small
+    constants that shapes are computed from stay in the file)."""
+    from onnx import TensorProto, helper
+
+    kept, moved = [], []
+    for tensor in model.graph.initializer:
+        if tensor.data_location == TensorProto.EXTERNAL:
+            moved.append(helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims)))
+        else:
+            kept.append(tensor)
+    if moved:
+        del model.graph.initializer[:]
+        model.graph.initializer.extend(kept)
+        model.graph.input.extend(moved)
+
+
 def _infer(model: Any) -> Any:
     """``model`` with its shapes inferred: by onnxruntime's symbolic shape inference, which follows
     the arithmetic of lengths (strided convolutions, reshapes), else by onnx's; None when both fail."""
@@ -80,13 +99,45 @@ def _infer(model: Any) -> Any:
         return None
 
 
-def model_layers(model: Any, src: str, lengths: Sequence[int], selects: Any = None) -> list[Layer]:
+def cached_rows(src: str, lengths: Sequence[int], folder: str | None) -> dict[str, tuple[int, ...]]:
+    """:func:`rows_by_value`, kept in ``folder`` (None: not kept) under the hash of the ``.onnx``
+    file and the lengths: shape inference of a large graph takes seconds, a second run nothing."""
+    import hashlib
+    import json
+    import os
+
+    if folder is None:
+        return rows_by_value(src, lengths)
+    with open(src, "rb") as file:
+        digest = hashlib.sha256(file.read()).hexdigest()[:32]
+    path = os.path.join(folder, f"{digest}-{'-'.join(map(str, lengths))}.json")
+    try:
+        with open(path, encoding="utf-8") as file:
+            return {name: tuple(rows) for name, rows in json.load(file).items()}
+    except (OSError, ValueError, TypeError, AttributeError):
+        pass
+    found = rows_by_value(src, lengths)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        temporary = f"{path}.{os.getpid()}.tmp"
+        with open(temporary, "w", encoding="utf-8") as file:
+            json.dump(found, file)
+        os.replace(temporary, path)
+    except OSError:
+        pass
+    return found
+
+
+def model_layers(
+    model: Any, src: str, lengths: Sequence[int], selects: Any = None, *, cache: str | None = None
+) -> list[Layer]:
     """The quantizable MatMuls of ``model`` (an ``ir.Model``, rewritten) with their rows at
-    ``lengths`` (see the module's description); ``selects(name)`` filters by name."""
+    ``lengths`` (see the module's description); ``selects(name)`` filters by name; ``cache``: a
+    folder where the original's rows are kept (see :func:`cached_rows`)."""
     from onnx_conv2matmul.quantize.nbits import _constant_2d_weight
     from onnx_conv2matmul.quantize.search_result import _graphs
 
-    known = rows_by_value(src, lengths)
+    known = cached_rows(src, lengths, cache)
     pending: list[tuple[str, int, int, tuple[int, ...] | None]] = []
     for graph, _ in _graphs(model):
         for node in graph:
@@ -133,6 +184,8 @@ def rank_kernels(
     """Every (block size, level) with ``bits`` on every layer, most accurate first (small blocks,
     level 0), and the index of the one to use: the fastest, where a later one must be faster
     than the one it replaces by more than ``min_gain``. Also the float MatMuls' cost."""
+    kernels = [Kernel(bits, block, level) for block in block_sizes for level in levels]
+    costs.prefetch(layers, [FLOAT_KERNEL, *kernels])
     floats = model_cost(costs, layers, FLOAT_KERNEL)
     ranked = []
     for block in block_sizes:
@@ -175,6 +228,9 @@ class SpeedFilter:
         return sum(cost)
 
     def __call__(self, nodes: Sequence[Any]) -> None:
+        settings = {s for node in nodes for s in node.options}
+        kernels = [FLOAT_KERNEL, *sorted({self.kernel(s) for s in settings}, key=lambda k: k.key)]
+        self.costs.prefetch([self.layers[n.name] for n in nodes if n.name in self.layers], kernels)
         for node in nodes:
             layer = self.layers.get(node.name)
             if layer is None or not node.options:

@@ -138,29 +138,57 @@ class KernelCosts:
         return self.table[key]
 
     def measure(self, k: int, n: int, kernel: Kernel, rows: Sequence[int]) -> None:
-        """Time ``kernel`` at shape ``k x n`` at each row count not known yet (one session)."""
-        todo = sorted({r for r in rows if self.entry(k, n, kernel, r) not in self.table})
+        """Time ``kernel`` at shape ``k x n`` at each row count not known yet."""
+        self.measure_shape(k, n, [kernel], rows)
+
+    def measure_shape(self, k: int, n: int, kernels: Sequence[Kernel], rows: Sequence[int]) -> None:
+        """Time the ``kernels`` at shape ``k x n``, at each row count, where not known yet: one
+        small session per kernel, the kernels' runs interleaved round by round (in an order that
+        rotates), so that a change in the machine's load hits them all alike."""
+        todo = [
+            kernel
+            for kernel in dict.fromkeys(kernels)
+            if any(self.entry(k, n, kernel, r) not in self.table for r in rows)
+        ]
         if not todo:
             return
+        counts = sorted(set(rows))
         with tempfile.TemporaryDirectory(prefix="kernel-cost-") as workdir:
-            path = os.path.join(workdir, f"{kernel.key}-{k}x{n}.onnx")
-            with open(path, "wb") as file:
-                file.write(kernel_model(k, n, kernel).SerializeToString())
-            session = self.session_factory(path, self.threads)
-            name = session.get_inputs()[0].name
+            sessions = []
+            for kernel in todo:
+                path = os.path.join(workdir, f"{kernel.key}-{k}x{n}.onnx")
+                with open(path, "wb") as file:
+                    file.write(kernel_model(k, n, kernel).SerializeToString())
+                session = self.session_factory(path, self.threads)
+                sessions.append((kernel, session, session.get_inputs()[0].name))
             rng = np.random.default_rng(0)
-            for count in todo:
-                feed = {name: rng.standard_normal((count, k)).astype(np.float32)}
+            for count in counts:
+                x = rng.standard_normal((count, k)).astype(np.float32)
+                samples: dict[Kernel, list[float]] = {kernel: [] for kernel in todo}
                 for _ in range(self.warmup):
-                    session.run(None, feed)
-                samples = []
-                for _ in range(self.runs):
-                    start = self.clock()
-                    session.run(None, feed)
-                    samples.append((self.clock() - start) * 1000)
-                self.table[self.entry(k, n, kernel, count)] = float(np.median(samples))
-                self.measured += 1
-            del session
+                    for _, session, name in sessions:
+                        session.run(None, {name: x})
+                for round_index in range(self.runs):
+                    shift = round_index % len(sessions)
+                    for kernel, session, name in sessions[shift:] + sessions[:shift]:
+                        start = self.clock()
+                        session.run(None, {name: x})
+                        samples[kernel].append((self.clock() - start) * 1000)
+                for kernel in todo:
+                    key = self.entry(k, n, kernel, count)
+                    if key not in self.table:
+                        self.table[key] = float(np.median(samples[kernel]))
+                        self.measured += 1
+            del sessions
+
+    def prefetch(self, layers: Iterable[Layer], kernels: Sequence[Kernel]) -> None:
+        """Measure every kernel at every shape and row count of ``layers`` not known yet, the
+        kernels of one shape interleaved (:meth:`measure_shape`)."""
+        shapes: dict[tuple[int, int], set[int]] = {}
+        for layer in layers:
+            shapes.setdefault((layer.k, layer.n), set()).update(layer.rows)
+        for (k, n), rows in shapes.items():
+            self.measure_shape(k, n, kernels, sorted(rows))
 
     def save(self) -> None:
         """Write the table to the cache file (no error when it cannot be written: a cache)."""
