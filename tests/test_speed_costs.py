@@ -220,3 +220,54 @@ def test_the_search_spends_no_accuracy_on_slow_precisions(tmp_path: Path, machin
 
 def test_kernel_model_is_valid() -> None:
     onnx.checker.check_model(kernel_model(32, 16, Kernel(4, 16, 4)))
+
+
+def _level_cost(path: str, length: int) -> float:
+    """Whole-model milliseconds on a fake machine where level 4 is slower than the original and
+    level 0 faster: the original 10, MatMulNBits at level 0 5, at level 4 20."""
+    model = onnx.load(path, load_external_data=False)
+    levels = {
+        next((a.i for a in node.attribute if a.name == "accuracy_level"), 0)
+        for node in model.graph.node
+        if node.op_type == "MatMulNBits"
+    }
+    if not levels:
+        return 10.0
+    return 20.0 if 4 in levels else 5.0
+
+
+def test_a_default_result_slower_than_the_original_is_not_handed_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernel costs choose level 4; the whole model then measures slower than the original:
+    the other level is checked and timed, and the faster one is written, with a warning."""
+    from onnx_conv2matmul.quantize.options import resolve
+    from onnx_conv2matmul.quantize.workflow import quantize_file
+    from onnx_conv2matmul.speed import costs as costs_module
+    from onnx_conv2matmul.speed import timing
+    from speed_fakes import Sessions
+
+    kernel_clock = FakeClock()
+    monkeypatch.setattr(costs_module, "_default_clock", kernel_clock)
+    monkeypatch.setattr(costs_module, "timed_session", KernelMachine(kernel_clock, INT8_SLOW))
+    clock = FakeClock()
+    sessions = Sessions(clock, _level_cost, real=True)
+    monkeypatch.setattr(timing, "_default_clock", clock)
+    monkeypatch.setattr(timing, "timed_session", sessions)
+    speed = resolve({}, bench_lengths=(40, 120), bench_rounds=3).speed
+    report = quantize_file(
+        ENCODER, tmp_path / "q.onnx", verify=VerifyOptions(lengths=(64, 97), min_cosine=0.9), speed=speed
+    )
+    assert report.kernel_plan is not None
+    chosen = report.kernel_plan.ranked[report.kernel_plan.winner].kernel
+    assert chosen.accuracy_level == 4
+    assert report.kernel_choice is not None and report.kernel_choice["accuracy_level"] == 0
+    assert report.options["quantize"]["accuracy_level"] == 0
+    levels = {
+        next((a.i for a in node.attribute if a.name == "accuracy_level"), 0)
+        for node in onnx.load(tmp_path / "q.onnx").graph.node
+        if node.op_type == "MatMulNBits"
+    }
+    assert levels == {0}
+    assert any("other accuracy levels were checked and timed" in w for w in report.warnings)
+    assert all(lat["ratio"] < 1 for lat in report.latency["result"])  # type: ignore[index]
