@@ -114,6 +114,8 @@ def test_default_chooses_from_kernel_costs_and_quantizes_once(
     assert costs["cache"] is not None and Path(costs["cache"]).is_relative_to(kernel_cost_cache)
     assert Path(costs["cache"]).is_file()
     assert sorted(os.listdir(tmp_path)) == ["q.onnx"]
+    assert "Kernel choice from per-shape costs" in stderr and "time by phase" in stderr
+    assert {"rewrite", "kernel choice", "quantize", "check", "timing"} <= set(data["seconds_by_phase"])
     code, again, stderr = _run("quantize", ENCODER, tmp_path / "again.onnx", *FAST)
     assert code == 0, stderr
     assert again["kernel_costs"]["measured"] == 0 and again["kernel_costs"]["from_cache"] > 0
