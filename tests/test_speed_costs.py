@@ -247,6 +247,7 @@ def test_a_default_result_slower_than_the_original_is_not_handed_over(
     from onnx_conv2matmul.speed import timing
     from speed_fakes import Sessions
 
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # this fake machine's costs only
     kernel_clock = FakeClock()
     monkeypatch.setattr(costs_module, "_default_clock", kernel_clock)
     monkeypatch.setattr(costs_module, "timed_session", KernelMachine(kernel_clock, INT8_SLOW))

@@ -217,6 +217,20 @@ def retry_levels(
     return SpeedOutcome(kept, chosen, choice, choice.timing, labels.index(winner.name))
 
 
+def accurate_level(
+    path: str, options: QuantizeOptions, speed: SpeedOptions, progress: Progress
+) -> int | None:
+    """A staged result chosen from kernel costs fell below the accuracy criterion: the most
+    accurate level tried (the first), written into it as an attribute when it is not its level
+    already; None when there is none to try."""
+    level = speed.levels[0]
+    if level == options.accuracy_level:
+        return None
+    progress.phase(f"Kernel choice: below the accuracy criterion, trying accuracy level {level}")
+    set_accuracy_level(path, level, path)
+    return level
+
+
 def _with_metric(check: AccuracyCheck, metric: MetricTarget, original_score: float) -> AccuracyCheck:
     """``check``, and the user's score of each candidate that passes it: one whose score dropped
     further than the metric allows fails (cosine -1)."""

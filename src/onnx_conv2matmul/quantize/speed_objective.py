@@ -9,12 +9,15 @@ weight shapes and activation rows, cached per machine). This module turns them i
 - :func:`rank_kernels`: the block size and accuracy level that make the model's MatMuls fastest
   (one setting for every layer), chosen before any quantization, so the model is quantized once.
 - :class:`SpeedFilter`: the search's hook (:func:`onnx_conv2matmul.quantize.search.search`). A
-  layer may take a setting only when no setting at least as accurate (float included) is faster
-  by more than the margin; so the search never spends its accuracy budget on a precision that
-  is slower than float for a layer (a layer that cannot stay 4-bit goes to float where 8 bits is
-  slower, to 8 bits only where 8 bits was measured faster), and the model it returns, the
-  smallest that meets the floor among those allowed, is no slower than the fastest one meeting
-  the same floor by more than the margin (layer by layer, hence in total).
+  layer may take a setting only when float, always a choice and the most accurate, is not
+  faster than it by more than the margin; so the search never spends its accuracy budget on a
+  precision that is slower than float for that layer (a layer that cannot stay 4-bit goes to
+  float where 8 bits is slower, to 8 bits only where 8 bits was measured faster), and the model
+  it returns, the smallest that meets the floor among the settings left, runs every layer no
+  slower than float by more than the margin. A setting is not dropped for being slower than
+  another quantized one: that would trade size for speed layer by layer on timings of a few
+  milliseconds; the uniform setting's block size and level are chosen for speed
+  (:func:`rank_kernels`) and the whole result is timed against the original.
 """
 
 from __future__ import annotations
@@ -202,8 +205,8 @@ def rank_kernels(
 
 @dataclasses.dataclass
 class SpeedFilter:
-    """The search's hook: drops every layer's settings that a setting at least as accurate
-    beats on speed by more than ``margin`` (see the module's description), and records why.
+    """The search's hook: drops every layer's settings that float beats on speed by more than
+    ``margin`` (see the module's description), and records why.
 
     Called with the search's nodes (their ``options`` by setting: ``(error, bytes)``; float is
     error 0 at ``float_bytes``) once their errors are measured.
@@ -237,13 +240,13 @@ class SpeedFilter:
                 continue
             float_cost = self.layer_cost(layer, _FloatSetting())
             options = {s: (e, b, self.layer_cost(layer, s)) for s, (e, b) in node.options.items()}
-            for setting, (error, _, cost) in options.items():
-                rivals = [float_cost] + [c for s, (e, _, c) in options.items() if s != setting and e <= error]
-                if cost > min(rivals) * (1 + self.margin):
+            for setting, (_, _, cost) in options.items():
+                if cost > float_cost * (1 + self.margin):
                     del node.options[setting]
                     self.dropped.setdefault(setting.label, []).append(node.name)
             if not node.options:
                 self.to_float.append(node.name)
+        self.costs.save()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -257,13 +260,13 @@ class SpeedFilter:
         """What the search was kept from trading, and why, in a sentence."""
         if not self.dropped:
             return (
-                "every setting the search may choose runs within"
-                f" {self.margin:.0%} of the fastest one at least as accurate on this CPU"
+                "every setting the search may choose runs no slower than float"
+                f" (within {self.margin:.0%}) on this CPU"
             )
         parts = [f"{label} on {len(names)} layers" for label, names in sorted(self.dropped.items())]
         text = (
-            "not offered to the search, as a setting at least as accurate (float included) runs"
-            f" faster by more than {self.margin:.0%} on this CPU: " + ", ".join(parts)
+            f"not offered to the search, as float runs faster by more than {self.margin:.0%} on"
+            " this CPU (more accuracy from float costs no speed there): " + ", ".join(parts)
         )
         if self.to_float:
             text += f"; {len(self.to_float)} layers run fastest in float and stay float"

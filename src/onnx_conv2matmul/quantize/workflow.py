@@ -367,8 +367,10 @@ def _quantize_to(
             stack.enter_context(staged)
             del model, loaded
             report.peak_rss_quantize_bytes = _peak_rss_bytes()
-            if speed is not None:
-                staged = _speed_step(
+
+            def timed(staged: _output.Staged) -> _output.Staged:
+                assert speed is not None
+                return _speed_step(
                     src,
                     staged,
                     stack,
@@ -383,28 +385,55 @@ def _quantize_to(
                     metric,
                     original_score,
                 )
-            report.external_data = staged.data_path is not None
-            report.output_bytes = staged.size
-            if run_checker:
-                progress.phase("Checking the output")
-                _io.run_checker(staged.onnx_path, "the quantized model")
-            progress.phase("Measuring accuracy")
-            reference = report.auto.reference if report.auto is not None else None
-            if reference is not None:
-                result_v = reference.check(src, staged.onnx_path, verify)
-            else:
-                result_v = verify_models(src, staged.onnx_path, verify)
-            result_v.candidate = dst
-            report.verification = result_v
-            if metric is not None and result_v.passed:
-                assert original_score is not None
-                progress.phase("Scoring the quantized model")
-                score = metric.score(staged.onnx_path, "the quantized model")
-                report.accuracy["metric"].update(
-                    score=score,
-                    drop=metric.drop(original_score, score),
-                    passed=metric.meets(original_score, score),
-                )
+
+            def checked(staged: _output.Staged) -> None:
+                report.external_data = staged.data_path is not None
+                report.output_bytes = staged.size
+                if run_checker:
+                    progress.phase("Checking the output")
+                    _io.run_checker(staged.onnx_path, "the quantized model")
+                progress.phase("Measuring accuracy")
+                reference = report.auto.reference if report.auto is not None else None
+                if reference is not None:
+                    result_v = reference.check(src, staged.onnx_path, verify)
+                else:
+                    result_v = verify_models(src, staged.onnx_path, verify)
+                result_v.candidate = dst
+                report.verification = result_v
+                if metric is not None and result_v.passed:
+                    assert original_score is not None
+                    progress.phase("Scoring the quantized model")
+                    score = metric.score(staged.onnx_path, "the quantized model")
+                    report.accuracy["metric"].update(
+                        score=score,
+                        drop=metric.drop(original_score, score),
+                        passed=metric.meets(original_score, score),
+                    )
+
+            # Settings chosen from kernel costs: the result is timed only once it passed the check
+            # (one that fails is not timed for nothing), and checked again if its level changed.
+            timed_after = speed is not None and report.kernel_plan is not None
+            if speed is not None and not timed_after:
+                staged = timed(staged)
+            checked(staged)
+            if timed_after and not report.passed and speed is not None:
+                from onnx_conv2matmul.quantize.kernel import accurate_level
+
+                level = accurate_level(staged.onnx_path, quantize_options, speed, progress)
+                if level is not None:
+                    below = _below_text(report)
+                    checked(staged)
+                    if report.passed:
+                        report.warnings.append(
+                            f"accuracy level {quantize_options.accuracy_level}, the cheapest, fell below the"
+                            f" accuracy criterion ({below}): level {level} meets it and is kept"
+                        )
+                    quantize_options = dataclasses.replace(quantize_options, accuracy_level=level)
+                    report.options["quantize"] = quantize_options.to_dict()
+            if timed_after and report.passed:
+                staged = timed(staged)
+                if report.kernel_choice is not None:
+                    checked(staged)
             if report.passed:
                 progress.phase("Publishing")
                 staged.publish(modes)

@@ -50,7 +50,7 @@ COSINE_SLACK = 0.1
 much (relatively) above the first candidate's."""
 
 DEFAULT_MARGIN = 0.05
-"""How much slower than the fastest choice at least as accurate a layer may be made by the search."""
+"""How much slower than float a setting the search offers a layer may be."""
 
 DEFAULT_BLOCK_SIZES = (64, 128, 256)
 """The block sizes tried when the block size is not pinned. Larger blocks ran faster on an AMD EPYC
@@ -78,8 +78,8 @@ class SpeedOptions:
             timed against the original once; ``full``: every candidate is quantized and the whole
             models are timed against each other (:func:`choose_kernel`).
         cache: Whether ``shapes`` reads the kernel costs measured before on this machine.
-        margin: How much slower than the fastest choice at least as accurate the search may
-            make a layer (see :mod:`onnx_conv2matmul.quantize.speed_objective`).
+        margin: How much slower than float a setting the search offers a layer may be (see
+            :mod:`onnx_conv2matmul.quantize.speed_objective`).
     """
 
     timing: TimingOptions = dataclasses.field(default_factory=TimingOptions)

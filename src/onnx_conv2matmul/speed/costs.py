@@ -31,8 +31,10 @@ import numpy as np
 from onnx_conv2matmul.speed.timing import Clock, SessionFactory, _default_clock, cpu_name, timed_session
 
 CACHE_VERSION = 1
-DEFAULT_RUNS = 7
-"""Timed runs of each kernel at each row count (the median is kept)."""
+DEFAULT_RUNS = 9
+"""Timed runs of each kernel at each row count. The fastest is kept: a run of a few milliseconds
+on a shared machine is only ever slowed down by the others, so the least disturbed run is the
+kernel's own cost (medians of runs measured on a loaded 2-core machine disagreed by 2x and more)."""
 DEFAULT_WARMUP = 2
 
 
@@ -177,7 +179,7 @@ class KernelCosts:
                 for kernel in todo:
                     key = self.entry(k, n, kernel, count)
                     if key not in self.table:
-                        self.table[key] = float(np.median(samples[kernel]))
+                        self.table[key] = float(min(samples[kernel]))
                         self.measured += 1
             del sessions
 
