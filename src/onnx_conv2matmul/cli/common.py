@@ -273,7 +273,9 @@ class RichProgress:
     def phase(self, name: str) -> None:
         # A new task per phase: rich's update() cannot set a known total back to unknown.
         self._progress.remove_task(self._task)
-        self._task = self._progress.add_task(name, total=None)
+        from onnx_conv2matmul.quantize.phases import phase_of
+
+        self._task = self._progress.add_task(f"[{phase_of(name)}] {name}", total=None)
 
     def advance(self, done: int, total: int) -> None:
         self._progress.update(self._task, completed=done, total=total)

@@ -1,7 +1,7 @@
 """Where the time of a quantize run goes: each progress step belongs to one phase (load, rewrite,
 kernel choice, quantize, search, save, check, timing, publish), and :class:`PhaseTimer` adds up the
 seconds of each as the steps are announced. The report's ``seconds_by_phase`` comes from it, and
-the progress bar shows the phase in front of the step."""
+the command line's progress bar shows the phase in front of the step (:func:`phase_of`)."""
 
 from __future__ import annotations
 
@@ -52,8 +52,8 @@ def phase_of(step: str) -> str:
 
 
 class PhaseTimer:
-    """A :class:`Progress` that passes every step on to ``inner``, named with its phase, and
-    adds up each phase's seconds (``clock``: seconds, monotonic)."""
+    """A :class:`Progress` that passes every step on to ``inner`` as it is, and adds up each
+    phase's seconds (``clock``: seconds, monotonic)."""
 
     def __init__(self, inner: Progress | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
         self.inner: Progress = inner or NullProgress()
@@ -65,7 +65,7 @@ class PhaseTimer:
     def phase(self, name: str) -> None:
         self._stop()
         self._current = phase_of(name)
-        self.inner.phase(f"[{self._current}] {name}")
+        self.inner.phase(name)
 
     def advance(self, done: int, total: int) -> None:
         self.inner.advance(done, total)
