@@ -217,8 +217,9 @@ def print_table(result: dict[str, Any]) -> None:
             "4 bits, block 64, level 0"
             if name == "recipe"
             else (
-                f"block {settings['block_size']}, level {settings['accuracy_level']}"
-                + (" + search" if r.get("searched") else "")
+                f"per node (search), level {settings['accuracy_level']}"
+                if r.get("searched")
+                else f"block {settings['block_size']}, level {settings['accuracy_level']}"
             )
         )
         floor = (
