@@ -135,3 +135,58 @@ def quantized(model: onnx.ModelProto, accuracy_level: int = 0) -> onnx.ModelProt
     ir_model = ir.serde.deserialize_model(model)
     quantize_matmul_nbits(ir_model, QuantizeOptions(block_size=16, accuracy_level=accuracy_level))
     return ir.serde.serialize_model(ir_model)
+
+
+KernelCost = Callable[[str, int, int, int], float]
+"""Milliseconds a kernel (its key: ``float``, ``int4-b64-l0``...) costs at K, N and rows."""
+
+
+class KernelMachine:
+    """A session factory for :class:`onnx_conv2matmul.speed.costs.KernelCosts`: each run of a
+    kernel model advances ``clock`` by ``cost(kernel key, k, n, rows)``, read from the model's
+    file name and the feed. Records every session opened (its file name)."""
+
+    def __init__(self, clock: FakeClock, cost: KernelCost) -> None:
+        self.clock = clock
+        self.cost = cost
+        self.opened: list[str] = []
+        self.runs: list[tuple[str, int]] = []
+
+    def __call__(self, path: str, threads: int) -> Any:
+        import os
+        import re
+
+        name = os.path.basename(path)
+        self.opened.append(name)
+        found = re.fullmatch(r"(.+)-(\d+)x(\d+)\.onnx", name)
+        assert found is not None, name
+        key, k, n = found.group(1), int(found.group(2)), int(found.group(3))
+        machine = self
+
+        class _Session:
+            def get_inputs(self) -> list[FakeInput]:
+                return [FakeInput("x", "tensor(float)", ["rows", k])]
+
+            def run(self, names: Any, feeds: Mapping[str, np.ndarray]) -> None:
+                rows = int(next(iter(feeds.values())).shape[0])
+                machine.runs.append((key, rows))
+                machine.clock.now += machine.cost(key, k, n, rows) / 1000
+
+        return _Session()
+
+
+def int8_machine(int8_factor: float, int4_factor: float = 0.5) -> KernelCost:
+    """A CPU where a 4-bit kernel costs ``int4_factor`` and an 8-bit one ``int8_factor`` times the
+    float MatMul (level 4 a little cheaper than level 0, larger blocks a little cheaper)."""
+
+    def cost(key: str, k: int, n: int, rows: int) -> float:
+        base = k * n * rows / 1e6
+        if key == "float":
+            return base
+        bits, block, level = key.split("-")
+        factor = int8_factor if bits == "int8" else int4_factor
+        factor *= 0.9 if level == "l4" else 1.0
+        factor *= 1.0 - int(block[1:]) / 2048
+        return base * factor
+
+    return cost

@@ -50,7 +50,7 @@ def _nbits(path: Path) -> set[tuple[int, int]]:
 
 def test_quantize_keeps_the_winner_and_says_so(tmp_path: Path) -> None:
     out = tmp_path / "q.onnx"
-    code, data, stderr = _run("quantize", ENCODER, out, *FAST)
+    code, data, stderr = _run("quantize", ENCODER, out, "--bench", "full", *FAST)
     assert code == 0, stderr
     choice = data["kernel_choice"]
     names = [c["name"] for c in choice["candidates"]]
@@ -88,11 +88,68 @@ def test_quantize_keeps_the_winner_and_says_so(tmp_path: Path) -> None:
     assert _nbits(tmp_path / "again.onnx") == _nbits(out)
 
 
+def test_default_chooses_from_kernel_costs_and_quantizes_once(
+    tmp_path: Path, kernel_cost_cache: Path
+) -> None:
+    """--bench shapes (the default): the block size and level come from the kernels' costs at the
+    model's weight shapes, the written model has them, the result is timed once against the
+    original, and a second run reads every cost from this CPU's cache file."""
+    out = tmp_path / "q.onnx"
+    code, data, stderr = _run("quantize", ENCODER, out, *FAST)
+    assert code == 0, stderr
+    costs = data["kernel_costs"]
+    assert costs is not None and costs["lengths"] == [40, 120]
+    assert [(c["block_size"], c["accuracy_level"]) for c in costs["candidates"]] == [
+        (b, lvl) for b in DEFAULT_BLOCK_SIZES for lvl in DEFAULT_LEVELS
+    ]
+    winner = costs["candidates"][costs["winner"]]
+    level = winner["accuracy_level"]
+    if data["kernel_choice"] is not None:  # measured slower than the original: the other level tried
+        assert any("other accuracy levels were checked and timed" in w for w in data["warnings"])
+        level = data["kernel_choice"]["accuracy_level"]
+    assert _nbits(out) == {(winner["block_size"], level)}
+    settings = data["options"]["quantize"]
+    assert (settings["block_size"], settings["accuracy_level"]) == (winner["block_size"], level)
+    assert data["options"]["speed"]["mode"] == "shapes" and data["latency"] is not None
+    assert costs["measured"] > 0 and costs["layers"] > costs["shapes"] > 0
+    assert costs["cache"] is not None and Path(costs["cache"]).is_relative_to(kernel_cost_cache)
+    assert Path(costs["cache"]).is_file()
+    assert sorted(os.listdir(tmp_path)) == ["q.onnx"]
+    assert "Kernel choice from per-shape costs" in stderr and "time by phase" in stderr
+    assert {"rewrite", "kernel choice", "quantize", "check", "timing"} <= set(data["seconds_by_phase"])
+    code, again, stderr = _run("quantize", ENCODER, tmp_path / "again.onnx", *FAST)
+    assert code == 0, stderr
+    assert again["kernel_costs"]["measured"] == 0 and again["kernel_costs"]["from_cache"] > 0
+    code, fresh, stderr = _run("quantize", ENCODER, tmp_path / "fresh.onnx", "--no-bench-cache", *FAST)
+    assert code == 0, stderr
+    assert (
+        fresh["kernel_costs"]["measured"] == costs["measured"] and fresh["options"]["speed"]["cache"] is False
+    )
+
+
+def test_bench_mode_needs_the_bench(tmp_path: Path) -> None:
+    for flag in (("--bench", "full"), ("--no-bench-cache",)):
+        result = CliRunner().invoke(
+            main, ["quantize", str(ENCODER), str(tmp_path / "q.onnx"), "--no-bench", *flag]
+        )
+        assert result.exit_code == 2 and "does not combine with --no-bench" in result.stderr
+    assert not os.listdir(tmp_path)
+
+
 def test_a_target_no_candidate_meets_fails_as_without_timing(tmp_path: Path) -> None:
     """Settings given (--bits 4): below the criterion nothing is written (with the default
     settings the search would run instead)."""
     code, data, _ = _run(
-        "quantize", ENCODER, tmp_path / "q.onnx", "--bits", "4", "--min-cosine", "0.99999", *FAST
+        "quantize",
+        ENCODER,
+        tmp_path / "q.onnx",
+        "--bits",
+        "4",
+        "--min-cosine",
+        "0.99999",
+        "--bench",
+        "full",
+        *FAST,
     )
     assert code == 1 and data["output"] is None
     choice = data["kernel_choice"]
@@ -113,7 +170,7 @@ def test_given_settings_are_pinned(
     tmp_path: Path, flags: tuple[str, ...], candidates: list[str] | None
 ) -> None:
     out = tmp_path / "q.onnx"
-    code, data, stderr = _run("quantize", ENCODER, out, *flags, *FAST)
+    code, data, stderr = _run("quantize", ENCODER, out, *flags, "--bench", "full", *FAST)
     assert code == 0, stderr
     choice = data["kernel_choice"]
     assert (None if choice is None else [c["name"] for c in choice["candidates"]]) == candidates
@@ -127,7 +184,17 @@ def test_given_settings_are_pinned(
 def test_auto_chooses_the_level_only(tmp_path: Path) -> None:
     out = tmp_path / "q.onnx"
     code, data, stderr = _run(
-        "quantize", ENCODER, out, "--auto", "--min-cosine", "0.99", "--max-evaluations", "2", *FAST
+        "quantize",
+        ENCODER,
+        out,
+        "--auto",
+        "--min-cosine",
+        "0.99",
+        "--max-evaluations",
+        "2",
+        "--bench",
+        "full",
+        *FAST,
     )
     assert code == 0, stderr
     assert [c["name"] for c in data["kernel_choice"]["candidates"]] == [

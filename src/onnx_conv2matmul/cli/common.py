@@ -209,6 +209,7 @@ _FLAGS = {
     "symmetric": "--symmetric/--asymmetric",
     "other_weights_int8": "--other-weights int8",
     "nodes": "the settings file's nodes",
+    "bench_mode": "--bench",
 }
 
 
@@ -296,16 +297,26 @@ def emit_report(report: CommandReport, path: str | None, error: str | None = Non
 
 
 class RichProgress:
-    """One bar on stderr whose label follows the phase; the save phase counts tensors."""
+    """One bar on stderr whose label follows the step, named with its phase (``[quantize]
+    Quantizing``); the steps that count their work (the save counts tensors) show an estimate of
+    the time left."""
 
     def __init__(self, console: Console) -> None:
-        from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+        from rich.progress import (
+            BarColumn,
+            Progress,
+            TaskProgressColumn,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
         self._progress = Progress(
             TextColumn("{task.description}"),
             BarColumn(),
             TaskProgressColumn(),
             TimeElapsedColumn(),
+            TimeRemainingColumn(),  # the estimate, for the steps that count their work
             console=console,
             transient=True,
         )
@@ -315,7 +326,9 @@ class RichProgress:
     def phase(self, name: str) -> None:
         # A new task per phase: rich's update() cannot set a known total back to unknown.
         self._progress.remove_task(self._task)
-        self._task = self._progress.add_task(name, total=None)
+        from onnx_conv2matmul.quantize.phases import phase_of
+
+        self._task = self._progress.add_task(f"[{phase_of(name)}] {name}", total=None)
 
     def advance(self, done: int, total: int) -> None:
         self._progress.update(self._task, completed=done, total=total)

@@ -69,6 +69,22 @@ from onnx_conv2matmul.quantize.options import DEFAULT_MAX_EVALUATIONS, resolve
     ),
 )
 @click.option(
+    "--bench",
+    "bench_mode",
+    type=click.Choice(["shapes", "full"]),
+    default=None,
+    help=(
+        "How the kernel settings are chosen: shapes times each kernel at the model's weight shapes"
+        " and quantizes once; full quantizes every candidate and times the whole models"
+        " [default: shapes]."
+    ),
+)
+@click.option(
+    "--no-bench-cache",
+    is_flag=True,
+    help="Measure the kernel costs again instead of reading those kept for this CPU in the cache folder.",
+)
+@click.option(
     "--exclude",
     multiple=True,
     metavar="PATTERN",
@@ -201,6 +217,8 @@ def quantize_command(
     bench_lengths: tuple[int, ...] | None,
     bench_rounds: int | None,
     no_bench: bool,
+    bench_mode: str | None,
+    no_bench_cache: bool,
     exclude: tuple[str, ...],
     include: tuple[str, ...],
     bits_for: tuple[str, ...],
@@ -267,6 +285,8 @@ def quantize_command(
             bench=not no_bench,
             bench_lengths=bench_lengths,
             bench_rounds=bench_rounds,
+            bench_mode=bench_mode,
+            bench_cache=not no_bench_cache,
             validate=validate,
             max_drop=max_drop,
         )

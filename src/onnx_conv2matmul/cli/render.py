@@ -355,11 +355,24 @@ def print_quantize_report(console: Console, report: QuantizeReport) -> None:
     ratio = f" ({report.ratio:.3f}x)" if report.ratio else ""
     table.add_row("size after", human_bytes(report.output_bytes) + ratio)
     table.add_row("time", f"{report.seconds:.1f} s")
+    if report.seconds_by_phase:
+        parts = ", ".join(f"{phase} {seconds:.1f} s" for phase, seconds in report.seconds_by_phase.items())
+        table.add_row("time by phase", parts)
     table.add_row("peak memory (RSS) until saved", human_bytes(report.peak_rss_quantize_bytes))
     table.add_row("peak memory (RSS) with the accuracy check", human_bytes(report.peak_rss_bytes))
     console.print(table)
     if report.transposes is not None:
         print_transpose_trade(console, report.transposes.to_dict())
+    if report.kernel_plan is not None:
+        costs = report.kernel_plan.to_dict()
+        console.print(
+            f"Kernel choice from per-shape costs ({costs['measured']} kernel timings,"
+            f" {costs['from_cache']} from the cache): {escape(costs['reason'])}",
+            highlight=False,
+            soft_wrap=True,
+        )
+        if costs["search"] is not None:
+            console.print(f"Search: {escape(costs['search']['summary'])}", highlight=False, soft_wrap=True)
     if report.kernel_choice is not None:
         console.print(kernel_choice_table(report.kernel_choice))
         console.print(f"Chosen: {escape(report.kernel_choice['reason'])}", highlight=False, soft_wrap=True)

@@ -1,12 +1,18 @@
 """The quantize workflow's speed step: choose the MatMulNBits kernel settings on this CPU, and time
 the result against the original.
 
-The staged model is the first candidate. Each other block size tried is the input loaded,
-rewritten and quantized again into a staging directory of its own beside the destination; every
-accuracy level tried is an attribute-only copy of a staged model beside it
-(:func:`onnx_conv2matmul.speed.choose.level_candidates`). The winner's level is written into its
-``.onnx``, and the winner is what the workflow checks and publishes; the other staging
-directories are removed with the ``ExitStack`` the caller holds.
+By default (``SpeedOptions.mode`` ``shapes``) the choice comes before the quantization
+(:func:`plan_kernels`): every candidate block size and accuracy level is costed at the model's own
+weight shapes and activation rows (:mod:`onnx_conv2matmul.quantize.speed_objective`), the model is
+quantized once with the cheapest, and the result is timed against the original once. The same
+costs keep the search (below the accuracy floor) from precisions slower than float.
+
+With ``mode`` ``full`` (``--bench full``), the staged model is the first candidate. Each other
+block size tried is the input loaded, rewritten and quantized again into a staging directory of
+its own beside the destination; every accuracy level tried is an attribute-only copy of a
+staged model beside it (:func:`onnx_conv2matmul.speed.choose.level_candidates`). The winner's
+level is written into its ``.onnx``, and the winner is what the workflow checks and publishes;
+the other staging directories are removed with the ``ExitStack`` the caller holds.
 """
 
 from __future__ import annotations
@@ -32,6 +38,12 @@ from onnx_conv2matmul.speed.choose import (
     set_accuracy_level,
 )
 from onnx_conv2matmul.speed.timing import Latency, TimingOptions, TimingReport, time_models
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+
+    from onnx_conv2matmul.quantize.speed_objective import RankedKernel, SpeedFilter
+    from onnx_conv2matmul.speed.costs import KernelCosts, Layer
 
 if TYPE_CHECKING:
     from onnx_conv2matmul.files.output import Output, Staged
@@ -173,6 +185,59 @@ def run_speed_step(
     return SpeedOutcome(kept, chosen, choice, choice.timing, labels.index(winner.name))
 
 
+def retry_levels(
+    src: str,
+    outcome: SpeedOutcome,
+    options: QuantizeOptions,
+    speed: SpeedOptions,
+    levels: tuple[int, ...],
+    *,
+    verify: VerifyOptions,
+    progress: Progress,
+    metric: MetricTarget | None = None,
+    original_score: float | None = None,
+) -> SpeedOutcome:
+    """A result chosen from per-shape costs and measured slower than the original is not handed
+    over as it is: its other accuracy levels (attribute copies) are checked and timed with it,
+    whole, and the fastest that meets the accuracy target is kept (the result itself when none
+    is faster)."""
+    current = options.accuracy_level
+    order = (current, *(level for level in levels if level != current))
+    if len(order) < 2:
+        return outcome
+    kept = outcome.variant
+    timing = timing_options(speed, verify)
+    with level_candidates(kept.staged.onnx_path, order) as candidates:
+        progress.phase("Slower than the original: checking the other accuracy levels")
+        check = reference_accuracy(src, verify)
+        if metric is not None and original_score is not None:
+            check = _with_metric(check, metric, original_score)
+        progress.phase(f"Timing {len(candidates)} candidates against the original")
+        choice = choose_kernel(
+            src, candidates, check, min_cosine=verify.min_cosine, timing=timing, min_gain=speed.min_gain
+        )
+    winner = choice.chosen.candidate
+    set_accuracy_level(kept.staged.onnx_path, winner.accuracy_level, kept.staged.onnx_path)
+    assert choice.timing is not None
+    labels = [model.label for model in choice.timing.models]
+    chosen = dataclasses.replace(options, accuracy_level=winner.accuracy_level)
+    return SpeedOutcome(kept, chosen, choice, choice.timing, labels.index(winner.name))
+
+
+def accurate_level(
+    path: str, options: QuantizeOptions, speed: SpeedOptions, progress: Progress
+) -> int | None:
+    """A staged result chosen from kernel costs fell below the accuracy criterion: the most
+    accurate level tried (the first), written into it as an attribute when it is not its level
+    already; None when there is none to try."""
+    level = speed.levels[0]
+    if level == options.accuracy_level:
+        return None
+    progress.phase(f"Kernel choice: below the accuracy criterion, trying accuracy level {level}")
+    set_accuracy_level(path, level, path)
+    return level
+
+
 def _with_metric(check: AccuracyCheck, metric: MetricTarget, original_score: float) -> AccuracyCheck:
     """``check``, and the user's score of each candidate that passes it: one whose score dropped
     further than the metric allows fails (cosine -1)."""
@@ -218,3 +283,136 @@ def quantize_variant(
     staged = output.stage(model, external=external)
     del model, loaded
     return Variant(options.block_size, staged, result, other)
+
+
+# --------------------------------------------------------------------------- #
+# The choice from per-shape costs (the default)
+# --------------------------------------------------------------------------- #
+
+
+@dataclasses.dataclass
+class KernelPlan:
+    """The kernel settings chosen from per-shape costs before the quantization, and what they cost.
+
+    Attributes:
+        options: The quantize options with the chosen block size and accuracy level.
+        costs: The kernel costs (measured here or read from the machine's cache).
+        layers: The model's quantizable MatMuls, with their rows at ``lengths``.
+        ranked: Every (block size, level) tried, most accurate first; ``winner`` indexes it.
+        floats: The float MatMuls' milliseconds per length.
+        seconds: Time spent measuring and choosing.
+        search: The search's speed filter, once the search ran with it.
+    """
+
+    options: QuantizeOptions
+    costs: KernelCosts
+    layers: list[Layer]
+    lengths: tuple[int, ...]
+    ranked: list[RankedKernel]
+    winner: int
+    floats: tuple[float, ...]
+    reason: str
+    seconds: float = 0.0
+    search: SpeedFilter | None = None
+
+    def speed_filter(self, accuracy_level: int, margin: float) -> SpeedFilter:
+        """The search's hook, with the costs at ``accuracy_level`` (kept for the report)."""
+        from onnx_conv2matmul.quantize.speed_objective import SpeedFilter
+
+        layers = {layer.name: layer for layer in self.layers}
+        self.search = SpeedFilter(self.costs, layers, accuracy_level, margin)
+        return self.search
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "lengths": list(self.lengths),
+            "layers": len(self.layers),
+            "shapes": len({(layer.k, layer.n, layer.rows) for layer in self.layers}),
+            "cache": self.costs.path,
+            "measured": self.costs.measured,
+            "from_cache": self.costs.from_cache,
+            "float_ms": list(self.floats),
+            "candidates": [r.to_dict() for r in self.ranked],
+            "winner": self.winner,
+            "reason": self.reason,
+            "seconds": self.seconds,
+            "search": None
+            if self.search is None
+            else {**self.search.to_dict(), "summary": self.search.summary()},
+        }
+
+
+def plan_kernels(
+    src: str,
+    model: ir.Model,
+    options: QuantizeOptions,
+    speed: SpeedOptions,
+    verify: VerifyOptions,
+    *,
+    costs: KernelCosts | None = None,
+) -> KernelPlan:
+    """Choose the block size and accuracy level from their costs at ``model``'s weight shapes
+    (``model`` rewritten, not changed; ``src`` the original, for the activation rows)."""
+    import time
+
+    from onnx_conv2matmul.quantize.speed_objective import model_layers, rank_kernels
+    from onnx_conv2matmul.speed.costs import KernelCosts, cache_dir, cache_path
+
+    started = time.perf_counter()
+    lengths = _bench_lengths(src, speed, verify)
+    if costs is None:
+        costs = KernelCosts(cache_path(), read_cache=speed.cache, threads=speed.timing.threads)
+    rows_cache = os.path.join(cache_dir(), "model-rows") if speed.cache else None
+    layers = model_layers(model, src, lengths, options.selects, cache=rows_cache)
+    bits = options.bits if options.bits in (4, 8) else 4
+    winner, ranked, floats = rank_kernels(
+        costs, layers, speed.block_sizes, speed.levels, bits=bits, min_gain=speed.min_gain
+    )
+    costs.save()
+    best = ranked[winner]
+    chosen = dataclasses.replace(
+        options, block_size=best.kernel.block_size, accuracy_level=best.kernel.accuracy_level
+    )
+    others = ", ".join(
+        f"block {r.kernel.block_size} level {r.kernel.accuracy_level} {r.relative:.2f}x"
+        for i, r in enumerate(ranked)
+        if i != winner
+    )
+    reason = (
+        f"block {best.kernel.block_size}, accuracy level {best.kernel.accuracy_level}: its MatMuls cost"
+        f" {best.relative:.2f}x the float ones' at the model's weight shapes on this CPU"
+        + (f" (against {others}; a later setting must be {speed.min_gain:.0%} faster)" if others else "")
+    )
+    return KernelPlan(
+        chosen, costs, layers, lengths, ranked, winner, floats, reason, time.perf_counter() - started
+    )
+
+
+def _bench_lengths(src: str, speed: SpeedOptions, verify: VerifyOptions) -> tuple[int, ...]:
+    """The bench lengths given, else those the timing would choose for the original's inputs."""
+    if speed.timing.lengths is not None:
+        return tuple(speed.timing.lengths)
+    import onnx
+    from onnx.helper import tensor_dtype_to_np_dtype
+
+    from onnx_conv2matmul.speed.timing import default_lengths
+    from onnx_conv2matmul.verify.feeds import InputSpec
+
+    proto = onnx.load(src, load_external_data=False)
+    initializers = {t.name for t in proto.graph.initializer}
+    specs = []
+    for value in proto.graph.input:
+        if value.name in initializers:
+            continue
+        tensor = value.type.tensor_type
+        shape: list[int | str | None] = [
+            d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor.shape.dim
+        ]
+        specs.append(InputSpec(value.name, tensor_dtype_to_np_dtype(tensor.elem_type), shape))
+    try:
+        lengths, _ = default_lengths(specs, timing_options(speed, verify).synthesis)
+    except Exception:  # the dims' roles cannot be told: the plain default
+        from onnx_conv2matmul.speed.timing import DEFAULT_LENGTHS
+
+        lengths = DEFAULT_LENGTHS
+    return tuple(lengths)

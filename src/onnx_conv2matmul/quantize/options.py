@@ -417,6 +417,8 @@ def resolve(
     bench_rounds: int | None = None,
     validate: str | None = None,
     max_drop: str | float | None = None,
+    bench_mode: str | None = None,
+    bench_cache: bool = True,
 ) -> Resolved:
     """Check and combine what a user asked for; the one place quantize options are decided.
 
@@ -436,6 +438,9 @@ def resolve(
             chosen by ``auto`` or by node, or the algorithm is not ``default``.
         bench_lengths: The lengths timed (default: chosen from the model's inputs).
         bench_rounds: The rounds of timed runs.
+        bench_mode: ``shapes`` (default): the settings chosen from per-shape kernel costs, the
+            model quantized once; ``full``: every candidate quantized and timed whole.
+        bench_cache: Whether the kernel costs kept for this CPU are read.
         validate: The user's validation function, ``package.module:function`` or
             ``path/to/file.py:function`` (see :func:`onnx_conv2matmul.quantize.metric.load_function`).
         max_drop: With ``validate``, the largest drop of its score: a number (absolute), or a
@@ -458,6 +463,12 @@ def resolve(
         _refuse_with_int8_dynamic(options, given)
     metric = _metric(validate, max_drop, int8_dynamic)
     speed = _speed_options(options, fields, bench, bench_lengths, bench_rounds, int8_dynamic, auto)
+    if speed is None and (bench_mode is not None or not bench_cache):
+        raise OptionConflict(
+            "{0} does not combine with {1}", "bench_mode" if bench_mode else "no_bench_cache", "no_bench"
+        )
+    if speed is not None:
+        speed = dataclasses.replace(speed, mode=bench_mode or "shapes", cache=bench_cache)
     if not auto:
         if save_config:
             raise OptionConflict("{0} needs {1}", "save_config", "auto")

@@ -46,6 +46,7 @@ class QuantizeReport(CommandReport):
     output_bytes: int = 0
     external_data: bool = False
     seconds: float = 0.0
+    seconds_by_phase: dict[str, float] = dataclasses.field(default_factory=dict)
     peak_rss_bytes: int = 0
     peak_rss_quantize_bytes: int = 0
     verification: VerifyReport | None = None
@@ -54,6 +55,8 @@ class QuantizeReport(CommandReport):
     auto: AutoResult | None = None
     latency: dict[str, Any] | None = None
     kernel_choice: dict[str, Any] | None = None
+    kernel_plan: Any = None
+    """The kernel settings chosen from per-shape costs (``quantize.kernel.KernelPlan``), or None."""
     accuracy: dict[str, Any] = dataclasses.field(default_factory=dict)
     unchanged: Unchanged | None = None
     """Why no MatMul was quantized (None when some were, or in int8 dynamic mode)."""
@@ -120,6 +123,7 @@ class QuantizeReport(CommandReport):
                 "external_data": self.external_data,
             },
             "seconds": round(self.seconds, 2),
+            "seconds_by_phase": self.seconds_by_phase,
             "peak_rss_bytes": self.peak_rss_bytes,
             "peak_rss_quantize_bytes": self.peak_rss_quantize_bytes,
             "verification": None if self.verification is None else self.verification.to_dict(),
@@ -128,6 +132,7 @@ class QuantizeReport(CommandReport):
             "auto": None if self.auto is None else self.auto.to_dict(),
             "latency": self.latency,
             "kernel_choice": self.kernel_choice,
+            "kernel_costs": None if self.kernel_plan is None else self.kernel_plan.to_dict(),
             "accuracy": self.accuracy or None,
             "unchanged": None if self.unchanged is None else self.unchanged.to_dict(),
             "transposes": None if self.transposes is None else self.transposes.to_dict(),

@@ -190,6 +190,7 @@ def search(
     progress: ProgressCallback | None = None,
     original_score: float | None = None,
     memory: int | None = None,
+    speed_filter: Callable[[Sequence[_Node]], None] | None = None,
 ) -> AutoResult:
     """Find the smallest configuration of ``model`` (rewritten, fp32) that meets the options' target.
 
@@ -199,7 +200,9 @@ def search(
     result's ``reference`` reads them. With ``options.metric``, ``original_score`` is the
     original model's score (measured on ``model`` when None). ``memory`` is the check's budget
     (``VerifyOptions.memory``): the activations of a feed whose activations would take more
-    than half of it are not measured (the smaller feeds' stand for it).
+    than half of it are not measured (the smaller feeds' stand for it). ``speed_filter``, once
+    every node's errors are measured, may drop settings from a node's choices (what is slower on
+    this CPU, see :class:`onnx_conv2matmul.quantize.speed_objective.SpeedFilter`).
 
     Raises:
         TargetUnreachable: the all-float model does not meet the target either.
@@ -236,6 +239,8 @@ def search(
     sens_started = time.perf_counter()
     model = prepared.load()  # the weights read from the copy, memory-mapped
     _sensitivities(model, nodes, options.ladder, reference.activations)
+    if speed_filter is not None:
+        speed_filter(nodes)
     others = _Node("(other weights)", None, 0, 0, 0)
     if options.other_weights is None:
         measured_others = _other_weights_error(model)

@@ -33,6 +33,7 @@ from onnx_conv2matmul.quantize.nbits import (
     weight_stats,
 )
 from onnx_conv2matmul.quantize.options import AutoOptions, QuantizeOptions
+from onnx_conv2matmul.quantize.phases import PhaseTimer
 from onnx_conv2matmul.quantize.report import BundleModel, BundleReport
 from onnx_conv2matmul.quantize.report import QuantizeReport as QuantizeReport  # its home before report.py
 from onnx_conv2matmul.rewrite.options import ConvertOptions
@@ -160,7 +161,7 @@ def quantize_file(
         else:
             verify = dataclasses.replace(verify, report_only=True)
     criterion = _criterion(verify, metric, given=given_cosine)
-    progress = progress or NullProgress()
+    progress = phases = PhaseTimer(progress or NullProgress())
     src = os.fspath(input_path)
     dst = check_paths(src, os.fspath(output_path), inplace=False)
     if not int8:
@@ -265,6 +266,7 @@ def quantize_file(
 
         report.unchanged = with_trade(report.unchanged, report.transposes.reason)
     report.seconds = time.perf_counter() - started
+    report.seconds_by_phase = phases.by_phase()
     report.peak_rss_bytes = _peak_rss_bytes()
     return report
 
@@ -375,6 +377,15 @@ def _quantize_to(
     rewrite = rewrite_model(model, convert_options)
     report.rewrite = rewrite.totals()
     report.weights_with_rewrite = weight_stats(model)
+    if speed is not None and speed.mode == "shapes" and speed.chooses and not int8:
+        from onnx_conv2matmul.quantize import kernel
+
+        progress.phase("Kernel choice: timing each weight shape")
+        report.kernel_plan = kernel.plan_kernels(src, model, quantize_options, speed, verify)
+        quantize_options = report.kernel_plan.options
+        report.options["quantize"] = quantize_options.to_dict()
+        if auto is not None and len(speed.levels) > 1:
+            auto = dataclasses.replace(auto, accuracy_level=quantize_options.accuracy_level)
     external = loaded.has_external_data or _io.tensor_bytes(model) > _io.SINGLE_FILE_LIMIT_BYTES
     with contextlib.ExitStack() as searching:  # the search's scratch lives until the output's check
         if int8:
@@ -391,7 +402,10 @@ def _quantize_to(
                     # weights the rewrite made in memory go before the fp32 model runs.
                     del model
                     loaded.model = None  # type: ignore[assignment]
-                _search(src, workdir, prepared, auto, verify, progress, report, original_score)
+                speed_filter = None
+                if report.kernel_plan is not None and speed is not None:
+                    speed_filter = report.kernel_plan.speed_filter(auto.accuracy_level, speed.margin)
+                _search(src, workdir, prepared, auto, verify, progress, report, original_score, speed_filter)
                 if external:
                     model = prepared.load()
                 assert report.auto is not None
@@ -422,8 +436,10 @@ def _quantize_to(
             stack.enter_context(staged)
             del model, loaded
             report.peak_rss_quantize_bytes = _peak_rss_bytes()
-            if speed is not None:
-                staged = _speed_step(
+
+            def timed(staged: _output.Staged) -> _output.Staged:
+                assert speed is not None
+                return _speed_step(
                     src,
                     staged,
                     stack,
@@ -438,28 +454,55 @@ def _quantize_to(
                     metric,
                     original_score,
                 )
-            report.external_data = staged.data_path is not None
-            report.output_bytes = staged.size
-            if run_checker:
-                progress.phase("Checking the output")
-                _io.run_checker(staged.onnx_path, "the quantized model")
-            progress.phase("Measuring accuracy")
-            reference = report.auto.reference if report.auto is not None else None
-            if reference is not None:
-                result_v = reference.check(src, staged.onnx_path, verify)
-            else:
-                result_v = verify_models(src, staged.onnx_path, verify)
-            result_v.candidate = dst
-            report.verification = result_v
-            if metric is not None and result_v.passed:
-                assert original_score is not None
-                progress.phase("Scoring the quantized model")
-                score = metric.score(staged.onnx_path, "the quantized model")
-                report.accuracy["metric"].update(
-                    score=score,
-                    drop=metric.drop(original_score, score),
-                    passed=metric.meets(original_score, score),
-                )
+
+            def checked(staged: _output.Staged) -> None:
+                report.external_data = staged.data_path is not None
+                report.output_bytes = staged.size
+                if run_checker:
+                    progress.phase("Checking the output")
+                    _io.run_checker(staged.onnx_path, "the quantized model")
+                progress.phase("Measuring accuracy")
+                reference = report.auto.reference if report.auto is not None else None
+                if reference is not None:
+                    result_v = reference.check(src, staged.onnx_path, verify)
+                else:
+                    result_v = verify_models(src, staged.onnx_path, verify)
+                result_v.candidate = dst
+                report.verification = result_v
+                if metric is not None and result_v.passed:
+                    assert original_score is not None
+                    progress.phase("Scoring the quantized model")
+                    score = metric.score(staged.onnx_path, "the quantized model")
+                    report.accuracy["metric"].update(
+                        score=score,
+                        drop=metric.drop(original_score, score),
+                        passed=metric.meets(original_score, score),
+                    )
+
+            # Settings chosen from kernel costs: the result is timed only once it passed the check
+            # (one that fails is not timed for nothing), and checked again if its level changed.
+            timed_after = speed is not None and report.kernel_plan is not None
+            if speed is not None and not timed_after:
+                staged = timed(staged)
+            checked(staged)
+            if timed_after and not report.passed and speed is not None:
+                from onnx_conv2matmul.quantize.kernel import accurate_level
+
+                level = accurate_level(staged.onnx_path, quantize_options, speed, progress)
+                if level is not None:
+                    below = _below_text(report)
+                    checked(staged)
+                    if report.passed:
+                        report.warnings.append(
+                            f"accuracy level {quantize_options.accuracy_level}, the cheapest, fell below the"
+                            f" accuracy criterion ({below}): level {level} meets it and is kept"
+                        )
+                    quantize_options = dataclasses.replace(quantize_options, accuracy_level=level)
+                    report.options["quantize"] = quantize_options.to_dict()
+            if timed_after and report.passed:
+                staged = timed(staged)
+                if report.kernel_choice is not None:
+                    checked(staged)
             if report.passed and refuse is not None:
                 progress.phase("Timing the model with the Transposes as written")
                 report.refused_ratio = refuse(staged.onnx_path)
@@ -500,6 +543,12 @@ def _speed_step(
         quantize_options = report.auto.config.quantize_options()
         # The search chose every node's block size: only the accuracy level is left to time.
         speed = dataclasses.replace(speed, block_sizes=(quantize_options.block_size,))
+    chosen_by_cost = report.kernel_plan is not None
+    tried_levels = speed.levels
+    if chosen_by_cost:  # chosen before the quantization: the result is only timed
+        speed = dataclasses.replace(
+            speed, block_sizes=(quantize_options.block_size,), levels=(quantize_options.accuracy_level,)
+        )
     first = kernel.Variant(quantize_options.block_size, staged, None, report.other_weights)
     outcome = kernel.run_speed_step(
         src,
@@ -515,6 +564,24 @@ def _speed_step(
         metric=metric,
         original_score=original_score,
     )
+    if chosen_by_cost and outcome.slower() and len(tried_levels) > 1:
+        first_slower = outcome.slower()
+        outcome = kernel.retry_levels(
+            src,
+            outcome,
+            quantize_options,
+            speed,
+            tried_levels,
+            verify=verify,
+            progress=progress,
+            metric=metric,
+            original_score=original_score,
+        )
+        assert outcome.choice is not None
+        report.warnings.append(
+            f"{first_slower[0]}: the other accuracy levels were checked and timed, and"
+            f" {outcome.choice.chosen.candidate.name} kept ({outcome.choice.reason})"
+        )
     report.latency = outcome.latency()
     report.kernel_choice = None if outcome.choice is None else outcome.choice.to_dict()
     report.warnings.extend(outcome.slower())
@@ -541,6 +608,7 @@ def _search(
     progress: Progress,
     report: QuantizeReport,
     original_score: float | None,
+    speed_filter: Any = None,
 ) -> None:
     """Run the search on the inputs the accuracy check uses (given or synthesised), in
     ``workdir`` (a scratch directory beside the output, under its guard: see
@@ -560,6 +628,7 @@ def _search(
         progress=progress.phase,
         original_score=original_score,
         memory=verify.memory,
+        speed_filter=speed_filter,
     )
 
 

@@ -49,6 +49,9 @@ COSINE_SLACK = 0.1
 """Without an accuracy target, a candidate is acceptable when its ``1 - cosine`` is at most this
 much (relatively) above the first candidate's."""
 
+DEFAULT_MARGIN = 0.05
+"""How much slower than float a setting the search offers a layer may be."""
+
 DEFAULT_BLOCK_SIZES = (64, 128, 256)
 """The block sizes tried when the block size is not pinned. Larger blocks ran faster on an AMD EPYC
 (AVX-512 VNNI) at level 4: the MatMulNBits of the Parakeet-sized encoder took 0.83x the time at 256
@@ -70,12 +73,22 @@ class SpeedOptions:
         block_sizes: The block sizes tried (each one a quantization of its own), most accurate
             first; one pins it.
         min_gain: How much faster a later candidate must be to win (see :func:`choose_kernel`).
+        mode: ``shapes``: the settings are chosen from each kernel's cost at the model's weight
+            shapes (:mod:`onnx_conv2matmul.speed.costs`), the model quantized once, and the result
+            timed against the original once; ``full``: every candidate is quantized and the whole
+            models are timed against each other (:func:`choose_kernel`).
+        cache: Whether ``shapes`` reads the kernel costs measured before on this machine.
+        margin: How much slower than float a setting the search offers a layer may be (see
+            :mod:`onnx_conv2matmul.quantize.speed_objective`).
     """
 
     timing: TimingOptions = dataclasses.field(default_factory=TimingOptions)
     levels: tuple[int, ...] = DEFAULT_LEVELS
     block_sizes: tuple[int, ...] = DEFAULT_BLOCK_SIZES
     min_gain: float = DEFAULT_MIN_GAIN
+    mode: str = "shapes"
+    cache: bool = True
+    margin: float = DEFAULT_MARGIN
 
     def __post_init__(self) -> None:
         if not self.levels or any(not 0 <= level <= 4 for level in self.levels):
@@ -84,6 +97,10 @@ class SpeedOptions:
             raise ValueError(f"block sizes must be powers of 2 from 16, at least one: {self.block_sizes}")
         if not 0 <= self.min_gain < 1:
             raise ValueError(f"min_gain must be in [0, 1), got {self.min_gain}")
+        if self.mode not in ("shapes", "full"):
+            raise ValueError(f"bench mode must be shapes or full, got {self.mode!r}")
+        if not 0 <= self.margin < 1:
+            raise ValueError(f"margin must be in [0, 1), got {self.margin}")
 
     @property
     def chooses(self) -> bool:
@@ -96,6 +113,9 @@ class SpeedOptions:
             "accuracy_levels": list(self.levels),
             "block_sizes": list(self.block_sizes),
             "min_gain": self.min_gain,
+            "mode": self.mode,
+            "cache": self.cache,
+            "margin": self.margin,
         }
 
 

@@ -1,0 +1,279 @@
+"""The speed side of the quantization choices: what each layer's precision costs on this CPU.
+
+The costs come from :mod:`onnx_conv2matmul.speed.costs` (each kernel timed at the model's own
+weight shapes and activation rows, cached per machine). This module turns them into decisions:
+
+- :func:`model_layers`: the model's quantizable MatMuls, their weight shapes and their activation
+  rows at the bench lengths (from onnx's shape inference on the original at each length; a
+  MatMul the rewrite made, whose input the original lacks, takes the rows most layers have).
+- :func:`rank_kernels`: the block size and accuracy level that make the model's MatMuls fastest
+  (one setting for every layer), chosen before any quantization, so the model is quantized once.
+- :class:`SpeedFilter`: the search's hook (:func:`onnx_conv2matmul.quantize.search.search`). A
+  layer may take a setting only when float, always a choice and the most accurate, is not
+  faster than it by more than the margin; so the search never spends its accuracy budget on a
+  precision that is slower than float for that layer (a layer that cannot stay 4-bit goes to
+  float where 8 bits is slower, to 8 bits only where 8 bits was measured faster), and the model
+  it returns, the smallest that meets the floor among the settings left, runs every layer no
+  slower than float by more than the margin. A setting is not dropped for being slower than
+  another quantized one: that would trade size for speed layer by layer on timings of a few
+  milliseconds; the uniform setting's block size and level are chosen for speed
+  (:func:`rank_kernels`) and the whole result is timed against the original.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from onnx_conv2matmul.speed.choose import DEFAULT_MARGIN
+from onnx_conv2matmul.speed.costs import FLOAT_KERNEL, Kernel, KernelCosts, Layer, model_cost, relative
+
+
+def rows_by_value(src: str, lengths: Sequence[int]) -> dict[str, tuple[int, ...]]:
+    """Per value of the original model at ``src``: its rows (all dims but the last multiplied)
+    at each length, by shape inference with batch 1 and every other symbolic input dim
+    at the length. Values whose shape stays unknown are left out."""
+    import onnx
+
+    base = onnx.load(src, load_external_data=False)
+    _external_as_inputs(base)
+    found: dict[str, list[int | None]] = {}
+    for index, length in enumerate(lengths):
+        model = onnx.ModelProto()
+        model.CopyFrom(base)
+        initializers = {t.name for t in model.graph.initializer}
+        for value in model.graph.input:
+            if value.name in initializers:
+                continue
+            for axis, dim in enumerate(value.type.tensor_type.shape.dim):
+                if not dim.HasField("dim_value"):
+                    dim.dim_value = 1 if axis == 0 else length
+        inferred = _infer(model)
+        if inferred is None:
+            continue
+        for value in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]:
+            dims = value.type.tensor_type.shape.dim
+            rows: int | None = 1
+            if not dims:
+                rows = None
+            for dim in list(dims)[:-1]:
+                if not dim.HasField("dim_value") or rows is None:
+                    rows = None
+                    break
+                rows *= dim.dim_value
+            found.setdefault(value.name, [None] * len(lengths))[index] = rows
+    return {name: tuple(r for r in rows if r is not None) for name, rows in found.items() if None not in rows}
+
+
+def _external_as_inputs(model: Any) -> None:
+    """Turn the initializers whose data lies in external files (not loaded) into graph inputs of
+    the same type and shape: shape inference needs their shapes, never their values (the small
+    constants that shapes are computed from stay in the file)."""
+    from onnx import TensorProto, helper
+
+    kept, moved = [], []
+    for tensor in model.graph.initializer:
+        if tensor.data_location == TensorProto.EXTERNAL:
+            moved.append(helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims)))
+        else:
+            kept.append(tensor)
+    if moved:
+        del model.graph.initializer[:]
+        model.graph.initializer.extend(kept)
+        model.graph.input.extend(moved)
+
+
+def _infer(model: Any) -> Any:
+    """``model`` with its shapes inferred: by onnxruntime's symbolic shape inference, which follows
+    the arithmetic of lengths (strided convolutions, reshapes), else by onnx's; None when both fail."""
+    import onnx
+
+    try:
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+        return SymbolicShapeInference.infer_shapes(model, auto_merge=True, guess_output_rank=True)
+    except Exception:  # a tool of onnxruntime's that gives up on some graphs
+        pass
+    try:
+        return onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except Exception:  # the fallback rows then
+        return None
+
+
+def cached_rows(src: str, lengths: Sequence[int], folder: str | None) -> dict[str, tuple[int, ...]]:
+    """:func:`rows_by_value`, kept in ``folder`` (None: not kept) under the hash of the ``.onnx``
+    file and the lengths: shape inference of a large graph takes seconds, a second run nothing."""
+    import hashlib
+    import json
+    import os
+
+    if folder is None:
+        return rows_by_value(src, lengths)
+    with open(src, "rb") as file:
+        digest = hashlib.sha256(file.read()).hexdigest()[:32]
+    path = os.path.join(folder, f"{digest}-{'-'.join(map(str, lengths))}.json")
+    try:
+        with open(path, encoding="utf-8") as file:
+            return {name: tuple(rows) for name, rows in json.load(file).items()}
+    except (OSError, ValueError, TypeError, AttributeError):
+        pass
+    found = rows_by_value(src, lengths)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        temporary = f"{path}.{os.getpid()}.tmp"
+        with open(temporary, "w", encoding="utf-8") as file:
+            json.dump(found, file)
+        os.replace(temporary, path)
+    except OSError:
+        pass
+    return found
+
+
+def model_layers(
+    model: Any, src: str, lengths: Sequence[int], selects: Any = None, *, cache: str | None = None
+) -> list[Layer]:
+    """The quantizable MatMuls of ``model`` (an ``ir.Model``, rewritten) with their rows at
+    ``lengths`` (see the module's description); ``selects(name)`` filters by name; ``cache``: a
+    folder where the original's rows are kept (see :func:`cached_rows`)."""
+    from onnx_conv2matmul.quantize.nbits import _constant_2d_weight
+    from onnx_conv2matmul.quantize.search_result import _graphs
+
+    known = cached_rows(src, lengths, cache)
+    pending: list[tuple[str, int, int, tuple[int, ...] | None]] = []
+    for graph, _ in _graphs(model):
+        for node in graph:
+            b = _constant_2d_weight(node)
+            name = node.name or ""
+            if b is None or (selects is not None and not selects(name)):
+                continue
+            k, n = (int(d) for d in b.const_value.shape.numpy())  # type: ignore[union-attr]
+            a = node.inputs[0]
+            rows = known.get(a.name or "") if a is not None else None
+            pending.append((name, k, n, rows))
+    common = Counter(rows for *_, rows in pending if rows is not None).most_common(1)
+    fallback = common[0][0] if common else tuple(lengths)
+    return [Layer(name, k, n, rows or fallback) for name, k, n, rows in pending]
+
+
+@dataclasses.dataclass(frozen=True)
+class RankedKernel:
+    """One setting for every layer: its MatMuls' milliseconds per length, and against float."""
+
+    kernel: Kernel
+    cost_ms: tuple[float, ...]
+    relative: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "bits": self.kernel.bits,
+            "block_size": self.kernel.block_size,
+            "accuracy_level": self.kernel.accuracy_level,
+            "cost_ms": list(self.cost_ms),
+            "x_float": self.relative,
+        }
+
+
+def rank_kernels(
+    costs: KernelCosts,
+    layers: Sequence[Layer],
+    block_sizes: Sequence[int],
+    levels: Sequence[int],
+    *,
+    bits: int = 4,
+    min_gain: float = 0.02,
+) -> tuple[int, list[RankedKernel], tuple[float, ...]]:
+    """Every (block size, level) with ``bits`` on every layer, most accurate first (small blocks,
+    level 0), and the index of the one to use: the fastest, where a later one must be faster
+    than the one it replaces by more than ``min_gain``. Also the float MatMuls' cost."""
+    kernels = [Kernel(bits, block, level) for block in block_sizes for level in levels]
+    costs.prefetch(layers, [FLOAT_KERNEL, *kernels])
+    floats = model_cost(costs, layers, FLOAT_KERNEL)
+    ranked = []
+    for block in block_sizes:
+        for level in levels:
+            kernel = Kernel(bits, block, level)
+            cost = model_cost(costs, layers, kernel)
+            ranked.append(RankedKernel(kernel, cost, relative(cost, floats)))
+    best = 0
+    for index in range(1, len(ranked)):
+        if ranked[index].relative < ranked[best].relative * (1 - min_gain):
+            best = index
+    return best, ranked, floats
+
+
+@dataclasses.dataclass
+class SpeedFilter:
+    """The search's hook: drops every layer's settings that float beats on speed by more than
+    ``margin`` (see the module's description), and records why.
+
+    Called with the search's nodes (their ``options`` by setting: ``(error, bytes)``; float is
+    error 0 at ``float_bytes``) once their errors are measured.
+    """
+
+    costs: KernelCosts
+    layers: Mapping[str, Layer]
+    accuracy_level: int
+    margin: float = DEFAULT_MARGIN
+    dropped: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    """Per setting label: the layers it was dropped from."""
+    to_float: list[str] = dataclasses.field(default_factory=list)
+    """Layers where even the smallest setting is slower than float: float only."""
+
+    def kernel(self, setting: Any) -> Kernel:
+        if setting.bits is None:
+            return FLOAT_KERNEL
+        return Kernel(setting.bits, setting.block_size, self.accuracy_level)
+
+    def layer_cost(self, layer: Layer, setting: Any) -> float:
+        cost = model_cost(self.costs, [layer], self.kernel(setting))
+        return sum(cost)
+
+    def __call__(self, nodes: Sequence[Any]) -> None:
+        settings = {s for node in nodes for s in node.options}
+        kernels = [FLOAT_KERNEL, *sorted({self.kernel(s) for s in settings}, key=lambda k: k.key)]
+        self.costs.prefetch([self.layers[n.name] for n in nodes if n.name in self.layers], kernels)
+        for node in nodes:
+            layer = self.layers.get(node.name)
+            if layer is None or not node.options:
+                continue
+            float_cost = self.layer_cost(layer, _FloatSetting())
+            options = {s: (e, b, self.layer_cost(layer, s)) for s, (e, b) in node.options.items()}
+            for setting, (_, _, cost) in options.items():
+                if cost > float_cost * (1 + self.margin):
+                    del node.options[setting]
+                    self.dropped.setdefault(setting.label, []).append(node.name)
+            if not node.options:
+                self.to_float.append(node.name)
+        self.costs.save()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "accuracy_level": self.accuracy_level,
+            "margin": self.margin,
+            "dropped": {label: len(names) for label, names in sorted(self.dropped.items())},
+            "float_only": list(self.to_float),
+        }
+
+    def summary(self) -> str:
+        """What the search was kept from trading, and why, in a sentence."""
+        if not self.dropped:
+            return (
+                "every setting the search may choose runs no slower than float"
+                f" (within {self.margin:.0%}) on this CPU"
+            )
+        parts = [f"{label} on {len(names)} layers" for label, names in sorted(self.dropped.items())]
+        text = (
+            f"not offered to the search, as float runs faster by more than {self.margin:.0%} on"
+            " this CPU (more accuracy from float costs no speed there): " + ", ".join(parts)
+        )
+        if self.to_float:
+            text += f"; {len(self.to_float)} layers run fastest in float and stay float"
+        return text
+
+
+@dataclasses.dataclass(frozen=True)
+class _FloatSetting:
+    bits: None = None
+    block_size: int = 0

@@ -1,0 +1,274 @@
+"""Kernel costs at the model's weight shapes (speed/costs.py) and what the search and the kernel
+choice make of them (quantize/speed_objective.py), on fake machines: a fake clock and fake
+sessions whose runs cost what the test says, so no test depends on how fast anything runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+
+from onnx_conv2matmul.quantize import search as auto_search
+from onnx_conv2matmul.quantize.options import AutoOptions, Setting
+from onnx_conv2matmul.quantize.search import synthesised_feeds
+from onnx_conv2matmul.quantize.sensitivity import _Node
+from onnx_conv2matmul.quantize.speed_objective import SpeedFilter, model_layers, rank_kernels
+from onnx_conv2matmul.rewrite.options import ConvertOptions
+from onnx_conv2matmul.rewrite.passes import rewrite_model
+from onnx_conv2matmul.speed.costs import (
+    FLOAT_KERNEL,
+    Kernel,
+    KernelCosts,
+    Layer,
+    cache_path,
+    kernel_model,
+    model_cost,
+)
+from onnx_conv2matmul.verify.check import VerifyOptions
+from speed_fakes import FakeClock, KernelMachine, int8_machine
+
+DATA = Path(__file__).parent / "data"
+ENCODER = DATA / "conformer_small.onnx"
+INT8_SLOW = int8_machine(int8_factor=3.0)
+"""As measured on an AVX-512 Xeon: 8-bit MatMulNBits slower than the float MatMul."""
+INT8_FAST = int8_machine(int8_factor=0.6)
+
+
+def _costs(cost=INT8_SLOW, path: Path | None = None, **kwargs: object) -> tuple[KernelCosts, KernelMachine]:  # type: ignore[no-untyped-def]
+    clock = FakeClock()
+    machine = KernelMachine(clock, cost)
+    costs = KernelCosts(
+        None if path is None else str(path),
+        clock=clock,
+        session_factory=machine,
+        **kwargs,  # type: ignore[arg-type]
+    )
+    return costs, machine
+
+
+LAYERS = [
+    Layer("a", 64, 128, (25, 125)),
+    Layer("b", 128, 64, (25, 125)),
+    Layer("c", 64, 128, (25, 125)),  # the shape of "a": measured once
+]
+
+
+def test_each_shape_is_timed_once_in_its_own_session_and_added_up(tmp_path: Path) -> None:
+    costs, machine = _costs()
+    total = model_cost(costs, LAYERS, Kernel(4, 64, 0))
+    assert machine.opened == ["int4-b64-l0-64x128.onnx", "int4-b64-l0-128x64.onnx"]
+    one = [INT8_SLOW("int4-b64-l0", 64, 128, rows) for rows in (25, 125)]
+    other = [INT8_SLOW("int4-b64-l0", 128, 64, rows) for rows in (25, 125)]
+    assert total == pytest.approx(tuple(2 * a + b for a, b in zip(one, other, strict=True)))
+    assert costs.measured == 4  # two shapes at two row counts
+    floats = model_cost(costs, LAYERS, FLOAT_KERNEL)
+    assert floats == pytest.approx(tuple(3 * 64 * 128 * r / 1e6 for r in (25, 125)))
+
+
+def test_the_kernels_of_a_shape_are_timed_in_interleaved_rounds() -> None:
+    costs, machine = _costs(runs=4, warmup=1)
+    costs.prefetch(LAYERS[:1], [FLOAT_KERNEL, Kernel(4, 64, 4)])
+    timed = [key for key, rows in machine.runs if rows == 25][2:]  # after one warm-up run each
+    assert timed == [
+        "float",
+        "int4-b64-l4",
+        "int4-b64-l4",
+        "float",
+        "float",
+        "int4-b64-l4",
+        "int4-b64-l4",
+        "float",
+    ]
+    assert costs.cost(64, 128, FLOAT_KERNEL, 125) == pytest.approx(INT8_SLOW("float", 64, 128, 125))
+    assert costs.measured == 4
+
+
+def test_costs_are_kept_per_machine_and_read_back(tmp_path: Path) -> None:
+    path = tmp_path / "costs.json"
+    costs, _machine = _costs(path=path)
+    first = model_cost(costs, LAYERS, Kernel(8, 128, 4))
+    costs.save()
+    assert json.loads(path.read_text())["version"] == 1
+    again, machine2 = _costs(path=path)
+    assert model_cost(again, LAYERS, Kernel(8, 128, 4)) == first
+    assert machine2.opened == [] and again.measured == 0 and again.from_cache > 0
+    ignored, machine3 = _costs(path=path, read_cache=False)  # --no-bench-cache
+    model_cost(ignored, LAYERS, Kernel(8, 128, 4))
+    assert len(machine3.opened) == 2
+    path.write_text("{not json")
+    broken, machine4 = _costs(path=path)
+    model_cost(broken, LAYERS, Kernel(8, 128, 4))
+    assert len(machine4.opened) == 2, "a damaged cache is measured again"
+
+
+def test_the_cache_lives_in_the_xdg_cache_folder(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import onnxruntime as ort
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    path = Path(cache_path())
+    assert path.parent == tmp_path / "onnx-conv2matmul" / "kernel-costs"
+    assert ort.__version__.replace("+", "_") in path.name
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert Path(cache_path()).is_relative_to(tmp_path / "home" / ".cache" / "onnx-conv2matmul")
+
+
+@pytest.mark.parametrize("kernel", [FLOAT_KERNEL, Kernel(4, 32, 0), Kernel(8, 64, 4), Kernel(4, 256, 4)])
+def test_kernel_models_compute_x_times_their_weight(kernel: Kernel) -> None:
+    """The timed models are real: onnxruntime runs them at any row count."""
+    import onnxruntime as ort
+
+    model = kernel_model(96, 40, kernel)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for rows in (1, 7):
+        (y,) = session.run(None, {"x": np.ones((rows, 96), np.float32)})
+        assert y.shape == (rows, 40) and np.isfinite(y).all()
+
+
+def test_rank_kernels_takes_the_cheapest_unless_the_gain_is_small() -> None:
+    costs, _ = _costs()
+    winner, ranked, _floats = rank_kernels(costs, LAYERS, (64, 128, 256), (0, 4), min_gain=0.02)
+    assert [(r.kernel.block_size, r.kernel.accuracy_level) for r in ranked][winner] == (256, 4)
+    assert all(r.relative < 1 for r in ranked)  # 4 bits beat float on this machine
+    # a min_gain larger than any difference keeps the most accurate (the first)
+    winner, _, _ = rank_kernels(costs, LAYERS, (64, 128, 256), (0, 4), min_gain=0.5)
+    assert winner == 0
+
+
+def _node(name: str = "a") -> _Node:
+    node = _Node(name, None, 64, 128, 64 * 128 * 4)
+    node.options = {
+        Setting(4, 128, True): (0.02, 1000),
+        Setting(4, 32, False): (0.01, 1500),
+        Setting(8, 64, True): (0.0001, 2200),
+    }
+    return node
+
+
+def test_int8_slow_machine_offers_no_8_bits_and_says_why() -> None:
+    costs, _ = _costs(INT8_SLOW)
+    speed = SpeedFilter(costs, {layer.name: layer for layer in LAYERS}, accuracy_level=4)
+    node = _node()
+    speed([node])
+    assert [s.bits for s in node.options] == [4, 4]
+    # a layer that cannot stay 4-bit goes to float: more accuracy than 4 bits is float's
+    assert node.choose(1e9)[0].bits is None
+    assert speed.dropped == {"int8 block 64 symmetric": ["a"]}
+    assert "int8 block 64 symmetric on 1 layers" in speed.summary()
+
+
+def test_int8_fast_machine_keeps_8_bits() -> None:
+    costs, _ = _costs(INT8_FAST)
+    speed = SpeedFilter(costs, {layer.name: layer for layer in LAYERS}, accuracy_level=4)
+    node = _node()
+    speed([node])
+    assert [s.bits for s in node.options] == [4, 4, 8]
+    assert node.choose(1e6)[0].bits == 8 and not speed.dropped
+
+
+def test_a_layer_slower_than_float_in_every_setting_stays_float() -> None:
+    costs, _ = _costs(int8_machine(int8_factor=2.0, int4_factor=1.5))
+    speed = SpeedFilter(costs, {"a": LAYERS[0]}, accuracy_level=0)
+    node = _node()
+    speed([node])
+    assert node.options == {} and speed.to_float == ["a"]
+    assert node.choose(0.0)[0].bits is None
+
+
+def test_a_setting_within_the_margin_stays() -> None:
+    """4 bits at 1.03x float: within the 5% margin, so the smaller model is kept."""
+    costs, _ = _costs(int8_machine(int8_factor=3.0, int4_factor=1.03 / (1 - 128 / 2048)))
+    speed = SpeedFilter(costs, {"a": LAYERS[0]}, accuracy_level=0, margin=0.05)
+    node = _node()
+    speed([node])
+    assert Setting(4, 128, True) in node.options
+
+
+def test_layers_take_their_rows_from_the_original(tmp_path: Path) -> None:
+    model = ir.load(ENCODER)
+    rewrite_model(model, ConvertOptions(extended=True, allow_non_unit_dilation=True))
+    layers = model_layers(model, str(ENCODER), (200, 1000))
+    assert len(layers) == len({layer.name for layer in layers}) > 0
+    rows = {layer.rows for layer in layers}
+    assert (25, 125) in rows  # the encoder subsamples by 8
+    assert (49, 249) in rows  # relative positions: 2T - 1
+
+
+@pytest.mark.parametrize(("machine", "eight_bits"), [(INT8_SLOW, False), (INT8_FAST, True)])
+def test_the_search_spends_no_accuracy_on_slow_precisions(tmp_path: Path, machine, eight_bits: bool) -> None:  # type: ignore[no-untyped-def]
+    """A tight floor the 4-bit settings cannot meet alone: on the int8-slow machine the search
+    reaches it with float layers, on the int8-fast one with 8-bit layers."""
+    model = ir.load(ENCODER)
+    rewrite_model(model, ConvertOptions(extended=True, allow_non_unit_dilation=True))
+    verify = VerifyOptions(lengths=(64, 97))
+    layers = model_layers(model, str(ENCODER), (64, 97))
+    costs, _ = _costs(machine)
+    speed = SpeedFilter(costs, {layer.name: layer for layer in layers}, accuracy_level=0)
+    feeds = synthesised_feeds(str(ENCODER), verify)
+    options = AutoOptions(min_cosine=0.9999)
+    result = auto_search.search(model, feeds, options, str(tmp_path), speed_filter=speed)
+    bits = {choice.setting.bits for choice in result.choices}
+    assert (8 in bits) == eight_bits
+    assert 4 in bits and result.reached_cosine >= 0.9999
+    if not eight_bits:
+        assert None in bits and speed.dropped
+
+
+def test_kernel_model_is_valid() -> None:
+    onnx.checker.check_model(kernel_model(32, 16, Kernel(4, 16, 4)))
+
+
+def _level_cost(path: str, length: int) -> float:
+    """Whole-model milliseconds on a fake machine where level 4 is slower than the original and
+    level 0 faster: the original 10, MatMulNBits at level 0 5, at level 4 20."""
+    model = onnx.load(path, load_external_data=False)
+    levels = {
+        next((a.i for a in node.attribute if a.name == "accuracy_level"), 0)
+        for node in model.graph.node
+        if node.op_type == "MatMulNBits"
+    }
+    if not levels:
+        return 10.0
+    return 20.0 if 4 in levels else 5.0
+
+
+def test_a_default_result_slower_than_the_original_is_not_handed_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernel costs choose level 4; the whole model then measures slower than the original:
+    the other level is checked and timed, and the faster one is written, with a warning."""
+    from onnx_conv2matmul.quantize.options import resolve
+    from onnx_conv2matmul.quantize.workflow import quantize_file
+    from onnx_conv2matmul.speed import costs as costs_module
+    from onnx_conv2matmul.speed import timing
+    from speed_fakes import Sessions
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # this fake machine's costs only
+    kernel_clock = FakeClock()
+    monkeypatch.setattr(costs_module, "_default_clock", kernel_clock)
+    monkeypatch.setattr(costs_module, "timed_session", KernelMachine(kernel_clock, INT8_SLOW))
+    clock = FakeClock()
+    sessions = Sessions(clock, _level_cost, real=True)
+    monkeypatch.setattr(timing, "_default_clock", clock)
+    monkeypatch.setattr(timing, "timed_session", sessions)
+    speed = resolve({}, bench_lengths=(40, 120), bench_rounds=3).speed
+    report = quantize_file(
+        ENCODER, tmp_path / "q.onnx", verify=VerifyOptions(lengths=(64, 97), min_cosine=0.9), speed=speed
+    )
+    assert report.kernel_plan is not None
+    chosen = report.kernel_plan.ranked[report.kernel_plan.winner].kernel
+    assert chosen.accuracy_level == 4
+    assert report.kernel_choice is not None and report.kernel_choice["accuracy_level"] == 0
+    assert report.options["quantize"]["accuracy_level"] == 0
+    levels = {
+        next((a.i for a in node.attribute if a.name == "accuracy_level"), 0)
+        for node in onnx.load(tmp_path / "q.onnx").graph.node
+        if node.op_type == "MatMulNBits"
+    }
+    assert levels == {0}
+    assert any("other accuracy levels were checked and timed" in w for w in report.warnings)
+    assert all(lat["ratio"] < 1 for lat in report.latency["result"])  # type: ignore[index]
