@@ -47,7 +47,7 @@ from contextlib import AbstractContextManager
 import onnx
 
 from onnx_conv2matmul.errors import DestinationBusy, InputError
-from onnx_conv2matmul.files.load import usual_mode
+from onnx_conv2matmul.files.modes import usual_mode
 from onnx_conv2matmul.files.paths import data_files
 
 _JOURNAL = "obsolete.json"
