@@ -13,7 +13,7 @@ import stat
 import tempfile
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import onnx
 from google.protobuf.message import DecodeError
@@ -23,18 +23,19 @@ from onnx_conv2matmul.files.modes import usual_mode
 from onnx_conv2matmul.files.paths import contained_location, model_tensors
 
 if TYPE_CHECKING:  # imported where used: loading parses and starts the copy before importing onnx-ir
+    from typing import Protocol
+
     import onnx_ir as ir
 
     from onnx_conv2matmul.files.progress import Progress
 
+    class Prefetcher(Protocol):
+        """What :func:`load_input` asks of the output being written (an
+        :class:`onnx_conv2matmul.files.output.Output`; naming it here would close a circle)."""
 
-class Prefetcher(Protocol):
-    """What :func:`load_input` asks of the output being written
-    (:class:`onnx_conv2matmul.files.output.Output`, which imports this module)."""
+        def prefetch(self, proto: onnx.ModelProto, base_dir: str) -> None: ...
 
-    def prefetch(self, proto: onnx.ModelProto, base_dir: str) -> None: ...
-
-    def protect(self, paths: list[str]) -> None: ...
+        def protect(self, paths: list[str]) -> None: ...
 
 
 # Above this size a single-file model cannot be serialized (protobuf limit is 2 GiB).
