@@ -44,6 +44,9 @@ mkdir -p "$tree"
 done | xargs -0 cp -p --parents -t "$tree")
 
 cd "$tree"
+# Made before Python starts: a PYTHONPATH entry that does not exist yet at the first import is
+# remembered as "no finder" and never looked in again, mutmut's own sys.path entry included.
+mkdir -p mutants/src
 status=0
 env -u PYTHONHOME \
     PATH="$venv/bin:$PATH" \
