@@ -13,6 +13,9 @@
 #   or not, of this or another checkout can be imported instead of the mutated one;
 # - PYTHONPATH is .mutation/tree/mutants/src only, so the tests that run the tool in a
 #   subprocess import the copy under test too; user site-packages are off.
+# MUTATION_TESTS="tests/test_a.py tests/test_b.py" narrows the tests to those files, for this run
+# (the copy's pyproject.toml is changed, not yours): quicker, and a mutant that survives them may
+# still be killed by the whole selection, so its scores are lower bounds.
 # MUTATION_DIR moves .mutation/; MUTATION_CHILDREN (default 2) caps mutmut's workers;
 # MUTATION_REINSTALL=1 remakes the environment. Runs under nice -n 19 with the hypothesis
 # profile `mutation` (tests/conftest.py), then prints the score per module
@@ -44,6 +47,24 @@ mkdir -p "$tree"
 done | xargs -0 cp -p --parents -t "$tree")
 
 cd "$tree"
+if [[ -n "${MUTATION_TESTS:-}" ]]; then
+    MUTATION_TESTS="$MUTATION_TESTS" "$venv/bin/python" - <<'PY'
+import os
+import re
+from pathlib import Path
+
+path = Path("pyproject.toml")
+files = ", ".join(f'"{name}"' for name in os.environ["MUTATION_TESTS"].split())
+text, count = re.subn(
+    r"pytest_add_cli_args_test_selection = \[.*?\]",
+    f"pytest_add_cli_args_test_selection = [{files}]",
+    path.read_text(),
+    flags=re.S,
+)
+assert count == 1, "no pytest_add_cli_args_test_selection in pyproject.toml"
+path.write_text(text)
+PY
+fi
 # Made before Python starts: a PYTHONPATH entry that does not exist yet at the first import is
 # remembered as "no finder" and never looked in again, mutmut's own sys.path entry included.
 mkdir -p mutants/src
