@@ -7,8 +7,9 @@ MUTANTS_DIR: where mutmut wrote its results; by default ``mutants/`` when there 
 their paths in the package (``rewrite/analysis``); ``rewrite/`` is also totalled.
 
 ``score`` is killed / total; ``non-eq`` is killed / (total - the equivalent mutants listed
-in EQUIVALENT below that the run did not kill). ``--survivors`` lists every mutant not
-killed, marked ``equivalent`` when it is in EQUIVALENT.
+in EQUIVALENT below that the run did not kill); ``of run`` is killed / the mutants that have a
+verdict (a run stopped early leaves the others "not checked"). ``--survivors`` lists every
+mutant not killed, marked ``equivalent`` when it is in EQUIVALENT.
 """
 
 from __future__ import annotations
@@ -141,7 +142,9 @@ def _row(name: str, codes: dict[str, int | None]) -> tuple[str, list[str]]:
     score = 100 * killed / len(codes) if codes else 0.0
     relevant = len(codes) - len(equivalent)
     non_eq = 100 * killed / relevant if relevant else 100.0
-    counts = f"{killed:>7} {len(codes):>6} {score:>6.1f}% {len(equivalent):>6} {non_eq:>6.1f}%"
+    checked = sum(code is not None for code in codes.values())
+    of_run = f"{100 * killed / checked:>6.1f}%" if checked else "      -"
+    counts = f"{killed:>7} {len(codes):>6} {score:>6.1f}% {len(equivalent):>6} {non_eq:>6.1f}% {of_run}"
     return f"{name:<17} {counts}  {rest}", equivalent
 
 
@@ -151,7 +154,8 @@ def main() -> int:
     root = Path(args[0]) if args else Path("mutants")
     if not args and not root.is_dir():
         root = Path(".mutation/tree/mutants")
-    print(f"{'module':<17} {'killed':>7} {'total':>6} {'score':>7} {'equiv':>6} {'non-eq':>7}  other")
+    head = f"{'killed':>7} {'total':>6} {'score':>7} {'equiv':>6} {'non-eq':>7} {'of run':>7}"
+    print(f"{'module':<17} {head}  other")
     found = {}
     for module in MODULES:
         codes = _codes(root, module)
