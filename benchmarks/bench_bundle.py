@@ -49,7 +49,7 @@ import onnxruntime as ort
 
 from _timing import interleaved_latency, ratio_interval, ratio_of_medians, timed_session
 from onnx_conv2matmul._graphs import count_op
-from onnx_conv2matmul.quantize.workflow import bundle_sizes
+from onnx_conv2matmul.bundle.listing import bundle_sizes
 from onnx_conv2matmul.verify.check import VerifyOptions, verify_models
 
 DEFAULT_CACHE = Path.home() / ".cache" / "onnx-conv2matmul-bench"

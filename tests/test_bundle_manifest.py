@@ -13,8 +13,8 @@ import pytest
 from click.testing import CliRunner
 
 from helpers import matmul_model, no_bench
+from onnx_conv2matmul.bundle import listing
 from onnx_conv2matmul.cli.app import main
-from onnx_conv2matmul.quantize import workflow as pipeline
 
 SCHEMA = json.loads((Path(__file__).resolve().parent.parent / "schema" / "report.schema.json").read_text())
 
@@ -82,7 +82,7 @@ def test_manifest_refuses_a_bad_report_and_a_model_path(tmp_path: Path) -> None:
 def test_streamed_sha256(tmp_path: Path, size: int) -> None:
     path = tmp_path / "f.bin"
     path.write_bytes(bytes(range(256)) * (size // 256) + bytes(size % 256))
-    entry = pipeline._file_entry(str(tmp_path), "f.bin")
+    entry = listing._file_entry(str(tmp_path), "f.bin")
     assert entry == {"path": "f.bin", "bytes": size, "sha256": _sha256(path)}
 
 

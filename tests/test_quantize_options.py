@@ -449,6 +449,7 @@ def test_resolve_names_the_conflicting_options_by_field(
     from onnx_conv2matmul.errors import OptionConflict
     from onnx_conv2matmul.quantize.options import resolve
 
+    kwargs = dict(kwargs)  # the parameters are shared by every run of the test in this process
     given = kwargs.pop("given", None)
     with pytest.raises(OptionConflict) as info:
         resolve(given, **kwargs)

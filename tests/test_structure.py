@@ -1,4 +1,5 @@
-"""The package's shape: no import circle at run time, stage folders that import only downward."""
+"""The package's shape: no import circle (between stages or inside one, counting the imports made
+for type annotations only), stage folders that import only downward at run time."""
 
 from __future__ import annotations
 
@@ -25,12 +26,13 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
-def _runtime_imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
-    """Every import statement that runs (at import or in a call), not those under TYPE_CHECKING."""
+def _runtime_imports(tree: ast.AST, *, typing: bool = False) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement that runs (at import or in a call), and with ``typing`` those under
+    TYPE_CHECKING too."""
     found: list[ast.Import | ast.ImportFrom] = []
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _is_type_checking(node.test):
+        if not typing and isinstance(node, ast.If) and _is_type_checking(node.test):
             for child in node.orelse:
                 visit(child)
             return
@@ -43,13 +45,14 @@ def _runtime_imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
     return found
 
 
-def imports_of(module: str) -> set[str]:
-    """The package's modules that ``module`` imports at run time (a package's names resolve to its
-    ``__init__``, a submodule named in ``from pkg import sub`` to the submodule)."""
+def imports_of(module: str, *, typing: bool = False) -> set[str]:
+    """The package's modules that ``module`` imports at run time, and with ``typing`` for type
+    annotations too (a package's names resolve to its ``__init__``, a submodule named in
+    ``from pkg import sub`` to the submodule)."""
     path = MODULES[module]
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     targets: set[str] = set()
-    for node in _runtime_imports(ast.parse(path.read_text())):
+    for node in _runtime_imports(ast.parse(path.read_text()), typing=typing):
         if isinstance(node, ast.Import):
             targets.update(a.name for a in node.names if a.name in MODULES)
             continue
@@ -67,7 +70,15 @@ def imports_of(module: str) -> set[str]:
 
 
 def _circles() -> list[list[str]]:
-    graph = {m: imports_of(m) for m in MODULES}
+    """The import circles between the package's modules, an import for type annotations only
+    counting as one that runs: a circle of types is still two modules that cannot be read (or
+    moved) apart, and the next import that runs closes it."""
+    return find_circles({m: imports_of(m, typing=True) for m in MODULES})
+
+
+def find_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One circle (its first node repeated at the end) for each edge closing one in a
+    depth-first walk of ``graph``; none when the graph has none."""
     circles: list[list[str]] = []
     state: dict[str, int] = {}
     stack: list[str] = []
@@ -75,7 +86,7 @@ def _circles() -> list[list[str]]:
     def visit(node: str) -> None:
         state[node] = 1
         stack.append(node)
-        for nxt in sorted(graph[node]):
+        for nxt in sorted(graph.get(node, set())):
             if state.get(nxt) == 1:
                 circles.append([*stack[stack.index(nxt) :], nxt])
             elif nxt not in state:
@@ -95,7 +106,7 @@ def test_no_import_circle() -> None:
 
 def test_the_check_finds_a_circle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The reader itself: two modules importing each other (one inside a function) are a circle;
-    an import under TYPE_CHECKING is not."""
+    an import under TYPE_CHECKING is not one that runs."""
     (tmp_path / "a.py").write_text("from onnx_conv2matmul import b\n")
     (tmp_path / "b.py").write_text("def f():\n    from onnx_conv2matmul.a import x\n")
     (tmp_path / "c.py").write_text(
@@ -106,8 +117,40 @@ def test_the_check_finds_a_circle(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(f"{__name__}.MODULES", fake)
     monkeypatch.setattr(f"{__name__}.SRC", tmp_path)
     assert imports_of(f"{PACKAGE}.c") == set()
+    assert imports_of(f"{PACKAGE}.c", typing=True) == {f"{PACKAGE}.a"}
     assert imports_of(f"{PACKAGE}.d") == {f"{PACKAGE}.c"}
     assert _circles() == [[f"{PACKAGE}.a", f"{PACKAGE}.b", f"{PACKAGE}.a"]]
+
+
+def test_the_check_finds_a_circle_inside_a_stage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three modules of one stage folder in a ring (as files/ had: load -> output -> publish ->
+    load), one arrow an import for type annotations only, one a relative import in a function:
+    a circle, though no stage imports another."""
+    stage = tmp_path / "s"
+    stage.mkdir()
+    (stage / "__init__.py").write_text('"""A stage."""\n')
+    (stage / "load.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from onnx_conv2matmul.s.output import O\n"
+    )
+    (stage / "output.py").write_text("from onnx_conv2matmul.s import publish\n")
+    (stage / "publish.py").write_text("def f():\n    from .load import mode\n")
+    (stage / "paths.py").write_text("from . import load\n")
+    fake = {f"{PACKAGE}.s": stage / "__init__.py"} | {
+        f"{PACKAGE}.s.{p.stem}": p for p in stage.glob("*.py") if p.stem != "__init__"
+    }
+    monkeypatch.setattr(f"{__name__}.MODULES", fake)
+    monkeypatch.setattr(f"{__name__}.SRC", tmp_path)
+    ring = [f"{PACKAGE}.s.{n}" for n in ("load", "output", "publish", "load")]
+    assert _circles() == [ring]
+    assert imports_of(f"{PACKAGE}.s.paths") == {f"{PACKAGE}.s.load"}
+
+
+def test_find_circles_on_small_graphs() -> None:
+    assert find_circles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+    assert find_circles({"a": {"a"}}) == [["a", "a"]]
+    assert find_circles({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == []  # a diamond is no circle
+    assert find_circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+    assert find_circles({"x": {"y"}, "y": {"x", "z"}, "z": {"z"}}) == [["x", "y", "x"], ["z", "z"]]
 
 
 # What each stage may import (besides the shared modules at the package's top).
@@ -120,6 +163,11 @@ MAY_IMPORT = {
     "bundle": {"quantize", "rewrite", "verify", "files"},
     "speed": {"verify", "files"},
 }
+
+
+def test_the_stages_themselves_form_no_circle() -> None:
+    graph = {stage: MAY_IMPORT[stage] - {stage} for stage in MAY_IMPORT}
+    assert find_circles(graph) == []
 
 
 @pytest.mark.parametrize("stage", sorted(MAY_IMPORT))

@@ -297,7 +297,7 @@ def check_bundle(directory: str | os.PathLike[str], *, manifest: bool = False) -
     """The models in ``directory`` with their external data, sizes and the total; with
     ``manifest``, every file's size and sha256 and each model's settings and accuracy from the
     ``.report.json`` beside it. ``report.to_dict()`` is the manifest."""
-    from onnx_conv2matmul.quantize.workflow import bundle_report
+    from onnx_conv2matmul.bundle.listing import bundle_report
 
     return bundle_report(os.fspath(directory), manifest=manifest)
 

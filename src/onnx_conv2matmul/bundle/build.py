@@ -34,6 +34,7 @@ import onnx
 
 from onnx_conv2matmul.bundle import layouts, record
 from onnx_conv2matmul.bundle.layouts import Role
+from onnx_conv2matmul.bundle.listing import bundle_report, report_path_for
 from onnx_conv2matmul.bundle.report import BundleBuildReport, BundleFile, BundleModelResult
 from onnx_conv2matmul.bundle.split import split_decoder_joint, verify_split
 from onnx_conv2matmul.errors import InputError
@@ -41,7 +42,7 @@ from onnx_conv2matmul.files import load as _io
 from onnx_conv2matmul.files import output as _output
 from onnx_conv2matmul.files import publish as _publish
 from onnx_conv2matmul.quantize.options import QuantizeOptions
-from onnx_conv2matmul.quantize.workflow import bundle_report, quantize_file, report_path_for
+from onnx_conv2matmul.quantize.workflow import quantize_file
 from onnx_conv2matmul.verify.check import VerifyOptions
 
 if TYPE_CHECKING:

@@ -239,16 +239,18 @@ def apply_options(options: Sequence[Any], func: Callable[..., Any]) -> Callable[
     return func
 
 
-def verify_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    return apply_options(VERIFY_OPTIONS, func)
+def option_group(options: Sequence[Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A decorator that adds ``options`` to a command, in the order listed (in its help too)."""
+
+    def add(func: Callable[..., Any]) -> Callable[..., Any]:
+        return apply_options(options, func)
+
+    return add
 
 
-def rewrite_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    return apply_options(REWRITE_OPTIONS, func)
-
-
-def nbits_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    return apply_options(NBITS_OPTIONS, func)
+verify_options = option_group(VERIFY_OPTIONS)
+rewrite_options = option_group(REWRITE_OPTIONS)
+nbits_options = option_group(NBITS_OPTIONS)
 
 
 def build_rewrite_options(kwargs: dict[str, Any]) -> ConvertOptions:
@@ -317,28 +319,24 @@ def verify_options_from(
     )
 
 
-def bench_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """--bench-lengths and --bench-rounds: how latency is measured (quantize and bench)."""
-    for option in reversed(
-        [
-            click.option(
-                "--bench-lengths",
-                callback=parse_lengths,
-                default=None,
-                metavar="L,L,...",
-                help=(
-                    "Lengths the latency is measured at, batch 1 (every symbolic dim but the batch"
-                    " takes each in turn) [default: 200,1000 for one sequence dim, 224,448 for images,"
-                    " 16,64 for several length dims]."
-                ),
-            ),
-            click.option(
-                "--bench-rounds",
-                type=click.IntRange(min=3),
-                default=None,
-                help="Timed runs of each model at each length, interleaved [default: 10].",
-            ),
-        ]
-    ):
-        func = option(func)
-    return func
+# --bench-lengths and --bench-rounds: how latency is measured (quantize and bench).
+BENCH_OPTIONS = [
+    click.option(
+        "--bench-lengths",
+        callback=parse_lengths,
+        default=None,
+        metavar="L,L,...",
+        help=(
+            "Lengths the latency is measured at, batch 1 (every symbolic dim but the batch"
+            " takes each in turn) [default: 200,1000 for one sequence dim, 224,448 for images,"
+            " 16,64 for several length dims]."
+        ),
+    ),
+    click.option(
+        "--bench-rounds",
+        type=click.IntRange(min=3),
+        default=None,
+        help="Timed runs of each model at each length, interleaved [default: 10].",
+    ),
+]
+bench_options = option_group(BENCH_OPTIONS)

@@ -10,7 +10,6 @@ import contextlib
 import dataclasses
 import math
 import os
-import shutil
 import stat
 import tempfile
 import time
@@ -21,13 +20,24 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from onnx_conv2matmul.errors import CheckerError, Hint, InputError
+from onnx_conv2matmul.files.modes import usual_mode
 from onnx_conv2matmul.files.paths import contained_location, model_tensors
 
 if TYPE_CHECKING:  # imported where used: loading parses and starts the copy before importing onnx-ir
+    from typing import Protocol
+
     import onnx_ir as ir
 
-    from onnx_conv2matmul.files.output import Output
     from onnx_conv2matmul.files.progress import Progress
+
+    class Prefetcher(Protocol):
+        """What :func:`load_input` asks of the output being written (an
+        :class:`onnx_conv2matmul.files.output.Output`; naming it here would close a circle)."""
+
+        def prefetch(self, proto: onnx.ModelProto, base_dir: str) -> None: ...
+
+        def protect(self, paths: list[str]) -> None: ...
+
 
 # Above this size a single-file model cannot be serialized (protobuf limit is 2 GiB).
 SINGLE_FILE_LIMIT_BYTES = 1_900_000_000
@@ -347,31 +357,6 @@ def tensor_bytes(model: ir.Model) -> int:
     return sum(int(t.nbytes) for t in _iter_tensors(model))
 
 
-def _umask() -> int:
-    """The process's umask, read without setting it (setting it, even back, races with other
-    threads creating files): from ``/proc/self/status`` where the kernel shows it, else from the
-    mode a new directory gets."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as status:
-            for line in status:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    probe = tempfile.mkdtemp()  # private (0700): the probe inside it takes the umask as is
-    try:
-        inner = os.path.join(probe, "d")
-        os.mkdir(inner, 0o777)
-        return 0o777 & ~stat.S_IMODE(os.stat(inner).st_mode)
-    finally:
-        shutil.rmtree(probe, ignore_errors=True)
-
-
-def usual_mode(path: str, *, directory: bool = False) -> None:
-    """Give a staged file the mode a plain ``open`` would (temp files are private)."""
-    os.chmod(path, (0o777 if directory else 0o666) & ~_umask())
-
-
 def write_text_atomic(path: str, text: str) -> None:
     """Write a text file (a report) that a reader never sees half written.
 
@@ -439,7 +424,7 @@ def load_input(
     run_checker: bool,
     progress: Progress,
     timings: dict[str, float],
-    output: Output | None = None,
+    output: Prefetcher | None = None,
 ) -> LoadedModel:
     """Load the input and check it before any heavy work (shared by the commands that write).
 

@@ -25,10 +25,10 @@ import onnx
 
 from onnx_conv2matmul.errors import Hint, InputError
 from onnx_conv2matmul.files import datafile as _datafile
-from onnx_conv2matmul.files import load as _io
 from onnx_conv2matmul.files import owned
 from onnx_conv2matmul.files import publish as _publish
 from onnx_conv2matmul.files.datafile import ProgressCallback
+from onnx_conv2matmul.files.modes import usual_mode
 from onnx_conv2matmul.files.ranges import external_ranges
 
 if TYPE_CHECKING:  # imported where used: the copy starts before onnx-ir is imported
@@ -222,7 +222,7 @@ class Staged:
         if self.data_path is not None:
             os.chmod(self.data_path, modes[1])
         owned.mark(self.directory, files=True)
-        _io.usual_mode(self.directory, directory=True)
+        usual_mode(self.directory, directory=True)
         os.replace(self.directory, directory)
         self.directory = ""  # the files now belong to the caller
         return os.path.join(directory, os.path.basename(self.onnx_path))

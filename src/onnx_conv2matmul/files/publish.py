@@ -53,7 +53,7 @@ import onnx
 
 from onnx_conv2matmul.errors import DestinationBusy, InputError
 from onnx_conv2matmul.files import owned
-from onnx_conv2matmul.files.load import usual_mode
+from onnx_conv2matmul.files.modes import usual_mode
 from onnx_conv2matmul.files.paths import data_files
 
 _JOURNAL = "obsolete.json"

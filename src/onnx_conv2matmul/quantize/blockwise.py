@@ -9,6 +9,7 @@ import os
 
 import numpy as np
 
+from onnx_conv2matmul.quantize.logs import matmul_nbits_quantizer
 from onnx_conv2matmul.quantize.options import Setting
 
 
@@ -17,6 +18,7 @@ def block_quantize(weight: np.ndarray, setting: Setting) -> tuple[np.ndarray, np
 
     The zero points are None when symmetric (MatMulNBits then has no such input).
     """
+    matmul_nbits_quantizer()  # first import: the root logger left as it is
     from onnxruntime.quantization.matmul_nbits_quantizer import (
         DefaultWeightOnlyQuantConfig,
         DefaultWeightOnlyQuantizer,

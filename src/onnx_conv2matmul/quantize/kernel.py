@@ -80,10 +80,7 @@ class SpeedOutcome:
         """The report's ``latency`` section: the original's and the result's latencies."""
         original, result = self.timing.models[0], self.timing.models[self.result_index]
         return {
-            "cpu": self.timing.cpu,
-            "lengths": {"used": list(self.timing.lengths), "rule": self.timing.lengths_rule},
-            "options": self.timing.options.to_dict(),
-            "mode": self.timing.mode.value,
+            **self.timing.header(),
             "original": [lat.to_dict() for lat in original.latencies],
             "result": [lat.to_dict() for lat in result.latencies],
         }
@@ -100,12 +97,8 @@ class SpeedOutcome:
 
 
 def measurably_slower(latency: Latency) -> bool:
-    """Slower than the baseline beyond the noise: the ratio's whole 95% interval above 1 (its
-    median alone when there is no interval)."""
-    if latency.ratio is None:
-        return False
-    low = latency.ratio_low if latency.ratio_low is not None else latency.ratio
-    return low > 1
+    """:attr:`~onnx_conv2matmul.speed.timing.Latency.measurably_slower`, the rule's one place."""
+    return latency.measurably_slower
 
 
 def timing_options(speed: SpeedOptions, verify: VerifyOptions, src: str | None = None) -> TimingOptions:

@@ -264,6 +264,9 @@ def _replace(
     cache: BlockCache | None = None,
 ) -> str | None:
     """Quantize one MatMul; why not when the quantizer declined it (the node is unchanged)."""
+    from onnx_conv2matmul.quantize.logs import matmul_nbits_quantizer
+
+    matmul_nbits_quantizer()  # first import: the root logger left as it is
     from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantizer
 
     from onnx_conv2matmul.quantize.weight_only import DeclinedError

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from onnx_conv2matmul.errors import Hint, InputError, ModelRunError
+from onnx_conv2matmul.quantize.logs import matmul_nbits_quantizer
 
 if TYPE_CHECKING:
     # Imported where used: the command line reads ALGORITHMS before anything heavy.
@@ -71,6 +72,7 @@ def node_quantizer(
     """A per-node quantizer for one algorithm and setting (see the module docstring)."""
     from onnxruntime.quantization.quant_utils import QuantFormat
 
+    matmul_nbits_quantizer()  # first import: the root logger left as it is
     if algorithm == "default":
         from onnxruntime.quantization.matmul_nbits_quantizer import (
             DefaultWeightOnlyQuantConfig,

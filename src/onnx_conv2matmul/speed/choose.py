@@ -424,9 +424,7 @@ def choose_kernel(
     if not any(meets):
         warnings.append(f"no candidate meets the accuracy target ({target}): the most accurate is kept")
     for latency in results[winner].latencies or ():
-        # measurably slower: the ratio's whole 95% interval above 1 (the table shows every ratio)
-        low = latency.ratio_low if latency.ratio_low is not None else latency.ratio
-        if latency.ratio is not None and low is not None and low > 1:
+        if latency.measurably_slower:  # the table shows every ratio
             warnings.append(
                 f"{results[winner].candidate.name} is slower than the original at length"
                 f" {latency.length}: {latency.ratio:.2f}x its latency"

@@ -211,6 +211,15 @@ class Latency:
     def max_ms(self) -> float:
         return max(self.samples_ms)
 
+    @property
+    def measurably_slower(self) -> bool:
+        """Slower than the baseline beyond the noise: the ratio's whole 95% interval above 1 (its
+        median alone when there is no interval); never the baseline itself."""
+        if self.ratio is None:
+            return False
+        low = self.ratio_low if self.ratio_low is not None else self.ratio
+        return low > 1
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "length": self.length,
@@ -264,12 +273,19 @@ class TimingReport:
     mode: Mode
     cpu: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def header(self) -> dict[str, Any]:
+        """How the models were timed: the CPU, the options, the lengths and their rule, the mode
+        (the head of this report's JSON and of the quantize report's ``latency``)."""
         return {
             "cpu": self.cpu,
             "options": self.options.to_dict(),
             "lengths": {"used": list(self.lengths), "rule": self.lengths_rule},
             "mode": self.mode.value,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **self.header(),
             "baseline": self.baseline,
             "models": [model.to_dict() for model in self.models],
         }
