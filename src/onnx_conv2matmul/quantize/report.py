@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from onnx_conv2matmul.quantize.options import NodeSetting
     from onnx_conv2matmul.quantize.other_weights import OtherWeightsResult
     from onnx_conv2matmul.quantize.search_result import AutoResult
-    from onnx_conv2matmul.quantize.transposes import TransposeTrade
+    from onnx_conv2matmul.quantize.trade import TransposeTrade
     from onnx_conv2matmul.quantize.unchanged import Unchanged
     from onnx_conv2matmul.rewrite.report import ConvEntry, ConvertReport
     from onnx_conv2matmul.verify.check import VerifyReport

@@ -25,109 +25,22 @@ rewrite options kept (its kernel choice and latency table are those of the model
 from __future__ import annotations
 
 import dataclasses
-import enum
 import math
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from onnx_conv2matmul.quantize.trade import (
+    DEFAULT_MARGIN,
+    MIN_SHARE,
+    Layout,
+    Prefer,
+    TransposeOptions,
+    TransposeTrade,
+)
 from onnx_conv2matmul.rewrite.reasons import SkipReason
 
-MIN_SHARE = 0.01
-"""Convs that add Transposes and hold less than this share of the float weights are not weighed:
-the rewrite leaves them (quantizing them would change the size by less than the noise of a
-measurement changes the latency)."""
-
-DEFAULT_MARGIN = 0.10
-"""By default the model kept may be at most this much slower than the original (a latency ratio
-of at most 1.10, geometric mean over the inputs timed)."""
-
-
-class Prefer(str, enum.Enum):
-    """What the choice of ``--prefer`` favours."""
-
-    SIZE = "size"
-    SPEED = "speed"
-    BALANCED = "balanced"
-
-
-@dataclasses.dataclass(frozen=True)
-class TransposeOptions:
-    """The preference, the margin of the default, and (for tests) the timing's clock and sessions."""
-
-    prefer: Prefer = Prefer.BALANCED
-    margin: float = DEFAULT_MARGIN
-    clock: Callable[[], float] | None = dataclasses.field(default=None, compare=False)
-    session_factory: Any = dataclasses.field(default=None, compare=False)
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.margin < 10:
-            raise ValueError(f"the latency margin must be in [0, 10), got {self.margin}")
-
-
-@dataclasses.dataclass(frozen=True)
-class Layout:
-    """One of the two models: with or without the convs that add Transposes."""
-
-    name: str
-    with_transposes: bool
-    bytes: int
-    passed: bool
-    ratios: tuple[float, ...] | None = None
-    quantized_nodes: int = 0
-
-    @property
-    def speed(self) -> float | None:
-        """The geometric mean of the latency ratios (None when not timed)."""
-        if not self.ratios:
-            return None
-        return math.exp(sum(math.log(r) for r in self.ratios) / len(self.ratios))
-
-    def to_dict(self, original_bytes: int) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "with_transposes": self.with_transposes,
-            "bytes": self.bytes,
-            "size_ratio": round(self.bytes / original_bytes, 4) if original_bytes else None,
-            "quantized_nodes": self.quantized_nodes,
-            "meets_criterion": self.passed,
-            "latency_ratios": None if self.ratios is None else [round(r, 4) for r in self.ratios],
-            "latency_ratio": None if self.speed is None else round(self.speed, 4),
-        }
-
-
-@dataclasses.dataclass(frozen=True)
-class TransposeTrade:
-    """What the convs that add Transposes weigh, both models, and the one kept."""
-
-    convs: int
-    weight_share: float
-    original_bytes: int
-    layouts: tuple[Layout, ...]
-    prefer: Prefer
-    margin: float
-    kept: int
-    reason: str
-    timed_on: str = ""
-    timing: Any = dataclasses.field(default=None, compare=False, repr=False)
-    """The timing options both models were timed with (the written one is timed again so)."""
-
-    @property
-    def chosen(self) -> Layout:
-        return self.layouts[self.kept]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "convs": self.convs,
-            "weight_share": round(self.weight_share, 4),
-            "prefer": self.prefer.value,
-            "margin": self.margin,
-            "models": [layout.to_dict(self.original_bytes) for layout in self.layouts],
-            "kept": self.chosen.name,
-            "with_transposes": self.chosen.with_transposes,
-            "reason": self.reason,
-            "timed_on": self.timed_on,
-        }
+__all__ = ["DEFAULT_MARGIN", "MIN_SHARE", "Layout", "Prefer", "TransposeOptions", "TransposeTrade"]
 
 
 def _size(count: int) -> str:

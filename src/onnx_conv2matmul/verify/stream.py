@@ -33,14 +33,11 @@ import tempfile
 import weakref
 import zipfile
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from onnx_conv2matmul.verify.compare import OutputComparison
-
-if TYPE_CHECKING:
-    from onnx_conv2matmul.verify.feeds import InputSpec
 
 CHUNK_SHARE = 3
 """A chunk holds at most ``memory // CHUNK_SHARE`` of inputs plus one model's outputs."""
@@ -103,7 +100,17 @@ def feed_rows(feed: Mapping[str, np.ndarray]) -> int:
     return firsts.pop() if len(firsts) == 1 else 1
 
 
-def spec_rows(specs: Sequence[InputSpec], feed: Mapping[str, np.ndarray]) -> int:
+class SpecLike(Protocol):
+    """What the chunking reads of a model input (``verify.feeds.InputSpec``): its name and shape."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def shape(self) -> list[int | str | None]: ...
+
+
+def spec_rows(specs: Sequence[SpecLike], feed: Mapping[str, np.ndarray]) -> int:
     """The samples a feed holds for a model: the first dim its float inputs of rank 2 or more
     share, among those whose first axis the model leaves free (or fixes at 1); else 1."""
     free = {
@@ -114,7 +121,7 @@ def spec_rows(specs: Sequence[InputSpec], feed: Mapping[str, np.ndarray]) -> int
     return feed_rows({name: array for name, array in feed.items() if name in free})
 
 
-def cut_inputs(specs: Sequence[InputSpec], feed: Mapping[str, np.ndarray]) -> set[str]:
+def cut_inputs(specs: Sequence[SpecLike], feed: Mapping[str, np.ndarray]) -> set[str]:
     """The inputs cut along their first axis when the feed's samples are fed in chunks."""
     rows = spec_rows(specs, feed)
     if rows <= 1:
@@ -129,7 +136,7 @@ def cut_inputs(specs: Sequence[InputSpec], feed: Mapping[str, np.ndarray]) -> se
     return cut
 
 
-def one_at_a_time(specs: Sequence[InputSpec], feed: Mapping[str, np.ndarray]) -> bool:
+def one_at_a_time(specs: Sequence[SpecLike], feed: Mapping[str, np.ndarray]) -> bool:
     """Whether the model's first axis is a static 1 where the feed holds several samples."""
     cut = cut_inputs(specs, feed)
     return any(spec.name in cut and spec.shape and spec.shape[0] == 1 for spec in specs)
