@@ -97,8 +97,8 @@ def test_signal_while_staging_removes_everything(
 
 @pytest.mark.parametrize(("signum", "code"), SIGNALS, ids=SIGNAL_IDS)
 def test_signal_while_timing_candidates_removes_every_staging(tmp_path: Path, signum: int, code: int) -> None:
-    """quantize stages one model per block size tried, with accuracy-level copies beside each:
-    an interrupt while they are timed removes them all."""
+    """quantize --bench full stages one model per block size tried, with accuracy-level copies
+    beside each: an interrupt while they are timed removes them all."""
     src = tmp_path / "enc.onnx"
     onnx.save(
         onnx.load(Path(__file__).parent / "data" / "conformer_small.onnx"),
@@ -109,7 +109,7 @@ def test_signal_while_timing_candidates_removes_every_staging(tmp_path: Path, si
     before = {p.name for p in tmp_path.iterdir()}
     proc, stderr_lines = spawn(
         stall("onnx_conv2matmul.quantize.kernel", "choose_kernel"),
-        *("quantize", str(src), str(tmp_path / "o.onnx"), "--verify-lengths", "64"),
+        *("quantize", str(src), str(tmp_path / "o.onnx"), "--verify-lengths", "64", "--bench", "full"),
     )
     stderr_lines.wait_for(MARKER)
     staged = staging(tmp_path)

@@ -229,6 +229,7 @@ def _out_of_memory(err: BaseException) -> str:
 _WITHOUT: dict[Hint, dict[str, str | None]] = {
     Hint.VERIFY_BUDGET: {"--verify-lengths": "--verify-memory SIZE raises the budget"},
     Hint.VERIFY_OUT_OF_MEMORY: {"--verify-lengths": "--verify-memory SIZE lowers what the check holds"},
+    Hint.SYNTHESISED_SHAPES: {"--verify-dim": "check the --inputs files: the model cannot run on them"},
 }
 
 
@@ -326,9 +327,16 @@ class RichProgress:
     def phase(self, name: str) -> None:
         # A new task per phase: rich's update() cannot set a known total back to unknown.
         self._progress.remove_task(self._task)
+        from rich.markup import escape
+
         from onnx_conv2matmul.quantize.phases import phase_of
 
-        self._task = self._progress.add_task(f"[{phase_of(name)}] {name}", total=None)
+        # The phase is named after the step when the step's words do not already say it (rich
+        # reads square brackets as markup: escaped).
+        phase = phase_of(name)
+        words = name.lower().replace("-", " ")
+        label = name if phase == "other" or phase.split()[0] in words else f"{name} ({phase})"
+        self._task = self._progress.add_task(escape(label), total=None)
 
     def advance(self, done: int, total: int) -> None:
         self._progress.update(self._task, completed=done, total=total)

@@ -118,8 +118,9 @@ def _read_npz(path: str) -> Feed:
     except InputError:
         raise
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
-        # numpy takes any file that is neither zip nor .npy for a pickle, and says so.
-        pickle_guess = isinstance(err, ValueError) and not zipfile.is_zipfile(path)
+        # A file that is neither zip nor .npy: numpy would take it for a pickle, zipfile says
+        # "File is not a zip file"; either way, say what an .npz file is.
+        pickle_guess = isinstance(err, (ValueError, zipfile.BadZipFile)) and not zipfile.is_zipfile(path)
         why = "not an .npz file (numpy.savez writes a zip archive)" if pickle_guess else _first_line(err)
         raise InputError(f"cannot read inputs file {path}: {why}") from err
     if not arrays:
