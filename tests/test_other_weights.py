@@ -478,3 +478,31 @@ def test_property_dequantized_graph_equals_numpy(case: tuple[np.ndarray, str]) -
         x = np.random.default_rng(batch).standard_normal((batch, *table.shape)).astype(np.float32)
         (out,) = run(proto, {"x": x})
         np.testing.assert_array_equal(out, x + expected if op == "Add" else x * expected)
+
+
+def test_no_matmulnbits_node_leaves_no_kernel_setting_to_retry(tmp_path: Path) -> None:
+    """A result measured slower than the original where nothing became MatMulNBits (only the
+    other weights stored as int8): the other accuracy levels are not tried, the outcome is kept."""
+    from types import SimpleNamespace
+    from typing import Any, cast
+
+    from onnx_conv2matmul.files.progress import NullProgress
+    from onnx_conv2matmul.quantize import kernel
+    from onnx_conv2matmul.quantize.options import QuantizeOptions
+    from onnx_conv2matmul.speed.choose import SpeedOptions
+    from onnx_conv2matmul.verify.check import VerifyOptions
+
+    path = tmp_path / "table.onnx"
+    onnx.save(_gather_conv_model(), path)
+    staged = cast(Any, SimpleNamespace(onnx_path=str(path)))
+    outcome = kernel.SpeedOutcome(kernel.Variant(32, staged, None), None, None, cast(Any, None), 1)
+    kept = kernel.retry_levels(
+        str(path),
+        outcome,
+        QuantizeOptions(),
+        SpeedOptions(),
+        (0, 4),
+        verify=VerifyOptions(),
+        progress=NullProgress(),
+    )
+    assert kept is outcome and kept.choice is None

@@ -100,7 +100,9 @@ def test_recognizer_with_inputs_is_timed_at_their_height(tmp_path: Path) -> None
     np.savez(inputs, x=np.random.default_rng(1).random((1, 3, 48, 320), dtype=np.float32))
     code, data, stderr = _quantize(model, tmp_path / "q.onnx", "--inputs", inputs, *FAST)
     assert code == 0, stderr
-    assert data["kernel_choice"] is not None
+    # The kernel choice (--bench shapes, the default) costs each MatMul at the given input's rows.
+    assert data["kernel_costs"]["lengths"] == [1]
+    assert "x[1, 3, 48, 320]" in data["kernel_costs"]["reason"]
     assert "x[1, 3, 48, 320]" in data["latency"]["lengths"]["rule"]
 
 

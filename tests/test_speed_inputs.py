@@ -110,7 +110,9 @@ def test_quantize_with_inputs_times_and_chooses_on_them(frames: Path, tmp_path: 
     np.savez(inputs, x=np.random.default_rng(1).standard_normal((1, 8 * WIDTH)).astype(np.float32))
     code, data, stderr = _quantize(frames, tmp_path / "q.onnx", "--inputs", inputs)
     assert code == 0, stderr
-    assert data["kernel_choice"] is not None
+    # The kernel choice (--bench shapes, the default) costs each MatMul at the given input's rows.
+    assert data["kernel_costs"]["lengths"] == [1]
+    assert "x[1, 512]" in data["kernel_costs"]["reason"]
     assert data["latency"]["lengths"]["used"] == [1]
     assert "--inputs" in data["latency"]["lengths"]["rule"]
     assert "x[1, 512]" in data["latency"]["lengths"]["rule"]

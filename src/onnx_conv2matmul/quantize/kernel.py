@@ -20,6 +20,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from onnx_conv2matmul.files import load as _io
@@ -196,10 +198,11 @@ def retry_levels(
     is faster)."""
     current = options.accuracy_level
     order = (current, *(level for level in levels if level != current))
-    if len(order) < 2:
-        return outcome
     kept = outcome.variant
-    timing = timing_options(speed, verify)
+    if len(order) < 2 or not accuracy_levels(kept.staged.onnx_path):
+        return outcome  # nothing became MatMulNBits: no kernel setting to choose
+    # On the inputs the result was just timed on (the user's, or shapes the check proved).
+    timing = outcome.timing.options
     with level_candidates(kept.staged.onnx_path, order) as candidates:
         progress.phase("Slower than the original: checking the other accuracy levels")
         check = reference_accuracy(src, verify)
@@ -224,7 +227,7 @@ def accurate_level(
     accurate level tried (the first), written into it as an attribute when it is not its level
     already; None when there is none to try."""
     level = speed.levels[0]
-    if level == options.accuracy_level:
+    if level == options.accuracy_level or not accuracy_levels(path):
         return None
     progress.phase(f"Kernel choice: below the accuracy criterion, trying accuracy level {level}")
     set_accuracy_level(path, level, path)
@@ -352,11 +355,19 @@ def plan_kernels(
     from onnx_conv2matmul.speed.costs import KernelCosts, cache_dir, cache_path
 
     started = time.perf_counter()
-    lengths = _bench_lengths(src, speed, verify)
     if costs is None:
         costs = KernelCosts(cache_path(), read_cache=speed.cache, threads=speed.timing.threads)
-    rows_cache = os.path.join(cache_dir(), "model-rows") if speed.cache else None
-    layers = model_layers(model, src, lengths, options.selects, cache=rows_cache)
+    rows = ""
+    if verify.feeds is not None:  # the rows of the given inputs (--inputs), as the timing runs them
+        timing = timing_options(speed, verify, src)
+        assert timing.feeds is not None
+        lengths = tuple(number for number, _ in timing.feeds)
+        layers = _given_layers(model, src, timing.feeds, options.selects)
+        rows = f", its activation rows at {timing.feeds_rule}"
+    else:
+        lengths = _bench_lengths(src, speed, verify)
+        rows_cache = os.path.join(cache_dir(), "model-rows") if speed.cache else None
+        layers = model_layers(model, src, lengths, options.selects, cache=rows_cache)
     bits = options.bits if options.bits in (4, 8) else 4
     winner, ranked, floats = rank_kernels(
         costs, layers, speed.block_sizes, speed.levels, bits=bits, min_gain=speed.min_gain
@@ -373,7 +384,7 @@ def plan_kernels(
     )
     reason = (
         f"block {best.kernel.block_size}, accuracy level {best.kernel.accuracy_level}: its MatMuls cost"
-        f" {best.relative:.2f}x the float ones' at the model's weight shapes on this CPU"
+        f" {best.relative:.2f}x the float ones' at the model's weight shapes on this CPU{rows}"
         + (f" (against {others}; a later setting must be {speed.min_gain:.0%} faster)" if others else "")
     )
     return KernelPlan(
@@ -409,3 +420,70 @@ def _bench_lengths(src: str, speed: SpeedOptions, verify: VerifyOptions) -> tupl
 
         lengths = DEFAULT_LENGTHS
     return tuple(lengths)
+
+
+def _given_layers(
+    model: ir.Model, src: str, feeds: Sequence[tuple[int, Mapping[str, Any]]], selects: Any = None
+) -> list[Layer]:
+    """As :func:`onnx_conv2matmul.quantize.speed_objective.model_layers`, with each MatMul's rows
+    at the given inputs' shapes (one per feed) instead of at synthesised lengths."""
+    from onnx_conv2matmul.quantize.nbits import _constant_2d_weight
+    from onnx_conv2matmul.quantize.search_result import _graphs
+    from onnx_conv2matmul.speed.costs import Layer
+
+    known = _rows_at_feeds(src, [feed for _, feed in feeds])
+    pending: list[tuple[str, int, int, tuple[int, ...] | None]] = []
+    for graph, _ in _graphs(model):
+        for node in graph:
+            b = _constant_2d_weight(node)
+            name = node.name or ""
+            if b is None or (selects is not None and not selects(name)):
+                continue
+            k, n = (int(d) for d in b.const_value.shape.numpy())  # type: ignore[union-attr]
+            a = node.inputs[0]
+            rows = known.get(a.name or "") if a is not None else None
+            pending.append((name, k, n, rows))
+    common = Counter(rows for *_, rows in pending if rows is not None).most_common(1)
+    fallback = common[0][0] if common else tuple(number for number, _ in feeds)
+    return [Layer(name, k, n, rows or fallback) for name, k, n, rows in pending]
+
+
+def _rows_at_feeds(src: str, feeds: Sequence[Mapping[str, Any]]) -> dict[str, tuple[int, ...]]:
+    """Per value of the original model at ``src``: its rows (all dims but the last multiplied) at
+    each feed's input shapes, by shape inference. Values whose shape stays unknown are left out."""
+    import numpy as np
+    import onnx
+
+    from onnx_conv2matmul.quantize.speed_objective import _external_as_inputs, _infer
+
+    base = onnx.load(src, load_external_data=False)
+    _external_as_inputs(base)
+    found: dict[str, list[int | None]] = {}
+    for index, feed in enumerate(feeds):
+        proto = onnx.ModelProto()
+        proto.CopyFrom(base)
+        for value in proto.graph.input:
+            if value.name not in feed:
+                continue
+            shape = np.shape(feed[value.name])
+            dims = value.type.tensor_type.shape.dim
+            if len(dims) != len(shape):
+                continue
+            for dim, size in zip(dims, shape, strict=True):
+                dim.Clear()
+                dim.dim_value = int(size)
+        inferred = _infer(proto)
+        if inferred is None:
+            continue
+        for value in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]:
+            rows: int | None = 1
+            value_dims = list(value.type.tensor_type.shape.dim)
+            if not value_dims:
+                rows = None
+            for dim in value_dims[:-1]:
+                if not dim.HasField("dim_value") or rows is None:
+                    rows = None
+                    break
+                rows *= dim.dim_value
+            found.setdefault(value.name, [None] * len(feeds))[index] = rows
+    return {name: tuple(r for r in rows if r is not None) for name, rows in found.items() if None not in rows}

@@ -576,11 +576,11 @@ def _speed_step(
             metric=metric,
             original_score=original_score,
         )
-        assert outcome.choice is not None
-        report.warnings.append(
-            f"{first_slower[0]}: the other accuracy levels were checked and timed, and"
-            f" {outcome.choice.chosen.candidate.name} kept ({outcome.choice.reason})"
-        )
+        if outcome.choice is not None:  # None: nothing became MatMulNBits, no level to try
+            report.warnings.append(
+                f"{first_slower[0]}: the other accuracy levels were checked and timed, and"
+                f" {outcome.choice.chosen.candidate.name} kept ({outcome.choice.reason})"
+            )
     report.latency = outcome.latency()
     report.kernel_choice = None if outcome.choice is None else outcome.choice.to_dict()
     report.warnings.extend(outcome.slower())
