@@ -122,9 +122,9 @@ def test_default_chooses_from_kernel_costs_and_quantizes_once(
     assert again["kernel_costs"]["measured"] == 0 and again["kernel_costs"]["from_cache"] > 0
     code, fresh, stderr = _run("quantize", ENCODER, tmp_path / "fresh.onnx", "--no-bench-cache", *FAST)
     assert code == 0, stderr
-    assert (
-        fresh["kernel_costs"]["measured"] == costs["measured"] and fresh["options"]["speed"]["cache"] is False
-    )
+    # Measured again where the warm run measured nothing (not as many as the first run: the cache
+    # folder is the test session's, so earlier tests may have timed some of these shapes).
+    assert fresh["kernel_costs"]["measured"] > 0 and fresh["options"]["speed"]["cache"] is False
 
 
 def test_bench_mode_needs_the_bench(tmp_path: Path) -> None:
