@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -164,12 +163,15 @@ def run_speed_step(
                 )
             )
         progress.phase("Measuring the candidates' accuracy")
-        check = reference_accuracy(src, verify)
-        if metric is not None and original_score is not None:
-            check = _with_metric(check, metric, original_score)
-        progress.phase(f"Timing {len(candidates)} candidates against the original")
-        choice = choose_kernel(
-            src, candidates, check, min_cosine=verify.min_cosine, timing=timing, min_gain=speed.min_gain
+        choice = _checked_and_timed(
+            src,
+            candidates,
+            speed,
+            timing,
+            verify=verify,
+            progress=progress,
+            metric=metric,
+            score=original_score,
         )
     winner = choice.chosen.candidate
     kept = next(v for v in variants if not several_blocks or v.block_size == winner.block_size)
@@ -178,6 +180,28 @@ def run_speed_step(
     labels = [model.label for model in choice.timing.models]
     chosen = dataclasses.replace(options, block_size=kept.block_size, accuracy_level=winner.accuracy_level)
     return SpeedOutcome(kept, chosen, choice, choice.timing, labels.index(winner.name))
+
+
+def _checked_and_timed(
+    src: str,
+    candidates: Any,
+    speed: SpeedOptions,
+    timing: Any,
+    *,
+    verify: VerifyOptions,
+    progress: Progress,
+    metric: MetricTarget | None,
+    score: float | None,
+) -> Any:
+    """The candidates' accuracy against the original (and the user's metric), then their timing
+    against it: the kernel choice among them."""
+    check = reference_accuracy(src, verify)
+    if metric is not None and score is not None:
+        check = _with_metric(check, metric, score)
+    progress.phase(f"Timing {len(candidates)} candidates against the original")
+    return choose_kernel(
+        src, candidates, check, min_cosine=verify.min_cosine, timing=timing, min_gain=speed.min_gain
+    )
 
 
 def retry_levels(
@@ -205,12 +229,15 @@ def retry_levels(
     timing = outcome.timing.options
     with level_candidates(kept.staged.onnx_path, order) as candidates:
         progress.phase("Slower than the original: checking the other accuracy levels")
-        check = reference_accuracy(src, verify)
-        if metric is not None and original_score is not None:
-            check = _with_metric(check, metric, original_score)
-        progress.phase(f"Timing {len(candidates)} candidates against the original")
-        choice = choose_kernel(
-            src, candidates, check, min_cosine=verify.min_cosine, timing=timing, min_gain=speed.min_gain
+        choice = _checked_and_timed(
+            src,
+            candidates,
+            speed,
+            timing,
+            verify=verify,
+            progress=progress,
+            metric=metric,
+            score=original_score,
         )
     winner = choice.chosen.candidate
     set_accuracy_level(kept.staged.onnx_path, winner.accuracy_level, kept.staged.onnx_path)
@@ -427,25 +454,10 @@ def _given_layers(
 ) -> list[Layer]:
     """As :func:`onnx_conv2matmul.quantize.speed_objective.model_layers`, with each MatMul's rows
     at the given inputs' shapes (one per feed) instead of at synthesised lengths."""
-    from onnx_conv2matmul.quantize.nbits import _constant_2d_weight
-    from onnx_conv2matmul.quantize.search_result import _graphs
-    from onnx_conv2matmul.speed.costs import Layer
+    from onnx_conv2matmul.quantize.speed_objective import layers_at
 
     known = _rows_at_feeds(src, [feed for _, feed in feeds])
-    pending: list[tuple[str, int, int, tuple[int, ...] | None]] = []
-    for graph, _ in _graphs(model):
-        for node in graph:
-            b = _constant_2d_weight(node)
-            name = node.name or ""
-            if b is None or (selects is not None and not selects(name)):
-                continue
-            k, n = (int(d) for d in b.const_value.shape.numpy())  # type: ignore[union-attr]
-            a = node.inputs[0]
-            rows = known.get(a.name or "") if a is not None else None
-            pending.append((name, k, n, rows))
-    common = Counter(rows for *_, rows in pending if rows is not None).most_common(1)
-    fallback = common[0][0] if common else tuple(number for number, _ in feeds)
-    return [Layer(name, k, n, rows or fallback) for name, k, n, rows in pending]
+    return layers_at(model, known, tuple(number for number, _ in feeds), selects)
 
 
 def _rows_at_feeds(src: str, feeds: Sequence[Mapping[str, Any]]) -> dict[str, tuple[int, ...]]:

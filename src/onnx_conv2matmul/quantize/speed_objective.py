@@ -137,10 +137,18 @@ def model_layers(
     """The quantizable MatMuls of ``model`` (an ``ir.Model``, rewritten) with their rows at
     ``lengths`` (see the module's description); ``selects(name)`` filters by name; ``cache``: a
     folder where the original's rows are kept (see :func:`cached_rows`)."""
+    return layers_at(model, cached_rows(src, lengths, cache), tuple(lengths), selects)
+
+
+def layers_at(
+    model: Any, known: Mapping[str, tuple[int, ...]], default: tuple[int, ...], selects: Any = None
+) -> list[Layer]:
+    """The quantizable MatMuls of ``model`` with the rows ``known`` gives their input (a tensor
+    name to one row count per timed input); a MatMul whose rows are not known takes the most
+    common known rows, or ``default`` when none is known."""
     from onnx_conv2matmul.quantize.nbits import _constant_2d_weight
     from onnx_conv2matmul.quantize.search_result import _graphs
 
-    known = cached_rows(src, lengths, cache)
     pending: list[tuple[str, int, int, tuple[int, ...] | None]] = []
     for graph, _ in _graphs(model):
         for node in graph:
@@ -153,7 +161,7 @@ def model_layers(
             rows = known.get(a.name or "") if a is not None else None
             pending.append((name, k, n, rows))
     common = Counter(rows for *_, rows in pending if rows is not None).most_common(1)
-    fallback = common[0][0] if common else tuple(lengths)
+    fallback = common[0][0] if common else default
     return [Layer(name, k, n, rows or fallback) for name, k, n, rows in pending]
 
 
