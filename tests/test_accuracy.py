@@ -16,13 +16,14 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from helpers import examples, run
+from onnx_conv2matmul.api import quantize_file
 from onnx_conv2matmul.cli.app import main
 from onnx_conv2matmul.errors import ValidationError
 from onnx_conv2matmul.quantize import search as auto
 from onnx_conv2matmul.quantize.metric import MetricTarget, load_function
 from onnx_conv2matmul.quantize.nbits import QuantizeOptions
+from onnx_conv2matmul.quantize.plan import DEFAULT_MIN_COSINE
 from onnx_conv2matmul.quantize.search import AutoOptions
-from onnx_conv2matmul.quantize.workflow import DEFAULT_MIN_COSINE, quantize_file
 from onnx_conv2matmul.verify.check import VerifyOptions, compare_arrays, feed_samples, sample_cosines
 
 K, N = 64, 48
@@ -152,13 +153,13 @@ def test_the_table_says_measured_where_nothing_was_judged(model: Path, tmp_path:
     measured = quantize_file(
         model,
         tmp_path / "m.onnx",
-        quantize_options=QuantizeOptions(bits=4),
+        options=QuantizeOptions(bits=4),
         verify=VerifyOptions(report_only=True, lengths=(16,)),
     )
     judged = quantize_file(
         model,
         tmp_path / "j.onnx",
-        quantize_options=QuantizeOptions(bits=8),
+        options=QuantizeOptions(bits=8),
         verify=VerifyOptions(lengths=(16,)),
     )
     for report, word, other in ((measured, "measured", " ok "), (judged, " ok ", "measured")):
@@ -580,7 +581,7 @@ def test_the_search_replaces_lengths_the_model_cannot_run_at(tmp_path: Path) -> 
     src = tmp_path / "even.onnx"
     onnx.save(_even_lengths_model(), src)
     searched = quantize_file(src, tmp_path / "a.onnx", auto=AutoOptions(min_cosine=0.9, max_evaluations=2))
-    plain = quantize_file(src, tmp_path / "p.onnx", quantize_options=QuantizeOptions(bits=8))
+    plain = quantize_file(src, tmp_path / "p.onnx", options=QuantizeOptions(bits=8))
     assert searched.verification is not None and plain.verification is not None
     assert searched.verification.lengths == plain.verification.lengths == [64, 80, 96, 128, 160]
     assert [n for n, _ in searched.verification.lengths_not_run] == [97, 191]
@@ -608,7 +609,7 @@ def test_auto_on_external_data_works_from_its_copy_and_replays(tmp_path: Path) -
     options = QuantizeOptions.from_config(searched.auto.config.to_config())
     (tmp_path / "again").mkdir()
     again = tmp_path / "again" / "a.onnx"  # the same name: the data file's is inside the model
-    replay = quantize_file(src, again, quantize_options=options, verify=VerifyOptions(lengths=(16,)))
+    replay = quantize_file(src, again, options=options, verify=VerifyOptions(lengths=(16,)))
     assert replay.return_code == 0
     assert (tmp_path / "a.onnx").read_bytes() == again.read_bytes()
     assert (tmp_path / "a.onnx.data").read_bytes() == (tmp_path / "again" / "a.onnx.data").read_bytes()

@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from helpers import examples, no_bench, run
+from onnx_conv2matmul.api import quantize_file
 from onnx_conv2matmul.cli.app import main
 from onnx_conv2matmul.quantize import search as auto
 from onnx_conv2matmul.quantize.options import LADDER, AutoOptions, QuantizeOptions, Setting
 from onnx_conv2matmul.quantize.search import AutoConfig, block_dequantize, block_quantize
-from onnx_conv2matmul.quantize.workflow import quantize_file
 from onnx_conv2matmul.verify.check import VerifyOptions
 
 DATA = Path(__file__).parent / "data"
@@ -101,14 +101,12 @@ def test_search_meets_the_minimum_is_deterministic_and_replays(tmp_path: Path) -
         ENCODER,
         tmp_path / "c.onnx",
         verify=VERIFY,
-        quantize_options=QuantizeOptions.from_config(json.loads(json.dumps(config))),
+        options=QuantizeOptions.from_config(json.loads(json.dumps(config))),
     )
     assert replay.return_code == 0 and replay.auto is None
     assert (tmp_path / "c.onnx").read_bytes() == (tmp_path / "a.onnx").read_bytes()
 
-    int8 = quantize_file(
-        ENCODER, tmp_path / "int8.onnx", verify=VERIFY, quantize_options=QuantizeOptions(bits=8)
-    )
+    int8 = quantize_file(ENCODER, tmp_path / "int8.onnx", verify=VERIFY, options=QuantizeOptions(bits=8))
     assert first.output_bytes < int8.output_bytes
 
 

@@ -253,10 +253,9 @@ def test_progress_reports_each_phase_and_the_save(
     written the count only grows, the total stays, and the last count is the total."""
     from rich.console import Console
 
-    from onnx_conv2matmul.api import convert_file
+    from onnx_conv2matmul.api import convert_file, quantize_file
     from onnx_conv2matmul.cli import common
     from onnx_conv2matmul.files import datafile as _datafile
-    from onnx_conv2matmul.quantize.workflow import quantize_file
 
     src = _external_model(tmp_path)
     events: list[str | tuple[int, int]] = []

@@ -20,12 +20,12 @@ from onnx import TensorProto, helper, numpy_helper
 
 from helpers import ALL, conv_model, no_bench, stack_model
 from onnx_conv2matmul import ConvertOptions, Status, api
+from onnx_conv2matmul.api import quantize_file
 from onnx_conv2matmul.cli.app import main
 from onnx_conv2matmul.files.load import tensor_bytes
 from onnx_conv2matmul.quantize.inspection import inspect_file
 from onnx_conv2matmul.quantize.nbits import matmul_nbits_sizes
 from onnx_conv2matmul.quantize.options import QuantizeOptions
-from onnx_conv2matmul.quantize.workflow import quantize_file
 from onnx_conv2matmul.verify.check import VerifyOptions
 from processes import TIMEOUT
 from test_real_models import MODELS, _fetch
@@ -328,7 +328,7 @@ def test_projection_is_what_quantize_writes(
         src,
         tmp_path / "q.onnx",
         convert_options=EVERYTHING,
-        quantize_options=options,
+        options=options,
         verify=VerifyOptions(lengths=(3,), report_only=True),  # sizes, whatever the accuracy
     )
     assert report.quantized_nodes == projection.weights_with_rewrite.quantizable_matmuls == 5
@@ -347,7 +347,7 @@ def test_projection_on_the_conformer(tmp_path: Path) -> None:
         CONFORMER,
         tmp_path / "q.onnx",
         convert_options=EVERYTHING,
-        quantize_options=options,
+        options=options,
         verify=VerifyOptions(lengths=(64,)),
     )
     assert projection.projected_tensor_bytes == tensor_bytes(ir.load(tmp_path / "q.onnx"))

@@ -261,6 +261,7 @@ def test_int8_failure_after_quantize_dynamic_leaves_no_staging(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An error while the quantized model is read back removes its staging directory."""
+    from onnx_conv2matmul import api
     from onnx_conv2matmul.quantize import workflow as pipeline
 
     src = tmp_path / "m.onnx"
@@ -271,14 +272,14 @@ def test_int8_failure_after_quantize_dynamic_leaves_no_staging(
 
     monkeypatch.setattr(pipeline.ir, "load", unreadable)
     with pytest.raises(RuntimeError, match="cannot read it back"):
-        pipeline.quantize_file(src, tmp_path / "q.onnx", int8=True)
+        api.quantize_file(src, tmp_path / "q.onnx", int8_dynamic=True)
     assert _staging(tmp_path) == [] and not (tmp_path / "q.onnx").exists()
 
 
 @pytest.mark.parametrize("int8", [False, True], ids=["matmulnbits", "int8-dynamic"])
 def test_interrupt_right_after_staging_leaves_no_staging(tmp_path: Path, int8: bool) -> None:
     """Ctrl-C between staging the output and measuring it: the staged output is removed."""
-    from onnx_conv2matmul.quantize import workflow as pipeline
+    from onnx_conv2matmul import api
 
     src = tmp_path / "m.onnx"
     onnx.save(matmul_model(), src)
@@ -297,5 +298,5 @@ def test_interrupt_right_after_staging_leaves_no_staging(tmp_path: Path, int8: b
             pass
 
     with pytest.raises(KeyboardInterrupt):
-        pipeline.quantize_file(src, tmp_path / "q.onnx", int8=int8, progress=InterruptedAfterStaging())
+        api.quantize_file(src, tmp_path / "q.onnx", int8_dynamic=int8, progress=InterruptedAfterStaging())
     assert _staging(tmp_path) == [] and not (tmp_path / "q.onnx").exists()

@@ -226,7 +226,7 @@ def test_dtln_cancels_the_transpose_pair_at_the_graph_output(
 @pytest.mark.network
 def test_quantize_covers_the_gemms_of_a_real_model(tmp_path: Path) -> None:
     """PLCMOS: its 12 Gemms and its one pointwise conv all become MatMulNBits."""
-    from onnx_conv2matmul.quantize.workflow import quantize_file
+    from onnx_conv2matmul.api import quantize_file
 
     model = next(m for m in MODELS if m.id == "plcmos-gemm-linear-layers")
     output = tmp_path / "q.onnx"

@@ -296,7 +296,7 @@ def test_a_later_run_removes_the_scratch_a_killed_one_left(
 ) -> None:
     """SIGKILL leaves the scratch copy and the lock file; the next run onto the same output,
     or onto another one in the same directory, removes them and succeeds."""
-    from onnx_conv2matmul.quantize.workflow import quantize_file
+    from onnx_conv2matmul.api import quantize_file
 
     returncode, _ = _interrupt_scratch_run(tmp_path, quantizable, flags, "SIGKILL")
     assert returncode == -signal.SIGKILL
@@ -311,8 +311,8 @@ def test_a_later_run_removes_the_scratch_a_killed_one_left(
 
 def test_a_scratch_directory_a_live_run_holds_is_left_alone(tmp_path: Path, quantizable: Path) -> None:
     """Another destination's staging or scratch directory whose lock is held is in use."""
+    from onnx_conv2matmul.api import quantize_file
     from onnx_conv2matmul.files.publish import Destination
-    from onnx_conv2matmul.quantize.workflow import quantize_file
 
     with Destination(tmp_path / "q.onnx") as busy:
         scratch = Path(busy.scratch_dir("auto"))

@@ -241,8 +241,8 @@ def test_a_default_result_slower_than_the_original_is_not_handed_over(
 ) -> None:
     """The kernel costs choose level 4; the whole model then measures slower than the original:
     the other level is checked and timed, and the faster one is written, with a warning."""
+    from onnx_conv2matmul.api import quantize_file
     from onnx_conv2matmul.quantize.options import resolve
-    from onnx_conv2matmul.quantize.workflow import quantize_file
     from onnx_conv2matmul.speed import costs as costs_module
     from onnx_conv2matmul.speed import timing
     from speed_fakes import Sessions

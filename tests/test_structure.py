@@ -188,3 +188,35 @@ def test_every_stage_says_what_it_does_and_may_import() -> None:
     for stage in ("rewrite", "verify", "quantize", "files", "bundle", "cli", "speed"):
         doc = ast.get_docstring(ast.parse((SRC / stage / "__init__.py").read_text()))
         assert (doc is not None and "May import" in doc) or "may import" in (doc or ""), stage
+
+
+# The quantize workflow's modules: one plan (quantize/plan.py) carries a run, so no function
+# there takes more than a handful of parameters.
+WORKFLOW_MODULES = ("quantize/workflow.py", "quantize/plan.py")
+MAX_PARAMETERS = 5
+
+
+def parameter_counts(source: str) -> dict[str, int]:
+    """Every function's (and method's, nested or not) name with its number of parameters, ``self``,
+    ``*args`` and ``**kwargs`` included."""
+    counts: dict[str, int] = {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            args = node.args
+            count = len(args.posonlyargs) + len(args.args) + len(args.kwonlyargs)
+            count += (args.vararg is not None) + (args.kwarg is not None)
+            name = node.name if not isinstance(node, ast.Lambda) else f"lambda at line {node.lineno}"
+            counts[name] = max(count, counts.get(name, 0))
+    return counts
+
+
+def test_parameter_counts_are_counted() -> None:
+    source = "def f(a, /, b, *c, d, **e):\n    g = lambda x, y: x\n\nclass K:\n    def m(self, z): ...\n"
+    assert parameter_counts(source) == {"f": 5, "lambda at line 2": 2, "m": 2}
+
+
+@pytest.mark.parametrize("module", WORKFLOW_MODULES)
+def test_no_workflow_function_takes_more_than_five_parameters(module: str) -> None:
+    counts = parameter_counts((SRC / module).read_text())
+    assert counts  # the module is there and has functions
+    assert {name: n for name, n in counts.items() if n > MAX_PARAMETERS} == {}

@@ -11,9 +11,9 @@ import jsonschema
 import onnx
 import pytest
 
+from onnx_conv2matmul.api import quantize_file
 from onnx_conv2matmul.quantize.options import QuantizeOptions
 from onnx_conv2matmul.quantize.transposes import Layout, Prefer, TransposeOptions, choose
-from onnx_conv2matmul.quantize.workflow import quantize_file
 from onnx_conv2matmul.speed.choose import SpeedOptions
 from onnx_conv2matmul.speed.timing import TimingOptions
 from onnx_conv2matmul.verify.check import VerifyOptions
@@ -77,7 +77,7 @@ def _run(
     report = quantize_file(
         source,
         tmp_path / f"out-{prefer.value}-{with_cost}.onnx",
-        quantize_options=QuantizeOptions(bits=8, block_size=32),
+        options=QuantizeOptions(bits=8, block_size=32),
         verify=VerifyOptions(lengths=(16, 32)),
         speed=speed,
         transposes=options,

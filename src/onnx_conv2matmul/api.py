@@ -239,22 +239,22 @@ def quantize_file(
             met even in float.
     """
     from onnx_conv2matmul.quantize import workflow
+    from onnx_conv2matmul.quantize.plan import Request
 
-    return workflow.quantize_file(
-        input_path,
-        output_path,
-        convert_options=convert_options,
-        quantize_options=options,
+    request = Request(
+        quantize=options,
         int8=int8_dynamic,
+        auto=auto,
+        convert=convert_options,
         verify=verify,
         run_checker=run_checker,
         progress=progress,
-        auto=auto,
         speed=speed,
         metric=metric,
         search_below=search_below,
         transposes=transposes,
     )
+    return workflow.quantize_file(input_path, output_path, request)
 
 
 def bench_models(

@@ -42,6 +42,7 @@ from onnx_conv2matmul.files import load as _io
 from onnx_conv2matmul.files import output as _output
 from onnx_conv2matmul.files import publish as _publish
 from onnx_conv2matmul.quantize.options import QuantizeOptions
+from onnx_conv2matmul.quantize.plan import Request
 from onnx_conv2matmul.quantize.workflow import quantize_file
 from onnx_conv2matmul.verify.check import VerifyOptions
 
@@ -276,14 +277,16 @@ def _build_into(
     encoder_report = quantize_file(
         source.encoder,
         os.path.join(staging, encoder_name),
-        convert_options=options.convert,
-        quantize_options=options.quantize,
-        verify=options.verify,
-        run_checker=options.run_checker,
-        progress=progress,
-        auto=options.auto,
-        speed=options.speed,
-        search_below=options.search_below,
+        Request(
+            convert=options.convert,
+            quantize=options.quantize,
+            verify=options.verify,
+            run_checker=options.run_checker,
+            progress=progress,
+            auto=options.auto,
+            speed=options.speed,
+            search_below=options.search_below,
+        ),
     )
     report.models.append(_result("encoder", encoder_name, staging, encoder_report))
     if encoder_report.output_path is None:
@@ -336,10 +339,7 @@ def _int8(
     quantized = quantize_file(
         source_path,
         os.path.join(staging, name),
-        convert_options=options.convert,
-        int8=True,
-        verify=DECODER_CHECK,
-        run_checker=options.run_checker,
+        Request(convert=options.convert, int8=True, verify=DECODER_CHECK, run_checker=options.run_checker),
     )
     report.models.append(_result(role, name, staging, quantized))
     if quantized.output_path is not None:

@@ -2,7 +2,8 @@
 
 Same guarantees as the rewrite: paths are checked before heavy work, everything is
 written beside the destination and renamed into place only when every step passed
-(including ``--min-cosine``).
+(including ``--min-cosine``). What the caller gave is resolved once into a
+:class:`~onnx_conv2matmul.quantize.plan.QuantizePlan`, which every step reads.
 """
 
 from __future__ import annotations
@@ -22,9 +23,7 @@ from onnx_conv2matmul._graphs import count_op
 from onnx_conv2matmul.errors import Hint, InputError
 from onnx_conv2matmul.files import load as _io
 from onnx_conv2matmul.files import output as _output
-from onnx_conv2matmul.files.load import check_paths, load_input
-from onnx_conv2matmul.files.progress import NullProgress, Progress
-from onnx_conv2matmul.quantize.metric import MetricTarget
+from onnx_conv2matmul.files.load import LoadedModel, load_input
 from onnx_conv2matmul.quantize.nbits import (
     NBitsResult,
     int8_dynamic,
@@ -33,59 +32,55 @@ from onnx_conv2matmul.quantize.nbits import (
     weight_stats,
 )
 from onnx_conv2matmul.quantize.options import AutoOptions, QuantizeOptions
-from onnx_conv2matmul.quantize.phases import PhaseTimer
+from onnx_conv2matmul.quantize.plan import DEFAULT_MIN_COSINE as DEFAULT_MIN_COSINE
+from onnx_conv2matmul.quantize.plan import QuantizePlan, Request, resolve
 from onnx_conv2matmul.quantize.report import QuantizeReport as QuantizeReport  # its home before report.py
-from onnx_conv2matmul.rewrite.options import ConvertOptions
 from onnx_conv2matmul.rewrite.passes import rewrite_model
-from onnx_conv2matmul.verify.check import (
-    VerifyOptions,
-    check_feeds_for_graph,
-    discover_inputs,
-    verify_models,
-)
+from onnx_conv2matmul.verify.check import VerifyOptions, check_feeds_for_graph, verify_models
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from onnx_conv2matmul.quantize.options import AutoOptions
     from onnx_conv2matmul.quantize.search import Prepared
-    from onnx_conv2matmul.quantize.transposes import TransposeOptions
+    from onnx_conv2matmul.quantize.trade import TransposeTrade
     from onnx_conv2matmul.quantize.unchanged import Unchanged
     from onnx_conv2matmul.rewrite.report import ConvertReport
-    from onnx_conv2matmul.speed.choose import SpeedOptions
 
 
 def _peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-DEFAULT_MIN_COSINE = 0.99
-"""The accuracy floor of ``quantize`` when no criterion is given: the worst sample's cosine
-similarity to the fp32 model, on every float output of every feed."""
+@dataclasses.dataclass
+class _Run:
+    """One pass of a plan into an output: the plan, where it writes, what it has found so far.
 
-SYNTHESISED_CAVEAT = (
-    "accuracy measured on synthesised inputs, which can overstate it (a trained model can"
-    " score well on random inputs and badly on real ones): real inputs of the model give the true figure"
-)
+    ``quantize`` and ``auto`` start as the plan's and follow the run (the kernel choice and the
+    search replace them); ``refuse`` times the model with the Transposes as written (None: no
+    such check).
+    """
+
+    plan: QuantizePlan
+    output: _output.Output
+    report: QuantizeReport
+    refuse: Callable[[str], float | None] | None = None
+    quantize: QuantizeOptions = dataclasses.field(init=False)
+    auto: AutoOptions | None = dataclasses.field(init=False)
+    original_score: float | None = None
+
+    def __post_init__(self) -> None:
+        self.quantize = self.plan.quantize
+        self.auto = self.plan.auto
 
 
 def quantize_file(
-    input_path: str | os.PathLike[str],
-    output_path: str | os.PathLike[str],
-    *,
-    convert_options: ConvertOptions | None = None,
-    quantize_options: QuantizeOptions | None = None,
-    int8: bool = False,
-    verify: VerifyOptions | None = None,
-    run_checker: bool = True,
-    progress: Progress | None = None,
-    auto: AutoOptions | None = None,
-    speed: SpeedOptions | None = None,
-    metric: MetricTarget | None = None,
-    search_below: bool | None = None,
-    transposes: TransposeOptions | None = None,
+    input_path: str | os.PathLike[str], output_path: str | os.PathLike[str], request: Request | None = None
 ) -> QuantizeReport:
     """Rewrite pointwise convs, quantize, compare with the fp32 input, then publish.
+
+    ``request`` holds what :func:`onnx_conv2matmul.api.quantize_file` was given; it is resolved
+    once (:func:`onnx_conv2matmul.quantize.plan.resolve`: the defaults, the accuracy criterion,
+    the inputs) into the plan every step reads.
 
     With ``transposes``, when the rewrite would leave pointwise convs because converting them
     adds Transposes, the model is made both without and with them, both are timed against the
@@ -95,26 +90,20 @@ def quantize_file(
 
     With ``speed``, the result is timed against the input on this CPU, and when the speed options
     leave several kernel settings (accuracy levels, block sizes) the fastest that meets the
-    accuracy criterion below is kept (see :mod:`onnx_conv2matmul.quantize.kernel`); None times
-    nothing.
+    accuracy criterion is kept (see :mod:`onnx_conv2matmul.quantize.kernel`); None times nothing.
 
     ``verify`` holds the input synthesis and the pass criterion; its ``feeds`` (real
     inputs), when given, are also the calibration inputs of the ``gptq`` algorithm.
-    ``quantize_options.other_weights`` ``int8`` stores the float weights MatMulNBits does
+    ``quantize.other_weights`` ``int8`` stores the float weights MatMulNBits does
     not take as int8 (see :mod:`onnx_conv2matmul.quantize.other_weights`).
 
-    The output is published only when it meets a criterion: ``verify.min_cosine`` (every
-    sample's cosine similarity, see :func:`onnx_conv2matmul.verify.check.sample_cosines`),
-    and ``metric`` (the user's score may drop by at most its ``max_drop``); with neither,
-    the floor :data:`DEFAULT_MIN_COSINE`. ``verify.report_only`` asks for no cosine
-    criterion (measured only). When the model falls below and ``search_below`` is true,
-    the search runs with the same criterion (as ``auto`` does) and its model is published
-    instead, with a warning; by default that happens when the settings are the defaults
-    (``quantize_options`` None, no ``auto``, not ``int8``).
+    The output is published only when it meets the plan's criterion. When the model falls below
+    and ``search_below`` is true, the search runs with the same criterion (as ``auto`` does) and
+    its model is published instead, with a warning.
 
     With ``auto``, the settings are searched for (see :mod:`onnx_conv2matmul.quantize.search`) on
     ``verify``'s inputs (its feeds, or the synthesised ones); the options chosen replace
-    ``quantize_options`` (the report's ``options.quantize`` replays them) and the accuracy
+    ``quantize`` (the report's ``options.quantize`` replays them) and the accuracy
     check requires the search's target.
 
     Raises:
@@ -125,179 +114,101 @@ def quantize_file(
             met even in float.
     """
     started = time.perf_counter()
-    asked: dict[str, Any] = {
-        "quantize_options": quantize_options,
-        "verify": verify,
-        "auto": auto,
-        "metric": metric,
-        "search_below": search_below,
-        "run_checker": run_checker,
-    }
-    defaults = quantize_options is None and auto is None and not int8
-    search_below = defaults if search_below is None else search_below
-    convert_options = convert_options or ConvertOptions(extended=True, allow_non_unit_dilation=True)
-    quantize_options = quantize_options or QuantizeOptions()
-    verify = verify or VerifyOptions()
-    if auto is not None:
-        if int8:
-            raise InputError("the search chooses MatMulNBits settings, not int8 dynamic quantization")
-        if metric is not None and auto.metric is None:
-            auto = dataclasses.replace(auto, metric=metric)
-        metric = auto.metric
-        if auto.min_cosine is None and verify.min_cosine is not None:
-            auto = dataclasses.replace(auto, min_cosine=verify.min_cosine)
-    given_cosine = verify.min_cosine is not None or (auto is not None and auto.min_cosine is not None)
-    if auto is not None and auto.min_cosine is None and metric is None:
-        auto = dataclasses.replace(auto, min_cosine=DEFAULT_MIN_COSINE)
-    if auto is not None:
-        if auto.min_cosine is not None:
-            verify = dataclasses.replace(verify, min_cosine=auto.min_cosine, report_only=False)
-        else:
-            verify = dataclasses.replace(verify, report_only=True)
-    elif verify.min_cosine is None and not verify.report_only:
-        if metric is None:
-            verify = dataclasses.replace(verify, min_cosine=DEFAULT_MIN_COSINE)
-        else:
-            verify = dataclasses.replace(verify, report_only=True)
-    criterion = _criterion(verify, metric, given=given_cosine)
-    progress = phases = PhaseTimer(progress or NullProgress())
-    src = os.fspath(input_path)
-    dst = check_paths(src, os.fspath(output_path), inplace=False)
-    if not int8:
-        _check_quantize_options(quantize_options, verify)
-    # Once: the check, the search and the latency step all feed these sizes and values.
-    verify = discover_inputs(src, verify)
-    if verify.feeds is not None:
-        # The latency step still synthesises its inputs: at the sizes the model takes.
-        found = discover_inputs(src, dataclasses.replace(verify, feeds=None))
-        verify = dataclasses.replace(verify, axes=found.axes)
-    report = _new_report(src, int8, convert_options, quantize_options, auto, criterion, speed)
+    request = request or Request()
+    plan = resolve(input_path, output_path, request)
+    report = _new_report(plan)
     trade = None
     try:
-        with _output.Output(dst, source=src) as output:
-            if transposes is not None and not int8 and not convert_options.allow_added_transposes:
-                from onnx_conv2matmul.quantize.transposes import weigh
-
-                with output.scratch("transposes") as scratch:
-                    convert_options, trade = weigh(
-                        src,
-                        scratch,
-                        convert_options,
-                        transposes,
-                        speed,
-                        verify,
-                        progress.phase,
-                        lambda rewrite, path: quantize_file(src, path, convert_options=rewrite, **asked),
-                    )
-                report = _new_report(src, int8, convert_options, quantize_options, auto, criterion, speed)
+        with _output.Output(plan.dst, source=plan.src) as output:
+            if plan.transposes is not None and not plan.int8 and not plan.convert.allow_added_transposes:
+                plan, trade = _weigh(plan, output)
+                report = _new_report(plan)
                 report.transposes = trade
             refuse = None
-            if trade is not None and trade.chosen.with_transposes and transposes is not None:
+            if trade is not None and trade.chosen.with_transposes and plan.transposes is not None:
                 from onnx_conv2matmul.quantize.transposes import within_margin
 
-                refuse = within_margin(src, trade, transposes)
-            _quantize_to(
-                src,
-                output,
-                convert_options,
-                quantize_options,
-                int8,
-                verify,
-                run_checker,
-                progress,
-                report,
-                auto,
-                speed,
-                metric,
-                refuse,
-            )
-            if not report.passed and search_below and not int8:
-                first = report
-                below = _below_text(first)
-                progress.phase("Below the accuracy criterion: searching")
-                auto = AutoOptions(
-                    min_cosine=None if verify.report_only else verify.min_cosine,
-                    metric=metric,
-                    accuracy_level=quantize_options.accuracy_level,
-                    exclude=quantize_options.exclude,
-                    include=quantize_options.include,
-                )
-                report = _new_report(src, int8, convert_options, quantize_options, auto, criterion, speed)
-                report.transposes = trade
-                report.accuracy["fallback"] = {
-                    "reason": below,
-                    "settings": first.options["quantize"],
-                    "worst_cosine": _worst_cosine(first),
-                    "score": (first.accuracy.get("metric") or {}).get("score"),
-                }
-                report.warnings.append(
-                    f"the settings asked for fell below the accuracy criterion ({below}): the search"
-                    " chose per-node settings that meet it instead"
-                )
-                _quantize_to(
-                    src,
-                    output,
-                    convert_options,
-                    quantize_options,
-                    int8,
-                    verify,
-                    run_checker,
-                    progress,
-                    report,
-                    auto,
-                    speed,
-                    metric,
-                    refuse,
-                )
+                refuse = within_margin(plan.src, trade, plan.transposes)
+            _quantize_to(_Run(plan, output, report, refuse))
+            if not report.passed and plan.search_below and not plan.int8:
+                report = _search_below(plan, output, report, refuse)
     finally:
-        progress.close()
+        plan.progress.close()
     if trade is not None and report.refused_ratio is not None:
         # The model with the Transposes, timed again as written, was slower than the margin
         # allows: nothing was published, and the model without them is made and written instead.
         from onnx_conv2matmul.quantize.transposes import refused
 
         trade = refused(trade, report.refused_ratio)
-        without = dataclasses.replace(convert_options, allow_added_transposes=False)
-        report = quantize_file(src, dst, convert_options=without, speed=speed, **asked)
+        without = dataclasses.replace(plan.convert, allow_added_transposes=False)
+        report = quantize_file(plan.src, plan.dst, request.again(without, speed=plan.speed))
         report.transposes = trade
     if report.unchanged is not None and report.transposes is not None:
         from onnx_conv2matmul.quantize.unchanged import with_trade
 
         report.unchanged = with_trade(report.unchanged, report.transposes.reason)
     report.seconds = time.perf_counter() - started
-    report.seconds_by_phase = phases.by_phase()
+    report.seconds_by_phase = plan.progress.by_phase()
     report.peak_rss_bytes = _peak_rss_bytes()
     return report
 
 
-def _criterion(verify: VerifyOptions, metric: MetricTarget | None, *, given: bool) -> dict[str, Any]:
-    """The report's ``accuracy`` object before any measurement: what the output must meet."""
-    if verify.report_only:
-        cosine_kind = None
-    elif verify.min_cosine is None:
-        cosine_kind = "exact"
-    else:
-        cosine_kind = "given" if given else "default floor"
-    return {
-        "min_cosine": None if verify.report_only else verify.min_cosine,
-        "min_cosine_source": cosine_kind,
-        "per_sample": True,
-        "inputs": "synthesised" if verify.feeds is None else "files",
-        "caveat": SYNTHESISED_CAVEAT if verify.feeds is None else None,
-        "metric": None if metric is None else {**metric.to_dict(), "original_score": None, "score": None},
-        "fallback": None,
-    }
+def _weigh(plan: QuantizePlan, output: _output.Output) -> tuple[QuantizePlan, TransposeTrade | None]:
+    """The rewrite the Transposes' trade keeps (see :func:`onnx_conv2matmul.quantize.transposes.weigh`),
+    the model made both ways in a scratch directory of ``output``."""
+    from onnx_conv2matmul.quantize.transposes import weigh
+
+    assert plan.transposes is not None
+    with output.scratch("transposes") as scratch:
+        convert, trade = weigh(
+            plan.src,
+            scratch,
+            plan.convert,
+            plan.transposes,
+            plan.speed,
+            plan.verify,
+            plan.progress.phase,
+            lambda rewrite, path: quantize_file(plan.src, path, plan.request.again(rewrite)),
+        )
+    return dataclasses.replace(plan, convert=convert), trade
 
 
-def _new_report(
-    src: str,
-    int8: bool,
-    convert_options: ConvertOptions,
-    quantize_options: QuantizeOptions,
-    auto: AutoOptions | None,
-    criterion: dict[str, Any],
-    speed: SpeedOptions | None,
+def _search_below(
+    plan: QuantizePlan,
+    output: _output.Output,
+    first: QuantizeReport,
+    refuse: Callable[[str], float | None] | None,
 ) -> QuantizeReport:
+    """The settings asked for fell below the criterion: the search's model, with the same
+    criterion, into the same output."""
+    below = _below_text(first)
+    plan.progress.phase("Below the accuracy criterion: searching")
+    auto = AutoOptions(
+        min_cosine=None if plan.verify.report_only else plan.verify.min_cosine,
+        metric=plan.metric,
+        accuracy_level=plan.quantize.accuracy_level,
+        exclude=plan.quantize.exclude,
+        include=plan.quantize.include,
+    )
+    plan = dataclasses.replace(plan, auto=auto)
+    report = _new_report(plan)
+    report.transposes = first.transposes
+    report.accuracy["fallback"] = {
+        "reason": below,
+        "settings": first.options["quantize"],
+        "worst_cosine": _worst_cosine(first),
+        "score": (first.accuracy.get("metric") or {}).get("score"),
+    }
+    report.warnings.append(
+        f"the settings asked for fell below the accuracy criterion ({below}): the search"
+        " chose per-node settings that meet it instead"
+    )
+    _quantize_to(_Run(plan, output, report, refuse))
+    return report
+
+
+def _new_report(plan: QuantizePlan) -> QuantizeReport:
+    auto = plan.auto
     auto_options = None
     if auto is not None:
         auto_options = {
@@ -306,15 +217,15 @@ def _new_report(
             "metric": None if auto.metric is None else auto.metric.to_dict(),
         }
     return QuantizeReport(
-        mode="int8_dynamic" if int8 else "matmul_nbits",
-        input_path=src,
+        mode="int8_dynamic" if plan.int8 else "matmul_nbits",
+        input_path=plan.src,
         options={
-            "rewrite": convert_options.to_dict(),
-            "quantize": {"int8_dynamic": True} if int8 else quantize_options.to_dict(),
+            "rewrite": plan.convert.to_dict(),
+            "quantize": {"int8_dynamic": True} if plan.int8 else plan.quantize.to_dict(),
             "auto": auto_options,
-            "speed": None if speed is None else speed.to_dict(),
+            "speed": None if plan.speed is None else plan.speed.to_dict(),
         },
-        accuracy=copy.deepcopy(criterion),
+        accuracy=copy.deepcopy(dict(plan.criterion)),
     )
 
 
@@ -340,175 +251,177 @@ def _below_text(report: QuantizeReport) -> str:
     return "; ".join(parts) or "the check failed"
 
 
-def _quantize_to(
-    src: str,
-    output: _output.Output,
-    convert_options: ConvertOptions,
-    quantize_options: QuantizeOptions,
-    int8: bool,
-    verify: VerifyOptions,
-    run_checker: bool,
-    progress: Progress,
-    report: QuantizeReport,
-    auto: AutoOptions | None = None,
-    speed: SpeedOptions | None = None,
-    metric: MetricTarget | None = None,
-    refuse: Callable[[str], float | None] | None = None,
-) -> None:
-    dst = output.path
-    loaded = load_input(src, dst, inplace=False, run_checker=run_checker, progress=progress, timings={})
-    output.protect(loaded.external_files)
+def _quantize_to(run: _Run) -> None:
+    """Quantize the plan's input into ``run.output``: staged, checked, timed, and published when
+    it meets the criterion (``run.report`` says what happened)."""
+    plan, report = run.plan, run.report
+    loaded = load_input(
+        plan.src, plan.dst, inplace=False, run_checker=plan.run_checker, progress=plan.progress, timings={}
+    )
+    run.output.protect(loaded.external_files)
     modes = _output.file_modes(loaded.path, loaded.external_files)
     report.input_bytes = loaded.total_bytes
-    model = loaded.model
-    if verify.feeds is not None:
+    if plan.verify.feeds is not None:
         # Before the quantization (gptq runs them), not only when the accuracy check does.
-        check_feeds_for_graph(model.graph.inputs, verify.feeds)
-    if int8:
-        _check_int8_dynamic(model)
-    original_score = None
-    if metric is not None:
-        progress.phase("Scoring the original model")
-        original_score = metric.score(src, "the original model")
-        report.accuracy["metric"] = {**metric.to_dict(), "original_score": original_score, "score": None}
-    report.weights_without_rewrite = weight_stats(model)
-    progress.phase("Rewriting")
-    rewrite = rewrite_model(model, convert_options)
-    report.rewrite = rewrite.totals()
-    report.weights_with_rewrite = weight_stats(model)
-    if speed is not None and speed.mode == "shapes" and speed.chooses and not int8:
-        from onnx_conv2matmul.quantize import kernel
-
-        progress.phase("Kernel choice: timing each weight shape")
-        report.kernel_plan = kernel.plan_kernels(src, model, quantize_options, speed, verify)
-        quantize_options = report.kernel_plan.options
-        report.options["quantize"] = quantize_options.to_dict()
-        if auto is not None and len(speed.levels) > 1:
-            auto = dataclasses.replace(auto, accuracy_level=quantize_options.accuracy_level)
-    external = loaded.has_external_data or _io.tensor_bytes(model) > _io.SINGLE_FILE_LIMIT_BYTES
+        check_feeds_for_graph(loaded.model.graph.inputs, plan.verify.feeds)
+    if plan.int8:
+        _check_int8_dynamic(loaded.model)
+    if plan.metric is not None:
+        plan.progress.phase("Scoring the original model")
+        run.original_score = plan.metric.score(plan.src, "the original model")
+        score = run.original_score
+        report.accuracy["metric"] = {**plan.metric.to_dict(), "original_score": score, "score": None}
+    rewrite = _rewrite(run, loaded.model)
+    external = loaded.has_external_data or _io.tensor_bytes(loaded.model) > _io.SINGLE_FILE_LIMIT_BYTES
     with contextlib.ExitStack() as searching:  # the search's scratch lives until the output's check
-        if int8:
-            staged = _int8_staged(model, output, external, quantize_options, progress, report)
+        if plan.int8:
+            staged = _int8_staged(run, loaded.model, external)
         else:
-            if auto is not None:
-                from onnx_conv2matmul.quantize import search as auto_search
-
-                workdir = searching.enter_context(output.scratch("auto"))
-                searching.callback(_drop_reference, report)
-                prepared = auto_search.prepare(model, auto, workdir, progress.phase)
-                if external:
-                    # The copy stands for the rewritten model from here on (memory-mapped): the
-                    # weights the rewrite made in memory go before the fp32 model runs.
-                    del model
-                    loaded.model = None  # type: ignore[assignment]
-                speed_filter = None
-                if report.kernel_plan is not None and speed is not None:
-                    speed_filter = report.kernel_plan.speed_filter(auto.accuracy_level, speed.margin)
-                _search(src, workdir, prepared, auto, verify, progress, report, original_score, speed_filter)
-                if external:
-                    model = prepared.load()
-                assert report.auto is not None
-                quantize_options = report.auto.config.quantize_options()
-                report.options["quantize"] = quantize_options.to_dict()
-            progress.phase("Quantizing")
-            with contextlib.ExitStack() as stack:
-                # gptq runs the model to capture its activations: from a copy in a scratch directory.
-                gptq = quantize_options.algorithm == "gptq"
-                scratch = stack.enter_context(output.scratch("gptq")) if gptq else None
-                cache = report.auto.cache if report.auto is not None else None
-                result = quantize_matmul_nbits(
-                    model, quantize_options, feeds=verify.feeds, scratch_dir=scratch, cache=cache
-                )
-            report.matmuls = result.matmuls
-            report.quantized_nodes = result.quantized
-            report.excluded = result.excluded
-            report.settings = result.settings
-            report.unchanged = _why_unchanged(rewrite, report, result, quantize_options, verify)
-            report.warnings.extend(_nbits_warnings(result, quantize_options))
-            if quantize_options.other_weights == "int8":
-                from onnx_conv2matmul.quantize.other_weights import quantize_other_weights
-
-                report.other_weights = quantize_other_weights(model)
-            progress.phase("Saving")
-            staged = output.stage(model, external=external, progress=progress.advance)
+            staged = _nbits_staged(run, loaded, rewrite, external, searching)
         with contextlib.ExitStack() as stack:  # at once: any error or interrupt removes what is staged
             stack.enter_context(staged)
-            del model, loaded
+            del loaded
             report.peak_rss_quantize_bytes = _peak_rss_bytes()
+            _check_and_publish(run, staged, stack, modes)
 
-            def timed(staged: _output.Staged) -> _output.Staged:
-                assert speed is not None
-                return _speed_step(
-                    src,
-                    staged,
-                    stack,
-                    output,
-                    convert_options,
-                    quantize_options,
-                    int8,
-                    verify,
-                    speed,
-                    progress,
-                    report,
-                    metric,
-                    original_score,
-                )
 
-            def checked(staged: _output.Staged) -> None:
-                report.external_data = staged.data_path is not None
-                report.output_bytes = staged.size
-                if run_checker:
-                    progress.phase("Checking the output")
-                    _io.run_checker(staged.onnx_path, "the quantized model")
-                progress.phase("Measuring accuracy")
-                reference = report.auto.reference if report.auto is not None else None
-                if reference is not None:
-                    result_v = reference.check(src, staged.onnx_path, verify)
-                else:
-                    result_v = verify_models(src, staged.onnx_path, verify)
-                result_v.candidate = dst
-                report.verification = result_v
-                if metric is not None and result_v.passed:
-                    assert original_score is not None
-                    progress.phase("Scoring the quantized model")
-                    score = metric.score(staged.onnx_path, "the quantized model")
-                    report.accuracy["metric"].update(
-                        score=score,
-                        drop=metric.drop(original_score, score),
-                        passed=metric.meets(original_score, score),
-                    )
+def _rewrite(run: _Run, model: ir.Model) -> ConvertReport:
+    """Rewrite ``model`` in place; with kernel costs to choose from, choose the settings from them."""
+    plan, report = run.plan, run.report
+    report.weights_without_rewrite = weight_stats(model)
+    plan.progress.phase("Rewriting")
+    rewrite = rewrite_model(model, plan.convert)
+    report.rewrite = rewrite.totals()
+    report.weights_with_rewrite = weight_stats(model)
+    speed = plan.speed
+    if speed is not None and speed.mode == "shapes" and speed.chooses and not plan.int8:
+        from onnx_conv2matmul.quantize import kernel
 
-            # Settings chosen from kernel costs: the result is timed only once it passed the check
-            # (one that fails is not timed for nothing), and checked again if its level changed.
-            timed_after = speed is not None and report.kernel_plan is not None
-            if speed is not None and not timed_after:
-                staged = timed(staged)
+        plan.progress.phase("Kernel choice: timing each weight shape")
+        report.kernel_plan = kernel.plan_kernels(plan.src, model, run.quantize, speed, plan.verify)
+        run.quantize = report.kernel_plan.options
+        report.options["quantize"] = run.quantize.to_dict()
+        if run.auto is not None and len(speed.levels) > 1:
+            run.auto = dataclasses.replace(run.auto, accuracy_level=run.quantize.accuracy_level)
+    return rewrite
+
+
+def _nbits_staged(
+    run: _Run, loaded: LoadedModel, rewrite: ConvertReport, external: bool, searching: contextlib.ExitStack
+) -> _output.Staged:
+    """Search (with ``auto``, in a scratch directory ``searching`` keeps), quantize to MatMulNBits
+    and stage the result."""
+    plan, report, output = run.plan, run.report, run.output
+    model = loaded.model
+    if run.auto is not None:
+        from onnx_conv2matmul.quantize import search as auto_search
+
+        workdir = searching.enter_context(output.scratch("auto"))
+        searching.callback(_drop_reference, report)
+        prepared = auto_search.prepare(model, run.auto, workdir, plan.progress.phase)
+        if external:
+            # The copy stands for the rewritten model from here on (memory-mapped): the
+            # weights the rewrite made in memory go before the fp32 model runs.
+            del model
+            loaded.model = None  # type: ignore[assignment]
+        speed_filter = None
+        if report.kernel_plan is not None and plan.speed is not None:
+            speed_filter = report.kernel_plan.speed_filter(run.auto.accuracy_level, plan.speed.margin)
+        _search(run, workdir, prepared, speed_filter)
+        if external:
+            model = prepared.load()
+        assert report.auto is not None
+        run.quantize = report.auto.config.quantize_options()
+        report.options["quantize"] = run.quantize.to_dict()
+    quantize_options = run.quantize
+    plan.progress.phase("Quantizing")
+    with contextlib.ExitStack() as stack:
+        # gptq runs the model to capture its activations: from a copy in a scratch directory.
+        gptq = quantize_options.algorithm == "gptq"
+        scratch = stack.enter_context(output.scratch("gptq")) if gptq else None
+        cache = report.auto.cache if report.auto is not None else None
+        result = quantize_matmul_nbits(
+            model, quantize_options, feeds=plan.verify.feeds, scratch_dir=scratch, cache=cache
+        )
+    report.matmuls = result.matmuls
+    report.quantized_nodes = result.quantized
+    report.excluded = result.excluded
+    report.settings = result.settings
+    report.unchanged = _why_unchanged(rewrite, report, result, quantize_options, plan.verify)
+    report.warnings.extend(_nbits_warnings(result, quantize_options))
+    if quantize_options.other_weights == "int8":
+        from onnx_conv2matmul.quantize.other_weights import quantize_other_weights
+
+        report.other_weights = quantize_other_weights(model)
+    plan.progress.phase("Saving")
+    return output.stage(model, external=external, progress=plan.progress.advance)
+
+
+def _check_and_publish(
+    run: _Run, staged: _output.Staged, stack: contextlib.ExitStack, modes: tuple[int, int]
+) -> None:
+    """Check (and with ``speed``, time) the staged model; publish it when it meets the criterion."""
+    plan, report = run.plan, run.report
+    speed = plan.speed
+
+    def timed(staged: _output.Staged) -> _output.Staged:
+        return _speed_step(run, staged, stack)
+
+    def checked(staged: _output.Staged) -> None:
+        report.external_data = staged.data_path is not None
+        report.output_bytes = staged.size
+        if plan.run_checker:
+            plan.progress.phase("Checking the output")
+            _io.run_checker(staged.onnx_path, "the quantized model")
+        plan.progress.phase("Measuring accuracy")
+        reference = report.auto.reference if report.auto is not None else None
+        if reference is not None:
+            result_v = reference.check(plan.src, staged.onnx_path, plan.verify)
+        else:
+            result_v = verify_models(plan.src, staged.onnx_path, plan.verify)
+        result_v.candidate = plan.dst
+        report.verification = result_v
+        if plan.metric is not None and result_v.passed:
+            assert run.original_score is not None
+            plan.progress.phase("Scoring the quantized model")
+            score = plan.metric.score(staged.onnx_path, "the quantized model")
+            report.accuracy["metric"].update(
+                score=score,
+                drop=plan.metric.drop(run.original_score, score),
+                passed=plan.metric.meets(run.original_score, score),
+            )
+
+    # Settings chosen from kernel costs: the result is timed only once it passed the check
+    # (one that fails is not timed for nothing), and checked again if its level changed.
+    timed_after = speed is not None and report.kernel_plan is not None
+    if speed is not None and not timed_after:
+        staged = timed(staged)
+    checked(staged)
+    if timed_after and not report.passed and speed is not None:
+        from onnx_conv2matmul.quantize.kernel import accurate_level
+
+        level = accurate_level(staged.onnx_path, run.quantize, speed, plan.progress)
+        if level is not None:
+            below = _below_text(report)
             checked(staged)
-            if timed_after and not report.passed and speed is not None:
-                from onnx_conv2matmul.quantize.kernel import accurate_level
-
-                level = accurate_level(staged.onnx_path, quantize_options, speed, progress)
-                if level is not None:
-                    below = _below_text(report)
-                    checked(staged)
-                    if report.passed:
-                        report.warnings.append(
-                            f"accuracy level {quantize_options.accuracy_level}, the cheapest, fell below the"
-                            f" accuracy criterion ({below}): level {level} meets it and is kept"
-                        )
-                    quantize_options = dataclasses.replace(quantize_options, accuracy_level=level)
-                    report.options["quantize"] = quantize_options.to_dict()
-            if timed_after and report.passed:
-                staged = timed(staged)
-                if report.kernel_choice is not None:
-                    checked(staged)
-            if report.passed and refuse is not None:
-                progress.phase("Timing the model with the Transposes as written")
-                report.refused_ratio = refuse(staged.onnx_path)
-            if report.passed and report.refused_ratio is None:
-                progress.phase("Publishing")
-                staged.publish(modes)
-                report.output_path = dst
+            if report.passed:
+                report.warnings.append(
+                    f"accuracy level {run.quantize.accuracy_level}, the cheapest, fell below the"
+                    f" accuracy criterion ({below}): level {level} meets it and is kept"
+                )
+            run.quantize = dataclasses.replace(run.quantize, accuracy_level=level)
+            report.options["quantize"] = run.quantize.to_dict()
+    if timed_after and report.passed:
+        staged = timed(staged)
+        if report.kernel_choice is not None:
+            checked(staged)
+    if report.passed and run.refuse is not None:
+        plan.progress.phase("Timing the model with the Transposes as written")
+        report.refused_ratio = run.refuse(staged.onnx_path)
+    if report.passed and report.refused_ratio is None:
+        plan.progress.phase("Publishing")
+        staged.publish(modes)
+        report.output_path = plan.dst
 
 
 def _drop_reference(report: QuantizeReport) -> None:
@@ -517,27 +430,16 @@ def _drop_reference(report: QuantizeReport) -> None:
         report.auto.reference = report.auto.cache = None
 
 
-def _speed_step(
-    src: str,
-    staged: _output.Staged,
-    stack: contextlib.ExitStack,
-    output: _output.Output,
-    convert_options: ConvertOptions,
-    quantize_options: QuantizeOptions,
-    int8: bool,
-    verify: VerifyOptions,
-    speed: SpeedOptions,
-    progress: Progress,
-    report: QuantizeReport,
-    metric: MetricTarget | None,
-    original_score: float | None,
-) -> _output.Staged:
+def _speed_step(run: _Run, staged: _output.Staged, stack: contextlib.ExitStack) -> _output.Staged:
     """Choose the kernel settings and time the result (see :mod:`onnx_conv2matmul.quantize.kernel`);
     the staged model to check and publish. A candidate meets the accuracy target when it meets
     the output's criterion: every sample's cosine at least ``verify.min_cosine`` (the floor by
     default) and, with ``metric``, a score that dropped by at most its ``max_drop``."""
     from onnx_conv2matmul.quantize import kernel
 
+    plan, report = run.plan, run.report
+    assert plan.speed is not None
+    speed, quantize_options = plan.speed, run.quantize
     if report.auto is not None:
         quantize_options = report.auto.config.quantize_options()
         # The search chose every node's block size: only the accuracy level is left to time.
@@ -550,31 +452,31 @@ def _speed_step(
         )
     first = kernel.Variant(quantize_options.block_size, staged, None, report.other_weights)
     outcome = kernel.run_speed_step(
-        src,
+        plan.src,
         first,
         quantize_options,
         speed,
         stack=stack,
-        output=output,
-        convert_options=convert_options,
-        verify=verify,
-        progress=progress,
-        int8=int8,
-        metric=metric,
-        original_score=original_score,
+        output=run.output,
+        convert_options=plan.convert,
+        verify=plan.verify,
+        progress=plan.progress,
+        int8=plan.int8,
+        metric=plan.metric,
+        original_score=run.original_score,
     )
     if chosen_by_cost and outcome.slower() and len(tried_levels) > 1:
         first_slower = outcome.slower()
         outcome = kernel.retry_levels(
-            src,
+            plan.src,
             outcome,
             quantize_options,
             speed,
             tried_levels,
-            verify=verify,
-            progress=progress,
-            metric=metric,
-            original_score=original_score,
+            verify=plan.verify,
+            progress=plan.progress,
+            metric=plan.metric,
+            original_score=run.original_score,
         )
         if outcome.choice is not None:  # None: nothing became MatMulNBits, no level to try
             report.warnings.append(
@@ -598,44 +500,29 @@ def _speed_step(
     return kept.staged
 
 
-def _search(
-    src: str,
-    workdir: str,
-    model: ir.Model | Prepared,
-    auto: AutoOptions,
-    verify: VerifyOptions,
-    progress: Progress,
-    report: QuantizeReport,
-    original_score: float | None,
-    speed_filter: Any = None,
-) -> None:
-    """Run the search on the inputs the accuracy check uses (given or synthesised), in
-    ``workdir`` (a scratch directory beside the output, under its guard: see
+def _search(run: _Run, workdir: str, model: ir.Model | Prepared, speed_filter: Any = None) -> None:
+    """Run the search for ``run.auto`` on the inputs the accuracy check uses (given or
+    synthesised), in ``workdir`` (a scratch directory beside the output, under its guard: see
     :meth:`_output.Output.scratch`)."""
     from onnx_conv2matmul.quantize import search as auto_search
     from onnx_conv2matmul.quantize.reference import feed_set
 
-    if verify.feeds is None:
-        progress.phase("Synthesising inputs")
-    feeds = feed_set(src, verify)
-    report.auto = auto_search.search(
+    plan = run.plan
+    assert run.auto is not None
+    if plan.verify.feeds is None:
+        plan.progress.phase("Synthesising inputs")
+    feeds = feed_set(plan.src, plan.verify)
+    run.report.auto = auto_search.search(
         model,
         feeds,
-        auto,
+        run.auto,
         workdir,
-        deterministic=verify.deterministic,
-        progress=progress.phase,
-        original_score=original_score,
-        memory=verify.memory,
+        deterministic=plan.verify.deterministic,
+        progress=plan.progress.phase,
+        original_score=run.original_score,
+        memory=plan.verify.memory,
         speed_filter=speed_filter,
     )
-
-
-def _check_quantize_options(options: QuantizeOptions, verify: VerifyOptions) -> None:
-    """Refuse, before any work, settings this run cannot apply."""
-    from onnx_conv2matmul.quantize.weight_only import check_available
-
-    check_available(options.algorithm, has_calibration=bool(verify.feeds))
 
 
 def _why_unchanged(
@@ -692,19 +579,14 @@ def _check_int8_dynamic(model: ir.Model) -> None:
         )
 
 
-def _int8_staged(
-    model: ir.Model,
-    output: _output.Output,
-    external: bool,
-    quantize_options: QuantizeOptions,
-    progress: Progress,
-    report: QuantizeReport,
-) -> _output.Staged:
+def _int8_staged(run: _Run, model: ir.Model, external: bool) -> _output.Staged:
     """Save the rewritten fp32 model aside, run ``quantize_dynamic`` into a staged output.
 
     onnxruntime names the data file after the ``.onnx`` it writes, so the staged
     ``.onnx`` is named for the data file to get the destination's data-file name.
     """
+
+    progress, output, report = run.plan.progress, run.output, run.report
 
     def write(directory: str) -> str:
         progress.phase("Saving the rewritten model")
@@ -715,7 +597,7 @@ def _int8_staged(
         progress.phase("Quantizing (int8 dynamic)")
         name = output.data_name.removesuffix(".data") if external else os.path.basename(output.path)
         out = os.path.join(directory, name)
-        int8_dynamic(model, fp32_path, out, quantize_options, external_data=external)
+        int8_dynamic(model, fp32_path, out, run.quantize, external_data=external)
         shutil.rmtree(fp32_dir)
         _restore_model_fields(out, model)
         quantized = ir.load(out)

@@ -1,0 +1,191 @@
+"""One quantize run's plan: what the caller gave, resolved once into the settings every step reads.
+
+:class:`Request` holds what :func:`onnx_conv2matmul.api.quantize_file` was given, as given (None
+for what was left to the default); :func:`resolve` turns it into a :class:`QuantizePlan`, deciding
+once the defaults (the rewrite's options, the accuracy floor), how ``auto``, ``metric`` and
+``verify``'s criterion combine, and the report's ``accuracy`` object; it refuses, before any work,
+what this run cannot apply. The workflow passes the plan down instead of a dozen arguments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from onnx_conv2matmul.errors import InputError
+from onnx_conv2matmul.files.load import check_paths
+from onnx_conv2matmul.files.progress import NullProgress, Progress
+from onnx_conv2matmul.quantize.options import AutoOptions, QuantizeOptions
+from onnx_conv2matmul.quantize.phases import PhaseTimer
+from onnx_conv2matmul.rewrite.options import ConvertOptions
+from onnx_conv2matmul.verify.check import VerifyOptions, discover_inputs
+
+if TYPE_CHECKING:
+    from onnx_conv2matmul.quantize.metric import MetricTarget
+    from onnx_conv2matmul.quantize.transposes import TransposeOptions
+    from onnx_conv2matmul.speed.choose import SpeedOptions
+
+
+DEFAULT_MIN_COSINE = 0.99
+"""The accuracy floor of ``quantize`` when no criterion is given: the worst sample's cosine
+similarity to the fp32 model, on every float output of every feed."""
+
+SYNTHESISED_CAVEAT = (
+    "accuracy measured on synthesised inputs, which can overstate it (a trained model can"
+    " score well on random inputs and badly on real ones): real inputs of the model give the true figure"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """What the caller of a quantize run gave (see :func:`onnx_conv2matmul.api.quantize_file`);
+    None leaves the choice to :func:`resolve`."""
+
+    quantize: QuantizeOptions | None = None
+    int8: bool = False
+    auto: AutoOptions | None = None
+    convert: ConvertOptions | None = None
+    verify: VerifyOptions | None = None
+    run_checker: bool = True
+    progress: Progress | None = None
+    speed: SpeedOptions | None = None
+    metric: MetricTarget | None = None
+    search_below: bool | None = None
+    transposes: TransposeOptions | None = None
+
+    def again(self, convert: ConvertOptions, *, speed: SpeedOptions | None = None) -> Request:
+        """The same request for another rewrite (the Transposes' trade makes the model both ways),
+        without progress or a trade of its own; timed only with ``speed``."""
+        return dataclasses.replace(self, convert=convert, speed=speed, progress=None, transposes=None)
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantizePlan:
+    """A quantize run's resolved settings: every step reads them from here.
+
+    Attributes:
+        src: The input model's path.
+        dst: The output's path (checked: not the input, its folder exists).
+        request: What was given, for the runs made again with another rewrite.
+        convert: The rewrite's options.
+        quantize: The MatMulNBits settings asked for (the search or the kernel choice may
+            replace them during the run).
+        int8: onnxruntime's int8 dynamic quantization instead of MatMulNBits.
+        verify: The accuracy check's inputs (looked for once) and criterion.
+        auto: What the search looks for; None: no search.
+        speed: What is timed and tried; None: nothing is timed.
+        metric: The user's score and its largest drop; None: the cosine alone.
+        search_below: Whether a result below the criterion makes the search run.
+        transposes: The trade of the Transposes a rewrite adds; None: decided by ``convert``.
+        run_checker: Whether the ONNX checker runs on the input and the output.
+        progress: Where each step is announced (and timed by phase).
+        criterion: The report's ``accuracy`` object before any measurement.
+    """
+
+    src: str
+    dst: str
+    request: Request
+    convert: ConvertOptions
+    quantize: QuantizeOptions
+    int8: bool
+    verify: VerifyOptions
+    auto: AutoOptions | None
+    speed: SpeedOptions | None
+    metric: MetricTarget | None
+    search_below: bool
+    transposes: TransposeOptions | None
+    run_checker: bool
+    progress: PhaseTimer
+    criterion: Mapping[str, Any]
+
+
+def resolve(
+    input_path: str | os.PathLike[str], output_path: str | os.PathLike[str], request: Request
+) -> QuantizePlan:
+    """The plan of a run of ``request`` from ``input_path`` to ``output_path``.
+
+    The output must meet a criterion: ``verify.min_cosine``, and ``metric`` (the score may drop by
+    at most its ``max_drop``); with neither, the floor :data:`DEFAULT_MIN_COSINE`
+    (``verify.report_only`` asks for no cosine criterion). ``auto`` takes the metric and the cosine
+    given, or the floor when neither is. ``search_below`` defaults to whether the settings are the
+    defaults (no quantize options, no ``auto``, not int8).
+
+    Raises:
+        InputError: ``auto`` with int8, bad paths, or an algorithm that cannot run here.
+    """
+    auto, metric, verify = request.auto, request.metric, request.verify or VerifyOptions()
+    defaults = request.quantize is None and auto is None and not request.int8
+    if auto is not None:
+        if request.int8:
+            raise InputError("the search chooses MatMulNBits settings, not int8 dynamic quantization")
+        if metric is not None and auto.metric is None:
+            auto = dataclasses.replace(auto, metric=metric)
+        metric = auto.metric
+        if auto.min_cosine is None and verify.min_cosine is not None:
+            auto = dataclasses.replace(auto, min_cosine=verify.min_cosine)
+    given_cosine = verify.min_cosine is not None or (auto is not None and auto.min_cosine is not None)
+    if auto is not None and auto.min_cosine is None and metric is None:
+        auto = dataclasses.replace(auto, min_cosine=DEFAULT_MIN_COSINE)
+    if auto is not None:
+        if auto.min_cosine is not None:
+            verify = dataclasses.replace(verify, min_cosine=auto.min_cosine, report_only=False)
+        else:
+            verify = dataclasses.replace(verify, report_only=True)
+    elif verify.min_cosine is None and not verify.report_only:
+        if metric is None:
+            verify = dataclasses.replace(verify, min_cosine=DEFAULT_MIN_COSINE)
+        else:
+            verify = dataclasses.replace(verify, report_only=True)
+    criterion = _criterion(verify, metric, given=given_cosine)
+    progress = PhaseTimer(request.progress or NullProgress())
+    src = os.fspath(input_path)
+    dst = check_paths(src, os.fspath(output_path), inplace=False)
+    quantize = request.quantize or QuantizeOptions()
+    if not request.int8:
+        from onnx_conv2matmul.quantize.weight_only import check_available
+
+        check_available(quantize.algorithm, has_calibration=bool(verify.feeds))
+    # Once: the check, the search and the latency step all feed these sizes and values.
+    verify = discover_inputs(src, verify)
+    if verify.feeds is not None:
+        # The latency step still synthesises its inputs: at the sizes the model takes.
+        found = discover_inputs(src, dataclasses.replace(verify, feeds=None))
+        verify = dataclasses.replace(verify, axes=found.axes)
+    return QuantizePlan(
+        src=src,
+        dst=dst,
+        request=request,
+        convert=request.convert or ConvertOptions(extended=True, allow_non_unit_dilation=True),
+        quantize=quantize,
+        int8=request.int8,
+        verify=verify,
+        auto=auto,
+        speed=request.speed,
+        metric=metric,
+        search_below=defaults if request.search_below is None else request.search_below,
+        transposes=request.transposes,
+        run_checker=request.run_checker,
+        progress=progress,
+        criterion=criterion,
+    )
+
+
+def _criterion(verify: VerifyOptions, metric: MetricTarget | None, *, given: bool) -> dict[str, Any]:
+    """The report's ``accuracy`` object before any measurement: what the output must meet."""
+    if verify.report_only:
+        cosine_kind = None
+    elif verify.min_cosine is None:
+        cosine_kind = "exact"
+    else:
+        cosine_kind = "given" if given else "default floor"
+    return {
+        "min_cosine": None if verify.report_only else verify.min_cosine,
+        "min_cosine_source": cosine_kind,
+        "per_sample": True,
+        "inputs": "synthesised" if verify.feeds is None else "files",
+        "caveat": SYNTHESISED_CAVEAT if verify.feeds is None else None,
+        "metric": None if metric is None else {**metric.to_dict(), "original_score": None, "score": None},
+        "fallback": None,
+    }
