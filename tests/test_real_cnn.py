@@ -122,15 +122,21 @@ def test_detector_prefer_size_quantizes_the_convs_that_add_transposes(tmp_path: 
 
 @pytest.mark.network
 def test_detector_by_default_says_what_the_transposes_cost(tmp_path: Path) -> None:
+    """Both models are made as the default run makes its model (the speed-aware search included)
+    and timed; what is written is the one kept, as it was made (whatever this CPU's timings say)."""
     model = FETCHER.fetch(DETECTOR)
-    code, data, stderr = _quantize(model, tmp_path / "q.onnx", *FAST)
+    output = tmp_path / "q.onnx"
+    code, data, stderr = _quantize(model, output, *FAST)
     assert code == 0, stderr
     trade = data["transposes"]
-    with_them = next(m for m in trade["models"] if m["with_transposes"])
-    assert with_them["latency_ratio"] is not None and with_them["size_ratio"] < 0.5
-    if trade["with_transposes"]:  # it was at most 10% slower than the input here
-        assert with_them["latency_ratio"] <= 1.1 and data["unchanged"] is None
-    else:
+    assert [m["with_transposes"] for m in trade["models"]] == [False, True]
+    assert all(m["latency_ratio"] is not None for m in trade["models"])
+    kept = next(m for m in trade["models"] if m["name"] == trade["kept"])
+    assert output.stat().st_size == kept["bytes"]
+    assert data["quantized_nodes"] == kept["quantized_nodes"]
+    if trade["with_transposes"]:  # at most 10% slower than the input here
+        assert kept["latency_ratio"] <= 1.1 and data["quantized_nodes"] > 0
+    elif data["quantized_nodes"] == 0:
         assert data["unchanged"]["cause"] == "adds_transposes"
         assert "--prefer size" in next(line for line in stderr.splitlines() if line.strip())
 

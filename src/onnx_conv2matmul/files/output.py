@@ -151,6 +151,22 @@ class Output:
             self._destination, directory, onnx_path, data_path if os.path.exists(data_path) else None
         )
 
+    def stage_made(self, onnx_path: str) -> Staged:
+        """Stage a model another run wrote under this output's name (in a scratch directory, see
+        :meth:`scratch`): its ``.onnx`` and its data file beside it are moved, not copied."""
+        if os.path.basename(onnx_path) != self._destination.name:
+            raise ValueError(f"{onnx_path} is not named {self._destination.name}")
+        data = os.path.join(os.path.dirname(onnx_path), self.data_name)
+
+        def write(directory: str) -> str:
+            target = os.path.join(directory, self._destination.name)
+            os.replace(onnx_path, target)
+            if os.path.exists(data):
+                os.replace(data, os.path.join(directory, self.data_name))
+            return target
+
+        return self.stage_with(write)
+
     @contextlib.contextmanager
     def scratch(self, kind: str) -> Iterator[str]:
         """A hidden directory beside the destination for a step's own files, removed when

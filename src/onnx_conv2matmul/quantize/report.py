@@ -62,9 +62,6 @@ class QuantizeReport(CommandReport):
     """Why no MatMul was quantized (None when some were, or in int8 dynamic mode)."""
     transposes: TransposeTrade | None = None
     """The trade of the convs whose rewrite adds Transposes, when it was weighed."""
-    refused_ratio: float | None = None
-    """The latency ratio for which the model with those Transposes was not written (by default,
-    when timed again as written it was slower than the margin allows); None otherwise."""
 
     @property
     def passed(self) -> bool:

@@ -86,8 +86,6 @@ class TransposeTrade:
     kept: int
     reason: str
     timed_on: str = ""
-    timing: Any = dataclasses.field(default=None, compare=False, repr=False)
-    """The timing options both models were timed with (the written one is timed again so)."""
 
     @property
     def chosen(self) -> Layout:

@@ -18,8 +18,10 @@ inputs, :mod:`onnx_conv2matmul.speed.inputs`), and keeps one by the preference:
   than :data:`DEFAULT_MARGIN`; when neither is, the faster.
 
 The report's ``transposes`` section shows the trade: those convs' number and weight share, each
-model's size and latency ratio, the margin, what was kept and why. The run then quantizes with the
-rewrite options kept (its kernel choice and latency table are those of the model written).
+model's size and latency ratio, the margin, what was kept and why. Each model is made as the run
+was asked (settings, check, search below the criterion, kernel choice, speed step), and the one kept
+is published as it was made: the model written is the very model sized, checked and timed here (a
+third quantization could choose otherwise, its search and kernel choice being measured again).
 """
 
 from __future__ import annotations
@@ -120,7 +122,16 @@ def file_bytes(path: str) -> int:
 
 
 CandidateRun = Callable[[Any, str], Any]
-"""Quantizes the input with rewrite options into a path; returns its quantize report."""
+"""Quantizes the input with rewrite options into a folder, as the run was asked (its settings,
+check, search, kernel choice and speed step); returns its quantize report."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Made:
+    """A model the trade made: its path (in the scratch directory) and its quantize report."""
+
+    path: str
+    report: Any
 
 
 def decide(
@@ -132,44 +143,48 @@ def decide(
     timing: Any | None,
     verify: Any,
     progress: Callable[[str], None] = lambda _: None,
-) -> tuple[Any, TransposeTrade | None]:
-    """The rewrite options to quantize with, and the trade that chose them (None when the rewrite
-    leaves no conv because of Transposes, or they hold no weight).
+) -> tuple[Any, TransposeTrade | None, Made | None]:
+    """The rewrite options to quantize with, the trade that chose them (None when the rewrite
+    leaves no conv because of Transposes, or they hold no weight), and the model kept, as made
+    (None when it was not made, or missed the criterion): the one to publish as it is, so the
+    model written is the very model sized and timed here.
 
-    Both models are made by ``run`` in ``scratch`` and timed against ``src`` with ``timing``
-    (the speed step's options; None: nothing is timed, as with ``--no-bench``).
+    Both models are made by ``run`` in ``scratch`` (each in a folder of its own) and timed
+    against ``src`` with ``timing`` (the speed step's options; None: nothing is timed, as with
+    ``--no-bench``).
 
     Raises:
         ModelLoadError, ModelRunError: a model cannot be timed.
     """
     convs, share = left_with_transposes(src, convert_options)
     if not convs or share < MIN_SHARE:
-        return convert_options, None
+        return convert_options, None, None
     with_options = dataclasses.replace(convert_options, allow_added_transposes=True)
     layouts: list[Layout] = []
-    paths: list[str | None] = []
+    made: list[Made | None] = []
     for name, flag, rewrite in (
         ("without them", False, convert_options),
         ("with them", True, with_options),
     ):
         progress(f"Quantizing {name}: the convs that add Transposes")
-        path = os.path.join(scratch, ("with" if flag else "without") + ".onnx")
+        folder = os.path.join(scratch, "with" if flag else "without")
+        os.makedirs(folder, exist_ok=True)
         try:
-            report = run(rewrite, path)
+            report = run(rewrite, folder)
             passed, quantized = bool(report.passed), int(report.quantized_nodes)
+            path = report.output_path or ""
         except Exception as err:  # a model that cannot be made is not a candidate
             from onnx_conv2matmul.errors import Conv2MatMulError
 
             if not isinstance(err, Conv2MatMulError):
                 raise
-            passed, quantized = False, 0
-        made = passed and os.path.exists(path)
-        layouts.append(Layout(name, flag, file_bytes(path) if made else 0, made, None, quantized))
-        paths.append(path if made else None)
+            report, passed, quantized, path = None, False, 0, ""
+        ok = passed and bool(path) and os.path.exists(path)
+        layouts.append(Layout(name, flag, file_bytes(path) if ok else 0, ok, None, quantized))
+        made.append(Made(path, report) if ok else None)
     timed_on = ""
     measured = None
-    timed = [i for i, path in enumerate(paths) if path is not None]
-    timed_paths = [path for path in paths if path is not None]
+    timed = [i for i, m in enumerate(made) if m is not None]
     if timing is not None and timed:
         from onnx_conv2matmul.speed.inputs import timing_inputs
         from onnx_conv2matmul.speed.timing import time_models
@@ -177,7 +192,7 @@ def decide(
         progress("Timing both against the original")
         measured = timing_inputs(src, timing, verify)
         result = time_models(
-            [src, *timed_paths],
+            [src, *(made[i].path for i in timed)],  # type: ignore[union-attr]
             measured,
             labels=["original", *(layouts[i].name for i in timed)],
             clock=options.clock,
@@ -202,48 +217,8 @@ def decide(
         kept,
         reason,
         timed_on,
-        measured,
     )
-    return (with_options if layouts[kept].with_transposes else convert_options), trade
-
-
-def within_margin(
-    src: str, trade: TransposeTrade, options: TransposeOptions
-) -> Callable[[str], float | None]:
-    """By default (``balanced``), the check of the model with the Transposes as it is written
-    (after the kernel choice): timed again against ``src`` as both models were, its latency ratio
-    (the geometric mean over the inputs) when above the margin, else None. ``size`` and ``speed``
-    are not bound by the margin: None."""
-
-    def slower(path: str) -> float | None:
-        if trade.prefer is not Prefer.BALANCED or trade.timing is None:
-            return None
-        from onnx_conv2matmul.speed.timing import time_models
-
-        result = time_models(
-            [src, path],
-            trade.timing,
-            labels=["original", "with them"],
-            clock=options.clock,
-            session_factory=options.session_factory,
-        )
-        ratios = [lat.ratio for lat in result.models[1].latencies if lat.ratio is not None]
-        ratio = math.exp(sum(math.log(r) for r in ratios) / len(ratios)) if ratios else None
-        return ratio if ratio is not None and ratio > 1 + trade.margin else None
-
-    return slower
-
-
-def refused(trade: TransposeTrade, ratio: float) -> TransposeTrade:
-    """``trade`` after the model with the Transposes, timed again as written, was refused: the
-    model without them is kept, and the reason says what was measured."""
-    without = next(i for i, layout in enumerate(trade.layouts) if not layout.with_transposes)
-    reason = (
-        f"{trade.reason}; but timed again as written ({ratio:.2f}x the original's latency) it was"
-        f" slower than the original by more than {trade.margin:.0%}: the model without them is kept"
-        " (--prefer size keeps them)"
-    )
-    return dataclasses.replace(trade, kept=without, reason=reason)
+    return (with_options if layouts[kept].with_transposes else convert_options), trade, made[kept]
 
 
 def weigh(
@@ -255,10 +230,10 @@ def weigh(
     verify: Any,
     progress: Callable[[str], None],
     run: CandidateRun,
-) -> tuple[Any, TransposeTrade | None]:
+) -> tuple[Any, TransposeTrade | None, Made | None]:
     """:func:`decide` for ``quantize``: ``run`` makes each model in ``scratch`` as the run was
-    asked (settings, check, search; nothing timed); both are timed with the speed options'
-    timing (None: ``--no-bench``)."""
+    asked (settings, check, search, kernel choice, speed step); both are timed with the speed
+    options' timing (None: ``--no-bench``)."""
     timing = None
     if speed is not None:
         from onnx_conv2matmul.quantize.kernel import timing_options

@@ -39,11 +39,11 @@ from onnx_conv2matmul.rewrite.passes import rewrite_model
 from onnx_conv2matmul.verify.check import VerifyOptions, check_feeds_for_graph, verify_models
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from onnx_conv2matmul.quantize.search import Prepared
     from onnx_conv2matmul.quantize.trade import TransposeTrade
+    from onnx_conv2matmul.quantize.transposes import Made
     from onnx_conv2matmul.quantize.unchanged import Unchanged
+    from onnx_conv2matmul.rewrite.options import ConvertOptions
     from onnx_conv2matmul.rewrite.report import ConvertReport
 
 
@@ -56,14 +56,12 @@ class _Run:
     """One pass of a plan into an output: the plan, where it writes, what it has found so far.
 
     ``quantize`` and ``auto`` start as the plan's and follow the run (the kernel choice and the
-    search replace them); ``refuse`` times the model with the Transposes as written (None: no
-    such check).
+    search replace them).
     """
 
     plan: QuantizePlan
     output: _output.Output
     report: QuantizeReport
-    refuse: Callable[[str], float | None] | None = None
     quantize: QuantizeOptions = dataclasses.field(init=False)
     auto: AutoOptions | None = dataclasses.field(init=False)
     original_score: float | None = None
@@ -117,32 +115,24 @@ def quantize_file(
     request = request or Request()
     plan = resolve(input_path, output_path, request)
     report = _new_report(plan)
-    trade = None
     try:
         with _output.Output(plan.dst, source=plan.src) as output:
+            made = None
             if plan.transposes is not None and not plan.int8 and not plan.convert.allow_added_transposes:
-                plan, trade = _weigh(plan, output)
+                with output.scratch("transposes") as scratch:
+                    plan, trade, made = _weigh(plan, scratch)
+                    if made is not None:  # published as it was made, sized and timed
+                        report = _publish_made(plan, output, made)
+                    report.transposes = trade
+            if made is None:
+                transposes = report.transposes
                 report = _new_report(plan)
-                report.transposes = trade
-            refuse = None
-            if trade is not None and trade.chosen.with_transposes and plan.transposes is not None:
-                from onnx_conv2matmul.quantize.transposes import within_margin
-
-                refuse = within_margin(plan.src, trade, plan.transposes)
-            _quantize_to(_Run(plan, output, report, refuse))
-            if not report.passed and plan.search_below and not plan.int8:
-                report = _search_below(plan, output, report, refuse)
+                report.transposes = transposes
+                _quantize_to(_Run(plan, output, report))
+                if not report.passed and plan.search_below and not plan.int8:
+                    report = _search_below(plan, output, report)
     finally:
         plan.progress.close()
-    if trade is not None and report.refused_ratio is not None:
-        # The model with the Transposes, timed again as written, was slower than the margin
-        # allows: nothing was published, and the model without them is made and written instead.
-        from onnx_conv2matmul.quantize.transposes import refused
-
-        trade = refused(trade, report.refused_ratio)
-        without = dataclasses.replace(plan.convert, allow_added_transposes=False)
-        report = quantize_file(plan.src, plan.dst, request.again(without, speed=plan.speed))
-        report.transposes = trade
     if report.unchanged is not None and report.transposes is not None:
         from onnx_conv2matmul.quantize.unchanged import with_trade
 
@@ -153,31 +143,43 @@ def quantize_file(
     return report
 
 
-def _weigh(plan: QuantizePlan, output: _output.Output) -> tuple[QuantizePlan, TransposeTrade | None]:
-    """The rewrite the Transposes' trade keeps (see :func:`onnx_conv2matmul.quantize.transposes.weigh`),
-    the model made both ways in a scratch directory of ``output``."""
+def _weigh(plan: QuantizePlan, scratch: str) -> tuple[QuantizePlan, TransposeTrade | None, Made | None]:
+    """The rewrite the Transposes' trade keeps (see :func:`onnx_conv2matmul.quantize.transposes.weigh`)
+    and the model kept as it was made (None: not made); both models are made as this run was
+    asked (the speed step included), each in a folder of ``scratch`` under the output's name."""
     from onnx_conv2matmul.quantize.transposes import weigh
 
     assert plan.transposes is not None
-    with output.scratch("transposes") as scratch:
-        convert, trade = weigh(
-            plan.src,
-            scratch,
-            plan.convert,
-            plan.transposes,
-            plan.speed,
-            plan.verify,
-            plan.progress.phase,
-            lambda rewrite, path: quantize_file(plan.src, path, plan.request.again(rewrite)),
-        )
-    return dataclasses.replace(plan, convert=convert), trade
+    name = os.path.basename(plan.dst)
+
+    def make(rewrite: ConvertOptions, folder: str) -> QuantizeReport:
+        again = plan.request.again(rewrite, speed=plan.speed)
+        return quantize_file(plan.src, os.path.join(folder, name), again)
+
+    convert, trade, made = weigh(
+        plan.src, scratch, plan.convert, plan.transposes, plan.speed, plan.verify, plan.progress.phase, make
+    )
+    return dataclasses.replace(plan, convert=convert), trade, made
+
+
+def _publish_made(plan: QuantizePlan, output: _output.Output, made: Made) -> QuantizeReport:
+    """Publish the model the trade kept, as made in its scratch folder; its report, now of the output."""
+    data = os.path.join(os.path.dirname(made.path), output.data_name)
+    modes = _output.file_modes(made.path, [data] if os.path.exists(data) else [])
+    plan.progress.phase("Publishing")
+    with output.stage_made(made.path) as staged:
+        staged.publish(modes)
+    report: QuantizeReport = made.report
+    report.output_path = plan.dst
+    if report.verification is not None:
+        report.verification.candidate = plan.dst
+    return report
 
 
 def _search_below(
     plan: QuantizePlan,
     output: _output.Output,
     first: QuantizeReport,
-    refuse: Callable[[str], float | None] | None,
 ) -> QuantizeReport:
     """The settings asked for fell below the criterion: the search's model, with the same
     criterion, into the same output."""
@@ -203,7 +205,7 @@ def _search_below(
         f"the settings asked for fell below the accuracy criterion ({below}): the search"
         " chose per-node settings that meet it instead"
     )
-    _quantize_to(_Run(plan, output, report, refuse))
+    _quantize_to(_Run(plan, output, report))
     return report
 
 
@@ -415,10 +417,7 @@ def _check_and_publish(
         staged = timed(staged)
         if report.kernel_choice is not None:
             checked(staged)
-    if report.passed and run.refuse is not None:
-        plan.progress.phase("Timing the model with the Transposes as written")
-        report.refused_ratio = run.refuse(staged.onnx_path)
-    if report.passed and report.refused_ratio is None:
+    if report.passed:
         plan.progress.phase("Publishing")
         staged.publish(modes)
         report.output_path = plan.dst
