@@ -134,8 +134,12 @@ def test_detector_by_default_says_what_the_transposes_cost(tmp_path: Path) -> No
     kept = next(m for m in trade["models"] if m["name"] == trade["kept"])
     assert output.stat().st_size == kept["bytes"]
     assert data["quantized_nodes"] == kept["quantized_nodes"]
-    if trade["with_transposes"]:  # at most 10% slower than the input here
-        assert kept["latency_ratio"] <= 1.1 and data["quantized_nodes"] > 0
+    ratios = [m["latency_ratio"] for m in trade["models"]]
+    if trade["with_transposes"]:
+        # Kept with them: at most 10% slower than the input, or every model was slower than that
+        # (a loaded machine) and the fastest one was kept.
+        assert data["quantized_nodes"] > 0
+        assert kept["latency_ratio"] <= 1.1 or (min(ratios) > 1.1 and kept["latency_ratio"] == min(ratios))
     elif data["quantized_nodes"] == 0:
         assert data["unchanged"]["cause"] == "adds_transposes"
         assert "--prefer size" in next(line for line in stderr.splitlines() if line.strip())
