@@ -338,6 +338,18 @@ LADDER: tuple[Setting, ...] = tuple(
 """The quantized settings the search chooses from (float is always a choice)."""
 
 
+CRITERIA = (
+    "predicted",
+    "measured",
+    "weight_error",
+    "hawq",
+    "mean_variance",
+    "max_variance",
+    "mean_magnitude",
+)
+"""How the search may rank the MatMuls (see :mod:`onnx_conv2matmul.quantize.criteria`)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class AutoOptions:
     """What the search looks for: ``min_cosine``, ``metric`` or both (``quantize_file`` takes
@@ -357,6 +369,9 @@ class AutoOptions:
         measure: Scale each node's predicted error by its output error measured with the
             node quantized alone (see :mod:`onnx_conv2matmul.quantize.measured`); None:
             when the inputs are the user's files.
+        criterion: How the nodes are ranked, one of
+            :data:`CRITERIA` (``measured``, ``predicted`` or
+            one of NNCF's rankers); None: as ``measure`` says. It wins over ``measure``.
     """
 
     min_cosine: float | None = None
@@ -368,8 +383,11 @@ class AutoOptions:
     include: tuple[str, ...] = ()
     metric: MetricTarget | None = None
     measure: bool | None = None
+    criterion: str | None = None
 
     def __post_init__(self) -> None:
+        if self.criterion is not None and self.criterion not in CRITERIA:
+            raise ValueError(f"unknown criterion {self.criterion!r}; one of {', '.join(CRITERIA)}")
         if self.max_evaluations < 2:
             raise ValueError(f"the search needs at least 2 evaluations, got {self.max_evaluations}")
         if any(s.bits is None for s in self.ladder):
