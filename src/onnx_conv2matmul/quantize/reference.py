@@ -27,7 +27,7 @@ from onnx_conv2matmul.verify.check import (
     VerifyReport,
     compare_outputs,
     feed_samples,
-    merged_rows,
+    given_inputs_rows,
 )
 
 if TYPE_CHECKING:
@@ -262,7 +262,7 @@ class Reference:
             del session
             gc.collect()
         if options.feeds is not None:
-            report.results = merged_rows(report.results)
+            given_inputs_rows(report)
         return report
 
 
