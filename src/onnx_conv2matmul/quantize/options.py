@@ -369,6 +369,9 @@ class AutoOptions:
         measure: Scale each node's predicted error by its output error measured with the
             node quantized alone (see :mod:`onnx_conv2matmul.quantize.measured`); None:
             when the inputs are the user's files.
+        speed_aware: Offer each node only the settings that float does not beat on this CPU
+            (the kernel costs, when measured): the search that runs because the default
+            settings fell below the floor is; ``--auto``, asked for the smallest model, is not.
         criterion: How the nodes are ranked, one of
             :data:`CRITERIA` (``measured``, ``predicted`` or
             one of NNCF's rankers); None: as ``measure`` says. It wins over ``measure``.
@@ -384,6 +387,7 @@ class AutoOptions:
     metric: MetricTarget | None = None
     measure: bool | None = None
     criterion: str | None = None
+    speed_aware: bool = False
 
     def __post_init__(self) -> None:
         if self.criterion is not None and self.criterion not in CRITERIA:
