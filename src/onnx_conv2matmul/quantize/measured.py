@@ -20,7 +20,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from onnx_conv2matmul.quantize.options import FLOAT, Setting
+from onnx_conv2matmul.quantize.search_options import FLOAT, Setting
 
 MIN_PREDICTED = 1e-12
 """A predicted error below this is taken as this (a ratio needs a denominator)."""

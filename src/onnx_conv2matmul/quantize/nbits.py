@@ -25,7 +25,7 @@ import onnx
 import onnx_ir as ir
 
 from onnx_conv2matmul._graphs import NameAllocator, is_external, used_names, walk_graphs
-from onnx_conv2matmul.quantize.options import NodeSetting, QuantizeOptions
+from onnx_conv2matmul.quantize.settings import NodeSetting, QuantizeOptions
 
 if TYPE_CHECKING:
     from onnx_conv2matmul.quantize.blockwise import BlockCache

@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from onnx_conv2matmul.files import output as _output
-    from onnx_conv2matmul.quantize.options import AutoOptions, QuantizeOptions
     from onnx_conv2matmul.quantize.plan import QuantizePlan
     from onnx_conv2matmul.quantize.report import QuantizeReport
+    from onnx_conv2matmul.quantize.search_options import AutoOptions
+    from onnx_conv2matmul.quantize.settings import QuantizeOptions
 
 
 def peak_rss_bytes() -> int:

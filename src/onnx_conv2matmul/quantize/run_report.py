@@ -10,8 +10,8 @@ from onnx_conv2matmul.quantize.report import QuantizeReport
 
 if TYPE_CHECKING:
     from onnx_conv2matmul.quantize.nbits import NBitsResult
-    from onnx_conv2matmul.quantize.options import QuantizeOptions
     from onnx_conv2matmul.quantize.plan import QuantizePlan
+    from onnx_conv2matmul.quantize.settings import QuantizeOptions
     from onnx_conv2matmul.quantize.unchanged import Unchanged
     from onnx_conv2matmul.rewrite.report import ConvertReport
     from onnx_conv2matmul.verify.check import VerifyOptions

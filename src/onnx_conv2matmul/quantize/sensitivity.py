@@ -22,11 +22,7 @@ from onnx_conv2matmul.quantize.blockwise import (
     block_quantize,
 )
 from onnx_conv2matmul.quantize.nbits import _constant_2d_weight
-from onnx_conv2matmul.quantize.options import (
-    FLOAT,
-    AutoOptions,
-    Setting,
-)
+from onnx_conv2matmul.quantize.search_options import FLOAT, AutoOptions, Setting
 from onnx_conv2matmul.quantize.search_result import AutoConfig, _graphs
 
 # --------------------------------------------------------------------------- #

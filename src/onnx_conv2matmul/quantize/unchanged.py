@@ -30,7 +30,7 @@ from onnx_conv2matmul.rewrite.reasons import SkipReason
 
 if TYPE_CHECKING:
     from onnx_conv2matmul.quantize.nbits import NBitsResult, WeightStats
-    from onnx_conv2matmul.quantize.options import QuantizeOptions
+    from onnx_conv2matmul.quantize.settings import QuantizeOptions
     from onnx_conv2matmul.rewrite.report import ConvEntry
 
 

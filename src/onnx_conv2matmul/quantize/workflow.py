@@ -20,7 +20,6 @@ from onnx_conv2matmul.files.load import LoadedModel, load_input
 from onnx_conv2matmul.quantize.check_publish import check_and_publish, publish_made
 from onnx_conv2matmul.quantize.int8_step import check_int8_dynamic, int8_staged
 from onnx_conv2matmul.quantize.nbits import quantize_matmul_nbits, weight_stats
-from onnx_conv2matmul.quantize.options import AutoOptions
 from onnx_conv2matmul.quantize.plan import DEFAULT_MIN_COSINE as DEFAULT_MIN_COSINE
 from onnx_conv2matmul.quantize.plan import QuantizePlan, Request, resolve
 from onnx_conv2matmul.quantize.report import QuantizeReport as QuantizeReport  # its home before report.py
@@ -32,6 +31,7 @@ from onnx_conv2matmul.quantize.run_report import (
     why_unchanged,
     worst_cosine,
 )
+from onnx_conv2matmul.quantize.search_options import AutoOptions
 from onnx_conv2matmul.quantize.search_run import drop_reference, run_search
 from onnx_conv2matmul.rewrite.passes import rewrite_model
 from onnx_conv2matmul.verify.check import check_feeds_for_graph
