@@ -1,21 +1,72 @@
-"""The quantize workflow's int8 dynamic step: refuse a model ``quantize_dynamic`` cannot take, then
-quantize the rewritten model with it into a staged output, keeping the input's model fields."""
+"""The quantize workflow's int8 dynamic step (``--int8-dynamic``): refuse a model onnxruntime's
+``quantize_dynamic`` cannot take, then quantize the rewritten model with it as is into a staged
+output, keeping the input's model fields."""
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import shutil
 from typing import TYPE_CHECKING
 
 import onnx_ir as ir
 
-from onnx_conv2matmul._graphs import count_op
+from onnx_conv2matmul._graphs import count_op, walk_graphs
 from onnx_conv2matmul.errors import Hint, InputError
 from onnx_conv2matmul.files import output as _output
-from onnx_conv2matmul.quantize.nbits import int8_dynamic, int8_dynamic_obstacle
 
 if TYPE_CHECKING:
     from onnx_conv2matmul.quantize.run import Run
+    from onnx_conv2matmul.quantize.settings import QuantizeOptions
+
+
+# Float types onnxruntime's quantize_dynamic cannot take: it inserts DynamicQuantizeLinear,
+# which reads float32 only, and writes a model that does not load.
+_NOT_INT8_DYNAMIC = frozenset({ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
+
+
+def int8_dynamic_obstacle(model: ir.Model) -> str | None:
+    """Why ``quantize_dynamic`` cannot take ``model``, or ``None``.
+
+    Names the first graph input, output or tensor (initializer or node attribute, in any
+    scope) of a 16-bit float type.
+    """
+    from onnx_conv2matmul._graphs import tensor_holders
+
+    for value in (*model.graph.inputs, *model.graph.outputs):
+        if value.dtype in _NOT_INT8_DYNAMIC:
+            return f"graph input or output {value.name!r} is {value.dtype.name.lower()}"
+    for holder in tensor_holders(model):
+        tensor = holder.get()
+        if tensor.dtype in _NOT_INT8_DYNAMIC:
+            return f"tensor {tensor.name!r} is {tensor.dtype.name.lower()}"
+    return None
+
+
+def int8_dynamic(
+    model: ir.Model, input_path: str, output_path: str, options: QuantizeOptions, *, external_data: bool
+) -> None:
+    """onnxruntime's ``quantize_dynamic`` with int8 weights (for a decoder/joint).
+
+    ``options.exclude`` / ``options.include`` select nodes by name, as for MatMulNBits.
+    """
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    names = [n.name for g, _ in walk_graphs(model.graph) for n in g if n.name]
+    excluded = [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in options.exclude)]
+    included = [n for n in names if options.include and options.selects(n)]
+    from onnx_conv2matmul.quantize.logs import onnxruntime_logs_captured
+
+    # onnxruntime warns on the root logger that pre-processing may help: into this package's logger.
+    with onnxruntime_logs_captured():
+        quantize_dynamic(
+            input_path,
+            output_path,
+            weight_type=QuantType.QInt8,
+            nodes_to_exclude=excluded,
+            nodes_to_quantize=included or None,
+            use_external_data_format=external_data,
+        )
 
 
 def check_int8_dynamic(model: ir.Model) -> None:

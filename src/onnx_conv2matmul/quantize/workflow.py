@@ -19,9 +19,10 @@ from onnx_conv2matmul.files import output as _output
 from onnx_conv2matmul.files.load import LoadedModel, load_input
 from onnx_conv2matmul.quantize.check_publish import check_and_publish, publish_made
 from onnx_conv2matmul.quantize.int8_step import check_int8_dynamic, int8_staged
-from onnx_conv2matmul.quantize.nbits import quantize_matmul_nbits, weight_stats
+from onnx_conv2matmul.quantize.nbits import quantize_matmul_nbits
 from onnx_conv2matmul.quantize.plan import DEFAULT_MIN_COSINE as DEFAULT_MIN_COSINE
 from onnx_conv2matmul.quantize.plan import QuantizePlan, Request, resolve
+from onnx_conv2matmul.quantize.projection import weight_stats
 from onnx_conv2matmul.quantize.report import QuantizeReport as QuantizeReport  # its home before report.py
 from onnx_conv2matmul.quantize.run import Run, peak_rss_bytes
 from onnx_conv2matmul.quantize.run_report import (
