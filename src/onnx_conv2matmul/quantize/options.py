@@ -46,8 +46,7 @@ class Resolved:
     one block size when both are pinned: the result is then only timed against the original).
     ``metric`` is the user's validation function with its largest drop (a criterion beside the
     cosine, and the search's target); ``search_below``: whether a result below the criterion
-    makes the search run (the settings are the defaults: nothing given, no settings file, no
-    ``auto``, not int8 dynamic).
+    makes the search run (see :func:`search_below_by_default`).
     """
 
     quantize: QuantizeOptions
