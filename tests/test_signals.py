@@ -129,7 +129,7 @@ def test_signal_after_publishing_says_what_was_written(
 ) -> None:
     out = tmp_path / "o.onnx"
     proc, stderr_lines = spawn(
-        stall("onnx_conv2matmul.cli.render", "print_convert_report"), str(external_model), str(out)
+        stall("onnx_conv2matmul.cli.render.convert", "print_convert_report"), str(external_model), str(out)
     )
     stderr_lines.wait_for(MARKER)
     assert out.exists() and not staging(tmp_path)
