@@ -232,15 +232,34 @@ def retry_levels(
     return SpeedOutcome(kept, chosen, choice, choice.timing, labels.index(winner.name))
 
 
+RETRY_MARGIN = 0.05
+"""The most accurate level is tried on a result below the criterion only when its MatMuls cost at
+most this much more than float's at the model's shapes: a slower one is no answer to give."""
+
+
 def accurate_level(
-    path: str, options: QuantizeOptions, speed: SpeedOptions, progress: Progress
+    path: str,
+    options: QuantizeOptions,
+    speed: SpeedOptions,
+    progress: Progress,
+    plan: KernelPlan | None = None,
 ) -> int | None:
     """A staged result chosen from kernel costs fell below the accuracy criterion: the most
     accurate level tried (the first), written into it as an attribute when it is not its level
-    already; None when there is none to try."""
+    already; None when there is none to try, or when ``plan``'s costs put that level's MatMuls
+    more than :data:`RETRY_MARGIN` above float's (the search below the criterion is the answer
+    then; ``plan.retry`` says so)."""
     level = speed.levels[0]
     if level == options.accuracy_level or not accuracy_levels(path):
         return None
+    if plan is not None:
+        cost = plan.relative(options.block_size, level)
+        if cost is not None and cost > 1 + RETRY_MARGIN:
+            plan.retry = (
+                f"accuracy level {level} not tried: its MatMuls cost {cost:.2f}x the float ones' at"
+                f" block {options.block_size} on this CPU (more than {RETRY_MARGIN:.0%} above)"
+            )
+            return None
     progress.phase(f"Kernel choice: below the accuracy criterion, trying accuracy level {level}")
     set_accuracy_level(path, level, path)
     return level

@@ -59,13 +59,26 @@ class KernelPlan:
     reason: str
     seconds: float = 0.0
     search: SpeedFilter | None = None
+    retry: str = ""
+    """Why a more accurate level was not tried on a result below the criterion (empty: it was, or
+    there was no need)."""
+
+    def relative(self, block_size: int, level: int) -> float | None:
+        """The MatMuls' cost with ``block_size`` and ``level`` as a multiple of float's (None: not
+        costed)."""
+        for ranked in self.ranked:
+            if ranked.kernel.block_size == block_size and ranked.kernel.accuracy_level == level:
+                return ranked.relative
+        return None
 
     def speed_filter(self, accuracy_level: int, margin: float) -> SpeedFilter:
-        """The search's hook, with the costs at ``accuracy_level`` (kept for the report)."""
+        """The search's hook, with the costs at ``accuracy_level`` and the block sizes costed (kept
+        for the report)."""
         from onnx_conv2matmul.quantize.speed_objective import SpeedFilter
 
         layers = {layer.name: layer for layer in self.layers}
-        self.search = SpeedFilter(self.costs, layers, accuracy_level, margin)
+        blocks = tuple(sorted({r.kernel.block_size for r in self.ranked}))
+        self.search = SpeedFilter(self.costs, layers, accuracy_level, margin, blocks)
         return self.search
 
     def to_dict(self) -> dict[str, Any]:
@@ -80,6 +93,7 @@ class KernelPlan:
             "candidates": [r.to_dict() for r in self.ranked],
             "winner": self.winner,
             "reason": self.reason,
+            "retry": self.retry or None,
             "seconds": self.seconds,
             "search": None
             if self.search is None

@@ -46,7 +46,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx_ir as ir
@@ -82,6 +82,9 @@ from onnx_conv2matmul.quantize.sensitivity import (
 )
 from onnx_conv2matmul.quantize.target import _below as _below
 from onnx_conv2matmul.quantize.target import _Measured, _Target, _unreachable
+
+if TYPE_CHECKING:
+    from onnx_conv2matmul.quantize.speed_objective import SpeedFilter
 
 # --------------------------------------------------------------------------- #
 # The search
@@ -126,7 +129,7 @@ def search(
     progress: ProgressCallback | None = None,
     original_score: float | None = None,
     memory: int | None = None,
-    speed_filter: Callable[[Sequence[_Node]], None] | None = None,
+    speed_filter: SpeedFilter | None = None,
 ) -> AutoResult:
     """Find the smallest configuration of ``model`` (rewritten, fp32) that meets the options' target.
 
@@ -136,9 +139,12 @@ def search(
     result's ``reference`` reads them. With ``options.metric``, ``original_score`` is the
     original model's score (measured on ``model`` when None). ``memory`` is the check's budget
     (``VerifyOptions.memory``): the activations of a feed whose activations would take more
-    than half of it are not measured (the smaller feeds' stand for it). ``speed_filter``, once
-    every node's errors are measured, may drop settings from a node's choices (what is slower on
-    this CPU, see :class:`onnx_conv2matmul.quantize.speed_objective.SpeedFilter`).
+    than half of it are not measured (the smaller feeds' stand for it). ``speed_filter``, before
+    any error is measured, extends the ladder with the block sizes the kernel choice costed and
+    keeps from each node the settings slower than float on this CPU (see
+    :class:`onnx_conv2matmul.quantize.speed_objective.SpeedFilter`): they are never measured nor
+    chosen. With it, the search also stops once the step left would shrink the model by less
+    than :data:`MIN_STEP` (speed, not the last bytes, is what it then serves).
 
     Raises:
         TargetUnreachable: the all-float model does not meet the target either.
@@ -174,9 +180,11 @@ def search(
     say("Measuring each weight's sensitivity")
     sens_started = time.perf_counter()
     model = prepared.load()  # the weights read from the copy, memory-mapped
-    _sensitivities(model, nodes, options.ladder, reference.activations)
+    ladder, ladders = options.ladder, None
     if speed_filter is not None:
-        speed_filter(nodes)
+        ladder = speed_filter.ladder(ladder)
+        ladders = speed_filter.allowed([node.name for node in nodes], ladder)
+    _sensitivities(model, nodes, ladder, reference.activations, ladders)
     others = _Node("(other weights)", None, 0, 0, 0)
     if options.other_weights is None:
         measured_others = _other_weights_error(model)
@@ -217,13 +225,10 @@ def search(
         measured = _evaluate(fp32_path, config, reference, order, workdir, deterministic, target, blocks)
         seen.update(measured.cosines)
         passed = target.passed(measured)
-        bytes_ = _weight_bytes(nodes, config) + (
-            others.options[_OTHER_INT8][1] if config.other_weights and others.options else others.float_bytes
-        )
         evaluations.append(
             Evaluation(
                 tradeoffs[index],
-                bytes_,
+                bytes_at(index),
                 measured.cosine,
                 passed,
                 time.perf_counter() - t0,
@@ -235,6 +240,17 @@ def search(
         )
         cache[key] = (passed, measured)
         return passed, measured
+
+    def bytes_at(index: int) -> int:
+        config = config_at(index)
+        return _weight_bytes(nodes, config) + (
+            others.options[_OTHER_INT8][1] if config.other_weights and others.options else others.float_bytes
+        )
+
+    def small_step(fail: int, good: int) -> bool:
+        """With speed in the objective: the smallest model left to try (just above the last
+        failure) is within :data:`MIN_STEP` of the passing one's size, not worth an evaluation."""
+        return speed_filter is not None and bytes_at(fail + 1) >= bytes_at(good) * (1 - MIN_STEP)
 
     def error_at(index: int) -> float:
         """The predicted error of the configuration at ``index`` (non-increasing in it)."""
@@ -265,6 +281,8 @@ def search(
             if passed:
                 good, reached = mid, measured
                 moved = "good"
+                if small_step(fail, good):
+                    break
             else:
                 fail, fail_loss = mid, target.loss(measured)
                 moved = "fail twice" if moved.startswith("fail") else "fail"
@@ -327,6 +345,10 @@ def _measure_alone(
 
     calibrate(nodes, loss_alone)
 
+
+MIN_STEP = 0.02
+"""With a speed filter, the search stops when no model left to try is smaller than the passing one
+by this share of its bytes."""
 
 # The step aims at this fraction of the predicted error the straight line allows, so that
 # it rather passes (a usable result) than fails by a hair.
