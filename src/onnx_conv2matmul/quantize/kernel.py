@@ -101,6 +101,11 @@ def measurably_slower(latency: Latency) -> bool:
     return latency.measurably_slower
 
 
+SETTLE_ROUNDS = 5
+"""The result timed alone against the original stops after this many rounds, or any later one,
+once its ratios are settled (see :func:`onnx_conv2matmul.speed.latency.settled`)."""
+
+
 def run_speed_step(
     src: str,
     first: Variant,
@@ -126,6 +131,8 @@ def run_speed_step(
     timing = timing_options(speed, verify, src)
     if int8 or not speed.chooses or not accuracy_levels(first.staged.onnx_path):
         progress.phase("Timing the result against the original")
+        if timing.rounds > SETTLE_ROUNDS:  # the result alone: rounds stop once its ratios settle
+            timing = dataclasses.replace(timing, settle_after=SETTLE_ROUNDS)
         report = time_models([src, first.staged.onnx_path], timing, labels=["original", "result"])
         return SpeedOutcome(first, None, None, report, 1)
     variants = [first]

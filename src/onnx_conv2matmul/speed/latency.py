@@ -39,6 +39,9 @@ class TimingOptions:
             :mod:`onnx_conv2matmul.speed.inputs`, which takes them from ``--inputs`` or from the
             runs the accuracy check made).
         feeds_rule: Where ``feeds`` came from, for the report.
+        settle_after: When given (at least 3, below ``rounds``), the timing stops after this
+            many rounds or any later one once every ratio to the baseline is settled
+            (:func:`settled`); ``rounds`` is then the most it runs.
     """
 
     lengths: tuple[int, ...] | None = None
@@ -51,6 +54,7 @@ class TimingOptions:
         default=None, compare=False, repr=False
     )
     feeds_rule: str = ""
+    settle_after: int | None = None
 
     def __post_init__(self) -> None:
         if self.lengths is not None and (not self.lengths or any(n < 1 for n in self.lengths)):
@@ -65,6 +69,8 @@ class TimingOptions:
             raise ValueError("timing synthesises its inputs: real inputs are not taken")
         if self.feeds is not None and not self.feeds:
             raise ValueError("no input to time on")
+        if self.settle_after is not None and self.settle_after < 3:
+            raise ValueError(f"timing settles after 3 rounds at the earliest, got {self.settle_after}")
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -74,6 +80,7 @@ class TimingOptions:
             "threads": self.threads,
             "batch": 1 if self.feeds is None else None,
             "inputs": "synthesised" if self.feeds is None else self.feeds_rule or "given",
+            "settle_after": self.settle_after,
         }
 
 
@@ -212,3 +219,16 @@ def ratio_interval(
     ratios = np.median(b[picks], axis=1) / np.median(a[picks], axis=1)
     low, high = np.percentile(ratios, [2.5, 97.5])
     return float(low), float(high)
+
+
+SETTLED_WIDTH = 0.05
+"""A ratio is settled when its 95% interval lies within this share of it on either side."""
+
+
+def settled(reference: Sequence[float], candidate: Sequence[float]) -> bool:
+    """Whether more rounds would tell nothing new of ``candidate`` against ``reference`` (samples
+    in rounds): the ratio's 95% interval lies wholly below or above 1 (faster or slower is
+    known), or within :data:`SETTLED_WIDTH` of the ratio on both sides."""
+    ratio = float(np.median(candidate) / np.median(reference))
+    low, high = ratio_interval(reference, candidate)
+    return high < 1 or low > 1 or (low >= ratio * (1 - SETTLED_WIDTH) and high <= ratio * (1 + SETTLED_WIDTH))

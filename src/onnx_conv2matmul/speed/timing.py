@@ -52,6 +52,7 @@ from onnx_conv2matmul.speed.latency import ModelTiming as ModelTiming
 from onnx_conv2matmul.speed.latency import TimingOptions as TimingOptions
 from onnx_conv2matmul.speed.latency import TimingReport as TimingReport
 from onnx_conv2matmul.speed.latency import ratio_interval as ratio_interval
+from onnx_conv2matmul.speed.latency import settled
 from onnx_conv2matmul.speed.machine import LARGEST_SHARE as LARGEST_SHARE
 from onnx_conv2matmul.speed.machine import MEMORY_SHARE as MEMORY_SHARE
 from onnx_conv2matmul.speed.machine import SESSION_BYTES_PER_FILE_BYTE as SESSION_BYTES_PER_FILE_BYTE
@@ -232,8 +233,12 @@ def time_models(
                 for length in lengths:
                     for which in run_order(index, len(models)):
                         samples[which][length].append(_timed(models[which], length, clock))
+                if _settled(samples, baseline, index + 1, options):
+                    break
         else:
             for index in range(options.rounds):
+                if index and _settled(samples, baseline, index, options):
+                    break
                 for which in run_order(index, len(models)):
                     model = models[which]
                     model.open()
@@ -262,6 +267,21 @@ def time_models(
         signature = _signature(model.specs)
         timings.append(ModelTiming(model.path, model.label, sizes[which], tuple(rows), signature))
     return TimingReport(tuple(timings), baseline, lengths, rule, options, mode, cpu_name())
+
+
+def _settled(
+    samples: Sequence[Mapping[int, Sequence[float]]], baseline: int, done: int, options: TimingOptions
+) -> bool:
+    """Whether the timing may stop after ``done`` rounds (see ``TimingOptions.settle_after``)."""
+    if options.settle_after is None or done < options.settle_after:
+        return False
+    reference = samples[baseline]
+    return all(
+        settled(reference[length], mine[length])
+        for which, mine in enumerate(samples)
+        if which != baseline
+        for length in mine
+    )
 
 
 def _prepare(
