@@ -77,6 +77,10 @@ def test_slow_settings_are_refused_before_any_error_is_measured(
     if not eight_bits:
         assert None in bits and any(label.startswith("int8") for label in speed.dropped)
         assert "not offered to the search" in speed.summary()
+    # The 2% stop: no evaluation follows a passing step that shrank the model by less than 2%.
+    sizes = [e.weight_bytes for e in result.evaluations if e.passed]
+    small = [i for i in range(1, len(sizes)) if sizes[i] > sizes[i - 1] * (1 - auto_search.MIN_STEP)]
+    assert all(i == len(sizes) - 1 for i in small)
 
 
 def test_a_layer_slower_than_float_everywhere_is_never_read() -> None:

@@ -143,8 +143,9 @@ def search(
     any error is measured, extends the ladder with the block sizes the kernel choice costed and
     keeps from each node the settings slower than float on this CPU (see
     :class:`onnx_conv2matmul.quantize.speed_objective.SpeedFilter`): they are never measured nor
-    chosen. With it, the search also stops once the step left would shrink the model by less
-    than :data:`MIN_STEP` (speed, not the last bytes, is what it then serves).
+    chosen. With it, the search also stops once a step shrinks the passing model by less than
+    :data:`MIN_STEP`, or the step left could not shrink it by as much (speed, not the last bytes,
+    is what it then serves).
 
     Raises:
         TargetUnreachable: the all-float model does not meet the target either.
@@ -247,10 +248,14 @@ def search(
             others.options[_OTHER_INT8][1] if config.other_weights and others.options else others.float_bytes
         )
 
-    def small_step(fail: int, good: int) -> bool:
-        """With speed in the objective: the smallest model left to try (just above the last
-        failure) is within :data:`MIN_STEP` of the passing one's size, not worth an evaluation."""
-        return speed_filter is not None and bytes_at(fail + 1) >= bytes_at(good) * (1 - MIN_STEP)
+    def small_step(fail: int, good: int, before: int) -> bool:
+        """With speed in the objective: the last step shrank the passing model (from index
+        ``before``) by less than :data:`MIN_STEP`, or the smallest model left to try (just above
+        the last failure) is within it of the passing one's size: not worth another evaluation."""
+        if speed_filter is None:
+            return False
+        limit = bytes_at(good) * (1 - MIN_STEP)
+        return bytes_at(fail + 1) >= limit or bytes_at(before) * (1 - MIN_STEP) <= bytes_at(good)
 
     def error_at(index: int) -> float:
         """The predicted error of the configuration at ``index`` (non-increasing in it)."""
@@ -279,9 +284,9 @@ def search(
             )
             passed, measured = evaluate(mid)
             if passed:
-                good, reached = mid, measured
+                before, good, reached = good, mid, measured
                 moved = "good"
-                if small_step(fail, good):
+                if small_step(fail, good, before):
                     break
             else:
                 fail, fail_loss = mid, target.loss(measured)
@@ -347,8 +352,8 @@ def _measure_alone(
 
 
 MIN_STEP = 0.02
-"""With a speed filter, the search stops when no model left to try is smaller than the passing one
-by this share of its bytes."""
+"""With a speed filter, the search stops once a passing step shrank the model by less than this
+share of its bytes, or no model left to try is smaller than the passing one by as much."""
 
 # The step aims at this fraction of the predicted error the straight line allows, so that
 # it rather passes (a usable result) than fails by a hair.
