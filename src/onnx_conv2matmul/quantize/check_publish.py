@@ -65,7 +65,7 @@ def check_and_publish(
     if timed_after and not report.passed and speed is not None:
         from onnx_conv2matmul.quantize.kernel import accurate_level
 
-        level = accurate_level(staged.onnx_path, run.quantize, speed, plan.progress)
+        level = accurate_level(staged.onnx_path, run.quantize, speed, plan.progress, report.kernel_plan)
         if level is not None:
             below = below_text(report)
             checked(staged)

@@ -99,10 +99,17 @@ def _quantizable(model: ir.Model, options: AutoOptions) -> list[_Node]:
 
 
 def _sensitivities(
-    model: ir.Model, nodes: Sequence[_Node], ladder: Sequence[Setting], activations: Mapping[str, np.ndarray]
+    model: ir.Model,
+    nodes: Sequence[_Node],
+    ladder: Sequence[Setting],
+    activations: Mapping[str, np.ndarray],
+    ladders: Mapping[str, Sequence[Setting]] | None = None,
 ) -> None:
-    """Fill each node's (error, bytes) per setting of the ladder."""
+    """Fill each node's (error, bytes) per setting of the ladder (of its own in ``ladders``, by
+    name, when given there: a node whose ladder is empty stays float, its weight not read)."""
     by_name = {node.name: node for node in nodes}
+    if ladders is not None:
+        by_name = {name: node for name, node in by_name.items() if ladders.get(name, ladder)}
     for graph, _ in _graphs(model):
         for node in graph:
             entry = by_name.get(node.name or "")
@@ -120,7 +127,7 @@ def _sensitivities(
                 h = np.ones(entry.k)
             scaled = entry.n / len(columns)  # bytes are per column
             as_float = weight.astype(np.float32)
-            for setting in ladder:
+            for setting in ladder if ladders is None else ladders.get(entry.name, ladder):
                 assert setting.bits is not None
                 packed, scales, zero_points = block_quantize(weight, setting)
                 approx = block_dequantize(packed, scales, zero_points, setting.bits, entry.k)
