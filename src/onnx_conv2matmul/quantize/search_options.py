@@ -52,6 +52,18 @@ LADDER: tuple[Setting, ...] = tuple(
 """The quantized settings the search chooses from (float is always a choice)."""
 
 
+CRITERIA = (
+    "predicted",
+    "measured",
+    "weight_error",
+    "hawq",
+    "mean_variance",
+    "max_variance",
+    "mean_magnitude",
+)
+"""How the search may rank the MatMuls (see :mod:`onnx_conv2matmul.quantize.criteria`)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class AutoOptions:
     """What the search looks for: ``min_cosine``, ``metric`` or both (``quantize_file`` takes
@@ -71,6 +83,12 @@ class AutoOptions:
         measure: Scale each node's predicted error by its output error measured with the
             node quantized alone (see :mod:`onnx_conv2matmul.quantize.measured`); None:
             when the inputs are the user's files.
+        speed_aware: Offer each node only the settings that float does not beat on this CPU
+            (the kernel costs, when measured): the search that runs because the default
+            settings fell below the floor is; ``--auto``, asked for the smallest model, is not.
+        criterion: How the nodes are ranked, one of
+            :data:`CRITERIA` (``measured``, ``predicted`` or
+            one of NNCF's rankers); None: as ``measure`` says. It wins over ``measure``.
     """
 
     min_cosine: float | None = None
@@ -82,8 +100,12 @@ class AutoOptions:
     include: tuple[str, ...] = ()
     metric: MetricTarget | None = None
     measure: bool | None = None
+    criterion: str | None = None
+    speed_aware: bool = False
 
     def __post_init__(self) -> None:
+        if self.criterion is not None and self.criterion not in CRITERIA:
+            raise ValueError(f"unknown criterion {self.criterion!r}; one of {', '.join(CRITERIA)}")
         if self.max_evaluations < 2:
             raise ValueError(f"the search needs at least 2 evaluations, got {self.max_evaluations}")
         if any(s.bits is None for s in self.ladder):

@@ -152,6 +152,7 @@ def _search_below(
         accuracy_level=plan.quantize.accuracy_level,
         exclude=plan.quantize.exclude,
         include=plan.quantize.include,
+        speed_aware=True,
     )
     plan = dataclasses.replace(plan, auto=auto)
     report = new_report(plan)
@@ -244,7 +245,7 @@ def _nbits_staged(
             del model
             loaded.model = None  # type: ignore[assignment]
         speed_filter = None
-        if report.kernel_plan is not None and plan.speed is not None:
+        if report.kernel_plan is not None and plan.speed is not None and run.auto.speed_aware:
             speed_filter = report.kernel_plan.speed_filter(run.auto.accuracy_level, plan.speed.margin)
         run_search(run, workdir, prepared, speed_filter)
         if external:
