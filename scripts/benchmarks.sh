@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # Every benchmark in benchmarks/, from a fresh clone, with the options docs/performance.md quotes
 # (docs/performance.md, "Running every benchmark").
-# Usage: scripts/benchmarks.sh [--small] [--only NAME]... [--list] [--cache DIR] [--results DIR]
+# Usage: scripts/benchmarks.sh [--small] [--size parakeet|medium] [--only NAME]... [--list] [--cache DIR]
+#                              [--results DIR]
 #   --small     only the benchmarks that build or fetch small models (bench_transpose,
 #               bench_grouped, bench_auto); the others need the Parakeet-size exports
+#   --size      the exports' size: parakeet (default; the figures docs/performance.md quotes) or
+#               medium (the same layers, a quarter of the width and depth, in DIR/medium: minutes
+#               to make, every benchmark in well under an hour; the ratios are not the parakeet's)
 #   --only      only this one (a name below, e.g. bench_rewrite); repeatable
 #   --list      print the commands, run nothing
 #   --cache     where fastconformer.py keeps the Parakeet-size exports (made on first use; about
@@ -17,6 +21,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 small=0
+size=parakeet
 list=0
 only=()
 cache="$HOME/.cache/onnx-conv2matmul-bench"
@@ -26,12 +31,18 @@ while [[ $# -gt 0 ]]; do
         --small) small=1 ;;
         --list) list=1 ;;
         --only) only+=("$2"); shift ;;
+        --size) size="$2"; shift ;;
         --cache) cache="$2"; shift ;;
         --results) results="$2"; shift ;;
         *) echo "unknown option: $1" >&2; exit 2 ;;
     esac
     shift
 done
+case "$size" in
+    parakeet) models="$cache" ;;
+    medium) models="$cache/medium" ;;
+    *) echo "unknown size: $size (parakeet or medium)" >&2; exit 2 ;;
+esac
 venv="$root/.bench/venv"
 py="$venv/bin/python"
 
@@ -62,9 +73,9 @@ for entry in "${benchmarks[@]}"; do
     needs_exports=$((${needs_exports:-0} | full))
     command="${command//RESULTS/$results}"
     names+=("$name")
-    commands+=("${command//CACHE/$cache}")
+    commands+=("${command//CACHE/$models}")
 done
-prepare="benchmarks/fastconformer.py cache --dir $cache"
+prepare="benchmarks/fastconformer.py cache --dir $cache --size $size"
 
 if [[ "$list" == 1 ]]; then
     echo "# in $root, with $py"
@@ -87,7 +98,7 @@ fi
 mkdir -p "$results"
 cd "$root"
 if [[ "${needs_exports:-0}" == 1 ]]; then
-    echo "== the Parakeet-size exports ($cache)"
+    echo "== the $size-size exports ($models)"
     # shellcheck disable=SC2086
     nice -n 5 "$py" $prepare 2>&1 | tee "$results/fastconformer_cache.txt"
 fi
