@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 from onnx_conv2matmul.errors import InputError, OptionConflict
 from onnx_conv2matmul.quantize.search_options import _OTHER_INT8 as _OTHER_INT8
+from onnx_conv2matmul.quantize.search_options import CRITERIA as CRITERIA
 from onnx_conv2matmul.quantize.search_options import DEFAULT_MAX_EVALUATIONS as DEFAULT_MAX_EVALUATIONS
 from onnx_conv2matmul.quantize.search_options import FLOAT as FLOAT
 from onnx_conv2matmul.quantize.search_options import LADDER as LADDER
-from onnx_conv2matmul.quantize.search_options import CRITERIA as CRITERIA
 from onnx_conv2matmul.quantize.search_options import AutoOptions as AutoOptions
 from onnx_conv2matmul.quantize.search_options import Setting as Setting
 from onnx_conv2matmul.quantize.settings import BLOCK_SIZES as BLOCK_SIZES

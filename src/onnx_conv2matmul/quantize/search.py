@@ -339,12 +339,12 @@ def _criterion(options: AutoOptions, feed_set: FeedSet) -> str:
 def _rank(criterion: str, model: ir.Model, nodes: Sequence[_Node], reference: Reference) -> None:
     """Each node's errors rescaled by one of NNCF's rankers (:mod:`onnx_conv2matmul.quantize.criteria`)."""
     from onnx_conv2matmul.quantize.criteria import rank
-    from onnx_conv2matmul.quantize.nbits import _constant_2d_weight
+    from onnx_conv2matmul.quantize.projection import constant_2d_weight
 
     weights: dict[str, ir.Value] = {}
     for graph, _ in _graphs(model):
         for node in graph:
-            b = _constant_2d_weight(node)
+            b = constant_2d_weight(node)
             if b is not None and node.name and node.name not in weights:
                 weights[node.name] = b
 
