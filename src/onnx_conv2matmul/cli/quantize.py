@@ -257,7 +257,7 @@ def quantize_command(
     with handled_errors():
         quiet_onnxruntime()
         console = stderr_console(quiet)
-        from onnx_conv2matmul.cli import render
+        from onnx_conv2matmul.cli.render.quantize import print_quantize_report
 
         given = nbits_given(
             bits=bits,
@@ -340,7 +340,7 @@ def quantize_command(
             search_below=resolved.search_below,
             transposes=transposes,
         )
-        render.print_quantize_report(console, report)
+        print_quantize_report(console, report)
         if save_config is not None and report.auto is not None:
             _io.write_text_atomic(save_config, json.dumps(report.auto.config.to_config(), indent=2) + "\n")
         emit_report(report, report_json, _quantize_error(report))
@@ -369,6 +369,6 @@ def _same_file(a: str, b: str) -> bool:
 
 def _quantize_error(report: QuantizeReport) -> str | None:
     """The report's failure: the criterion missed, and what can help."""
-    from onnx_conv2matmul.cli import render
+    from onnx_conv2matmul.cli.render.quantize import quantize_failure
 
-    return render.quantize_failure(report)
+    return quantize_failure(report)

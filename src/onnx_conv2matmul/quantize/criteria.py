@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from onnx_conv2matmul.quantize.options import CRITERIA, FLOAT, Setting
+from onnx_conv2matmul.quantize.search_options import CRITERIA, FLOAT, Setting
 
 NNCF_RANKERS = CRITERIA[2:]
 """NNCF's mixed-precision criteria, as rebuilt here."""

@@ -20,7 +20,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from onnx_conv2matmul.quantize.options import Setting
+from onnx_conv2matmul.quantize.search_options import Setting
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,14 +19,13 @@ from typing import Protocol
 import numpy as np
 
 
-class Row(Protocol):
-    """What :func:`advice` reads of a comparison row (``verify.compare.OutputComparison``)."""
+class _Row(Protocol):
+    """What :func:`advice` reads of a check's row (``verify.compare.OutputComparison``)."""
 
     output: str
     passed: bool
     labels: int
     label_flips: int
-
 
 MAX_FLIPPED = 0.01
 """The share of labels that may change before the advice is given (the 99% top-1 of issue 28)."""
@@ -54,7 +53,7 @@ def label_flips(ref: np.ndarray, out: np.ndarray, samples: int) -> tuple[int, in
     return int(ref.shape[0]), int(ref.shape[0] - int(same.sum()))
 
 
-def advice(rows: Sequence[Row], min_cosine: float | None) -> list[str]:
+def advice(rows: Sequence[_Row], min_cosine: float | None) -> list[str]:
     """The warnings for outputs whose rows passed a cosine floor while more than
     :data:`MAX_FLIPPED` of their labels changed (``rows``: the check's rows on real inputs)."""
     if min_cosine is None:
