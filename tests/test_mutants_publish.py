@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import ctypes.util
+import json
 import os
+import re
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +25,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_conv2matmul.files import publish
+from onnx_conv2matmul.files import owned, publish
 from onnx_conv2matmul.files.modes import _umask
 
 
@@ -221,3 +223,104 @@ def test_set_metadata_that_fails_leaves_the_model_and_no_temporary_file(
         publish.set_metadata(str(path), {"a": "changed"})
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["encoder.onnx", "encoder.onnx.data"]
+
+
+def _save(model: onnx.ModelProto, path: Path, data: str | None) -> None:
+    if data is None:
+        onnx.save_model(model, str(path))
+    else:
+        onnx.save_model(model, str(path), save_as_external_data=True, location=data, size_threshold=0)
+
+
+def test_scratch_dirs_are_named_after_the_destination_and_the_step(tmp_path: Path) -> None:
+    with publish.Destination(tmp_path / "out.onnx") as destination:
+        scratch = destination.scratch_dir("auto")
+        assert os.path.dirname(scratch) == str(tmp_path)
+        assert re.fullmatch(r"\.out\.onnx\.auto-[a-z0-9_]{8}\.tmp", os.path.basename(scratch))
+        with pytest.raises(ValueError, match="lowercase letters, not 'Auto1'"):
+            destination.scratch_dir("Auto1")
+        destination.remove_scratch(scratch)
+        destination.remove_scratch(scratch)  # a second time: nothing left to remove, no error
+        assert not os.path.exists(scratch)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_recovery_follows_no_link_named_like_a_staging_dir(tmp_path: Path) -> None:
+    """A link named like a stale staging directory, to a folder holding the mark and a journal
+    that names a data file of the destination: neither the folder nor that file is touched."""
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    owned.mark(str(target))
+    (target / "mine.txt").write_text("mine")
+    (tmp_path / "out.onnx.data").write_text("data")
+    (target / "obsolete.json").write_text(json.dumps([str(tmp_path / "out.onnx.data")]))
+    link = tmp_path / ".out.onnx.abcdefgh.tmp"
+    link.symlink_to(target, target_is_directory=True)
+    with publish.Destination(tmp_path / "out.onnx"):
+        pass
+    assert (target / "mine.txt").read_text() == "mine"
+    assert (tmp_path / "out.onnx.data").read_text() == "data"
+    assert link.is_symlink()
+
+
+def test_a_journal_that_is_not_a_list_removes_nothing(tmp_path: Path) -> None:
+    """A stale staging directory (the mark, no journal list): its journal, an object whose key
+    names a data file of the destination, is not read as a list of files to remove."""
+    (tmp_path / "out.onnx.data").write_text("data")
+    stale = tmp_path / ".out.onnx.abcdefgh.tmp"
+    stale.mkdir()
+    owned.mark(str(stale))
+    (stale / "obsolete.json").write_text(json.dumps({str(tmp_path / "out.onnx.data"): 1}))
+    with publish.Destination(tmp_path / "out.onnx"):
+        pass
+    assert not stale.exists()  # the stale directory goes
+    assert (tmp_path / "out.onnx.data").read_text() == "data"  # what its odd journal names stays
+
+
+@pytest.mark.parametrize("new_data", [True, False], ids=["with-data", "single-file"])
+def test_publish_journals_the_replaced_data_and_keeps_what_is_not_its_own(
+    tmp_path: Path, new_data: bool
+) -> None:
+    """The destination read its own data file and a shared one: the journal, written before the
+    switch, names its own (and the new data file, if any); after, only the shared one is left."""
+    weight = numpy_helper.from_array(np.ones((4, 4), np.float32), "w")
+    shared = numpy_helper.from_array(np.ones((4, 4), np.float32), "s")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("MatMul", ["h", "s"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        [weight, shared],
+    )
+    old = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    onnx.external_data_helper.convert_model_to_external_data(old, location="out.onnx.data", size_threshold=0)
+    old.graph.initializer[1].external_data[0].value = "shared.bin"
+    onnx.save_model(old, str(tmp_path / "out.onnx"))  # writes both data files
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.onnx", "out.onnx.data", "shared.bin"]
+
+    seen: dict[str, object] = {}
+    with publish.Destination(tmp_path / "out.onnx") as destination:
+        staging = destination.staging_dir()
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+        onnx_path = os.path.join(staging, "out.onnx")
+        data_name = destination.data_name
+        assert data_name == "out.onnx.1.data"  # the old one's name is taken
+        data_path = os.path.join(staging, data_name) if new_data else None
+        _save(model, Path(onnx_path), data_name if new_data else None)
+
+        @contextlib.contextmanager
+        def hold() -> Iterator[None]:
+            seen["journal"] = json.loads(Path(staging, "obsolete.json").read_text())
+            yield
+
+        with pytest.raises(ValueError, match=re.escape("is not named 'out.onnx.1.data'")):
+            destination.publish(staging, onnx_path, os.path.join(staging, "x.data"), modes=(0o644, 0o644))
+        with publish.interruptions_deferred_by(hold):
+            destination.publish(staging, onnx_path, data_path, modes=(0o644, 0o640))
+
+    expected = [str(tmp_path / "out.onnx.data")] + ([str(tmp_path / data_name)] if new_data else [])
+    assert seen["journal"] == expected
+    left = ["out.onnx", "shared.bin"] + ([data_name] if new_data else [])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(left)
+    if new_data:
+        assert stat.S_IMODE((tmp_path / data_name).stat().st_mode) == 0o640
