@@ -79,7 +79,11 @@ def test_publish_directory_puts_the_new_folder_in_place(
     assert _folder(tmp_path / "outside") == {"keep.txt": "keep"}  # a hidden link is unlinked, not followed
 
 
-def test_the_swap_exchanges_two_folders(tmp_path: Path) -> None:
+@pytest.mark.parametrize("relative", [False, True], ids=["absolute", "relative"])
+def test_the_swap_exchanges_two_folders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, relative: bool
+) -> None:
+    """Relative paths are taken from the working directory (an --out the user typed)."""
     if ctypes.util.find_library("c") is None:
         pytest.skip("no C library to call renameat2 from")
     a, b = tmp_path / "a", tmp_path / "b"
@@ -87,11 +91,27 @@ def test_the_swap_exchanges_two_folders(tmp_path: Path) -> None:
     b.mkdir()
     (a / "in_a").write_text("a")
     (b / "in_b").write_text("b")
-    if not publish._exchange(str(a), str(b)):
+    monkeypatch.chdir(tmp_path)
+    first, second = ("a", "b") if relative else (str(a), str(b))
+    if not publish._exchange(first, second):
         pytest.skip("the system cannot exchange two paths")
     assert _folder(a) == {"in_b": "b"}
     assert _folder(b) == {"in_a": "a"}
-    assert not publish._exchange(str(a), str(tmp_path / "missing"))  # a failed call says so
+    assert not publish._exchange(first, "missing")  # a failed call says so
+
+
+def test_no_swap_where_the_c_library_has_no_renameat2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class OldLibrary:  # a C library from before renameat2: no such attribute
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            pass
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    monkeypatch.setattr(ctypes, "CDLL", OldLibrary)
+    assert publish._exchange(str(a), str(b)) is False
 
 
 def test_no_swap_without_a_c_library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -171,6 +191,39 @@ def test_a_hidden_entry_that_cannot_be_removed_does_not_stop_the_publish(
     assert not (tmp_path / "out" / ".gone").exists()
 
 
+@pytest.mark.parametrize("swap", [True, False], ids=["exchange", "move-aside"])
+def test_an_old_folder_that_cannot_be_removed_entirely_does_not_stop_the_publish(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, swap: bool
+) -> None:
+    destination = tmp_path / "out"
+    destination.mkdir()
+    (destination / "stuck.onnx").write_text("old")
+    staging = _staging(tmp_path, files={"model.onnx": "new"})
+    real_unlink = os.unlink
+
+    def unlink(path: str | os.PathLike[str], *args: object, **kwargs: object) -> None:
+        if os.path.basename(os.fspath(path)) == "stuck.onnx":
+            raise PermissionError(13, "not allowed", "stuck.onnx")
+        real_unlink(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "unlink", unlink)
+    with contextlib.ExitStack() as stack:
+        if not swap:
+            stack.enter_context(_no_exchange(monkeypatch))
+        publish.publish_directory(str(staging), str(destination))
+    assert _folder(destination) == {"model.onnx": "new"}
+
+
+def test_referenced_files_parses_a_model_up_to_the_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _model_with_data(tmp_path)
+    monkeypatch.setattr(publish, "_PARSE_LIMIT_BYTES", os.path.getsize(path))
+    assert publish.referenced_files(str(path)) == {str(tmp_path / "encoder.onnx.data")}
+    monkeypatch.setattr(publish, "_PARSE_LIMIT_BYTES", os.path.getsize(path) - 1)
+    assert publish.referenced_files(str(path)) is None  # larger than the limit: not parsed
+
+
 def _model_with_data(folder: Path) -> Path:
     weight = numpy_helper.from_array(np.arange(4096, dtype=np.float32).reshape(64, 64), "w")
     graph = helper.make_graph(
@@ -200,6 +253,7 @@ def test_set_metadata_replaces_and_adds_keys_in_place(tmp_path: Path) -> None:
     entries = [(p.key, p.value) for p in proto.metadata_props]
     assert entries == [("a", "1"), ("c", "3"), ("b", "two"), ("d", "4")]
     assert (tmp_path / "encoder.onnx.data").read_bytes() == data  # the data file is left as it was
+    assert publish.referenced_files(str(path)) == {str(tmp_path / "encoder.onnx.data")}  # and still read
     loaded = onnx.load(str(path))
     assert np.array_equal(
         numpy_helper.to_array(loaded.graph.initializer[0]), np.arange(4096, dtype=np.float32).reshape(64, 64)
@@ -208,14 +262,22 @@ def test_set_metadata_replaces_and_adds_keys_in_place(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["encoder.onnx", "encoder.onnx.data"]
 
 
+@pytest.mark.parametrize("leaves", [True, False], ids=["partial-file", "no-file"])
 def test_set_metadata_that_fails_leaves_the_model_and_no_temporary_file(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, leaves: bool
 ) -> None:
+    """The new copy is written beside the model under a hidden temporary name; when writing it
+    fails, the model is as it was and the copy is gone (whether or not the failure left it)."""
     path = _model_with_data(tmp_path)
     before = path.read_bytes()
+    targets: list[str] = []
 
     def failing_save(proto: onnx.ModelProto, target: str) -> None:
-        Path(target).write_bytes(b"partial")
+        targets.append(target)
+        if leaves:
+            Path(target).write_bytes(b"partial")
+        else:
+            os.unlink(target)
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(onnx, "save_model", failing_save)
@@ -223,6 +285,8 @@ def test_set_metadata_that_fails_leaves_the_model_and_no_temporary_file(
         publish.set_metadata(str(path), {"a": "changed"})
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["encoder.onnx", "encoder.onnx.data"]
+    assert len(targets) == 1 and os.path.dirname(targets[0]) == str(tmp_path)
+    assert re.fullmatch(r"\.encoder\.onnx\.\w+\.tmp", os.path.basename(targets[0]))
 
 
 def _save(model: onnx.ModelProto, path: Path, data: str | None) -> None:
@@ -232,8 +296,11 @@ def _save(model: onnx.ModelProto, path: Path, data: str | None) -> None:
         onnx.save_model(model, str(path), save_as_external_data=True, location=data, size_threshold=0)
 
 
-def test_scratch_dirs_are_named_after_the_destination_and_the_step(tmp_path: Path) -> None:
+def test_staging_and_scratch_dirs_are_named_after_the_destination_and_the_step(tmp_path: Path) -> None:
     with publish.Destination(tmp_path / "out.onnx") as destination:
+        staging = destination.staging_dir()
+        assert os.path.dirname(staging) == str(tmp_path)
+        assert re.fullmatch(r"\.out\.onnx\.[a-z0-9_]{8}\.tmp", os.path.basename(staging))
         scratch = destination.scratch_dir("auto")
         assert os.path.dirname(scratch) == str(tmp_path)
         assert re.fullmatch(r"\.out\.onnx\.auto-[a-z0-9_]{8}\.tmp", os.path.basename(scratch))
@@ -311,6 +378,7 @@ def test_publish_journals_the_replaced_data_and_keeps_what_is_not_its_own(
         @contextlib.contextmanager
         def hold() -> Iterator[None]:
             seen["journal"] = json.loads(Path(staging, "obsolete.json").read_text())
+            (tmp_path / "out.onnx.data").unlink()  # removed meanwhile (by hand): not an error
             yield
 
         with pytest.raises(ValueError, match=re.escape("is not named 'out.onnx.1.data'")):
@@ -322,5 +390,6 @@ def test_publish_journals_the_replaced_data_and_keeps_what_is_not_its_own(
     assert seen["journal"] == expected
     left = ["out.onnx", "shared.bin"] + ([data_name] if new_data else [])
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(left)
+    assert stat.S_IMODE((tmp_path / "out.onnx").stat().st_mode) == 0o644
     if new_data:
         assert stat.S_IMODE((tmp_path / data_name).stat().st_mode) == 0o640
