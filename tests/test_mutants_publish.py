@@ -25,6 +25,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from onnx_conv2matmul.errors import InputError
 from onnx_conv2matmul.files import owned, publish
 from onnx_conv2matmul.files.modes import _umask
 
@@ -393,3 +394,120 @@ def test_publish_journals_the_replaced_data_and_keeps_what_is_not_its_own(
     assert stat.S_IMODE((tmp_path / "out.onnx").stat().st_mode) == 0o644
     if new_data:
         assert stat.S_IMODE((tmp_path / data_name).stat().st_mode) == 0o640
+
+
+def test_the_lock_is_private_and_released_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    destination = publish.Destination(tmp_path / "out.onnx")
+    lock = tmp_path / ".out.onnx.lock"
+    assert stat.S_IMODE(lock.stat().st_mode) == 0o600
+    with pytest.raises(
+        publish.DestinationBusy, match=re.escape(f"another run is writing {tmp_path / 'out.onnx'}")
+    ):
+        publish.Destination(tmp_path / "out.onnx")
+    lock.unlink()  # removed by hand: the release does not mind
+    destination.release()
+    closed: list[int] = []
+    monkeypatch.setattr(os, "close", closed.append)
+    destination.release()  # a second release closes nothing
+    assert closed == []
+
+
+def test_no_free_data_name_after_a_thousand(tmp_path: Path) -> None:
+    (tmp_path / "out.onnx.data").write_text("")
+    for index in range(1, 1000):
+        (tmp_path / f"out.onnx.{index}.data").write_text("")
+    with pytest.raises(InputError, match=r"no free name .* remove old out\.onnx\.N\.data files"):
+        publish.Destination(tmp_path / "out.onnx")
+    assert not (tmp_path / ".out.onnx.lock").exists()
+
+
+def _stale(folder: Path, names: list[Path]) -> Path:
+    """What a run killed between its renames leaves: a marked staging directory and its journal."""
+    stale = folder / ".out.onnx.abcdefgh.tmp"
+    stale.mkdir()
+    owned.mark(str(stale))
+    (stale / "obsolete.json").write_text(json.dumps([str(p) for p in names]))
+    return stale
+
+
+def _reads(folder: Path, name: str, location: str) -> Path:
+    """A model in ``folder`` whose weight is in ``location``."""
+    path = _model_with_data(folder)
+    model = onnx.load(str(path))
+    onnx.save_model(
+        model, str(folder / name), save_as_external_data=True, location=location, size_threshold=0
+    )
+    path.unlink()
+    (folder / "encoder.onnx.data").unlink()
+    return folder / name
+
+
+def test_recovery_removes_the_journals_own_data_when_nothing_reads_it(tmp_path: Path) -> None:
+    (tmp_path / "out.onnx.1.data").write_text("left by the killed run")
+    stale = _stale(tmp_path, [tmp_path / "out.onnx.1.data"])
+    with publish.Destination(tmp_path / "out.onnx"):
+        pass
+    assert not stale.exists() and not (tmp_path / "out.onnx.1.data").exists()
+
+
+@pytest.mark.parametrize("source", ["reads-it", "reads-another", "unreadable"])
+def test_recovery_spares_what_the_input_may_read(tmp_path: Path, source: str) -> None:
+    """The input (converted into out.onnx) reads out.onnx.1.data, or another file, or cannot be
+    parsed: the journal's out.onnx.1.data is removed only when the input is known not to read it."""
+    if source == "unreadable":
+        model = tmp_path / "in.onnx"
+        model.write_bytes(b"not a model")
+        (tmp_path / "out.onnx.1.data").write_text("maybe the input's")
+    else:
+        model = _reads(tmp_path, "in.onnx", "out.onnx.1.data" if source == "reads-it" else "in.data")
+        if source == "reads-another":
+            (tmp_path / "out.onnx.1.data").write_text("left by the killed run")
+    stale = _stale(tmp_path, [tmp_path / "out.onnx.1.data"])
+    with publish.Destination(tmp_path / "out.onnx", source=str(model)):
+        pass
+    assert not stale.exists()
+    assert (tmp_path / "out.onnx.1.data").exists() == (source != "reads-another")
+
+
+def test_the_sweep_moves_nothing_out_of_the_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another destination's abandoned staging directory is removed, through this run's own."""
+    models = tmp_path / "models"
+    models.mkdir()
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    abandoned = models / ".other.onnx.abcdefgh.tmp"
+    abandoned.mkdir()
+    owned.mark(str(abandoned))
+    (abandoned / "part.onnx").write_text("")
+    with publish.Destination(models / "out.onnx"):
+        pass
+    assert sorted(p.name for p in models.iterdir()) == []
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_a_staging_dir_that_cannot_be_emptied_is_released_without_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Release removes what it can, without an error: what cannot be removed stays, in the
+    staging directory (an empty one is what recovery recognises)."""
+    destination = publish.Destination(tmp_path / "out.onnx")
+    staging = Path(destination.staging_dir())
+    (staging / "stuck.onnx").write_text("")
+    (staging / "part").mkdir()
+    (staging / "part" / "stuck.data").write_text("")
+    (staging / "free.onnx").write_text("")
+    real_unlink = os.unlink
+
+    def unlink(path: str | os.PathLike[str], *args: object, **kwargs: object) -> None:
+        if os.path.basename(os.fspath(path)).startswith("stuck"):
+            raise PermissionError(13, "not allowed", os.fspath(path))
+        real_unlink(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "unlink", unlink)
+    destination.release()
+    monkeypatch.undo()
+    assert sorted(p.name for p in staging.iterdir()) == ["part", "stuck.onnx"]
+    assert [p.name for p in (staging / "part").iterdir()] == ["stuck.data"]
