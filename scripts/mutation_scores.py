@@ -38,7 +38,35 @@ _PART = "the per-tensor row: only .passed and .note are read, which do not depen
 # the package's ("rewrite.analysis.x__plan__mutmut_8"): a name holds while its function does not
 # change (mutmut renumbers the mutants of a changed function). Where every mutant of a line is
 # equivalent, the line has a "# pragma: no mutate" instead.
+_ASCII = "the journal is JSON written with ensure_ascii: the same bytes in any encoding"
+_ERRNO = "use_errno only matters to ctypes.get_errno, never read"
+_FALSY = "load_external_data=None is as false as False"
 _EQUIVALENT_BY_MODULE: dict[str, dict[str, str]] = {
+    "files.publish": {
+        "x_publish_directory__mutmut_34": 'old "" is set only where no old folder exists: rmtree("") ignored',
+        "x_publish_directory__mutmut_57": "renaming onto the empty folder mkdtemp made replaces it (POSIX)",
+        "x_publish_directory__mutmut_58": "the old folder's name inside the hidden one: never read",
+        "x_publish_directory__mutmut_59": "the old folder's name inside the hidden one: never read",
+        "x_referenced_files__mutmut_5": _FALSY,
+        "x_set_metadata__mutmut_3": _FALSY,
+        "x__exchange__mutmut_8": "CDLL(None) is the program's own symbols, libc's renameat2 among them",
+        "x__exchange__mutmut_9": _ERRNO,
+        "x__exchange__mutmut_11": _ERRNO,
+        "x__exchange__mutmut_12": _ERRNO,
+        "x__ours__mutmut_1": "owned.is_marked refuses links; a link to an empty folder cannot be rmdir-ed",
+        "x__read_journal__mutmut_2": _ASCII,
+        "x__read_journal__mutmut_4": _ASCII,
+        "x__read_journal__mutmut_10": _ASCII,
+        "xǁDestinationǁpublish__mutmut_16": "referenced_files of a missing file is None, read as no file",
+        "xǁDestinationǁpublish__mutmut_32": _ASCII,
+        "xǁDestinationǁpublish__mutmut_35": _ASCII,
+        "xǁDestinationǁpublish__mutmut_43": _ASCII,
+        "xǁDestinationǁpublish__mutmut_61": "new_data is None exactly when data_path is None",
+        "xǁDestinationǁrelease__mutmut_9": "-2 is as released as -1",
+        "xǁDestinationǁremove_scratch__mutmut_2": "the path stays listed; removing it again does nothing",
+        "xǁDestinationǁ_sweep__mutmut_9": "a non-directory is then refused by _ours",
+        "xǁDestinationǁ_sweep__mutmut_40": "the name only goes into DestinationBusy's message, caught here",
+    },
     "verify.compare": {
         "x__exact_tally__mutmut_3": "np.asarray(ref != out, dtype=None): ref != out is already bool",
         "x__exact_tally__mutmut_5": "np.asarray(ref != out): ref != out is already bool",
