@@ -92,10 +92,14 @@ def test_the_swap_exchanges_two_folders(
     b.mkdir()
     (a / "in_a").write_text("a")
     (b / "in_b").write_text("b")
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    if not publish._exchange(str(probe), str(a)):  # absolute paths: the working directory unused
+        pytest.skip("the system cannot exchange two paths")
+    publish._exchange(str(probe), str(a))  # back
     monkeypatch.chdir(tmp_path)
     first, second = ("a", "b") if relative else (str(a), str(b))
-    if not publish._exchange(first, second):
-        pytest.skip("the system cannot exchange two paths")
+    assert publish._exchange(first, second)
     assert _folder(a) == {"in_b": "b"}
     assert _folder(b) == {"in_a": "a"}
     assert not publish._exchange(first, "missing")  # a failed call says so
