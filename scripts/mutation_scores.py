@@ -38,6 +38,7 @@ _PART = "the per-tensor row: only .passed and .note are read, which do not depen
 # the package's ("rewrite.analysis.x__plan__mutmut_8"): a name holds while its function does not
 # change (mutmut renumbers the mutants of a changed function). Where every mutant of a line is
 # equivalent, the line has a "# pragma: no mutate" instead.
+_BLOCK_EXACT = "a block's .exact is never read: _Tally.add keeps the total's"
 _ASCII = "the journal is JSON written with ensure_ascii: the same bytes in any encoding"
 _ERRNO = "use_errno only matters to ctypes.get_errno, never read"
 _FALSY = "load_external_data=None is as false as False"
@@ -68,6 +69,22 @@ _EQUIVALENT_BY_MODULE: dict[str, dict[str, str]] = {
         "xǁDestinationǁ_sweep__mutmut_40": "the name only goes into DestinationBusy's message, caught here",
     },
     "verify.compare": {
+        "x__dot__mutmut_9": 'einsum "I,I->" is the same contraction as "i,i->"',
+        "x__exact_block__mutmut_3": "np.asarray(ref != out, dtype=None): ref != out is already bool",
+        "x__exact_block__mutmut_5": "np.asarray(ref != out): ref != out is already bool",
+        "x__exact_block__mutmut_9": _ASTYPE,
+        "x__exact_block__mutmut_13": _ASTYPE,
+        "x__exact_block__mutmut_14": _ASTYPE,
+        "x__exact_block__mutmut_15": _BLOCK_EXACT,
+        "x__exact_block__mutmut_27": _BLOCK_EXACT,
+        "x__float_block__mutmut_2": _ASTYPE,
+        "x__float_block__mutmut_4": _ASTYPE,
+        "x__float_block__mutmut_30": _BLOCK_EXACT,
+        "x__float_block__mutmut_52": _BLOCK_EXACT,
+        "x__float_tally__mutmut_7": "exact=None: _Tally.exact is only tested for truth",
+        "x_element_scales__mutmut_3": "slice(None, n) is slice(0, n)",
+        "x_element_scales__mutmut_4": "slice(0, None) over an axis of length n is slice(0, n)",
+        "x_element_scales__mutmut_5": "slice(n) is slice(0, n)",
         "x__exact_tally__mutmut_3": "np.asarray(ref != out, dtype=None): ref != out is already bool",
         "x__exact_tally__mutmut_5": "np.asarray(ref != out): ref != out is already bool",
         "x__exact_tally__mutmut_9": _ASTYPE,

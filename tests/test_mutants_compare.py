@@ -13,7 +13,15 @@ import math
 import numpy as np
 import pytest
 
-from onnx_conv2matmul.verify.compare import TINY_ELEMENTS, _cosine, _rel_err, sample_cosines, sample_rel_errs
+from onnx_conv2matmul.verify.compare import (
+    TINY_ELEMENTS,
+    _cosine,
+    _exact_tally,
+    _float_tally,
+    _rel_err,
+    sample_cosines,
+    sample_rel_errs,
+)
 
 
 def _f32(*values: float) -> np.ndarray:
@@ -95,3 +103,38 @@ def test_sample_rel_errs_only_for_tiny_outputs() -> None:
     assert sample_rel_errs(empty, empty, 2) is None
     scalar = np.array(2.0, dtype=np.float32)
     assert sample_rel_errs(scalar, np.array(1.0, dtype=np.float32), 3) == pytest.approx([0.5])
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 20, 1 << 18])
+def test_tallies_in_blocks_add_up_to_the_whole_arrays(chunk: int) -> None:
+    """Cut into blocks of ``chunk`` elements or not, a tensor's sums and counts are the same."""
+    rng = np.random.default_rng(4)
+    ref = rng.standard_normal((6, 5, 4)).astype(np.float32)
+    out = ref + 0.01 * rng.standard_normal((6, 5, 4)).astype(np.float32)
+    ref[1, 2, 3] = np.nan
+    out[1, 2, 3] = np.nan  # the same NaN: not a mismatch
+    ref[4, 0, 0] = np.inf
+    out[4, 0, 0] = 1.0  # an Inf that differs: a mismatch
+    blocked = _float_tally(ref, out, chunk)
+    assert blocked.elements == ref.size
+    assert blocked.count == ref.size - 2  # the places finite in both
+    assert blocked.ref_nonfinite == 2
+    assert blocked.mismatches == 1
+    finite = np.isfinite(ref) & np.isfinite(out)
+    r, o = ref[finite].astype(np.float64), out[finite].astype(np.float64)
+    assert blocked.ref_sq == pytest.approx(float(r @ r), rel=1e-12)
+    assert blocked.out_sq == pytest.approx(float(o @ o), rel=1e-12)
+    assert blocked.dot == pytest.approx(float(r @ o), rel=1e-12)
+    assert blocked.diff_sq == pytest.approx(float((r - o) @ (r - o)), rel=1e-12)
+    whole = _float_tally(ref, out, 1 << 18)
+    assert blocked.max_diff == pytest.approx(whole.max_diff, rel=1e-12)
+    assert blocked.sum_diff == pytest.approx(whole.sum_diff, rel=1e-12)
+    assert blocked.max_ref == whole.max_ref
+
+    ints = rng.integers(-5, 5, size=(6, 5, 4))
+    other = ints.copy()
+    other[0, 0, 0] += 3
+    other[5, 4, 3] -= 2
+    exact = _exact_tally(ints, other, chunk)
+    assert (exact.elements, exact.count, exact.mismatches) == (ints.size, ints.size, 2)
+    assert (exact.max_diff, exact.sum_diff) == (3.0, 5.0)
