@@ -138,3 +138,12 @@ def test_tallies_in_blocks_add_up_to_the_whole_arrays(chunk: int) -> None:
     exact = _exact_tally(ints, other, chunk)
     assert (exact.elements, exact.count, exact.mismatches) == (ints.size, ints.size, 2)
     assert (exact.max_diff, exact.sum_diff) == (3.0, 5.0)
+
+
+def test_two_samples_and_one_axis_are_cut_too() -> None:
+    ref = np.array([[1, 0], [3, 4]], dtype=np.float32)
+    out = np.array([[0, 1], [3, 4]], dtype=np.float32)
+    assert sample_cosines(ref, out, 2) == pytest.approx([0.0, 1.0])  # two samples: one cosine each
+    flat_ref, flat_out = _f32(1, 2, -3), _f32(1, -2, -3)  # one value per sample
+    assert sample_cosines(flat_ref, flat_out, 3) == pytest.approx([1.0, -1.0, 1.0])
+    assert sample_rel_errs(_f32(2, 2, 2), _f32(2, 1, 2), 3) == pytest.approx([0.0, 0.5, 0.0])
