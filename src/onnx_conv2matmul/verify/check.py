@@ -33,9 +33,6 @@ from onnx_conv2matmul.verify.compare import (
     OutputComparison as OutputComparison,
 )
 from onnx_conv2matmul.verify.compare import (
-    _nonfinite_mismatches as _nonfinite_mismatches,
-)
-from onnx_conv2matmul.verify.compare import (
     compare_arrays as compare_arrays,
 )
 from onnx_conv2matmul.verify.compare import (
@@ -45,24 +42,19 @@ from onnx_conv2matmul.verify.compare import (
     compare_sequences as compare_sequences,
 )
 from onnx_conv2matmul.verify.compare import (
-    element_scales as element_scales,
-)
-from onnx_conv2matmul.verify.compare import (
     sample_cosines as sample_cosines,
 )
 from onnx_conv2matmul.verify.compare import (
     thresholds as thresholds,
 )
 from onnx_conv2matmul.verify.discover import discover, graph_specs, needs_probes, read_graph
-from onnx_conv2matmul.verify.feeds import DimRole, InputSpec, Role, Roles, check_names, dim_roles
-from onnx_conv2matmul.verify.feeds import Feed as Feed
-from onnx_conv2matmul.verify.feeds import _InputSpec as _InputSpec
-from onnx_conv2matmul.verify.feeds import check_feeds as check_feeds
-from onnx_conv2matmul.verify.feeds import check_feeds_for_graph as check_feeds_for_graph
 from onnx_conv2matmul.verify.feeds import feed_samples as feed_samples
-from onnx_conv2matmul.verify.feeds import input_value_ranges as input_value_ranges
-from onnx_conv2matmul.verify.feeds import load_inputs as load_inputs
 from onnx_conv2matmul.verify.feeds import synthesise_inputs as synthesise_inputs
+from onnx_conv2matmul.verify.given import Feed as Feed
+from onnx_conv2matmul.verify.given import check_feeds as check_feeds
+from onnx_conv2matmul.verify.given import check_feeds_for_graph as check_feeds_for_graph
+from onnx_conv2matmul.verify.given import check_names
+from onnx_conv2matmul.verify.given import load_inputs as load_inputs
 from onnx_conv2matmul.verify.options import DEFAULT_LENGTHS as DEFAULT_LENGTHS
 from onnx_conv2matmul.verify.options import DEFAULT_MAX_ABS as DEFAULT_MAX_ABS
 from onnx_conv2matmul.verify.options import DEFAULT_MEAN_ABS as DEFAULT_MEAN_ABS
@@ -73,7 +65,12 @@ from onnx_conv2matmul.verify.options import Criterion as Criterion
 from onnx_conv2matmul.verify.options import VerifyOptions as VerifyOptions
 from onnx_conv2matmul.verify.options import feed_source, format_size
 from onnx_conv2matmul.verify.plan import LengthPlan, Planner, Run, plan_lengths
+from onnx_conv2matmul.verify.ranges import input_value_ranges as input_value_ranges
+from onnx_conv2matmul.verify.roles import DimRole, InputSpec, Role, Roles, dim_roles
+from onnx_conv2matmul.verify.roles import _InputSpec as _InputSpec
 from onnx_conv2matmul.verify.stream import Spill, merge_rows
+from onnx_conv2matmul.verify.tally import _nonfinite_mismatches as _nonfinite_mismatches
+from onnx_conv2matmul.verify.tally import element_scales as element_scales
 
 
 @dataclasses.dataclass
