@@ -15,8 +15,7 @@ from onnx_conv2matmul.cli.common import (
     stderr_console,
 )
 from onnx_conv2matmul.cli.flags import bench_options, build_verify_options, verify_options
-from onnx_conv2matmul.files import load as _io
-from onnx_conv2matmul.files.load import check_report_target
+from onnx_conv2matmul.files.checks import check_input_path, check_report_target
 
 
 @click.command("bench")
@@ -66,7 +65,7 @@ def bench_command(
 
         console = stderr_console(quiet)
         for path in models:
-            _io.check_input_path(path)
+            check_input_path(path)
         if baseline > len(models):
             raise click.BadParameter(
                 f"{baseline} is above the number of models ({len(models)})", param_hint="--baseline"

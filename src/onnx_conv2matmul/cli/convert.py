@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from onnx_conv2matmul import api
-from onnx_conv2matmul.files.load import check_paths, check_report_target
+from onnx_conv2matmul.files.checks import check_paths, check_report_target
 
 if TYPE_CHECKING:
     pass

@@ -12,7 +12,7 @@ import click
 from onnx_conv2matmul import api
 from onnx_conv2matmul.errors import InputError
 from onnx_conv2matmul.files import load as _io
-from onnx_conv2matmul.files.load import check_not_read, check_report_target
+from onnx_conv2matmul.files.checks import check_input_path, check_not_read, check_report_target
 from onnx_conv2matmul.quantize.weight_only import ALGORITHMS
 from onnx_conv2matmul.rewrite.options import ConvertOptions
 
@@ -310,7 +310,7 @@ def quantize_command(
             from onnx_conv2matmul.quantize.transposes import Prefer, TransposeOptions
 
             transposes = TransposeOptions(Prefer(prefer or "balanced"))
-        _io.check_input_path(input_path)
+        check_input_path(input_path)
         v_options = build_verify_options(verify_kwargs, min_cosine, inputs)
         read = files_read(inputs, validate, config)
         for written in (output_path, output_path + ".data"):
