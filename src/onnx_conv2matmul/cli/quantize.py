@@ -36,6 +36,7 @@ from onnx_conv2matmul.cli.flags import (
     nbits_given,
     nbits_options,
     no_gemm,
+    report_options,
     verify_options,
 )
 from onnx_conv2matmul.quantize.options import DEFAULT_MAX_EVALUATIONS, resolve
@@ -203,9 +204,7 @@ from onnx_conv2matmul.quantize.options import DEFAULT_MAX_EVALUATIONS, resolve
 )
 @click.option("--skip-checker", is_flag=True)
 @verify_options
-@click.option("--report-json", "report_json", type=click.Path(dir_okay=False))
-@click.option("--report-json-stdout", is_flag=True)
-@click.option("-q", "--quiet", is_flag=True)
+@report_options()
 def quantize_command(
     input_path: str,
     output_path: str,
