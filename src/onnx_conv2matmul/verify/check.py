@@ -3,11 +3,14 @@
 The check is split by concern:
 
 - :mod:`~onnx_conv2matmul.verify.options`: what is asked (criterion, inputs, memory budget);
-- :mod:`~onnx_conv2matmul.verify.feeds`: real inputs, which dims are batch and which are
-  sequence, and the synthesised inputs;
-- :mod:`~onnx_conv2matmul.verify.plan`: the runs, each dim's value in each, within the budget;
+- :mod:`~onnx_conv2matmul.verify.roles`: which dims are batch and which are sequence;
+- :mod:`~onnx_conv2matmul.verify.given`, :mod:`~onnx_conv2matmul.verify.ranges` and
+  :mod:`~onnx_conv2matmul.verify.feeds`: real inputs, and the synthesised inputs;
+- :mod:`~onnx_conv2matmul.verify.plan` and :mod:`~onnx_conv2matmul.verify.sizes`: the runs,
+  each dim's value in each, within the budget;
 - :mod:`~onnx_conv2matmul.verify.run`: sessions and runs, memory exhaustion;
-- :mod:`~onnx_conv2matmul.verify.compare`: the numbers of each output and the verdict.
+- :mod:`~onnx_conv2matmul.verify.compare` and :mod:`~onnx_conv2matmul.verify.tally`: the
+  numbers of each output and the verdict.
 
 This module runs them in order (:func:`verify_models`) and holds the report
 (:class:`VerifyReport`); the names other modules and users import from here stay here.

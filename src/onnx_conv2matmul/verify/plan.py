@@ -190,7 +190,7 @@ def plan_lengths(
 
     Default lengths are :data:`DEFAULT_LENGTHS`, or :data:`IMAGE_LENGTHS` (multiples of 32)
     when an input of rank 4 or more has two or more sequence dims, with spares; a speech
-    encoder (see :class:`onnx_conv2matmul.verify.feeds.Roles`) also gets a run of
+    encoder (see :class:`onnx_conv2matmul.verify.roles.Roles`) also gets a run of
     :data:`LONG_LENGTH` at batch 1.
 
     Raises:
