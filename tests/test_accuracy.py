@@ -426,12 +426,12 @@ def test_the_final_check_reuses_the_search_reference(
 ) -> None:
     """With --auto the fp32 model runs once: the final check compares against the reference the
     search kept on disk (verify_models, which would run it again, is not called)."""
-    from onnx_conv2matmul.quantize import workflow
+    from onnx_conv2matmul.quantize import check_publish
 
     def fail(*_args: object, **_kwargs: object) -> None:
         raise AssertionError("the original ran again")
 
-    monkeypatch.setattr(workflow, "verify_models", fail)
+    monkeypatch.setattr(check_publish, "verify_models", fail)
     loads: list[str] = []
     original_get = auto.Reference.get
 

@@ -12,9 +12,7 @@ import onnx
 import onnx_ir as ir
 import pytest
 
-from onnx_conv2matmul.quantize import search as auto_search
-from onnx_conv2matmul.quantize.options import AutoOptions, Setting
-from onnx_conv2matmul.quantize.search import synthesised_feeds
+from onnx_conv2matmul.quantize.options import Setting
 from onnx_conv2matmul.quantize.sensitivity import _Node
 from onnx_conv2matmul.quantize.speed_objective import SpeedFilter, model_layers, rank_kernels
 from onnx_conv2matmul.rewrite.options import ConvertOptions
@@ -196,26 +194,6 @@ def test_layers_take_their_rows_from_the_original(tmp_path: Path) -> None:
     rows = {layer.rows for layer in layers}
     assert (25, 125) in rows  # the encoder subsamples by 8
     assert (49, 249) in rows  # relative positions: 2T - 1
-
-
-@pytest.mark.parametrize(("machine", "eight_bits"), [(INT8_SLOW, False), (INT8_FAST, True)])
-def test_the_search_spends_no_accuracy_on_slow_precisions(tmp_path: Path, machine, eight_bits: bool) -> None:  # type: ignore[no-untyped-def]
-    """A tight floor the 4-bit settings cannot meet alone: on the int8-slow machine the search
-    reaches it with float layers, on the int8-fast one with 8-bit layers."""
-    model = ir.load(ENCODER)
-    rewrite_model(model, ConvertOptions(extended=True, allow_non_unit_dilation=True))
-    verify = VerifyOptions(lengths=(64, 97))
-    layers = model_layers(model, str(ENCODER), (64, 97))
-    costs, _ = _costs(machine)
-    speed = SpeedFilter(costs, {layer.name: layer for layer in layers}, accuracy_level=0)
-    feeds = synthesised_feeds(str(ENCODER), verify)
-    options = AutoOptions(min_cosine=0.9999)
-    result = auto_search.search(model, feeds, options, str(tmp_path), speed_filter=speed)
-    bits = {choice.setting.bits for choice in result.choices}
-    assert (8 in bits) == eight_bits
-    assert 4 in bits and result.reached_cosine >= 0.9999
-    if not eight_bits:
-        assert None in bits and speed.dropped
 
 
 def test_kernel_model_is_valid() -> None:

@@ -274,3 +274,33 @@ def test_the_default_budget_never_holds_the_original_and_its_candidates_together
     # never more than a share of what is available
     assert default_budget([10 * gib], available_bytes=4 * gib) < 4 * gib
     assert default_budget([int(2.4 * gib)], available_bytes=None) == int(1.2 * 2 * int(2.4 * gib))
+
+
+@pytest.mark.parametrize("mode_budget", [None, 150])  # together, and one at a time (2 x 100 bytes each)
+def test_timing_settles_once_every_ratio_is_known(tmp_path: Path, mode_budget: int | None) -> None:
+    """A result clearly faster than the baseline stops after ``settle_after`` rounds; one whose
+    ratio wobbles around 1 takes every round."""
+    steady = TimingOptions(
+        lengths=(100,), rounds=10, warmup=1, settle_after=5, memory_budget_bytes=mode_budget
+    )
+    report, _ = _time(tmp_path, options=steady)
+    assert len(report.models[1].at(100).samples_ms) == 5
+    assert report.options.to_dict()["settle_after"] == 5
+    draws = np.random.default_rng(0)
+
+    def wobbly(path: str, length: int) -> float:
+        return 1.0 if Path(path).name == "a.onnx" else float(draws.choice([0.6, 1.5]))
+
+    clock = FakeClock()
+    noisy = time_models(_models(tmp_path), steady, clock=clock, session_factory=Sessions(clock, wobbly))
+    assert len(noisy.models[1].at(100).samples_ms) == 10
+
+
+def test_settled_needs_a_side_of_one_or_a_narrow_interval() -> None:
+    from onnx_conv2matmul.speed.latency import settled
+
+    assert settled([10.0] * 5, [5.0, 5.1, 4.9, 5.0, 5.2])  # faster, known
+    assert settled([10.0] * 5, [10.0, 10.1, 9.9, 10.0, 10.1])  # within 5% of 1
+    assert not settled([10.0] * 5, [7.0, 13.0, 9.0, 12.0, 8.0])  # could be either
+    with pytest.raises(ValueError, match="3 rounds"):
+        TimingOptions(settle_after=2)

@@ -139,7 +139,7 @@ from onnx_conv2matmul.quantize.options import DEFAULT_MAX_EVALUATIONS, resolve
     help=(
         "When pointwise convs are left because rewriting them adds Transposes, both models are made"
         " and timed: size keeps the smaller, speed the faster [default: the smaller one not slower"
-        " than the input by more than 10%, else the faster]."
+        " than the input by more than 10%, else the faster; with --auto, size]."
     ),
 )
 @no_gemm
@@ -308,7 +308,8 @@ def quantize_command(
         if not allow_added_transposes and not resolved.int8_dynamic:
             from onnx_conv2matmul.quantize.transposes import Prefer, TransposeOptions
 
-            transposes = TransposeOptions(Prefer(prefer or "balanced"))
+            # --auto asks for the smallest model: the trade keeps the smaller unless told otherwise.
+            transposes = TransposeOptions(Prefer(prefer or ("size" if auto else "balanced")))
         check_input_path(input_path)
         v_options = build_verify_options(verify_kwargs, min_cosine, inputs)
         read = files_read(inputs, validate, config)

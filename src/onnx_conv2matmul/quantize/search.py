@@ -41,25 +41,22 @@ user's function is.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import gc
 import math
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx_ir as ir
 
-from onnx_conv2matmul.errors import ModelRunError, OutOfMemory, TargetUnreachable
+from onnx_conv2matmul.errors import ModelRunError, TargetUnreachable
 from onnx_conv2matmul.quantize.blockwise import (
     BlockCache,
 )
 from onnx_conv2matmul.quantize.blockwise import block_dequantize as block_dequantize
 from onnx_conv2matmul.quantize.blockwise import block_quantize as block_quantize
-from onnx_conv2matmul.quantize.metric import MetricTarget
 from onnx_conv2matmul.quantize.options import (
     _OTHER_INT8,
     AutoOptions,
@@ -71,7 +68,11 @@ from onnx_conv2matmul.quantize.search_result import AutoConfig as AutoConfig
 from onnx_conv2matmul.quantize.search_result import AutoResult as AutoResult
 from onnx_conv2matmul.quantize.search_result import Evaluation as Evaluation
 from onnx_conv2matmul.quantize.search_result import NodeChoice as NodeChoice
+from onnx_conv2matmul.quantize.search_result import _graphs
 from onnx_conv2matmul.quantize.search_result import apply as apply
+from onnx_conv2matmul.quantize.search_runs import ACTIVATION_BYTES as ACTIVATION_BYTES
+from onnx_conv2matmul.quantize.search_runs import Prepared as Prepared
+from onnx_conv2matmul.quantize.search_runs import _add_outputs, _evaluate, _reference, _score_float
 from onnx_conv2matmul.quantize.sensitivity import (
     _breakpoints,
     _Node,
@@ -83,48 +84,8 @@ from onnx_conv2matmul.quantize.sensitivity import (
 from onnx_conv2matmul.quantize.target import _below as _below
 from onnx_conv2matmul.quantize.target import _Measured, _Target, _unreachable
 
-# --------------------------------------------------------------------------- #
-# Running models
-# --------------------------------------------------------------------------- #
-
-
-def _session(path: str, deterministic: bool) -> Any:
-    import onnxruntime as ort
-
-    from onnx_conv2matmul.verify.run import release_freed_memory
-
-    release_freed_memory()  # the previous candidate's weights, before this one's load
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.log_severity_level = 4  # fatal only: the error is in the exception
-    so.enable_cpu_mem_arena = False  # what a run allocates is given back when it ends
-    if deterministic:
-        so.intra_op_num_threads = 1
-        so.inter_op_num_threads = 1
-        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        so.use_deterministic_compute = True
-    return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
-
-
-def _run(session: Any, feed: Mapping[str, np.ndarray], names: Sequence[str] | None = None) -> list[Any]:
-    """One run; memory exhaustion is :class:`OutOfMemory`, whatever onnxruntime called it."""
-    import onnxruntime as ort
-
-    from onnx_conv2matmul.errors import Hint, OutOfMemory, is_out_of_memory
-
-    quiet = ort.RunOptions()
-    quiet.log_severity_level = 4  # a failure is raised with its message; not logged as well
-    try:
-        outputs: list[Any] = session.run(None if names is None else list(names), dict(feed), quiet)
-    except Exception as err:
-        if is_out_of_memory(err):
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise OutOfMemory(
-                f"out of memory running a model of the search: {first}", hint=Hint.VERIFY_OUT_OF_MEMORY
-            ) from err
-        raise
-    return outputs
-
+if TYPE_CHECKING:
+    from onnx_conv2matmul.quantize.speed_objective import SpeedFilter
 
 # --------------------------------------------------------------------------- #
 # The search
@@ -132,27 +93,6 @@ def _run(session: Any, feed: Mapping[str, np.ndarray], names: Sequence[str] | No
 
 
 ProgressCallback = Callable[[str], None]
-
-
-@dataclasses.dataclass
-class Prepared:
-    """The rewritten fp32 model saved in the search's folder (``path``), and the same model
-    with the input of every quantizable MatMul (``nodes``) added as an output (``added``, after
-    ``output_names``) in ``activations_path``, beside it, reading the same data file.
-
-    Everything the search and the output read of the fp32 model comes from these files,
-    memory-mapped: the caller can let its own model go once it is saved.
-    """
-
-    path: str
-    activations_path: str
-    nodes: list[_Node]
-    output_names: list[str]
-    added: list[str]
-
-    def load(self) -> ir.Model:
-        """The fp32 model as it was given, its weights memory-mapped."""
-        return ir.load(self.path)
 
 
 def prepare(
@@ -190,7 +130,7 @@ def search(
     progress: ProgressCallback | None = None,
     original_score: float | None = None,
     memory: int | None = None,
-    speed_filter: Callable[[Sequence[_Node]], None] | None = None,
+    speed_filter: SpeedFilter | None = None,
 ) -> AutoResult:
     """Find the smallest configuration of ``model`` (rewritten, fp32) that meets the options' target.
 
@@ -200,9 +140,13 @@ def search(
     result's ``reference`` reads them. With ``options.metric``, ``original_score`` is the
     original model's score (measured on ``model`` when None). ``memory`` is the check's budget
     (``VerifyOptions.memory``): the activations of a feed whose activations would take more
-    than half of it are not measured (the smaller feeds' stand for it). ``speed_filter``, once
-    every node's errors are measured, may drop settings from a node's choices (what is slower on
-    this CPU, see :class:`onnx_conv2matmul.quantize.speed_objective.SpeedFilter`).
+    than half of it are not measured (the smaller feeds' stand for it). ``speed_filter``, before
+    any error is measured, extends the ladder with the block sizes the kernel choice costed and
+    keeps from each node the settings slower than float on this CPU (see
+    :class:`onnx_conv2matmul.quantize.speed_objective.SpeedFilter`): they are never measured nor
+    chosen. With it, the search also stops once a step shrinks the passing model by less than
+    :data:`MIN_STEP`, or the step left could not shrink it by as much (speed, not the last bytes,
+    is what it then serves).
 
     Raises:
         TargetUnreachable: the all-float model does not meet the target either.
@@ -238,9 +182,11 @@ def search(
     say("Measuring each weight's sensitivity")
     sens_started = time.perf_counter()
     model = prepared.load()  # the weights read from the copy, memory-mapped
-    _sensitivities(model, nodes, options.ladder, reference.activations)
+    ladder, ladders = options.ladder, None
     if speed_filter is not None:
-        speed_filter(nodes)
+        ladder = speed_filter.ladder(ladder)
+        ladders = speed_filter.allowed([node.name for node in nodes], ladder)
+    _sensitivities(model, nodes, ladder, reference.activations, ladders)
     others = _Node("(other weights)", None, 0, 0, 0)
     if options.other_weights is None:
         measured_others = _other_weights_error(model)
@@ -248,9 +194,12 @@ def search(
             other_error, kept_bytes, int8_bytes = measured_others
             others.float_bytes = kept_bytes
             others.options[_OTHER_INT8] = (other_error, int8_bytes)
-    if _measures(options, feed_set):
+    criterion = _criterion(options, feed_set)
+    if criterion == "measured":
         say("Measuring each weight's sensitivity on the inputs")
         _measure_alone(fp32_path, nodes, options, reference, workdir, deterministic, blocks)
+    elif criterion != "predicted":
+        _rank(criterion, model, nodes, reference)
     sensitivity_seconds = time.perf_counter() - sens_started
     items = [*nodes, others]
     tradeoffs = [0.0, *_breakpoints(items), math.inf]
@@ -281,13 +230,10 @@ def search(
         measured = _evaluate(fp32_path, config, reference, order, workdir, deterministic, target, blocks)
         seen.update(measured.cosines)
         passed = target.passed(measured)
-        bytes_ = _weight_bytes(nodes, config) + (
-            others.options[_OTHER_INT8][1] if config.other_weights and others.options else others.float_bytes
-        )
         evaluations.append(
             Evaluation(
                 tradeoffs[index],
-                bytes_,
+                bytes_at(index),
                 measured.cosine,
                 passed,
                 time.perf_counter() - t0,
@@ -299,6 +245,21 @@ def search(
         )
         cache[key] = (passed, measured)
         return passed, measured
+
+    def bytes_at(index: int) -> int:
+        config = config_at(index)
+        return _weight_bytes(nodes, config) + (
+            others.options[_OTHER_INT8][1] if config.other_weights and others.options else others.float_bytes
+        )
+
+    def small_step(fail: int, good: int, before: int) -> bool:
+        """With speed in the objective: the last step shrank the passing model (from index
+        ``before``) by less than :data:`MIN_STEP`, or the smallest model left to try (just above
+        the last failure) is within it of the passing one's size: not worth another evaluation."""
+        if speed_filter is None:
+            return False
+        limit = bytes_at(good) * (1 - MIN_STEP)
+        return bytes_at(fail + 1) >= limit or bytes_at(before) * (1 - MIN_STEP) <= bytes_at(good)
 
     def error_at(index: int) -> float:
         """The predicted error of the configuration at ``index`` (non-increasing in it)."""
@@ -327,8 +288,10 @@ def search(
             )
             passed, measured = evaluate(mid)
             if passed:
-                good, reached = mid, measured
+                before, good, reached = good, mid, measured
                 moved = "good"
+                if small_step(fail, good, before):
+                    break
             else:
                 fail, fail_loss = mid, target.loss(measured)
                 moved = "fail twice" if moved.startswith("fail") else "fail"
@@ -361,12 +324,34 @@ def search(
     )
 
 
-def _measures(options: AutoOptions, feed_set: FeedSet) -> bool:
-    """Whether sensitivity is measured (see :mod:`onnx_conv2matmul.quantize.measured`): as
-    the options say, by default when the feeds are the user's files."""
+def _criterion(options: AutoOptions, feed_set: FeedSet) -> str:
+    """How the nodes are ranked (see :mod:`onnx_conv2matmul.quantize.criteria`): as the options
+    say; by default sensitivity is measured (:mod:`onnx_conv2matmul.quantize.measured`) when the
+    feeds are the user's files, and predicted otherwise."""
+    if options.criterion is not None:
+        return options.criterion
     if options.measure is not None:
-        return options.measure
-    return bool(feed_set.how) and all(how == "from the input files" for how in feed_set.how.values())
+        return "measured" if options.measure else "predicted"
+    real = bool(feed_set.how) and all(how == "from the input files" for how in feed_set.how.values())
+    return "measured" if real else "predicted"
+
+
+def _rank(criterion: str, model: ir.Model, nodes: Sequence[_Node], reference: Reference) -> None:
+    """Each node's errors rescaled by one of NNCF's rankers (:mod:`onnx_conv2matmul.quantize.criteria`)."""
+    from onnx_conv2matmul.quantize.criteria import rank
+    from onnx_conv2matmul.quantize.projection import constant_2d_weight
+
+    weights: dict[str, ir.Value] = {}
+    for graph, _ in _graphs(model):
+        for node in graph:
+            b = constant_2d_weight(node)
+            if b is not None and node.name and node.name not in weights:
+                weights[node.name] = b
+
+    def weight(name: str) -> np.ndarray:
+        return np.asarray(weights[name].const_value.numpy())  # type: ignore[union-attr]
+
+    rank(criterion, nodes, weight, reference.statistics)
 
 
 def _measure_alone(
@@ -391,6 +376,10 @@ def _measure_alone(
 
     calibrate(nodes, loss_alone)
 
+
+MIN_STEP = 0.02
+"""With a speed filter, the search stops once a passing step shrank the model by less than this
+share of its bytes, or no model left to try is smaller than the passing one by as much."""
 
 # The step aims at this fraction of the predicted error the straight line allows, so that
 # it rather passes (a usable result) than fails by a hair.
@@ -433,167 +422,6 @@ def _next_index(
     if lo - 1 > fail and abs(error_at(lo - 1) - target) < abs(error_at(lo) - target):
         return lo - 1
     return lo
-
-
-def _add_outputs(model: ir.Model, names: Sequence[str]) -> list[str]:
-    """Add the named main-graph values as graph outputs (those not outputs yet); their names."""
-    by_name: dict[str, ir.Value] = {v.name: v for v in model.graph.inputs if v.name}
-    for node in model.graph:
-        for value in node.outputs:
-            if value.name:
-                by_name[value.name] = value
-    present = {v.name for v in model.graph.outputs}
-    added = []
-    for name in names:
-        found = by_name.get(name)
-        if found is not None and name not in present:
-            model.graph.outputs.append(found)
-            added.append(name)
-    return added
-
-
-ACTIVATION_BYTES = 128 * 2**20
-"""The most bytes of MatMul inputs the first pass of the search takes from one feed after the
-first (see :func:`_reference`)."""
-
-
-def _reference(
-    prepared: Prepared, reference: Reference, deterministic: bool, memory: int | None = None
-) -> None:
-    """Run the fp32 model on every feed: its outputs into ``reference``, and per quantizable
-    MatMul the mean square of each channel of its input (summed as the feeds arrive).
-
-    The first feed gives every MatMul's input; a later one gives them too unless they would
-    take more than :data:`ACTIVATION_BYTES` or half of ``memory`` (in proportion to its input
-    bytes). The feeds that give them run first, with the model whose outputs include them;
-    the others then run with the plain model, for their outputs only (onnxruntime would keep
-    every graph output of a long run alive). The statistics are means over many rows, which
-    short runs give as well as long ones.
-    """
-    feeds = reference.feeds.feeds
-    names = reference.names
-    limit = ACTIVATION_BYTES if memory is None else min(ACTIVATION_BYTES, memory / 2)
-    sums: dict[str, np.ndarray] = {}
-    counts: dict[str, int] = {}
-
-    def run(session: Any, index: int) -> list[Any]:
-        feed = feeds[index]
-        try:
-            return _run(session, feed)
-        except OutOfMemory:
-            raise
-        except Exception as err:  # onnxruntime's own errors: this run cannot be made
-            shapes = ", ".join(f"{k}{list(np.asarray(v).shape)}" for k, v in feed.items())
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise ModelRunError(
-                f"onnxruntime cannot run the original model at length {reference.feeds.lengths[index]}"
-                f" ({shapes}): {first}"
-            ) from err
-
-    def input_bytes(index: int) -> int:
-        return sum(int(np.asarray(v).nbytes) for v in feeds[index].values())
-
-    measured = [0]
-    session = _session(prepared.activations_path, deterministic)
-    outputs = run(session, 0)
-    per_input_byte = sum(int(np.asarray(a).nbytes) for a in outputs[len(names) :]) / max(1, input_bytes(0))
-    measured += [i for i in range(1, len(feeds)) if per_input_byte * input_bytes(i) <= limit]
-    for index in measured:
-        if index:
-            outputs = run(session, index)
-        reference.put(index, outputs[: len(names)])
-        for name, array in zip(prepared.added, outputs[len(names) :], strict=True):
-            a = np.asarray(array)
-            flat = a.reshape(-1, a.shape[-1]) if a.ndim else a.reshape(1, 1)
-            square = np.einsum("ij,ij->j", flat, flat, dtype=np.float64)
-            sums[name] = sums.get(name, 0.0) + square
-            counts[name] = counts.get(name, 0) + flat.shape[0]
-        del outputs
-    del session
-    rest = [i for i in range(len(feeds)) if i not in measured]
-    if rest:
-        session = _session(prepared.path, deterministic)
-        for index in rest:
-            reference.put(index, run(session, index))
-        del session
-    gc.collect()
-    reference.activations = {name: sums[name] / max(counts[name], 1) for name in sums}
-
-
-def _candidate(
-    fp32_path: str, config: AutoConfig | None, workdir: str, cache: BlockCache | None = None
-) -> str:
-    """Build ``config`` (None: the fp32 model as it is) from the fp32 copy and save it; its path."""
-    from onnx_conv2matmul.files import output as _output
-
-    model = ir.load(fp32_path)
-    if config is not None:
-        apply(model, config, cache)
-    path = os.path.join(workdir, "candidate.onnx")
-    _output.save(model, path, "candidate.onnx.data")
-    return path
-
-
-def _remove_candidate(path: str) -> None:
-    for leftover in (path, path + ".data"):
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(leftover)
-
-
-def _score_float(fp32_path: str, workdir: str, metric: MetricTarget) -> float:
-    """The user's score of the fp32 model as the search saved it."""
-    path = _candidate(fp32_path, None, workdir)
-    try:
-        return metric.score(path, "the fp32 model")
-    finally:
-        _remove_candidate(path)
-
-
-def _evaluate(
-    fp32_path: str,
-    config: AutoConfig,
-    reference: Reference,
-    order: Sequence[int],
-    workdir: str,
-    deterministic: bool,
-    target: _Target,
-    cache: BlockCache | None = None,
-) -> _Measured:
-    """Build ``config`` (with the weights ``cache`` holds), save it, run the feeds in ``order``
-    against the reference until one falls below the minimum cosine, then take the user's score
-    if the cosine held."""
-    measured = _Measured()
-    path = _candidate(fp32_path, config, workdir, cache)
-    try:
-        if target.min_cosine is not None:
-            try:
-                session = _session(path, deterministic)
-                worst = 1.0
-                for index in order:
-                    outputs = _run(session, reference.feeds.feeds[index])  # compared as it arrives
-                    cosine, note = reference.worst_cosine(index, outputs)
-                    del outputs
-                    measured.feeds_run += 1
-                    measured.cosines[index] = cosine
-                    worst = min(worst, cosine)
-                    if note or cosine < target.min_cosine:
-                        measured.note = note
-                        break
-                measured.cosine = worst
-                del session
-            except OutOfMemory:
-                raise
-            except Exception as err:  # a candidate that does not run fails; the search goes on
-                first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-                measured.cosine, measured.note = -1.0, f"onnxruntime cannot run it: {first}"
-            gc.collect()
-        if target.metric is not None and target.cosine_passed(measured):
-            assert target.original_score is not None
-            measured.score = target.metric.score(path, "a candidate model")
-            measured.drop = target.metric.drop(target.original_score, measured.score)
-    finally:
-        _remove_candidate(path)
-    return measured
 
 
 def _given(feeds: Sequence[Mapping[str, np.ndarray]]) -> FeedSet:

@@ -21,12 +21,8 @@ from onnx_conv2matmul.quantize.blockwise import (
     block_dequantize,
     block_quantize,
 )
-from onnx_conv2matmul.quantize.nbits import _constant_2d_weight
-from onnx_conv2matmul.quantize.options import (
-    FLOAT,
-    AutoOptions,
-    Setting,
-)
+from onnx_conv2matmul.quantize.projection import constant_2d_weight
+from onnx_conv2matmul.quantize.search_options import FLOAT, AutoOptions, Setting
 from onnx_conv2matmul.quantize.search_result import AutoConfig, _graphs
 
 # --------------------------------------------------------------------------- #
@@ -90,7 +86,7 @@ def _quantizable(model: ir.Model, options: AutoOptions) -> list[_Node]:
     nodes: dict[str, _Node] = {}
     for graph, _ in _graphs(model):
         for node in graph:
-            b = _constant_2d_weight(node)
+            b = constant_2d_weight(node)
             name = node.name or ""
             if b is None or not name or name in nodes or not options.selects(name):
                 continue
@@ -103,14 +99,21 @@ def _quantizable(model: ir.Model, options: AutoOptions) -> list[_Node]:
 
 
 def _sensitivities(
-    model: ir.Model, nodes: Sequence[_Node], ladder: Sequence[Setting], activations: Mapping[str, np.ndarray]
+    model: ir.Model,
+    nodes: Sequence[_Node],
+    ladder: Sequence[Setting],
+    activations: Mapping[str, np.ndarray],
+    ladders: Mapping[str, Sequence[Setting]] | None = None,
 ) -> None:
-    """Fill each node's (error, bytes) per setting of the ladder."""
+    """Fill each node's (error, bytes) per setting of the ladder (of its own in ``ladders``, by
+    name, when given there: a node whose ladder is empty stays float, its weight not read)."""
     by_name = {node.name: node for node in nodes}
+    if ladders is not None:
+        by_name = {name: node for name, node in by_name.items() if ladders.get(name, ladder)}
     for graph, _ in _graphs(model):
         for node in graph:
             entry = by_name.get(node.name or "")
-            b = _constant_2d_weight(node)
+            b = constant_2d_weight(node)
             if entry is None or b is None or entry.options:
                 continue
             columns = _sampled_columns(entry.n)
@@ -124,7 +127,7 @@ def _sensitivities(
                 h = np.ones(entry.k)
             scaled = entry.n / len(columns)  # bytes are per column
             as_float = weight.astype(np.float32)
-            for setting in ladder:
+            for setting in ladder if ladders is None else ladders.get(entry.name, ladder):
                 assert setting.bits is not None
                 packed, scales, zero_points = block_quantize(weight, setting)
                 approx = block_dequantize(packed, scales, zero_points, setting.bits, entry.k)

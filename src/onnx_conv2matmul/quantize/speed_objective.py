@@ -146,13 +146,13 @@ def layers_at(
     """The quantizable MatMuls of ``model`` with the rows ``known`` gives their input (a tensor
     name to one row count per timed input); a MatMul whose rows are not known takes the most
     common known rows, or ``default`` when none is known."""
-    from onnx_conv2matmul.quantize.nbits import _constant_2d_weight
+    from onnx_conv2matmul.quantize.projection import constant_2d_weight
     from onnx_conv2matmul.quantize.search_result import _graphs
 
     pending: list[tuple[str, int, int, tuple[int, ...] | None]] = []
     for graph, _ in _graphs(model):
         for node in graph:
-            b = _constant_2d_weight(node)
+            b = constant_2d_weight(node)
             name = node.name or ""
             if b is None or (selects is not None and not selects(name)):
                 continue
@@ -213,17 +213,20 @@ def rank_kernels(
 
 @dataclasses.dataclass
 class SpeedFilter:
-    """The search's hook: drops every layer's settings that float beats on speed by more than
-    ``margin`` (see the module's description), and records why.
+    """The search's hook: which settings each layer may take, given before any error is measured
+    (:meth:`allowed`), so the search never measures, let alone spends accuracy on, a setting that
+    float beats on speed by more than ``margin`` (see the module's description); it records why.
 
-    Called with the search's nodes (their ``options`` by setting: ``(error, bytes)``; float is
-    error 0 at ``float_bytes``) once their errors are measured.
+    ``block_sizes`` are those the kernel choice costed: the search's ladder takes them too
+    (:meth:`ladder`), so a block size that runs faster on this CPU (256 on some) is a choice of
+    every layer's, not only of the uniform setting's.
     """
 
     costs: KernelCosts
     layers: Mapping[str, Layer]
     accuracy_level: int
     margin: float = DEFAULT_MARGIN
+    block_sizes: tuple[int, ...] = ()
     dropped: dict[str, list[str]] = dataclasses.field(default_factory=dict)
     """Per setting label: the layers it was dropped from."""
     to_float: list[str] = dataclasses.field(default_factory=list)
@@ -238,28 +241,53 @@ class SpeedFilter:
         cost = model_cost(self.costs, [layer], self.kernel(setting))
         return sum(cost)
 
-    def __call__(self, nodes: Sequence[Any]) -> None:
-        settings = {s for node in nodes for s in node.options}
-        kernels = [FLOAT_KERNEL, *sorted({self.kernel(s) for s in settings}, key=lambda k: k.key)]
-        self.costs.prefetch([self.layers[n.name] for n in nodes if n.name in self.layers], kernels)
-        for node in nodes:
-            layer = self.layers.get(node.name)
-            if layer is None or not node.options:
+    def ladder(self, base: Sequence[Any]) -> tuple[Any, ...]:
+        """``base`` (the search's settings) with, for each of its bits and symmetries, the block
+        sizes costed that it lacks; larger blocks first within each bits, as the ladder orders them."""
+        settings = set(base)
+        for setting in base:
+            settings.update(dataclasses.replace(setting, block_size=b) for b in self.block_sizes)
+        return tuple(sorted(settings, key=lambda s: (s.bits, -s.block_size, not s.symmetric)))
+
+    def allowed(self, names: Sequence[str], ladder: Sequence[Any]) -> dict[str, tuple[Any, ...]]:
+        """Per layer name, the settings of ``ladder`` it may take: those not slower than float by
+        more than the margin at its rows (a name without costs keeps the whole ladder)."""
+        known = [self.layers[name] for name in names if name in self.layers]
+        kernels = [FLOAT_KERNEL, *sorted({self.kernel(s) for s in ladder}, key=lambda k: k.key)]
+        self.costs.prefetch(known, kernels)
+        found: dict[str, tuple[Any, ...]] = {}
+        for name in names:
+            layer = self.layers.get(name)
+            if layer is None:
+                found[name] = tuple(ladder)
                 continue
-            float_cost = self.layer_cost(layer, _FloatSetting())
-            options = {s: (e, b, self.layer_cost(layer, s)) for s, (e, b) in node.options.items()}
-            for setting, (_, _, cost) in options.items():
-                if cost > float_cost * (1 + self.margin):
-                    del node.options[setting]
-                    self.dropped.setdefault(setting.label, []).append(node.name)
-            if not node.options:
-                self.to_float.append(node.name)
+            limit = self.layer_cost(layer, _FloatSetting()) * (1 + self.margin)
+            kept = []
+            for setting in ladder:
+                if self.layer_cost(layer, setting) > limit:
+                    self.dropped.setdefault(setting.label, []).append(name)
+                else:
+                    kept.append(setting)
+            if not kept:
+                self.to_float.append(name)
+            found[name] = tuple(kept)
         self.costs.save()
+        return found
+
+    def __call__(self, nodes: Sequence[Any]) -> None:
+        """Drop from nodes whose errors are already measured the settings :meth:`allowed` refuses."""
+        ladder = sorted({s for node in nodes for s in node.options}, key=lambda s: s.label)
+        allowed = self.allowed([node.name for node in nodes if node.options], ladder)
+        for node in nodes:
+            if node.name in allowed:
+                for setting in [s for s in node.options if s not in allowed[node.name]]:
+                    del node.options[setting]
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "accuracy_level": self.accuracy_level,
             "margin": self.margin,
+            "block_sizes": list(self.block_sizes),
             "dropped": {label: len(names) for label, names in sorted(self.dropped.items())},
             "float_only": list(self.to_float),
         }

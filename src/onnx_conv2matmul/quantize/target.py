@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from onnx_conv2matmul.quantize.options import AutoOptions
+from onnx_conv2matmul.quantize.search_options import AutoOptions
 
 
 @dataclasses.dataclass

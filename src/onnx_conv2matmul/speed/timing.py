@@ -33,19 +33,35 @@ timer and fake sessions: no test depends on how fast anything runs.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import enum
 import gc
 import itertools
 import os
-import platform
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
 
 from onnx_conv2matmul.errors import InputError, ModelLoadError, ModelRunError
+from onnx_conv2matmul.speed.latency import BOOTSTRAP_DRAWS as BOOTSTRAP_DRAWS
+from onnx_conv2matmul.speed.latency import DEFAULT_ROUNDS as DEFAULT_ROUNDS
+from onnx_conv2matmul.speed.latency import DEFAULT_WARMUP as DEFAULT_WARMUP
+from onnx_conv2matmul.speed.latency import Latency as Latency
+from onnx_conv2matmul.speed.latency import Mode as Mode
+from onnx_conv2matmul.speed.latency import ModelTiming as ModelTiming
+from onnx_conv2matmul.speed.latency import TimingOptions as TimingOptions
+from onnx_conv2matmul.speed.latency import TimingReport as TimingReport
+from onnx_conv2matmul.speed.latency import ratio_interval as ratio_interval
+from onnx_conv2matmul.speed.latency import settled
+from onnx_conv2matmul.speed.machine import LARGEST_SHARE as LARGEST_SHARE
+from onnx_conv2matmul.speed.machine import MEMORY_SHARE as MEMORY_SHARE
+from onnx_conv2matmul.speed.machine import SESSION_BYTES_PER_FILE_BYTE as SESSION_BYTES_PER_FILE_BYTE
+from onnx_conv2matmul.speed.machine import SMALL_BUDGET_BYTES as SMALL_BUDGET_BYTES
+from onnx_conv2matmul.speed.machine import available_memory_bytes as available_memory_bytes
+from onnx_conv2matmul.speed.machine import choose_mode as choose_mode
+from onnx_conv2matmul.speed.machine import cpu_name as cpu_name
+from onnx_conv2matmul.speed.machine import default_budget as default_budget
+from onnx_conv2matmul.speed.machine import model_file_bytes as model_file_bytes
 from onnx_conv2matmul.verify.feeds import (
     InputSpec,
     _first_line,
@@ -66,22 +82,6 @@ IMAGE_LENGTHS = (224, 448)
 SEVERAL_DIMS_LENGTHS = (16, 64)
 """Lengths for a model whose inputs have several distinct length dims (a joint's T and U): every
 such dim takes the length, so an output can grow with its square."""
-DEFAULT_ROUNDS = 10
-DEFAULT_WARMUP = 2
-MEMORY_SHARE = 0.7
-"""The share of the memory available that the sessions kept open together may take."""
-SESSION_BYTES_PER_FILE_BYTE = 2
-"""Estimated session memory per byte of model files (weights, plus a packed copy)."""
-BOOTSTRAP_DRAWS = 2000
-
-
-class Mode(str, enum.Enum):
-    """How the sessions are held while timing."""
-
-    TOGETHER = "together"
-    """All sessions open at once; every run interleaved with the other models' runs."""
-    ONE_AT_A_TIME = "one_at_a_time"
-    """One session open at a time: each round opens, warms up, times and closes each model."""
 
 
 class Session(Protocol):
@@ -117,269 +117,6 @@ def _default_clock() -> float:
     return time.perf_counter()
 
 
-@dataclasses.dataclass(frozen=True)
-class TimingOptions:
-    """How models are timed.
-
-    Attributes:
-        lengths: The values every symbolic dim other than the batch takes in turn; None: chosen
-            from the baseline model's inputs (:func:`default_lengths`).
-        rounds: Timed runs of each model at each length (at least 3).
-        warmup: Untimed runs of each model at each length first.
-        threads: Intra-op threads of every session; 0 is onnxruntime's default (one per
-            physical core).
-        synthesis: How inputs are made (fixed input values, dims, the length input, seed), as
-            for the accuracy check; its lengths and batch are ignored: batch 1, ``lengths``.
-        memory_budget_bytes: Memory the sessions open together may take; None:
-            :func:`default_budget` (a little more than the largest session, so the timing never
-            holds the original and its candidates all at once when they are large).
-        feeds: Inputs to time on instead of synthesised ones, each under the number the report
-            gives it (its "length"); ``lengths`` and ``synthesis`` are then not used. Every
-            model gets the arrays of its own inputs' names (see
-            :mod:`onnx_conv2matmul.speed.inputs`, which takes them from ``--inputs`` or from the
-            runs the accuracy check made).
-        feeds_rule: Where ``feeds`` came from, for the report.
-    """
-
-    lengths: tuple[int, ...] | None = None
-    rounds: int = DEFAULT_ROUNDS
-    warmup: int = DEFAULT_WARMUP
-    threads: int = 0
-    synthesis: VerifyOptions = dataclasses.field(default_factory=VerifyOptions)
-    memory_budget_bytes: int | None = None
-    feeds: tuple[tuple[int, Mapping[str, np.ndarray]], ...] | None = dataclasses.field(
-        default=None, compare=False, repr=False
-    )
-    feeds_rule: str = ""
-
-    def __post_init__(self) -> None:
-        if self.lengths is not None and (not self.lengths or any(n < 1 for n in self.lengths)):
-            raise ValueError("bench lengths must be positive integers")
-        if self.rounds < 3:
-            raise ValueError(f"bench rounds must be at least 3, got {self.rounds}")
-        if self.warmup < 0:
-            raise ValueError(f"bench warm-up runs must be >= 0, got {self.warmup}")
-        if self.threads < 0:
-            raise ValueError(f"bench threads must be >= 0, got {self.threads}")
-        if self.synthesis.feeds is not None:
-            raise ValueError("timing synthesises its inputs: real inputs are not taken")
-        if self.feeds is not None and not self.feeds:
-            raise ValueError("no input to time on")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "lengths": None if self.lengths is None else list(self.lengths),
-            "rounds": self.rounds,
-            "warmup": self.warmup,
-            "threads": self.threads,
-            "batch": 1 if self.feeds is None else None,
-            "inputs": "synthesised" if self.feeds is None else self.feeds_rule or "given",
-        }
-
-
-@dataclasses.dataclass(frozen=True)
-class Latency:
-    """One model at one length: milliseconds of its timed runs and what they say.
-
-    ``ratio`` is this model's median over the baseline's (lower is faster), with a 95% bootstrap
-    interval ``[ratio_low, ratio_high]``; None for the baseline itself.
-    """
-
-    length: int
-    samples_ms: tuple[float, ...]
-    ratio: float | None = None
-    ratio_low: float | None = None
-    ratio_high: float | None = None
-
-    @property
-    def median_ms(self) -> float:
-        return float(np.median(self.samples_ms))
-
-    @property
-    def q1_ms(self) -> float:
-        return float(np.percentile(self.samples_ms, 25))
-
-    @property
-    def q3_ms(self) -> float:
-        return float(np.percentile(self.samples_ms, 75))
-
-    @property
-    def min_ms(self) -> float:
-        return min(self.samples_ms)
-
-    @property
-    def max_ms(self) -> float:
-        return max(self.samples_ms)
-
-    @property
-    def measurably_slower(self) -> bool:
-        """Slower than the baseline beyond the noise: the ratio's whole 95% interval above 1 (its
-        median alone when there is no interval); never the baseline itself."""
-        if self.ratio is None:
-            return False
-        low = self.ratio_low if self.ratio_low is not None else self.ratio
-        return low > 1
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "length": self.length,
-            "median_ms": self.median_ms,
-            "q1_ms": self.q1_ms,
-            "q3_ms": self.q3_ms,
-            "min_ms": self.min_ms,
-            "max_ms": self.max_ms,
-            "ratio": self.ratio,
-            "ratio_interval": None if self.ratio is None else [self.ratio_low, self.ratio_high],
-            "samples_ms": list(self.samples_ms),
-        }
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelTiming:
-    """One model's latencies, one per length, in the order of the lengths."""
-
-    path: str
-    label: str
-    file_bytes: int
-    latencies: tuple[Latency, ...]
-    inputs: str = ""
-    """The model's inputs: names, element types and shapes."""
-
-    def at(self, length: int) -> Latency:
-        for latency in self.latencies:
-            if latency.length == length:
-                return latency
-        raise KeyError(length)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "path": self.path,
-            "label": self.label,
-            "file_bytes": self.file_bytes,
-            "inputs": self.inputs,
-            "latencies": [latency.to_dict() for latency in self.latencies],
-        }
-
-
-@dataclasses.dataclass(frozen=True)
-class TimingReport:
-    """Several models timed side by side; ``baseline`` indexes ``models``."""
-
-    models: tuple[ModelTiming, ...]
-    baseline: int
-    lengths: tuple[int, ...]
-    lengths_rule: str
-    options: TimingOptions
-    mode: Mode
-    cpu: str
-
-    def header(self) -> dict[str, Any]:
-        """How the models were timed: the CPU, the options, the lengths and their rule, the mode
-        (the head of this report's JSON and of the quantize report's ``latency``)."""
-        return {
-            "cpu": self.cpu,
-            "options": self.options.to_dict(),
-            "lengths": {"used": list(self.lengths), "rule": self.lengths_rule},
-            "mode": self.mode.value,
-        }
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            **self.header(),
-            "baseline": self.baseline,
-            "models": [model.to_dict() for model in self.models],
-        }
-
-
-def cpu_name() -> str:
-    """The CPU's model name as the system reports it (``model name`` in /proc/cpuinfo), and the
-    number of CPUs this process may use."""
-    name = ""
-    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
-        for line in cpuinfo:
-            key, _, value = line.partition(":")
-            if key.strip() in ("model name", "Model", "Hardware") and value.strip():
-                name = value.strip()
-                break
-    name = name or platform.processor() or platform.machine() or "unknown CPU"
-    try:
-        count = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        count = os.cpu_count() or 0
-    return f"{name}, {count} CPUs"
-
-
-def model_file_bytes(path: str) -> int:
-    """The bytes of a model file and of the external data files it names (read from the graph
-    without loading any tensor)."""
-    import onnx
-
-    total = os.path.getsize(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    try:
-        model = onnx.load(path, load_external_data=False)
-    except Exception:  # onnxruntime reports an unreadable model when it opens it
-        return total
-    seen: set[str] = set()
-    for tensor in _all_tensors(model.graph):
-        if tensor.data_location != onnx.TensorProto.EXTERNAL:
-            continue
-        for entry in tensor.external_data:
-            if entry.key == "location" and entry.value not in seen:
-                seen.add(entry.value)
-                with contextlib.suppress(OSError):
-                    total += os.path.getsize(os.path.join(directory, entry.value))
-    return total
-
-
-def _all_tensors(graph: Any) -> Iterator[Any]:
-    yield from graph.initializer
-    for node in graph.node:
-        for attribute in node.attribute:
-            if attribute.HasField("t"):
-                yield attribute.t
-            if attribute.HasField("g"):
-                yield from _all_tensors(attribute.g)
-            for sub in attribute.graphs:
-                yield from _all_tensors(sub)
-
-
-def available_memory_bytes() -> int | None:
-    """``MemAvailable`` of /proc/meminfo, or None where the system does not say."""
-    with contextlib.suppress(OSError, ValueError), open("/proc/meminfo", encoding="ascii") as meminfo:
-        for line in meminfo:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    return None
-
-
-LARGEST_SHARE = 1.2
-"""By default the sessions open together may take this multiple of what the largest one needs: the
-measurement never holds several times the original model in memory (so ``quantize``'s peak stays
-near the model's size), whatever the number of candidates."""
-SMALL_BUDGET_BYTES = 256 * 2**20
-"""Below this, sessions are kept together whatever their number (small models are cheap to hold)."""
-
-
-def default_budget(file_bytes: Sequence[int], available_bytes: int | None) -> int:
-    """The memory the sessions open together may take when the caller sets none: a little more than
-    the largest model's session (:data:`LARGEST_SHARE`), at least :data:`SMALL_BUDGET_BYTES`, and
-    never more than a share (:data:`MEMORY_SHARE`) of what the system has available."""
-    largest = SESSION_BYTES_PER_FILE_BYTE * max(file_bytes, default=0)
-    budget = max(SMALL_BUDGET_BYTES, int(LARGEST_SHARE * largest))
-    if available_bytes is not None:
-        budget = min(budget, int(available_bytes * MEMORY_SHARE))
-    return budget
-
-
-def choose_mode(file_bytes: Sequence[int], budget_bytes: int | None) -> Mode:
-    """Together when the estimated sessions fit in ``budget_bytes`` (None: no limit known)."""
-    if budget_bytes is None:
-        return Mode.TOGETHER
-    needed = SESSION_BYTES_PER_FILE_BYTE * sum(file_bytes)
-    return Mode.TOGETHER if needed <= budget_bytes else Mode.ONE_AT_A_TIME
-
-
 def default_lengths(specs: Sequence[InputSpec], synthesis: VerifyOptions) -> tuple[tuple[int, ...], str]:
     """The default bench lengths for a model's inputs, and the rule that chose them."""
     roles = dim_roles(specs, synthesis)
@@ -403,20 +140,6 @@ def run_order(round_index: int, models: int) -> tuple[int, ...]:
         return tuple((round_index + i) % models for i in range(models))
     orders = list(itertools.permutations(range(models)))
     return orders[round_index % len(orders)]
-
-
-def ratio_interval(
-    reference: Sequence[float], candidate: Sequence[float], draws: int = BOOTSTRAP_DRAWS
-) -> tuple[float, float]:
-    """95% bootstrap interval of median(candidate) / median(reference), resampling the rounds
-    (sample ``i`` of both is round ``i``); seeded, so the same samples give the same interval."""
-    a, b = np.asarray(reference, dtype=np.float64), np.asarray(candidate, dtype=np.float64)
-    if len(a) != len(b) or not len(a):
-        raise ValueError("the samples must come in rounds: one of each per round")
-    picks = np.random.default_rng(1).integers(0, len(a), size=(draws, len(a)))
-    ratios = np.median(b[picks], axis=1) / np.median(a[picks], axis=1)
-    low, high = np.percentile(ratios, [2.5, 97.5])
-    return float(low), float(high)
 
 
 class _Model:
@@ -510,8 +233,12 @@ def time_models(
                 for length in lengths:
                     for which in run_order(index, len(models)):
                         samples[which][length].append(_timed(models[which], length, clock))
+                if _settled(samples, baseline, index + 1, options):
+                    break
         else:
             for index in range(options.rounds):
+                if index and _settled(samples, baseline, index, options):
+                    break
                 for which in run_order(index, len(models)):
                     model = models[which]
                     model.open()
@@ -540,6 +267,21 @@ def time_models(
         signature = _signature(model.specs)
         timings.append(ModelTiming(model.path, model.label, sizes[which], tuple(rows), signature))
     return TimingReport(tuple(timings), baseline, lengths, rule, options, mode, cpu_name())
+
+
+def _settled(
+    samples: Sequence[Mapping[int, Sequence[float]]], baseline: int, done: int, options: TimingOptions
+) -> bool:
+    """Whether the timing may stop after ``done`` rounds (see ``TimingOptions.settle_after``)."""
+    if options.settle_after is None or done < options.settle_after:
+        return False
+    reference = samples[baseline]
+    return all(
+        settled(reference[length], mine[length])
+        for which, mine in enumerate(samples)
+        if which != baseline
+        for length in mine
+    )
 
 
 def _prepare(

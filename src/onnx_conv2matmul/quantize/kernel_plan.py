@@ -1,0 +1,237 @@
+"""The kernel settings chosen from per-shape costs, before the quantization (the default
+``--bench shapes``): every candidate block size and accuracy level is costed at the model's own
+weight shapes and activation rows (:mod:`onnx_conv2matmul.quantize.speed_objective`), so the model
+is quantized once, with the cheapest."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+
+    from onnx_conv2matmul.quantize.options import QuantizeOptions
+    from onnx_conv2matmul.quantize.speed_objective import RankedKernel, SpeedFilter
+    from onnx_conv2matmul.speed.choose import SpeedOptions
+    from onnx_conv2matmul.speed.costs import KernelCosts, Layer
+    from onnx_conv2matmul.speed.timing import TimingOptions
+    from onnx_conv2matmul.verify.check import VerifyOptions
+
+
+def timing_options(speed: SpeedOptions, verify: VerifyOptions, src: str | None = None) -> TimingOptions:
+    """The speed options' timing, with inputs made as the accuracy check makes them (fixed
+    values, dims, the length input); with ``src``, the inputs the speed step times on instead:
+    the real ones, or the accuracy check's runs of ``src`` (see
+    :mod:`onnx_conv2matmul.speed.inputs`)."""
+    synthesis = dataclasses.replace(verify, feeds=None, lengths=None, min_cosine=None, report_only=False)
+    timing = dataclasses.replace(speed.timing, synthesis=synthesis)
+    if src is None:
+        return timing
+    from onnx_conv2matmul.speed.inputs import timing_inputs
+
+    return timing_inputs(src, timing, verify)
+
+
+@dataclasses.dataclass
+class KernelPlan:
+    """The kernel settings chosen from per-shape costs before the quantization, and what they cost.
+
+    Attributes:
+        options: The quantize options with the chosen block size and accuracy level.
+        costs: The kernel costs (measured here or read from the machine's cache).
+        layers: The model's quantizable MatMuls, with their rows at ``lengths``.
+        ranked: Every (block size, level) tried, most accurate first; ``winner`` indexes it.
+        floats: The float MatMuls' milliseconds per length.
+        seconds: Time spent measuring and choosing.
+        search: The search's speed filter, once the search ran with it.
+    """
+
+    options: QuantizeOptions
+    costs: KernelCosts
+    layers: list[Layer]
+    lengths: tuple[int, ...]
+    ranked: list[RankedKernel]
+    winner: int
+    floats: tuple[float, ...]
+    reason: str
+    seconds: float = 0.0
+    search: SpeedFilter | None = None
+    retry: str = ""
+    """Why a more accurate level was not tried on a result below the criterion (empty: it was, or
+    there was no need)."""
+
+    def relative(self, block_size: int, level: int) -> float | None:
+        """The MatMuls' cost with ``block_size`` and ``level`` as a multiple of float's (None: not
+        costed)."""
+        for ranked in self.ranked:
+            if ranked.kernel.block_size == block_size and ranked.kernel.accuracy_level == level:
+                return ranked.relative
+        return None
+
+    def speed_filter(self, accuracy_level: int, margin: float) -> SpeedFilter:
+        """The search's hook, with the costs at ``accuracy_level`` and the block sizes costed (kept
+        for the report)."""
+        from onnx_conv2matmul.quantize.speed_objective import SpeedFilter
+
+        layers = {layer.name: layer for layer in self.layers}
+        blocks = tuple(sorted({r.kernel.block_size for r in self.ranked}))
+        self.search = SpeedFilter(self.costs, layers, accuracy_level, margin, blocks)
+        return self.search
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "lengths": list(self.lengths),
+            "layers": len(self.layers),
+            "shapes": len({(layer.k, layer.n, layer.rows) for layer in self.layers}),
+            "cache": self.costs.path,
+            "measured": self.costs.measured,
+            "from_cache": self.costs.from_cache,
+            "float_ms": list(self.floats),
+            "candidates": [r.to_dict() for r in self.ranked],
+            "winner": self.winner,
+            "reason": self.reason,
+            "retry": self.retry or None,
+            "seconds": self.seconds,
+            "search": None
+            if self.search is None
+            else {**self.search.to_dict(), "summary": self.search.summary()},
+        }
+
+
+def plan_kernels(
+    src: str,
+    model: ir.Model,
+    options: QuantizeOptions,
+    speed: SpeedOptions,
+    verify: VerifyOptions,
+    *,
+    costs: KernelCosts | None = None,
+) -> KernelPlan:
+    """Choose the block size and accuracy level from their costs at ``model``'s weight shapes
+    (``model`` rewritten, not changed; ``src`` the original, for the activation rows)."""
+    import time
+
+    from onnx_conv2matmul.quantize.speed_objective import model_layers, rank_kernels
+    from onnx_conv2matmul.speed.costs import KernelCosts, cache_dir, cache_path
+
+    started = time.perf_counter()
+    if costs is None:
+        costs = KernelCosts(cache_path(), read_cache=speed.cache, threads=speed.timing.threads)
+    rows = ""
+    if verify.feeds is not None:  # the rows of the given inputs (--inputs), as the timing runs them
+        timing = timing_options(speed, verify, src)
+        assert timing.feeds is not None
+        lengths = tuple(number for number, _ in timing.feeds)
+        layers = _given_layers(model, src, timing.feeds, options.selects)
+        rows = f", its activation rows at {timing.feeds_rule}"
+    else:
+        lengths = _bench_lengths(src, speed, verify)
+        rows_cache = os.path.join(cache_dir(), "model-rows") if speed.cache else None
+        layers = model_layers(model, src, lengths, options.selects, cache=rows_cache)
+    bits = options.bits if options.bits in (4, 8) else 4
+    winner, ranked, floats = rank_kernels(
+        costs, layers, speed.block_sizes, speed.levels, bits=bits, min_gain=speed.min_gain
+    )
+    costs.save()
+    best = ranked[winner]
+    chosen = dataclasses.replace(
+        options, block_size=best.kernel.block_size, accuracy_level=best.kernel.accuracy_level
+    )
+    others = ", ".join(
+        f"block {r.kernel.block_size} level {r.kernel.accuracy_level} {r.relative:.2f}x"
+        for i, r in enumerate(ranked)
+        if i != winner
+    )
+    reason = (
+        f"block {best.kernel.block_size}, accuracy level {best.kernel.accuracy_level}: its MatMuls cost"
+        f" {best.relative:.2f}x the float ones' at the model's weight shapes on this CPU{rows}"
+        + (f" (against {others}; a later setting must be {speed.min_gain:.0%} faster)" if others else "")
+    )
+    return KernelPlan(
+        chosen, costs, layers, lengths, ranked, winner, floats, reason, time.perf_counter() - started
+    )
+
+
+def _bench_lengths(src: str, speed: SpeedOptions, verify: VerifyOptions) -> tuple[int, ...]:
+    """The bench lengths given, else those the timing would choose for the original's inputs."""
+    if speed.timing.lengths is not None:
+        return tuple(speed.timing.lengths)
+    import onnx
+    from onnx.helper import tensor_dtype_to_np_dtype
+
+    from onnx_conv2matmul.speed.timing import default_lengths
+    from onnx_conv2matmul.verify.feeds import InputSpec
+
+    proto = onnx.load(src, load_external_data=False)
+    initializers = {t.name for t in proto.graph.initializer}
+    specs = []
+    for value in proto.graph.input:
+        if value.name in initializers:
+            continue
+        tensor = value.type.tensor_type
+        shape: list[int | str | None] = [
+            d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor.shape.dim
+        ]
+        specs.append(InputSpec(value.name, tensor_dtype_to_np_dtype(tensor.elem_type), shape))
+    try:
+        lengths, _ = default_lengths(specs, timing_options(speed, verify).synthesis)
+    except Exception:  # the dims' roles cannot be told: the plain default
+        from onnx_conv2matmul.speed.timing import DEFAULT_LENGTHS
+
+        lengths = DEFAULT_LENGTHS
+    return tuple(lengths)
+
+
+def _given_layers(
+    model: ir.Model, src: str, feeds: Sequence[tuple[int, Mapping[str, Any]]], selects: Any = None
+) -> list[Layer]:
+    """As :func:`onnx_conv2matmul.quantize.speed_objective.model_layers`, with each MatMul's rows
+    at the given inputs' shapes (one per feed) instead of at synthesised lengths."""
+    from onnx_conv2matmul.quantize.speed_objective import layers_at
+
+    known = _rows_at_feeds(src, [feed for _, feed in feeds])
+    return layers_at(model, known, tuple(number for number, _ in feeds), selects)
+
+
+def _rows_at_feeds(src: str, feeds: Sequence[Mapping[str, Any]]) -> dict[str, tuple[int, ...]]:
+    """Per value of the original model at ``src``: its rows (all dims but the last multiplied) at
+    each feed's input shapes, by shape inference. Values whose shape stays unknown are left out."""
+    import numpy as np
+    import onnx
+
+    from onnx_conv2matmul.quantize.speed_objective import _external_as_inputs, _infer
+
+    base = onnx.load(src, load_external_data=False)
+    _external_as_inputs(base)
+    found: dict[str, list[int | None]] = {}
+    for index, feed in enumerate(feeds):
+        proto = onnx.ModelProto()
+        proto.CopyFrom(base)
+        for value in proto.graph.input:
+            if value.name not in feed:
+                continue
+            shape = np.shape(feed[value.name])
+            dims = value.type.tensor_type.shape.dim
+            if len(dims) != len(shape):
+                continue
+            for dim, size in zip(dims, shape, strict=True):
+                dim.Clear()
+                dim.dim_value = int(size)
+        inferred = _infer(proto)
+        if inferred is None:
+            continue
+        for value in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]:
+            rows: int | None = 1
+            value_dims = list(value.type.tensor_type.shape.dim)
+            if not value_dims:
+                rows = None
+            for dim in value_dims[:-1]:
+                if not dim.HasField("dim_value") or rows is None:
+                    rows = None
+                    break
+                rows *= dim.dim_value
+            found.setdefault(value.name, [None] * len(feeds))[index] = rows
+    return {name: tuple(r for r in rows if r is not None) for name, rows in found.items() if None not in rows}

@@ -1,0 +1,248 @@
+"""Running the search's models (see :mod:`onnx_conv2matmul.quantize.search`): the fp32 model's
+first pass (its outputs as the reference, its MatMuls' inputs as the activations), and each
+candidate built, saved and run against the reference."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from onnx_conv2matmul.errors import ModelRunError, OutOfMemory
+from onnx_conv2matmul.quantize.blockwise import BlockCache
+from onnx_conv2matmul.quantize.criteria import InputStats
+from onnx_conv2matmul.quantize.metric import MetricTarget
+from onnx_conv2matmul.quantize.reference import Reference
+from onnx_conv2matmul.quantize.search_result import AutoConfig, apply
+from onnx_conv2matmul.quantize.sensitivity import _Node
+from onnx_conv2matmul.quantize.target import _Measured, _Target
+
+
+@dataclasses.dataclass
+class Prepared:
+    """The rewritten fp32 model saved in the search's folder (``path``), and the same model
+    with the input of every quantizable MatMul (``nodes``) added as an output (``added``, after
+    ``output_names``) in ``activations_path``, beside it, reading the same data file.
+
+    Everything the search and the output read of the fp32 model comes from these files,
+    memory-mapped: the caller can let its own model go once it is saved.
+    """
+
+    path: str
+    activations_path: str
+    nodes: list[_Node]
+    output_names: list[str]
+    added: list[str]
+
+    def load(self) -> ir.Model:
+        """The fp32 model as it was given, its weights memory-mapped."""
+        return ir.load(self.path)
+
+
+# --------------------------------------------------------------------------- #
+
+
+def _session(path: str, deterministic: bool) -> Any:
+    import onnxruntime as ort
+
+    from onnx_conv2matmul.verify.run import release_freed_memory
+
+    release_freed_memory()  # the previous candidate's weights, before this one's load
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.log_severity_level = 4  # fatal only: the error is in the exception
+    so.enable_cpu_mem_arena = False  # what a run allocates is given back when it ends
+    if deterministic:
+        so.intra_op_num_threads = 1
+        so.inter_op_num_threads = 1
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        so.use_deterministic_compute = True
+    return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+
+
+def _run(session: Any, feed: Mapping[str, np.ndarray], names: Sequence[str] | None = None) -> list[Any]:
+    """One run; memory exhaustion is :class:`OutOfMemory`, whatever onnxruntime called it."""
+    import onnxruntime as ort
+
+    from onnx_conv2matmul.errors import Hint, OutOfMemory, is_out_of_memory
+
+    quiet = ort.RunOptions()
+    quiet.log_severity_level = 4  # a failure is raised with its message; not logged as well
+    try:
+        outputs: list[Any] = session.run(None if names is None else list(names), dict(feed), quiet)
+    except Exception as err:
+        if is_out_of_memory(err):
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise OutOfMemory(
+                f"out of memory running a model of the search: {first}", hint=Hint.VERIFY_OUT_OF_MEMORY
+            ) from err
+        raise
+    return outputs
+
+
+def _add_outputs(model: ir.Model, names: Sequence[str]) -> list[str]:
+    """Add the named main-graph values as graph outputs (those not outputs yet); their names."""
+    by_name: dict[str, ir.Value] = {v.name: v for v in model.graph.inputs if v.name}
+    for node in model.graph:
+        for value in node.outputs:
+            if value.name:
+                by_name[value.name] = value
+    present = {v.name for v in model.graph.outputs}
+    added = []
+    for name in names:
+        found = by_name.get(name)
+        if found is not None and name not in present:
+            model.graph.outputs.append(found)
+            added.append(name)
+    return added
+
+
+ACTIVATION_BYTES = 128 * 2**20
+"""The most bytes of MatMul inputs the first pass of the search takes from one feed after the
+first (see :func:`_reference`)."""
+
+
+def _reference(
+    prepared: Prepared, reference: Reference, deterministic: bool, memory: int | None = None
+) -> None:
+    """Run the fp32 model on every feed: its outputs into ``reference``, and per quantizable
+    MatMul the mean square of each channel of its input (summed as the feeds arrive).
+
+    The first feed gives every MatMul's input; a later one gives them too unless they would
+    take more than :data:`ACTIVATION_BYTES` or half of ``memory`` (in proportion to its input
+    bytes). The feeds that give them run first, with the model whose outputs include them;
+    the others then run with the plain model, for their outputs only (onnxruntime would keep
+    every graph output of a long run alive). The statistics are means over many rows, which
+    short runs give as well as long ones.
+    """
+    feeds = reference.feeds.feeds
+    names = reference.names
+    limit = ACTIVATION_BYTES if memory is None else min(ACTIVATION_BYTES, memory / 2)
+    sums: dict[str, np.ndarray] = {}
+    counts: dict[str, int] = {}
+
+    def run(session: Any, index: int) -> list[Any]:
+        feed = feeds[index]
+        try:
+            return _run(session, feed)
+        except OutOfMemory:
+            raise
+        except Exception as err:  # onnxruntime's own errors: this run cannot be made
+            shapes = ", ".join(f"{k}{list(np.asarray(v).shape)}" for k, v in feed.items())
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise ModelRunError(
+                f"onnxruntime cannot run the original model at length {reference.feeds.lengths[index]}"
+                f" ({shapes}): {first}"
+            ) from err
+
+    def input_bytes(index: int) -> int:
+        return sum(int(np.asarray(v).nbytes) for v in feeds[index].values())
+
+    measured = [0]
+    session = _session(prepared.activations_path, deterministic)
+    outputs = run(session, 0)
+    per_input_byte = sum(int(np.asarray(a).nbytes) for a in outputs[len(names) :]) / max(1, input_bytes(0))
+    measured += [i for i in range(1, len(feeds)) if per_input_byte * input_bytes(i) <= limit]
+    for index in measured:
+        if index:
+            outputs = run(session, index)
+        reference.put(index, outputs[: len(names)])
+        for name, array in zip(prepared.added, outputs[len(names) :], strict=True):
+            a = np.asarray(array)
+            flat = a.reshape(-1, a.shape[-1]) if a.ndim else a.reshape(1, 1)
+            square = np.einsum("ij,ij->j", flat, flat, dtype=np.float64)
+            sums[name] = sums.get(name, 0.0) + square
+            counts[name] = counts.get(name, 0) + flat.shape[0]
+            reference.statistics.setdefault(name, InputStats()).add(a)
+        del outputs
+    del session
+    rest = [i for i in range(len(feeds)) if i not in measured]
+    if rest:
+        session = _session(prepared.path, deterministic)
+        for index in rest:
+            reference.put(index, run(session, index))
+        del session
+    gc.collect()
+    reference.activations = {name: sums[name] / max(counts[name], 1) for name in sums}
+
+
+def _candidate(
+    fp32_path: str, config: AutoConfig | None, workdir: str, cache: BlockCache | None = None
+) -> str:
+    """Build ``config`` (None: the fp32 model as it is) from the fp32 copy and save it; its path."""
+    from onnx_conv2matmul.files import output as _output
+
+    model = ir.load(fp32_path)
+    if config is not None:
+        apply(model, config, cache)
+    path = os.path.join(workdir, "candidate.onnx")
+    _output.save(model, path, "candidate.onnx.data")
+    return path
+
+
+def _remove_candidate(path: str) -> None:
+    for leftover in (path, path + ".data"):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(leftover)
+
+
+def _score_float(fp32_path: str, workdir: str, metric: MetricTarget) -> float:
+    """The user's score of the fp32 model as the search saved it."""
+    path = _candidate(fp32_path, None, workdir)
+    try:
+        return metric.score(path, "the fp32 model")
+    finally:
+        _remove_candidate(path)
+
+
+def _evaluate(
+    fp32_path: str,
+    config: AutoConfig,
+    reference: Reference,
+    order: Sequence[int],
+    workdir: str,
+    deterministic: bool,
+    target: _Target,
+    cache: BlockCache | None = None,
+) -> _Measured:
+    """Build ``config`` (with the weights ``cache`` holds), save it, run the feeds in ``order``
+    against the reference until one falls below the minimum cosine, then take the user's score
+    if the cosine held."""
+    measured = _Measured()
+    path = _candidate(fp32_path, config, workdir, cache)
+    try:
+        if target.min_cosine is not None:
+            try:
+                session = _session(path, deterministic)
+                worst = 1.0
+                for index in order:
+                    outputs = _run(session, reference.feeds.feeds[index])  # compared as it arrives
+                    cosine, note = reference.worst_cosine(index, outputs)
+                    del outputs
+                    measured.feeds_run += 1
+                    measured.cosines[index] = cosine
+                    worst = min(worst, cosine)
+                    if note or cosine < target.min_cosine:
+                        measured.note = note
+                        break
+                measured.cosine = worst
+                del session
+            except OutOfMemory:
+                raise
+            except Exception as err:  # a candidate that does not run fails; the search goes on
+                first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                measured.cosine, measured.note = -1.0, f"onnxruntime cannot run it: {first}"
+            gc.collect()
+        if target.metric is not None and target.cosine_passed(measured):
+            assert target.original_score is not None
+            measured.score = target.metric.score(path, "a candidate model")
+            measured.drop = target.metric.drop(target.original_score, measured.score)
+    finally:
+        _remove_candidate(path)
+    return measured

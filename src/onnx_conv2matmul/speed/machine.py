@@ -1,0 +1,106 @@
+"""The machine a timing runs on: the CPU's name, the memory available, the bytes of a model's files,
+and whether the sessions to time fit in memory together."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from onnx_conv2matmul.speed.latency import Mode
+
+MEMORY_SHARE = 0.7
+"""The share of the memory available that the sessions kept open together may take."""
+SESSION_BYTES_PER_FILE_BYTE = 2
+"""Estimated session memory per byte of model files (weights, plus a packed copy)."""
+
+
+def cpu_name() -> str:
+    """The CPU's model name as the system reports it (``model name`` in /proc/cpuinfo), and the
+    number of CPUs this process may use."""
+    name = ""
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
+        for line in cpuinfo:
+            key, _, value = line.partition(":")
+            if key.strip() in ("model name", "Model", "Hardware") and value.strip():
+                name = value.strip()
+                break
+    name = name or platform.processor() or platform.machine() or "unknown CPU"
+    try:
+        count = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        count = os.cpu_count() or 0
+    return f"{name}, {count} CPUs"
+
+
+def model_file_bytes(path: str) -> int:
+    """The bytes of a model file and of the external data files it names (read from the graph
+    without loading any tensor)."""
+    import onnx
+
+    total = os.path.getsize(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        model = onnx.load(path, load_external_data=False)
+    except Exception:  # onnxruntime reports an unreadable model when it opens it
+        return total
+    seen: set[str] = set()
+    for tensor in _all_tensors(model.graph):
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        for entry in tensor.external_data:
+            if entry.key == "location" and entry.value not in seen:
+                seen.add(entry.value)
+                with contextlib.suppress(OSError):
+                    total += os.path.getsize(os.path.join(directory, entry.value))
+    return total
+
+
+def _all_tensors(graph: Any) -> Iterator[Any]:
+    yield from graph.initializer
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.HasField("t"):
+                yield attribute.t
+            if attribute.HasField("g"):
+                yield from _all_tensors(attribute.g)
+            for sub in attribute.graphs:
+                yield from _all_tensors(sub)
+
+
+def available_memory_bytes() -> int | None:
+    """``MemAvailable`` of /proc/meminfo, or None where the system does not say."""
+    with contextlib.suppress(OSError, ValueError), open("/proc/meminfo", encoding="ascii") as meminfo:
+        for line in meminfo:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return None
+
+
+LARGEST_SHARE = 1.2
+"""By default the sessions open together may take this multiple of what the largest one needs: the
+measurement never holds several times the original model in memory (so ``quantize``'s peak stays
+near the model's size), whatever the number of candidates."""
+SMALL_BUDGET_BYTES = 256 * 2**20
+"""Below this, sessions are kept together whatever their number (small models are cheap to hold)."""
+
+
+def default_budget(file_bytes: Sequence[int], available_bytes: int | None) -> int:
+    """The memory the sessions open together may take when the caller sets none: a little more than
+    the largest model's session (:data:`LARGEST_SHARE`), at least :data:`SMALL_BUDGET_BYTES`, and
+    never more than a share (:data:`MEMORY_SHARE`) of what the system has available."""
+    largest = SESSION_BYTES_PER_FILE_BYTE * max(file_bytes, default=0)
+    budget = max(SMALL_BUDGET_BYTES, int(LARGEST_SHARE * largest))
+    if available_bytes is not None:
+        budget = min(budget, int(available_bytes * MEMORY_SHARE))
+    return budget
+
+
+def choose_mode(file_bytes: Sequence[int], budget_bytes: int | None) -> Mode:
+    """Together when the estimated sessions fit in ``budget_bytes`` (None: no limit known)."""
+    if budget_bytes is None:
+        return Mode.TOGETHER
+    needed = SESSION_BYTES_PER_FILE_BYTE * sum(file_bytes)
+    return Mode.TOGETHER if needed <= budget_bytes else Mode.ONE_AT_A_TIME

@@ -1,0 +1,116 @@
+"""The speed-aware search on fake machines (tests/speed_fakes.py): which settings it may measure
+and choose, its ladder, its stop, and the retry of a more accurate level. No test depends on how
+fast anything runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+import onnx_ir as ir
+import pytest
+
+from onnx_conv2matmul.files.progress import NullProgress
+from onnx_conv2matmul.quantize import search as auto_search
+from onnx_conv2matmul.quantize import sensitivity
+from onnx_conv2matmul.quantize.kernel import accurate_level
+from onnx_conv2matmul.quantize.kernel_plan import KernelPlan
+from onnx_conv2matmul.quantize.options import LADDER, AutoOptions, QuantizeOptions, Setting
+from onnx_conv2matmul.quantize.search import synthesised_feeds
+from onnx_conv2matmul.quantize.speed_objective import SpeedFilter, model_layers, rank_kernels
+from onnx_conv2matmul.rewrite.options import ConvertOptions
+from onnx_conv2matmul.rewrite.passes import rewrite_model
+from onnx_conv2matmul.speed.choose import SpeedOptions
+from onnx_conv2matmul.speed.costs import KernelCosts, Layer
+from onnx_conv2matmul.verify.check import VerifyOptions
+from speed_fakes import FakeClock, KernelMachine, int8_machine, quantized, sequence_matmul_model
+
+DATA = Path(__file__).parent / "data"
+ENCODER = DATA / "conformer_small.onnx"
+INT8_SLOW = int8_machine(int8_factor=3.0)
+"""As measured on an AVX-512 Xeon: 8-bit MatMulNBits slower than the float MatMul."""
+INT8_FAST = int8_machine(int8_factor=0.6)
+"""As on a CPU where 8 bits pays: faster than float, slower than 4 bits."""
+LAYERS = {"a": Layer("a", 64, 128, (25, 125)), "b": Layer("b", 128, 64, (25, 125))}
+
+
+def _costs(cost=INT8_SLOW) -> KernelCosts:  # type: ignore[no-untyped-def]
+    clock = FakeClock()
+    return KernelCosts(None, clock=clock, session_factory=KernelMachine(clock, cost))
+
+
+def test_the_ladder_takes_the_block_sizes_the_kernel_choice_costed() -> None:
+    speed = SpeedFilter(_costs(), LAYERS, accuracy_level=4, block_sizes=(64, 128, 256))
+    ladder = speed.ladder(LADDER)
+    assert set(LADDER) < set(ladder)
+    assert {Setting(4, 256, True), Setting(4, 256, False), Setting(8, 256, True)} <= set(ladder)
+    assert ladder[0] == Setting(4, 256, True)  # 4 bits first, larger blocks first
+    assert SpeedFilter(_costs(), LAYERS, accuracy_level=4).ladder(LADDER) == LADDER
+
+
+@pytest.mark.parametrize(("machine", "eight_bits"), [(INT8_SLOW, False), (INT8_FAST, True)])
+def test_slow_settings_are_refused_before_any_error_is_measured(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, machine, eight_bits: bool
+) -> None:  # type: ignore[no-untyped-def]
+    """The search measures the errors only of the settings the filter allows: on the int8-slow
+    machine no 8-bit setting is ever quantized to measure it, on the int8-fast one they are."""
+    model = ir.load(ENCODER)
+    rewrite_model(model, ConvertOptions(extended=True, allow_non_unit_dilation=True))
+    layers = model_layers(model, str(ENCODER), (64, 97))
+    speed = SpeedFilter(_costs(machine), {layer.name: layer for layer in layers}, 4, block_sizes=(256,))
+    measured: list[Setting] = []
+    real = sensitivity.block_quantize
+
+    def spy(weight, setting):  # type: ignore[no-untyped-def]
+        measured.append(setting)
+        return real(weight, setting)
+
+    monkeypatch.setattr(sensitivity, "block_quantize", spy)
+    feeds = synthesised_feeds(str(ENCODER), VerifyOptions(lengths=(64, 97)))
+    result = auto_search.search(
+        model, feeds, AutoOptions(min_cosine=0.9999), str(tmp_path), speed_filter=speed
+    )
+    assert measured and (8 in {s.bits for s in measured}) == eight_bits
+    assert Setting(4, 256, True) in measured  # the costed block size is a choice of each layer
+    bits = {choice.setting.bits for choice in result.choices}
+    assert (8 in bits) == eight_bits and result.reached_cosine >= 0.9999
+    if not eight_bits:
+        assert None in bits and any(label.startswith("int8") for label in speed.dropped)
+        assert "not offered to the search" in speed.summary()
+    # The 2% stop: no evaluation follows a passing step that shrank the model by less than 2%.
+    sizes = [e.weight_bytes for e in result.evaluations if e.passed]
+    small = [i for i in range(1, len(sizes)) if sizes[i] > sizes[i - 1] * (1 - auto_search.MIN_STEP)]
+    assert all(i == len(sizes) - 1 for i in small)
+
+
+def test_a_layer_slower_than_float_everywhere_is_never_read() -> None:
+    speed = SpeedFilter(_costs(int8_machine(2.0, int4_factor=1.5)), LAYERS, accuracy_level=0)
+    allowed = speed.allowed(["a", "b", "unknown"], LADDER)
+    assert allowed["a"] == allowed["b"] == () and speed.to_float == ["a", "b"]
+    assert allowed["unknown"] == LADDER  # no costs: nothing refused
+
+
+def _plan(level0: float, level4: float = 0.5) -> KernelPlan:
+    costs = _costs()
+    _, ranked, floats = rank_kernels(costs, list(LAYERS.values()), (64,), (0, 4))
+    ranked = [
+        type(r)(r.kernel, r.cost_ms, level0 if r.kernel.accuracy_level == 0 else level4) for r in ranked
+    ]
+    return KernelPlan(QuantizeOptions(), costs, list(LAYERS.values()), (25, 125), ranked, 1, floats, "")
+
+
+@pytest.mark.parametrize(("level0", "tried"), [(0.9, True), (1.04, True), (1.2, False)])
+def test_the_more_accurate_level_is_retried_only_where_it_is_not_slow(
+    tmp_path: Path, level0: float, tried: bool
+) -> None:
+    """Below the criterion at level 4, level 0 is tried only when its MatMuls cost at most 5% more
+    than float's at the model's shapes; else the plan says why and the search is left to answer."""
+    path = tmp_path / "q.onnx"
+    onnx.save(quantized(sequence_matmul_model(), accuracy_level=4), path)
+    plan = _plan(level0)
+    options = QuantizeOptions(block_size=64, accuracy_level=4)
+    level = accurate_level(str(path), options, SpeedOptions(), NullProgress(), plan)
+    assert (level == 0) == tried
+    assert bool(plan.retry) != tried
+    if not tried:
+        assert "1.20x" in plan.retry and plan.to_dict()["retry"] == plan.retry
