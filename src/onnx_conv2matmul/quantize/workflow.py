@@ -355,6 +355,11 @@ def _nbits_staged(
         from onnx_conv2matmul.quantize.other_weights import quantize_other_weights
 
         report.other_weights = quantize_other_weights(model)
+    if report.auto is not None and report.auto.checked is not None:
+        from onnx_conv2matmul.quantize.digest import model_digest
+
+        if model_digest(model) != report.auto.checked[0]:  # not the model the search evaluated
+            report.auto.checked = None
     plan.progress.phase("Saving")
     return output.stage(model, external=external, progress=plan.progress.advance)
 
@@ -378,7 +383,9 @@ def _check_and_publish(
         plan.progress.phase("Measuring accuracy")
         reference = report.auto.reference if report.auto is not None else None
         if reference is not None:
-            result_v = reference.check(plan.src, staged.onnx_path, plan.verify)
+            assert report.auto is not None
+            rows, report.auto.checked = (report.auto.checked or (None, None))[1], None  # once
+            result_v = reference.check(plan.src, staged.onnx_path, plan.verify, rows)
         else:
             result_v = verify_models(plan.src, staged.onnx_path, plan.verify)
         result_v.candidate = plan.dst
@@ -521,6 +528,7 @@ def _search(run: _Run, workdir: str, model: ir.Model | Prepared, speed_filter: A
         original_score=run.original_score,
         memory=plan.verify.memory,
         speed_filter=speed_filter,
+        check=plan.verify,
     )
 
 
