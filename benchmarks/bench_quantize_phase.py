@@ -94,7 +94,7 @@ if profile:
     pipeline.quantize_matmul_nbits = profiled
 phases = Phases()
 try:
-    pipeline.quantize_file(sys.argv[1], sys.argv[2], progress=phases)
+    pipeline.quantize_file(sys.argv[1], sys.argv[2], pipeline.Request(progress=phases))
 except Stop:
     pass
 result = {"phases": phases.times}

@@ -20,7 +20,12 @@ default 64 MiB budget with ``verify --inputs`` (``--big``).
 
 Needs Pillow (to render the lines): ``pip install pillow``.
 
-    python benchmarks/bench_real.py [--workdir DIR] [--big]
+``--rankers`` runs, instead, ``--auto --min-cosine 0.99 --inputs calib.npz`` once per way of
+ranking the MatMuls (``AutoOptions(criterion=...)``: measured, predicted and NNCF's criteria,
+see quantize/criteria.py) through the library, every conv rewritten and nothing timed, and prints
+each one's size and task metric.
+
+    python benchmarks/bench_real.py [--workdir DIR] [--big] [--rankers]
 """
 
 from __future__ import annotations
@@ -191,7 +196,8 @@ def _metric(path: str, data: Path, kind: str) -> float:
     return float(namespace["score"](path))
 
 
-def bench(kind: str, model: str, work: Path, max_drop: str, extra: list[str]) -> list[tuple[str, ...]]:
+def _inputs(kind: str, work: Path) -> None:
+    """The calibration file, the scored and the held-out lines, the metric's module."""
     width = 597 if kind == "rec" else 192
     calib, _ = _lines(kind, 50, 1, width)
     np.savez(work / "calib.npz", x=calib)
@@ -202,6 +208,10 @@ def bench(kind: str, model: str, work: Path, max_drop: str, extra: list[str]) ->
         np.savez(folder / "lines.npz", x=x)
         (folder / "labels.json").write_text(json.dumps(labels))
     (work / "metric.py").write_text(METRIC)
+
+
+def bench(kind: str, model: str, work: Path, max_drop: str, extra: list[str]) -> list[tuple[str, ...]]:
+    _inputs(kind, work)
     env = dict(os.environ, BENCH_REAL_LINES=str(work / "scored"), BENCH_REAL_KIND=kind)
     tool = [sys.executable, "-m", "onnx_conv2matmul"]
     runs = {
@@ -255,6 +265,59 @@ def bench(kind: str, model: str, work: Path, max_drop: str, extra: list[str]) ->
     return rows
 
 
+RANKER = """
+import sys
+from onnx_conv2matmul import ConvertOptions
+from onnx_conv2matmul.api import quantize_file
+from onnx_conv2matmul.quantize.options import AutoOptions
+from onnx_conv2matmul.verify.check import VerifyOptions, load_inputs
+
+model, out, calib, criterion = sys.argv[1:]
+report = quantize_file(
+    model,
+    out,
+    auto=AutoOptions(min_cosine=0.99, criterion=criterion),
+    convert_options=ConvertOptions(extended=True, allow_non_unit_dilation=True, allow_added_transposes=True),
+    verify=VerifyOptions(feeds=tuple(load_inputs([calib])), min_cosine=0.99),
+)
+sys.exit(0 if report.output_path else 1)
+"""
+
+
+def rankers(kind: str, model: str, work: Path) -> list[tuple[str, ...]]:
+    """``--auto --min-cosine 0.99 --inputs calib.npz`` with each way of ranking the MatMuls
+    (``AutoOptions(criterion=...)``, the library's; every conv rewritten, nothing timed)."""
+    from onnx_conv2matmul.quantize.options import CRITERIA
+
+    size = os.path.getsize(model)
+    rows = []
+    for criterion in CRITERIA:
+        out = work / f"rank-{criterion}.onnx"
+        argv = [sys.executable, "-c", RANKER, model, str(out), str(work / "calib.npz"), criterion]
+        code, seconds, peak, stderr = _run(argv, dict(os.environ))
+        if not out.exists():
+            last = stderr.strip().splitlines()[-1] if stderr.strip() else ""
+            failed = f"exit {code}: {last}"
+            rows.append((kind, f"ranker {criterion}", "-", "-", "-", f"{seconds:.1f}", "", failed))
+            continue
+        written = os.path.getsize(out) + sum(p.stat().st_size for p in work.glob(f"{out.name}.data"))
+        value = _metric(str(out), work / "held", kind)
+        shown = f"{100 * (1 - value):.2f}%" if kind == "rec" else f"{100 * value:.1f}%"
+        rows.append(
+            (
+                kind,
+                f"ranker {criterion}",
+                f"{written / 2**20:.2f}",
+                f"{written / size:.3f}",
+                shown,
+                f"{seconds:.1f}",
+                f"{peak / 2**20:.0f}",
+                f"exit {code}",
+            )
+        )
+    return rows
+
+
 def big(model: str, work: Path) -> tuple[str, ...]:
     """2,000 lines of 3x48x597 in one file, checked with the default budget."""
     path = work / "big.npz"
@@ -294,6 +357,7 @@ def main() -> None:
     parser.add_argument("--big", action="store_true", help="also check 2,000 lines in the default budget")
     parser.add_argument("--only", choices=("rec", "cls"), help="one model only")
     parser.add_argument("--allow-added-transposes", action="store_true", help="pass it to every quantize run")
+    parser.add_argument("--rankers", action="store_true", help="only --auto per ranking criterion")
     args = parser.parse_args()
     root = args.workdir or Path(tempfile.mkdtemp(prefix="bench-real-"))
     header = ("model", "run", "MiB", "x fp32", "metric", "wall s", "peak MiB", "result")
@@ -304,6 +368,10 @@ def main() -> None:
         work = root / kind
         work.mkdir(parents=True, exist_ok=True)
         extra = ["--allow-added-transposes"] if args.allow_added_transposes else []
+        if args.rankers:
+            _inputs(kind, work)
+            rows.extend(rankers(kind, str(FETCHER.fetch(packaged)), work))
+            continue
         rows.extend(bench(kind, str(FETCHER.fetch(packaged)), work, drop, extra))
         if kind == "rec" and args.big:
             rows.append(big(str(FETCHER.fetch(packaged)), work))

@@ -105,6 +105,17 @@ ENCODER_CONFIGS: dict[str, EncoderConfig] = {
         n_layers=24,
         conv_kernel=9,
     ),
+    # The same layers at a quarter of the width and a quarter of the depth (about 40 MB of
+    # weights against 2.4 GB): the benchmarks' quick size (scripts/benchmarks.sh --size medium).
+    "medium": EncoderConfig(
+        feat_in=128,
+        sub_channels=64,
+        d_model=256,
+        ff_dim=1024,
+        n_heads=4,
+        n_layers=6,
+        conv_kernel=9,
+    ),
     "small": EncoderConfig(
         feat_in=32,
         sub_channels=16,
@@ -120,6 +131,9 @@ DECODER_CONFIGS: dict[str, DecoderConfig] = {
     "parakeet": DecoderConfig(
         vocab_size=8192, pred_hidden=640, pred_layers=2, joint_hidden=640, encoder_dim=1024
     ),
+    "medium": DecoderConfig(
+        vocab_size=1024, pred_hidden=320, pred_layers=2, joint_hidden=320, encoder_dim=256
+    ),
     "small": DecoderConfig(vocab_size=32, pred_hidden=32, pred_layers=2, joint_hidden=32, encoder_dim=64),
 }
 # The small encoder with the release's 128 mel features, which both runtimes' front ends
@@ -131,10 +145,18 @@ DECODER_CONFIGS["small128"] = DECODER_CONFIGS["small"]
 # onnxruntime: the first is the export example, the second has different
 # dynamic dimensions to catch sizes frozen into the graph.
 # Encoder: (batch, audio frames); lengths are [T, T-37, ...].
-ENCODER_CHECK_SHAPES = {"small": [(2, 160), (1, 93)], "parakeet": [(2, 1000), (1, 611)]}
+ENCODER_CHECK_SHAPES = {
+    "small": [(2, 160), (1, 93)],
+    "medium": [(2, 1000), (1, 611)],
+    "parakeet": [(2, 1000), (1, 611)],
+}
 ENCODER_CHECK_SHAPES["small128"] = ENCODER_CHECK_SHAPES["small"]
 # Decoder: (batch, encoder frames, target tokens).
-DECODER_CHECK_SHAPES = {"small": [(2, 20, 8), (3, 7, 1)], "parakeet": [(2, 125, 16), (1, 40, 1)]}
+DECODER_CHECK_SHAPES = {
+    "small": [(2, 20, 8), (3, 7, 1)],
+    "medium": [(2, 125, 16), (1, 40, 1)],
+    "parakeet": [(2, 125, 16), (1, 40, 1)],
+}
 DECODER_CHECK_SHAPES["small128"] = DECODER_CHECK_SHAPES["small"]
 # ONNX opset per exporter: the dynamo exporter implements opset >= 18 and cannot
 # down-convert the encoder to 17 (no Pad adapter), the legacy one defaults to 17.
@@ -693,7 +715,7 @@ def run_export(
 # --------------------------------------------------------------------------- #
 
 # ``release --size S`` exports these model sizes (the small one with 128 mel features).
-RELEASE_SIZES = {"small": "small128", "parakeet": "parakeet"}
+RELEASE_SIZES = {"small": "small128", "medium": "medium", "parakeet": "parakeet"}
 RELEASE_ENCODER = "encoder-model.onnx"
 RELEASE_DECODER = "decoder_joint-model.onnx"
 BLANK = "<blk>"
@@ -807,10 +829,10 @@ def write_release(size: str, out: Path, opset: int, decisive: bool) -> None:
 
     ``encoder-model.onnx`` with its weights in ``encoder-model.onnx.data``,
     ``decoder_joint-model.onnx``, ``vocab.txt`` (``vocab_size`` tokens and the blank) and
-    ``config.json``. The parakeet size keeps the relative positional table as NeMo does.
+    ``config.json``. The parakeet and medium sizes keep the relative positional table as NeMo does.
     """
     model_size = RELEASE_SIZES[size]
-    table = NEMO_MAX_AUDIO_LENGTH if size == "parakeet" else 0
+    table = NEMO_MAX_AUDIO_LENGTH if size in CACHE_SIZES else 0
     encoder, decoder = encoder_spec(model_size, table), decoder_spec(model_size)
     if decisive:
         make_joint_decisive(decoder.model)
@@ -849,8 +871,19 @@ CACHE_JOBS: list[tuple[str, list[str], str]] = [
 ]
 
 
-def build_cache(cache_dir: Path) -> None:
-    """Export the parakeet-size models into ``cache_dir``, skipping completed ones.
+# The sizes ``cache`` builds: parakeet, the benchmarks' figures, and medium, the same layers
+# smaller, for a quick run of every benchmark (its own folder, see :func:`cache_dir_for`).
+CACHE_SIZES = ("parakeet", "medium")
+
+
+def cache_dir_for(cache_dir: Path, size: str) -> Path:
+    """Where ``cache --size SIZE`` puts its models: ``cache_dir`` itself for parakeet (the
+    folder the benchmarks read by default), ``cache_dir/medium`` for the medium size."""
+    return cache_dir if size == "parakeet" else cache_dir / size
+
+
+def build_cache(cache_dir: Path, size: str = "parakeet") -> None:
+    """Export the models of ``size`` (parakeet or medium) into ``cache_dir``, skipping completed ones.
 
     Layout: ``encoder-dynamo/encoder-model.onnx`` (+ ``.data``),
     ``encoder-legacy/encoder-model.onnx`` (+ one file per tensor),
@@ -871,7 +904,7 @@ def build_cache(cache_dir: Path) -> None:
             continue
         shutil.rmtree(target_dir, ignore_errors=True)
         target_dir.mkdir(parents=True)
-        argv = [sys.executable, __file__, *command, "--size", "parakeet", "--out", str(path)]
+        argv = [sys.executable, __file__, *command, "--size", size, "--out", str(path)]
         print(f"[cache] {name}: {' '.join(argv)}", flush=True)
         start = time.perf_counter()
         pid = os.posix_spawn(sys.executable, argv, os.environ)
@@ -901,7 +934,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         ("decoder", "export a TDT decoder + joint"),
     ]:
         sub = commands.add_parser(name, help=help_text)
-        sub.add_argument("--size", choices=["small", "parakeet"], default="small")
+        sub.add_argument("--size", choices=list(ENCODER_CONFIGS), default="small")
         sub.add_argument("--exporter", choices=["dynamo", "legacy"], default="dynamo")
         sub.add_argument("--out", type=Path, required=True, help="output .onnx path")
         sub.add_argument(
@@ -932,8 +965,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="a joint that emits a fixed token chain by wide margins (for runtime tests)",
     )
-    cache = commands.add_parser("cache", help="build the parakeet-size benchmark models")
+    cache = commands.add_parser("cache", help="build the benchmark models (parakeet size by default)")
     cache.add_argument("--dir", type=Path, default=DEFAULT_CACHE_DIR, help="cache directory")
+    cache.add_argument(
+        "--size",
+        choices=CACHE_SIZES,
+        default="parakeet",
+        help="medium: the same layers smaller, in DIR/medium, for a quick run of the benchmarks",
+    )
     return parser.parse_args(argv)
 
 
@@ -941,7 +980,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Entry point."""
     args = parse_args(argv)
     if args.command == "cache":
-        build_cache(args.dir.expanduser())
+        build_cache(cache_dir_for(args.dir.expanduser(), args.size), args.size)
         return
     if args.command == "release":
         write_release(args.size, args.out, args.opset, args.decisive_joint)

@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # Every benchmark in benchmarks/, from a fresh clone, with the options docs/performance.md quotes
 # (docs/performance.md, "Running every benchmark").
-# Usage: scripts/benchmarks.sh [--small] [--only NAME]... [--list] [--cache DIR] [--results DIR]
+# Usage: scripts/benchmarks.sh [--small] [--size parakeet|medium] [--only NAME]... [--skip NAME]...
+#                              [--list] [--cache DIR] [--results DIR]
 #   --small     only the benchmarks that build or fetch small models (bench_transpose,
-#               bench_grouped, bench_auto); the others need the Parakeet-size exports
+#               bench_grouped, bench_auto, bench_cnn, bench_real); the others need the exports
+#   --size      the exports' size: parakeet (default; the figures docs/performance.md quotes) or
+#               medium (the same layers, a quarter of the width and depth, in DIR/medium: minutes
+#               to make, every benchmark in well under an hour; the ratios are not the parakeet's)
 #   --only      only this one (a name below, e.g. bench_rewrite); repeatable
+#   --skip      all but this one; repeatable
 #   --list      print the commands, run nothing
 #   --cache     where fastconformer.py keeps the Parakeet-size exports (made on first use; about
 #               10 GB, an hour on 2 cores) [default: ~/.cache/onnx-conv2matmul-bench]
@@ -12,13 +17,16 @@
 #               [default: .bench/results/DATE]
 # The package is installed (as a user installs it, not editable) into .bench/venv with the
 # `test` extra; torch and onnxscript too (BENCH_TORCH, default torch==2.13.0) when a benchmark
-# needs the exports, since only fastconformer.py, which makes them, uses torch. Each benchmark runs under
+# needs the exports, since only fastconformer.py, which makes them, uses torch; Pillow for
+# bench_real, which renders text lines. Each benchmark runs under
 # nice -n 5, one after the other; one that fails is reported and the next one runs.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 small=0
+size=parakeet
 list=0
 only=()
+skip=()
 cache="$HOME/.cache/onnx-conv2matmul-bench"
 results="$root/.bench/results/$(date -u +%Y%m%dT%H%M%SZ)"
 while [[ $# -gt 0 ]]; do
@@ -26,12 +34,19 @@ while [[ $# -gt 0 ]]; do
         --small) small=1 ;;
         --list) list=1 ;;
         --only) only+=("$2"); shift ;;
+        --size) size="$2"; shift ;;
+        --skip) skip+=("$2"); shift ;;
         --cache) cache="$2"; shift ;;
         --results) results="$2"; shift ;;
         *) echo "unknown option: $1" >&2; exit 2 ;;
     esac
     shift
 done
+case "$size" in
+    parakeet) models="$cache" ;;
+    medium) models="$cache/medium" ;;
+    *) echo "unknown size: $size (parakeet or medium)" >&2; exit 2 ;;
+esac
 venv="$root/.bench/venv"
 py="$venv/bin/python"
 
@@ -41,12 +56,15 @@ benchmarks=(
     "bench_grouped|0|benchmarks/bench_grouped.py --runs 200 --json RESULTS/bench_grouped.json"
     "bench_grouped_2threads|0|benchmarks/bench_grouped.py --runs 200 --threads 2 --json RESULTS/bench_grouped_2threads.json"
     "bench_auto|0|benchmarks/bench_auto.py --rounds 2 --json RESULTS/bench_auto.json"
+    "bench_cnn|0|benchmarks/bench_cnn.py --rounds 10 --json RESULTS/bench_cnn.json"
+    "bench_real|0|benchmarks/bench_real.py"
     "bench_rewrite|1|benchmarks/bench_rewrite.py --cache CACHE --repeat 7 --latency-runs 30 --json RESULTS/bench_rewrite.json"
     "bench_fsync|1|benchmarks/bench_fsync.py --cache CACHE --rounds 9"
     "bench_quantize_phase|1|benchmarks/bench_quantize_phase.py --cache CACHE --rounds 3"
     "bench_check|1|benchmarks/bench_check.py --cache CACHE --json RESULTS/bench_check.json"
     "bench_speed|1|benchmarks/bench_speed.py --cache CACHE --json RESULTS/bench_speed.json"
     "bench_bundle|1|benchmarks/bench_bundle.py --cache CACHE --json RESULTS/bench_bundle.json"
+    "bench_defaults|1|benchmarks/bench_defaults.py --encoder CACHE/encoder-dynamo-table/encoder-model.onnx --rounds 10 --json RESULTS/bench_defaults.json"
 )
 
 commands=()
@@ -59,12 +77,15 @@ for entry in "${benchmarks[@]}"; do
     if [[ ${#only[@]} -gt 0 && ! " ${only[*]} " =~ " $name " ]]; then
         continue
     fi
+    if [[ ${#skip[@]} -gt 0 && " ${skip[*]} " =~ " $name " ]]; then
+        continue
+    fi
     needs_exports=$((${needs_exports:-0} | full))
     command="${command//RESULTS/$results}"
     names+=("$name")
-    commands+=("${command//CACHE/$cache}")
+    commands+=("${command//CACHE/$models}")
 done
-prepare="benchmarks/fastconformer.py cache --dir $cache"
+prepare="benchmarks/fastconformer.py cache --dir $cache --size $size"
 
 if [[ "$list" == 1 ]]; then
     echo "# in $root, with $py"
@@ -80,6 +101,9 @@ if [[ ! -x "$py" ]]; then
     "$py" -m pip install --quiet --upgrade pip
 fi
 "$py" -m pip install --quiet "$root[test]"
+if [[ " ${names[*]} " =~ " bench_real " ]]; then
+    "$py" -m pip install --quiet pillow
+fi
 if [[ "${needs_exports:-0}" == 1 ]]; then
     "$py" -m pip install --quiet "${BENCH_TORCH:-torch==2.13.0}" onnxscript
 fi
@@ -87,7 +111,7 @@ fi
 mkdir -p "$results"
 cd "$root"
 if [[ "${needs_exports:-0}" == 1 ]]; then
-    echo "== the Parakeet-size exports ($cache)"
+    echo "== the $size-size exports ($models)"
     # shellcheck disable=SC2086
     nice -n 5 "$py" $prepare 2>&1 | tee "$results/fastconformer_cache.txt"
 fi

@@ -17,7 +17,8 @@
 # (the copy's pyproject.toml is changed, not yours): quicker, and a mutant that survives them may
 # still be killed by the whole selection, so its scores are lower bounds.
 # MUTATION_DIR moves .mutation/; MUTATION_CHILDREN (default 2) caps mutmut's workers;
-# MUTATION_REINSTALL=1 remakes the environment. Runs under nice -n 19 with the hypothesis
+# MUTATION_REINSTALL=1 remakes the environment; MUTATION_NICE (default 19) is the niceness the run
+# adds (10 lets it through on a machine busy with other niced work). Runs niced with the hypothesis
 # profile `mutation` (tests/conftest.py), then prints the score per module
 # (scripts/mutation_scores.py; add --survivors there to list what was not killed).
 set -euo pipefail
@@ -74,6 +75,6 @@ env -u PYTHONHOME \
     PYTHONPATH="$tree/mutants/src" \
     PYTHONNOUSERSITE=1 \
     HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-mutation}" \
-    nice -n 19 "$venv/bin/mutmut" run --max-children "${MUTATION_CHILDREN:-2}" "$@" || status=$?
-nice -n 19 "$venv/bin/python" scripts/mutation_scores.py
+    nice -n "${MUTATION_NICE:-19}" "$venv/bin/mutmut" run --max-children "${MUTATION_CHILDREN:-2}" "$@" || status=$?
+nice -n "${MUTATION_NICE:-19}" "$venv/bin/python" scripts/mutation_scores.py
 exit "$status"

@@ -4,7 +4,10 @@ Usage: python scripts/mutation_scores.py [--survivors] [MUTANTS_DIR]
 
 MUTANTS_DIR: where mutmut wrote its results; by default ``mutants/`` when there is one here
 (scripts/mutation.sh runs this inside its copy), else ``.mutation/tree/mutants/``. Modules go by
-their paths in the package (``rewrite/analysis``); ``rewrite/`` is also totalled.
+their paths in the package (``rewrite/analysis``): those ``only_mutate`` names in pyproject.toml
+(so a module split in two, with both halves named there, is followed), then any other module
+mutmut left results for. Each stage folder with more than one module (``rewrite/``) is also
+totalled.
 
 ``score`` is killed / total; ``non-eq`` is killed / (total - the equivalent mutants listed
 in EQUIVALENT below that the run did not kill); ``of run`` is killed / the mutants that have a
@@ -15,23 +18,12 @@ mutant not killed, marked ``equivalent`` when it is in EQUIVALENT.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections import Counter
 from pathlib import Path
 
-MODULES = [
-    "rewrite/analysis",
-    "rewrite/weights",
-    "rewrite/apply",
-    "rewrite/gemm",
-    "rewrite/fused",
-    "rewrite/cleanup",
-    "rewrite/layout",
-    "verify/compare",
-    "files/publish",
-    "quantize/options",
-]
-GROUPS = {"rewrite/": [m for m in MODULES if m.startswith("rewrite/")]}
+PACKAGE = "onnx_conv2matmul"
 # mutmut's exit codes (mutmut.stats.status_by_exit_code): 1 and 3 killed, 37 caught by mypy.
 KILLED = {1, 3, 37}
 STATUS = {0: "survived", 5: "no tests", 33: "no tests", 34: "skipped", 36: "timeout", None: "not checked"}
@@ -124,8 +116,40 @@ EQUIVALENT = {
 }
 
 
+def configured(pyproject: Path) -> list[str]:
+    """The modules ``only_mutate`` names in ``pyproject`` (``rewrite/analysis``), in its order.
+
+    Read with a pattern rather than a TOML parser (Python 3.10 has none): the entries are
+    ``"*/onnx_conv2matmul/<module>.py"`` strings inside ``only_mutate = [...]``.
+    """
+    if not pyproject.is_file():
+        return []
+    block = re.search(r"^only_mutate\s*=\s*\[(.*?)\]", pyproject.read_text(encoding="utf-8"), re.M | re.S)
+    if block is None:
+        return []
+    return re.findall(rf'"[^"]*/{PACKAGE}/([^"*]+)\.py"', block.group(1))
+
+
+def modules(root: Path, pyproject: Path) -> list[str]:
+    """The configured modules, then those with results under ``root`` that are not configured."""
+    named = configured(pyproject)
+    base = root / "src" / PACKAGE
+    found = sorted(str(meta.relative_to(base))[: -len(".py.meta")] for meta in base.rglob("*.py.meta"))
+    return named + [m for m in found if m not in named]
+
+
+def groups(names: list[str]) -> dict[str, list[str]]:
+    """Each stage folder (``rewrite/``) with more than one of ``names``."""
+    by_folder: dict[str, list[str]] = {}
+    for name in names:
+        folder, _, _ = name.rpartition("/")
+        if folder:
+            by_folder.setdefault(folder + "/", []).append(name)
+    return {folder: members for folder, members in by_folder.items() if len(members) > 1}
+
+
 def _codes(root: Path, module: str) -> dict[str, int | None] | None:
-    meta = root / "src" / "onnx_conv2matmul" / f"{module}.py.meta"
+    meta = root / "src" / PACKAGE / f"{module}.py.meta"
     if not meta.exists():
         return None
     codes: dict[str, int | None] = json.loads(meta.read_text())["exit_code_by_key"]
@@ -156,8 +180,9 @@ def main() -> int:
         root = Path(".mutation/tree/mutants")
     head = f"{'killed':>7} {'total':>6} {'score':>7} {'equiv':>6} {'non-eq':>7} {'of run':>7}"
     print(f"{'module':<17} {head}  other")
+    names = modules(root, Path("pyproject.toml"))
     found = {}
-    for module in MODULES:
+    for module in names:
         codes = _codes(root, module)
         if codes is None:
             print(f"{module:<17} (not run)")
@@ -170,7 +195,7 @@ def main() -> int:
                 if code not in KILLED:
                     mark = "equivalent" if key in equivalent else STATUS.get(code, "suspicious")
                     print(f"    {mark:<12} {key}")
-    for group, members in GROUPS.items():
+    for group, members in groups(names).items():
         run = [m for m in members if m in found]
         if run:
             merged = {key: code for m in run for key, code in found[m].items()}

@@ -148,7 +148,7 @@ def test_the_table_says_measured_where_nothing_was_judged(model: Path, tmp_path:
     """The Python API's report_only: the rows say measured, never ok; with a criterion, ok."""
     from rich.console import Console
 
-    from onnx_conv2matmul.cli import render
+    from onnx_conv2matmul.cli.render.verify import print_verification
 
     measured = quantize_file(
         model,
@@ -165,7 +165,7 @@ def test_the_table_says_measured_where_nothing_was_judged(model: Path, tmp_path:
     for report, word, other in ((measured, "measured", " ok "), (judged, " ok ", "measured")):
         console = Console(record=True, width=200)
         assert report.verification is not None
-        render.print_verification(console, report.verification, cosine=True)
+        print_verification(console, report.verification, cosine=True)
         text = console.export_text()
         assert word in text and other not in text
     assert measured.output_path is not None  # report only: any cosine passes
@@ -426,12 +426,12 @@ def test_the_final_check_reuses_the_search_reference(
 ) -> None:
     """With --auto the fp32 model runs once: the final check compares against the reference the
     search kept on disk (verify_models, which would run it again, is not called)."""
-    from onnx_conv2matmul.quantize import workflow
+    from onnx_conv2matmul.quantize import check_publish
 
     def fail(*_args: object, **_kwargs: object) -> None:
         raise AssertionError("the original ran again")
 
-    monkeypatch.setattr(workflow, "verify_models", fail)
+    monkeypatch.setattr(check_publish, "verify_models", fail)
     loads: list[str] = []
     original_get = auto.Reference.get
 

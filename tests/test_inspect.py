@@ -24,8 +24,8 @@ from onnx_conv2matmul.api import quantize_file
 from onnx_conv2matmul.cli.app import main
 from onnx_conv2matmul.files.load import tensor_bytes
 from onnx_conv2matmul.quantize.inspection import inspect_file
-from onnx_conv2matmul.quantize.nbits import matmul_nbits_sizes
 from onnx_conv2matmul.quantize.options import QuantizeOptions
+from onnx_conv2matmul.quantize.projection import matmul_nbits_sizes
 from onnx_conv2matmul.verify.check import VerifyOptions
 from processes import TIMEOUT
 from test_real_models import MODELS, _fetch

@@ -262,7 +262,7 @@ def test_int8_failure_after_quantize_dynamic_leaves_no_staging(
 ) -> None:
     """An error while the quantized model is read back removes its staging directory."""
     from onnx_conv2matmul import api
-    from onnx_conv2matmul.quantize import workflow as pipeline
+    from onnx_conv2matmul.quantize import int8_step
 
     src = tmp_path / "m.onnx"
     onnx.save(matmul_model(), src)
@@ -270,7 +270,7 @@ def test_int8_failure_after_quantize_dynamic_leaves_no_staging(
     def unreadable(*args: object, **kwargs: object) -> None:
         raise RuntimeError("cannot read it back")
 
-    monkeypatch.setattr(pipeline.ir, "load", unreadable)
+    monkeypatch.setattr(int8_step.ir, "load", unreadable)
     with pytest.raises(RuntimeError, match="cannot read it back"):
         api.quantize_file(src, tmp_path / "q.onnx", int8_dynamic=True)
     assert _staging(tmp_path) == [] and not (tmp_path / "q.onnx").exists()

@@ -419,6 +419,39 @@ def test_resolve_takes_the_defaults_then_the_file_then_what_is_given(tmp_path: P
     assert resolve({"exclude": ("b*",)}, config=str(config)).quantize.exclude == ("b*",)
 
 
+@pytest.mark.parametrize(
+    ("given", "settings_file", "auto", "int8", "expected"),
+    [
+        (None, False, False, False, True),
+        ({"bits": 8}, False, False, False, False),
+        (None, True, False, False, False),
+        (None, False, True, False, False),
+        (None, False, False, True, False),
+    ],
+    ids=["defaults", "a-setting", "a-settings-file", "auto", "int8-dynamic"],
+)
+def test_search_below_defaults_alike_from_the_command_line_and_the_api(
+    tmp_path: Path, given: dict[str, Any] | None, settings_file: bool, auto: bool, int8: bool, expected: bool
+) -> None:
+    """Whether a result below the criterion makes the search run, when not said: the command line's
+    resolve and the plan of an API call (settings given as options, or None) decide it alike."""
+    from helpers import matmul_model
+    from onnx_conv2matmul.quantize import plan
+    from onnx_conv2matmul.quantize.options import resolve
+
+    config = None
+    if settings_file:
+        config = tmp_path / "s.json"
+        config.write_text(json.dumps(QuantizeOptions().to_config()))
+    resolved = resolve(given, config=None if config is None else str(config), auto=auto, int8_dynamic=int8)
+    assert resolved.search_below is expected
+    src = tmp_path / "m.onnx"
+    onnx.save(matmul_model(), src)
+    settings = resolved.quantize if given or settings_file else None
+    request = plan.Request(quantize=settings, int8=int8, auto=resolved.auto)
+    assert plan.resolve(src, tmp_path / "q.onnx", request).search_below is expected
+
+
 def test_resolve_auto_without_min_cosine_leaves_the_target_to_the_floor() -> None:
     """--auto alone searches at the workflow's floor: resolve leaves min_cosine unset."""
     from onnx_conv2matmul.quantize.options import resolve

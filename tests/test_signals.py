@@ -69,7 +69,7 @@ def external_model(tmp_path: Path) -> Path:
     [
         ("convert", ("onnx_conv2matmul.api", "convert")),  # the data file is being copied
         ("convert --verify", ("onnx_conv2matmul.api", "verify_models")),  # a staged output
-        ("quantize", ("onnx_conv2matmul.quantize.workflow", "verify_models")),  # a staged quantized output
+        ("quantize", ("onnx_conv2matmul.quantize.check_publish", "verify_models")),  # staged, quantized
     ],
     ids=["convert-copying", "convert-verifying", "quantize-measuring"],
 )
@@ -129,7 +129,7 @@ def test_signal_after_publishing_says_what_was_written(
 ) -> None:
     out = tmp_path / "o.onnx"
     proc, stderr_lines = spawn(
-        stall("onnx_conv2matmul.cli.render", "print_convert_report"), str(external_model), str(out)
+        stall("onnx_conv2matmul.cli.render.convert", "print_convert_report"), str(external_model), str(out)
     )
     stderr_lines.wait_for(MARKER)
     assert out.exists() and not staging(tmp_path)

@@ -46,8 +46,9 @@ if TYPE_CHECKING:
     from onnx_conv2matmul.bundle.report import BundleBuildReport
     from onnx_conv2matmul.files.progress import Progress
     from onnx_conv2matmul.quantize.metric import MetricTarget
-    from onnx_conv2matmul.quantize.options import AutoOptions, NodeSetting, QuantizeOptions
     from onnx_conv2matmul.quantize.report import BundleReport, InspectReport, QuantizeReport
+    from onnx_conv2matmul.quantize.search_options import AutoOptions
+    from onnx_conv2matmul.quantize.settings import NodeSetting, QuantizeOptions
     from onnx_conv2matmul.rewrite.passes import ConvToMatMulPass
     from onnx_conv2matmul.speed.bench import BenchReport
     from onnx_conv2matmul.speed.choose import SpeedOptions
@@ -72,10 +73,10 @@ _LAZY = {
     "TimingOptions": "speed.timing",
     "ConvToMatMulPass": "rewrite.passes",
     "Progress": "files.progress",
-    "AutoOptions": "quantize.options",
+    "AutoOptions": "quantize.search_options",
     "MetricTarget": "quantize.metric",
-    "NodeSetting": "quantize.options",
-    "QuantizeOptions": "quantize.options",
+    "NodeSetting": "quantize.settings",
+    "QuantizeOptions": "quantize.settings",
     "BundleReport": "quantize.report",
     "InspectReport": "quantize.report",
     "QuantizeReport": "quantize.report",

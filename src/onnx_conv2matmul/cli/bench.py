@@ -60,7 +60,7 @@ def bench_command(
     with handled_errors():
         quiet_onnxruntime()
         from onnx_conv2matmul import api
-        from onnx_conv2matmul.cli import render
+        from onnx_conv2matmul.cli.render.bench import print_bench_report
         from onnx_conv2matmul.errors import InputError
         from onnx_conv2matmul.speed.timing import DEFAULT_ROUNDS, TimingOptions
 
@@ -91,5 +91,5 @@ def bench_command(
             check_report_target(report_json, inputs=list(models), outputs=[])
             OUTCOME.watch(report_json)
         report = api.bench_models(models, baseline=baseline - 1, options=options)
-        render.print_bench_report(console, report)
+        print_bench_report(console, report)
         emit_report(report, report_json)

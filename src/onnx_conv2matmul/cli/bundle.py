@@ -128,7 +128,7 @@ def bundle_command(
 
 def _build(src: str, out: str, layout: str, tag: str, kwargs: dict[str, Any]) -> Any:
     from onnx_conv2matmul.bundle.build import BundleOptions
-    from onnx_conv2matmul.cli import render
+    from onnx_conv2matmul.cli.render.bundle import print_bundle_build_report
 
     quiet = bool(kwargs["quiet"])
     console = stderr_console(quiet)
@@ -186,7 +186,7 @@ def _build(src: str, out: str, layout: str, tag: str, kwargs: dict[str, Any]) ->
     )
     progress = progress_for(console, encoder, quiet) if os.path.isfile(encoder) else None
     report = api.build_bundle(src, out, options, progress=progress)
-    render.print_bundle_build_report(console, report)
+    print_bundle_build_report(console, report)
     error = None
     if not report.passed and any(not m.passed for m in report.models) and kwargs["min_cosine"] is not None:
         error = f"accuracy below --min-cosine {kwargs['min_cosine']:g}; nothing was written"
@@ -199,7 +199,7 @@ def _check(directory: str, paths: tuple[str, ...], manifest: str | None, json_st
     with handled_errors():
         if paths:
             raise click.UsageError("--check DIR lists a bundle: give no SRC_DIR OUT_DIR with it")
-        from onnx_conv2matmul.cli import render
+        from onnx_conv2matmul.cli.render.bundle import print_bundle_report
 
         console = stderr_console(False)
         if manifest is not None:
@@ -208,7 +208,7 @@ def _check(directory: str, paths: tuple[str, ...], manifest: str | None, json_st
             check_report_target(manifest, inputs=models, outputs=[], read=[directory])
             OUTCOME.watch(manifest)
         report = api.check_bundle(directory, manifest=manifest is not None)
-        render.print_bundle_report(console, report)
+        print_bundle_report(console, report)
         emit_report(report, manifest)
 
 

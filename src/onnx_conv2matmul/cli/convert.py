@@ -94,9 +94,9 @@ def convert_command(
             keep_on_failure=keep_on_failure,
             progress=progress_for(console, input_path, quiet) if console is not None else None,
         )
-        from onnx_conv2matmul.cli import render
+        from onnx_conv2matmul.cli.render.convert import print_convert_report
 
-        render.print_convert_report(console or stderr_console(quiet), report)
+        print_convert_report(console or stderr_console(quiet), report)
         emit_report(report, report_json)
     sys.exit(report.return_code)
 
@@ -137,13 +137,13 @@ def verify_command(
     with handled_errors():
         quiet_onnxruntime()
         console = stderr_console(quiet)
-        from onnx_conv2matmul.cli import render
+        from onnx_conv2matmul.cli.render.verify import print_verification
 
         options = build_verify_options(verify_kwargs, min_cosine, inputs)
         if report_json is not None:
             check_report_target(report_json, inputs=[original, candidate], outputs=[], read=inputs)
         OUTCOME.watch(report_json)
         report = api.verify_files(original, candidate, options)
-        render.print_verification(console, report.verification, cosine=cosine)
+        print_verification(console, report.verification, cosine=cosine)
         emit_report(report, report_json)
     sys.exit(report.return_code)

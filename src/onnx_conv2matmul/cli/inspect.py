@@ -59,9 +59,9 @@ def inspect_command(
 
         options = build_rewrite_options(kwargs)
         q_options = resolve(nbits_given(bits=bits, block_size=block_size, symmetric=symmetric)).quantize
-        from onnx_conv2matmul.cli import render
+        from onnx_conv2matmul.cli.render.inspect import print_inspect_report
 
         report = api.inspect_file(input_path, options, q_options, run_checker=not skip_checker)
-        render.print_inspect_report(stderr_console(quiet), report)
+        print_inspect_report(stderr_console(quiet), report)
         emit_report(report, None)
     sys.exit(report.return_code)

@@ -138,7 +138,7 @@ from onnx_conv2matmul.quantize.options import DEFAULT_MAX_EVALUATIONS, resolve
     help=(
         "When pointwise convs are left because rewriting them adds Transposes, both models are made"
         " and timed: size keeps the smaller, speed the faster [default: the smaller one not slower"
-        " than the input by more than 10%, else the faster]."
+        " than the input by more than 10%, else the faster; with --auto, size]."
     ),
 )
 @no_gemm
@@ -257,7 +257,7 @@ def quantize_command(
     with handled_errors():
         quiet_onnxruntime()
         console = stderr_console(quiet)
-        from onnx_conv2matmul.cli import render
+        from onnx_conv2matmul.cli.render.quantize import print_quantize_report
 
         given = nbits_given(
             bits=bits,
@@ -309,7 +309,8 @@ def quantize_command(
         if not allow_added_transposes and not resolved.int8_dynamic:
             from onnx_conv2matmul.quantize.transposes import Prefer, TransposeOptions
 
-            transposes = TransposeOptions(Prefer(prefer or "balanced"))
+            # --auto asks for the smallest model: the trade keeps the smaller unless told otherwise.
+            transposes = TransposeOptions(Prefer(prefer or ("size" if auto else "balanced")))
         _io.check_input_path(input_path)
         v_options = build_verify_options(verify_kwargs, min_cosine, inputs)
         read = files_read(inputs, validate, config)
@@ -339,7 +340,7 @@ def quantize_command(
             search_below=resolved.search_below,
             transposes=transposes,
         )
-        render.print_quantize_report(console, report)
+        print_quantize_report(console, report)
         if save_config is not None and report.auto is not None:
             _io.write_text_atomic(save_config, json.dumps(report.auto.config.to_config(), indent=2) + "\n")
         emit_report(report, report_json, _quantize_error(report))
@@ -368,6 +369,6 @@ def _same_file(a: str, b: str) -> bool:
 
 def _quantize_error(report: QuantizeReport) -> str | None:
     """The report's failure: the criterion missed, and what can help."""
-    from onnx_conv2matmul.cli import render
+    from onnx_conv2matmul.cli.render.quantize import quantize_failure
 
-    return render.quantize_failure(report)
+    return quantize_failure(report)

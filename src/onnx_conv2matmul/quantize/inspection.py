@@ -22,9 +22,9 @@ import onnx_ir as ir
 from onnx_conv2matmul._graphs import walk_graphs
 from onnx_conv2matmul.errors import CheckerError, Hint, InputError
 from onnx_conv2matmul.files import load as _io
-from onnx_conv2matmul.quantize.nbits import nbits_projection
-from onnx_conv2matmul.quantize.options import QuantizeOptions
+from onnx_conv2matmul.quantize.projection import nbits_projection
 from onnx_conv2matmul.quantize.report import InspectNode, InspectReport
+from onnx_conv2matmul.quantize.settings import QuantizeOptions
 from onnx_conv2matmul.rewrite.layout import added_transposes
 from onnx_conv2matmul.rewrite.options import ConvertOptions
 from onnx_conv2matmul.rewrite.passes import ConvToMatMulPass

@@ -20,10 +20,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from onnx_conv2matmul.quantize.options import FLOAT, Setting
-
-MIN_PREDICTED = 1e-12
-"""A predicted error below this is taken as this (a ratio needs a denominator)."""
+from onnx_conv2matmul.quantize.search_options import Setting
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,15 +43,6 @@ def calibrate(nodes: Sequence[Any], loss_alone: Callable[[str, Setting], float])
     ``loss_alone(name, setting)`` builds the model with only that node quantized and returns
     ``1 - worst cosine`` over the feeds. Nodes with no quantized setting are left as they are.
     """
-    found = []
-    for node in nodes:
-        quantized = {s: v for s, v in node.options.items() if s != FLOAT}
-        if not quantized:
-            continue
-        smallest = min(quantized, key=lambda s: (quantized[s][1], quantized[s][0]))
-        predicted = max(quantized[smallest][0], MIN_PREDICTED)
-        loss = max(0.0, loss_alone(node.name, smallest))
-        scale = loss / predicted
-        node.options = {s: (error * scale, size) for s, (error, size) in node.options.items()}
-        found.append(Measured(node.name, smallest.label, predicted, loss))
-    return found
+    from onnx_conv2matmul.quantize.criteria import rescale
+
+    return [Measured(*row) for row in rescale(nodes, loss_alone)]

@@ -203,10 +203,10 @@ def _is_nbits_weight(value: ir.Value) -> bool:
     """Input B of a MatMul that MatMulNBits can take (left float on purpose when still float),
     or an input of an operator outside the default domain (MatMulNBits' own scales: such
     kernels may need constant inputs)."""
-    from onnx_conv2matmul.quantize.nbits import _constant_2d_weight
+    from onnx_conv2matmul.quantize.projection import constant_2d_weight
 
     return any(
-        (use.idx == 1 and _constant_2d_weight(use.node) is value) or use.node.domain not in ("", "ai.onnx")
+        (use.idx == 1 and constant_2d_weight(use.node) is value) or use.node.domain not in ("", "ai.onnx")
         for use in value.uses()
     )
 

@@ -17,8 +17,10 @@ from typing import TYPE_CHECKING, Any
 from onnx_conv2matmul.errors import InputError
 from onnx_conv2matmul.files.load import check_paths
 from onnx_conv2matmul.files.progress import NullProgress, Progress
-from onnx_conv2matmul.quantize.options import AutoOptions, QuantizeOptions
+from onnx_conv2matmul.quantize.options import search_below_by_default
 from onnx_conv2matmul.quantize.phases import PhaseTimer
+from onnx_conv2matmul.quantize.search_options import AutoOptions
+from onnx_conv2matmul.quantize.settings import QuantizeOptions
 from onnx_conv2matmul.rewrite.options import ConvertOptions
 from onnx_conv2matmul.verify.check import VerifyOptions, discover_inputs
 
@@ -109,14 +111,17 @@ def resolve(
     The output must meet a criterion: ``verify.min_cosine``, and ``metric`` (the score may drop by
     at most its ``max_drop``); with neither, the floor :data:`DEFAULT_MIN_COSINE`
     (``verify.report_only`` asks for no cosine criterion). ``auto`` takes the metric and the cosine
-    given, or the floor when neither is. ``search_below`` defaults to whether the settings are the
-    defaults (no quantize options, no ``auto``, not int8).
+    given, or the floor when neither is. ``search_below`` defaults as
+    :func:`~onnx_conv2matmul.quantize.options.search_below_by_default` says (no quantize options,
+    no ``auto``, not int8).
 
     Raises:
         InputError: ``auto`` with int8, bad paths, or an algorithm that cannot run here.
     """
     auto, metric, verify = request.auto, request.metric, request.verify or VerifyOptions()
-    defaults = request.quantize is None and auto is None and not request.int8
+    below = search_below_by_default(
+        settings_given=request.quantize is not None, auto=auto is not None, int8_dynamic=request.int8
+    )
     if auto is not None:
         if request.int8:
             raise InputError("the search chooses MatMulNBits settings, not int8 dynamic quantization")
@@ -164,7 +169,7 @@ def resolve(
         auto=auto,
         speed=request.speed,
         metric=metric,
-        search_below=defaults if request.search_below is None else request.search_below,
+        search_below=below if request.search_below is None else request.search_below,
         transposes=request.transposes,
         run_checker=request.run_checker,
         progress=progress,

@@ -15,7 +15,7 @@ import functools
 import gc
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -27,8 +27,11 @@ from onnx_conv2matmul.verify.check import (
     VerifyReport,
     compare_outputs,
     feed_samples,
-    merged_rows,
+    given_inputs_rows,
 )
+
+if TYPE_CHECKING:
+    from onnx_conv2matmul.quantize.criteria import InputStats
 
 
 @dataclasses.dataclass
@@ -141,6 +144,7 @@ class Reference:
         self.names = list(names)
         self.feeds = feeds
         self.activations: dict[str, np.ndarray] = {}
+        self.statistics: dict[str, InputStats] = {}  # the same inputs' statistics for the rankers
         self._held: dict[tuple[int, int], Any] = {}
 
     def _path(self, feed: int, output: int) -> str:
@@ -238,7 +242,7 @@ class Reference:
                 " (the same nodes and weights): it was not run again"
             )
             if options.feeds is not None:
-                report.results = merged_rows(report.results)
+                given_inputs_rows(report)
             return report
         try:
             session = runs.session(candidate, options)
@@ -271,7 +275,7 @@ class Reference:
             del session
             gc.collect()
         if options.feeds is not None:
-            report.results = merged_rows(report.results)
+            given_inputs_rows(report)
         return report
 
 

@@ -9,10 +9,10 @@ from onnx_conv2matmul.errors import ExitCode
 from onnx_conv2matmul.report import Command, CommandReport
 
 if TYPE_CHECKING:
-    from onnx_conv2matmul.quantize.nbits import NBitsProjection, WeightStats
-    from onnx_conv2matmul.quantize.options import NodeSetting
     from onnx_conv2matmul.quantize.other_weights import OtherWeightsResult
+    from onnx_conv2matmul.quantize.projection import NBitsProjection, WeightStats
     from onnx_conv2matmul.quantize.search_result import AutoResult
+    from onnx_conv2matmul.quantize.settings import NodeSetting
     from onnx_conv2matmul.quantize.trade import TransposeTrade
     from onnx_conv2matmul.quantize.unchanged import Unchanged
     from onnx_conv2matmul.rewrite.report import ConvEntry, ConvertReport

@@ -68,6 +68,7 @@ from onnx_conv2matmul.quantize.search_result import AutoConfig as AutoConfig
 from onnx_conv2matmul.quantize.search_result import AutoResult as AutoResult
 from onnx_conv2matmul.quantize.search_result import Evaluation as Evaluation
 from onnx_conv2matmul.quantize.search_result import NodeChoice as NodeChoice
+from onnx_conv2matmul.quantize.search_result import _graphs
 from onnx_conv2matmul.quantize.search_result import apply as apply
 from onnx_conv2matmul.quantize.search_runs import ACTIVATION_BYTES as ACTIVATION_BYTES
 from onnx_conv2matmul.quantize.search_runs import Prepared as Prepared
@@ -197,9 +198,12 @@ def search(
             other_error, kept_bytes, int8_bytes = measured_others
             others.float_bytes = kept_bytes
             others.options[_OTHER_INT8] = (other_error, int8_bytes)
-    if _measures(options, feed_set):
+    criterion = _criterion(options, feed_set)
+    if criterion == "measured":
         say("Measuring each weight's sensitivity on the inputs")
         _measure_alone(fp32_path, nodes, options, reference, workdir, deterministic, blocks)
+    elif criterion != "predicted":
+        _rank(criterion, model, nodes, reference)
     sensitivity_seconds = time.perf_counter() - sens_started
     items = [*nodes, others]
     tradeoffs = [0.0, *_breakpoints(items), math.inf]
@@ -333,12 +337,34 @@ def _checked(reached: _Measured, feeds: int) -> tuple[str, list[Any]] | None:
     return reached.digest, [row for index in range(feeds) for row in reached.rows[index]]
 
 
-def _measures(options: AutoOptions, feed_set: FeedSet) -> bool:
-    """Whether sensitivity is measured (see :mod:`onnx_conv2matmul.quantize.measured`): as
-    the options say, by default when the feeds are the user's files."""
+def _criterion(options: AutoOptions, feed_set: FeedSet) -> str:
+    """How the nodes are ranked (see :mod:`onnx_conv2matmul.quantize.criteria`): as the options
+    say; by default sensitivity is measured (:mod:`onnx_conv2matmul.quantize.measured`) when the
+    feeds are the user's files, and predicted otherwise."""
+    if options.criterion is not None:
+        return options.criterion
     if options.measure is not None:
-        return options.measure
-    return bool(feed_set.how) and all(how == "from the input files" for how in feed_set.how.values())
+        return "measured" if options.measure else "predicted"
+    real = bool(feed_set.how) and all(how == "from the input files" for how in feed_set.how.values())
+    return "measured" if real else "predicted"
+
+
+def _rank(criterion: str, model: ir.Model, nodes: Sequence[_Node], reference: Reference) -> None:
+    """Each node's errors rescaled by one of NNCF's rankers (:mod:`onnx_conv2matmul.quantize.criteria`)."""
+    from onnx_conv2matmul.quantize.criteria import rank
+    from onnx_conv2matmul.quantize.projection import constant_2d_weight
+
+    weights: dict[str, ir.Value] = {}
+    for graph, _ in _graphs(model):
+        for node in graph:
+            b = constant_2d_weight(node)
+            if b is not None and node.name and node.name not in weights:
+                weights[node.name] = b
+
+    def weight(name: str) -> np.ndarray:
+        return np.asarray(weights[name].const_value.numpy())  # type: ignore[union-attr]
+
+    rank(criterion, nodes, weight, reference.statistics)
 
 
 def _measure_alone(

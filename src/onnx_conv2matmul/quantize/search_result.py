@@ -17,11 +17,9 @@ from onnx_conv2matmul.quantize.blockwise import (
 )
 from onnx_conv2matmul.quantize.metric import MetricTarget
 from onnx_conv2matmul.quantize.nbits import NBitsResult, quantize_matmul_nbits
-from onnx_conv2matmul.quantize.options import (
-    QuantizeOptions,
-    Setting,
-)
 from onnx_conv2matmul.quantize.reference import Reference
+from onnx_conv2matmul.quantize.search_options import Setting
+from onnx_conv2matmul.quantize.settings import QuantizeOptions
 
 
 @dataclasses.dataclass

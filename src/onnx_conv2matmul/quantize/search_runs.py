@@ -16,6 +16,7 @@ import onnx_ir as ir
 
 from onnx_conv2matmul.errors import ModelRunError, OutOfMemory
 from onnx_conv2matmul.quantize.blockwise import BlockCache
+from onnx_conv2matmul.quantize.criteria import InputStats
 from onnx_conv2matmul.quantize.metric import MetricTarget
 from onnx_conv2matmul.quantize.reference import Reference
 from onnx_conv2matmul.quantize.search_result import AutoConfig, apply
@@ -158,6 +159,7 @@ def _reference(
             square = np.einsum("ij,ij->j", flat, flat, dtype=np.float64)
             sums[name] = sums.get(name, 0.0) + square
             counts[name] = counts.get(name, 0) + flat.shape[0]
+            reference.statistics.setdefault(name, InputStats()).add(a)
         del outputs
     del session
     rest = [i for i in range(len(feeds)) if i not in measured]

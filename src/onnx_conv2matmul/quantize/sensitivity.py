@@ -21,12 +21,8 @@ from onnx_conv2matmul.quantize.blockwise import (
     block_dequantize,
     block_quantize,
 )
-from onnx_conv2matmul.quantize.nbits import _constant_2d_weight
-from onnx_conv2matmul.quantize.options import (
-    FLOAT,
-    AutoOptions,
-    Setting,
-)
+from onnx_conv2matmul.quantize.projection import constant_2d_weight
+from onnx_conv2matmul.quantize.search_options import FLOAT, AutoOptions, Setting
 from onnx_conv2matmul.quantize.search_result import AutoConfig, _graphs
 
 # --------------------------------------------------------------------------- #
@@ -90,7 +86,7 @@ def _quantizable(model: ir.Model, options: AutoOptions) -> list[_Node]:
     nodes: dict[str, _Node] = {}
     for graph, _ in _graphs(model):
         for node in graph:
-            b = _constant_2d_weight(node)
+            b = constant_2d_weight(node)
             name = node.name or ""
             if b is None or not name or name in nodes or not options.selects(name):
                 continue
@@ -117,7 +113,7 @@ def _sensitivities(
     for graph, _ in _graphs(model):
         for node in graph:
             entry = by_name.get(node.name or "")
-            b = _constant_2d_weight(node)
+            b = constant_2d_weight(node)
             if entry is None or b is None or entry.options:
                 continue
             columns = _sampled_columns(entry.n)

@@ -146,13 +146,13 @@ def layers_at(
     """The quantizable MatMuls of ``model`` with the rows ``known`` gives their input (a tensor
     name to one row count per timed input); a MatMul whose rows are not known takes the most
     common known rows, or ``default`` when none is known."""
-    from onnx_conv2matmul.quantize.nbits import _constant_2d_weight
+    from onnx_conv2matmul.quantize.projection import constant_2d_weight
     from onnx_conv2matmul.quantize.search_result import _graphs
 
     pending: list[tuple[str, int, int, tuple[int, ...] | None]] = []
     for graph, _ in _graphs(model):
         for node in graph:
-            b = _constant_2d_weight(node)
+            b = constant_2d_weight(node)
             name = node.name or ""
             if b is None or (selects is not None and not selects(name)):
                 continue

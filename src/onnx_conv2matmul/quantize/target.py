@@ -9,7 +9,7 @@ import dataclasses
 import math
 from typing import Any
 
-from onnx_conv2matmul.quantize.options import AutoOptions
+from onnx_conv2matmul.quantize.search_options import AutoOptions
 
 
 @dataclasses.dataclass

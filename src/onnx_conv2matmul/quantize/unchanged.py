@@ -29,8 +29,9 @@ from typing import TYPE_CHECKING, Any
 from onnx_conv2matmul.rewrite.reasons import SkipReason
 
 if TYPE_CHECKING:
-    from onnx_conv2matmul.quantize.nbits import NBitsResult, WeightStats
-    from onnx_conv2matmul.quantize.options import QuantizeOptions
+    from onnx_conv2matmul.quantize.nbits import NBitsResult
+    from onnx_conv2matmul.quantize.projection import WeightStats
+    from onnx_conv2matmul.quantize.settings import QuantizeOptions
     from onnx_conv2matmul.rewrite.report import ConvEntry
 
 

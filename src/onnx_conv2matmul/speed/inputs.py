@@ -2,7 +2,7 @@
 
 - With real inputs (``--inputs``), the timing runs on them and nothing else: their shapes and
   values, at most :data:`MAX_TIMED_FEEDS` of them (the smallest and the largest by bytes, so the
-  latency is seen at two sizes).
+  latency is seen at two sizes), each at batch 1 (a file of several samples: its first).
 - With lengths given for the timing (``--bench-lengths``), synthesised inputs at those lengths,
   as the user asked.
 - Otherwise runs of the original made by the accuracy check's machinery at batch 1: at the
@@ -46,13 +46,59 @@ def pick_feeds(feeds: Sequence[Mapping[str, np.ndarray]]) -> list[int]:
     return [small] if sizes[small] == sizes[large] else [small, large]
 
 
-def given_inputs(timing: TimingOptions, feeds: Sequence[Mapping[str, np.ndarray]]) -> TimingOptions:
-    """``timing`` on real inputs: each numbered as the accuracy check numbers it (from 1)."""
+@dataclasses.dataclass(frozen=True)
+class _Spec:
+    name: str
+    shape: list[int | str | None]
+
+
+def input_shapes(path: str) -> list[_Spec]:
+    """The graph inputs of the model at ``path`` (not its initializers): names and dims."""
+    import onnx
+
+    graph = onnx.load(path, load_external_data=False).graph
+    weights = {t.name for t in graph.initializer}
+    specs = []
+    for value in graph.input:
+        if value.name in weights:
+            continue
+        shape: list[int | str | None] = [
+            d.dim_value if d.HasField("dim_value") else d.dim_param for d in value.type.tensor_type.shape.dim
+        ]
+        specs.append(_Spec(value.name, shape))
+    return specs
+
+
+def first_sample(feed: Mapping[str, np.ndarray], specs: Sequence[_Spec] | None) -> dict[str, np.ndarray]:
+    """The first sample (batch row) of ``feed``, as the accuracy check cuts its samples; the feed
+    as it is when it holds one, or when the model's inputs are not known (``specs`` None)."""
+    from onnx_conv2matmul.verify.stream import cut_inputs, sample_rows
+
+    if specs is None:
+        return dict(feed)
+    cut = cut_inputs(specs, feed)
+    return sample_rows(feed, cut, 0, 1) if cut else dict(feed)
+
+
+def given_inputs(
+    timing: TimingOptions, feeds: Sequence[Mapping[str, np.ndarray]], specs: Sequence[_Spec] | None = None
+) -> TimingOptions:
+    """``timing`` on real inputs: each numbered as the accuracy check numbers it (from 1). With the
+    model's ``specs``, a feed of several samples (a file of 50 lines) is timed on its first sample,
+    at batch 1 as every latency is: timing the whole file as one batch measured another workload,
+    and held its activations (gigabytes for a recognizer's 50 lines) in each of the models timed
+    together."""
     chosen = pick_feeds(feeds)
-    described = "; ".join(f"{i + 1}: {feed_source(feeds[i], i)} ({_shapes(feeds[i])})" for i in chosen)
+    timed = {i: first_sample(feeds[i], specs) for i in chosen}
+    described = "; ".join(
+        f"{i + 1}: {feed_source(feeds[i], i)} ({_shapes(timed[i])}"
+        + (", its first sample" if _bytes(timed[i]) < _bytes(feeds[i]) else "")
+        + ")"
+        for i in chosen
+    )
     return dataclasses.replace(
         timing,
-        feeds=tuple((i + 1, feeds[i]) for i in chosen),
+        feeds=tuple((i + 1, timed[i]) for i in chosen),
         feeds_rule=f"the given inputs (--inputs), the smallest and the largest: {described}",
     )
 
@@ -105,7 +151,7 @@ def proven_inputs(src: str, timing: TimingOptions, verify: VerifyOptions) -> Tim
 def timing_inputs(src: str, timing: TimingOptions, verify: VerifyOptions) -> TimingOptions:
     """What the speed step times ``src`` and its candidates on (see the module's description)."""
     if verify.feeds is not None:
-        return given_inputs(timing, verify.feeds)
+        return given_inputs(timing, verify.feeds, input_shapes(src))
     if timing.lengths is not None:
         return timing
     return proven_inputs(src, timing, verify)

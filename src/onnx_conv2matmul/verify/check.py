@@ -195,8 +195,18 @@ def _verify(original: str, candidate: str, options: VerifyOptions, candidate_giv
     finally:
         reference.close()
     if options.feeds is not None:
-        report.results = merged_rows(report.results)
+        given_inputs_rows(report)
     return report
+
+
+def given_inputs_rows(report: VerifyReport) -> None:
+    """A check on the user's inputs: one row per output and file (:func:`merged_rows`), and the
+    warning of :func:`onnx_conv2matmul.verify.labels.advice` when labels changed under a met
+    cosine floor."""
+    from onnx_conv2matmul.verify.labels import advice
+
+    report.results = merged_rows(report.results)
+    report.warnings.extend(advice(report.results, report.options.min_cosine))
 
 
 def merged_rows(results: list[OutputComparison]) -> list[OutputComparison]:

@@ -78,6 +78,9 @@ class OutputComparison:
     cosine similarity must hold for every sample. ``sample_rel_err`` is the worst sample's
     relative error for a float output of fewer than :data:`TINY_ELEMENTS` elements per
     sample (None for larger outputs and exact types), which a minimum cosine bounds too.
+    ``labels`` is how many samples the output gives a label (an output that looks like class
+    scores, see :func:`onnx_conv2matmul.verify.labels.class_scores`; 0 otherwise) and
+    ``label_flips`` on how many of them the label (the largest score) differs.
     """
 
     length: int
@@ -95,6 +98,8 @@ class OutputComparison:
     samples: int = 1
     sample_cosine: float | None = None
     sample_rel_err: float | None = None
+    labels: int = 0
+    label_flips: int = 0
 
     @property
     def worst_cosine(self) -> float | None:
@@ -559,13 +564,15 @@ def compare_arrays(
     problem = _tensor_problem(ref, out)
     if problem is not None:
         return OutputComparison.failure(length, name, problem, _type_name(ref), list(ref.shape))
+    from onnx_conv2matmul.verify.labels import label_flips
+
     per_sample: list[float] = []
     rel_errs = None
     if np.issubdtype(ref.dtype, np.floating):
         if samples > 1:
             per_sample = sample_cosines(ref, out, samples)
         rel_errs = sample_rel_errs(ref, out, samples)
-    return _comparison(
+    row = _comparison(
         _tally(ref, out),
         ref.dtype,
         options,
@@ -576,6 +583,10 @@ def compare_arrays(
         sample_cosines=per_sample,
         sample_rel_errs=rel_errs,
     )
+    flips = label_flips(ref, out, samples)
+    if flips is not None:
+        row.labels, row.label_flips = flips
+    return row
 
 
 def compare_sequences(

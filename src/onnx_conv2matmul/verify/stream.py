@@ -297,6 +297,8 @@ def merge_rows(rows: Sequence[OutputComparison]) -> OutputComparison:
         note=failed[0].note if failed else first.note,
         samples=samples,
         sample_cosine=(min(worst) if worst else None) if samples > 1 else None,
+        labels=sum(r.labels for r in rows),
+        label_flips=sum(r.label_flips for r in rows),
     )
 
 

@@ -1,0 +1,172 @@
+"""The quantize workflow's last steps on a staged model: check it against the plan's criterion,
+time it and choose its kernel settings (with ``speed``), and publish it when it passes; and the
+publishing of a model the Transposes' trade kept as it was made."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import TYPE_CHECKING
+
+from onnx_conv2matmul.files import load as _io
+from onnx_conv2matmul.files import output as _output
+from onnx_conv2matmul.quantize.run_report import below_text
+from onnx_conv2matmul.verify.check import verify_models
+
+if TYPE_CHECKING:
+    import contextlib
+
+    from onnx_conv2matmul.quantize.plan import QuantizePlan
+    from onnx_conv2matmul.quantize.report import QuantizeReport
+    from onnx_conv2matmul.quantize.run import Run
+    from onnx_conv2matmul.quantize.transposes import Made
+
+
+def check_and_publish(
+    run: Run, staged: _output.Staged, stack: contextlib.ExitStack, modes: tuple[int, int]
+) -> None:
+    """Check (and with ``speed``, time) the staged model; publish it when it meets the criterion."""
+    plan, report = run.plan, run.report
+    speed = plan.speed
+
+    def timed(staged: _output.Staged) -> _output.Staged:
+        return speed_step(run, staged, stack)
+
+    def checked(staged: _output.Staged) -> None:
+        report.external_data = staged.data_path is not None
+        report.output_bytes = staged.size
+        if plan.run_checker:
+            plan.progress.phase("Checking the output")
+            _io.run_checker(staged.onnx_path, "the quantized model")
+        plan.progress.phase("Measuring accuracy")
+        reference = report.auto.reference if report.auto is not None else None
+        if reference is not None:
+            assert report.auto is not None
+            rows, report.auto.checked = (report.auto.checked or (None, None))[1], None  # once
+            result_v = reference.check(plan.src, staged.onnx_path, plan.verify, rows)
+        else:
+            result_v = verify_models(plan.src, staged.onnx_path, plan.verify)
+        result_v.candidate = plan.dst
+        report.verification = result_v
+        if plan.metric is not None and result_v.passed:
+            assert run.original_score is not None
+            plan.progress.phase("Scoring the quantized model")
+            score = plan.metric.score(staged.onnx_path, "the quantized model")
+            report.accuracy["metric"].update(
+                score=score,
+                drop=plan.metric.drop(run.original_score, score),
+                passed=plan.metric.meets(run.original_score, score),
+            )
+
+    # Settings chosen from kernel costs: the result is timed only once it passed the check
+    # (one that fails is not timed for nothing), and checked again if its level changed.
+    timed_after = speed is not None and report.kernel_plan is not None
+    if speed is not None and not timed_after:
+        staged = timed(staged)
+    checked(staged)
+    if timed_after and not report.passed and speed is not None:
+        from onnx_conv2matmul.quantize.kernel import accurate_level
+
+        level = accurate_level(staged.onnx_path, run.quantize, speed, plan.progress, report.kernel_plan)
+        if level is not None:
+            below = below_text(report)
+            checked(staged)
+            if report.passed:
+                report.warnings.append(
+                    f"accuracy level {run.quantize.accuracy_level}, the cheapest, fell below the"
+                    f" accuracy criterion ({below}): level {level} meets it and is kept"
+                )
+            run.quantize = dataclasses.replace(run.quantize, accuracy_level=level)
+            report.options["quantize"] = run.quantize.to_dict()
+    if timed_after and report.passed:
+        staged = timed(staged)
+        if report.kernel_choice is not None:
+            checked(staged)
+    if report.passed:
+        plan.progress.phase("Publishing")
+        staged.publish(modes)
+        report.output_path = plan.dst
+
+
+def speed_step(run: Run, staged: _output.Staged, stack: contextlib.ExitStack) -> _output.Staged:
+    """Choose the kernel settings and time the result (see :mod:`onnx_conv2matmul.quantize.kernel`);
+    the staged model to check and publish. A candidate meets the accuracy target when it meets
+    the output's criterion: every sample's cosine at least ``verify.min_cosine`` (the floor by
+    default) and, with ``metric``, a score that dropped by at most its ``max_drop``."""
+    from onnx_conv2matmul.quantize import kernel
+
+    plan, report = run.plan, run.report
+    assert plan.speed is not None
+    speed, quantize_options = plan.speed, run.quantize
+    if report.auto is not None:
+        quantize_options = report.auto.config.quantize_options()
+        # The search chose every node's block size: only the accuracy level is left to time.
+        speed = dataclasses.replace(speed, block_sizes=(quantize_options.block_size,))
+    chosen_by_cost = report.kernel_plan is not None
+    tried_levels = speed.levels
+    if chosen_by_cost:  # chosen before the quantization: the result is only timed
+        speed = dataclasses.replace(
+            speed, block_sizes=(quantize_options.block_size,), levels=(quantize_options.accuracy_level,)
+        )
+    first = kernel.Variant(quantize_options.block_size, staged, None, report.other_weights)
+    outcome = kernel.run_speed_step(
+        plan.src,
+        first,
+        quantize_options,
+        speed,
+        stack=stack,
+        output=run.output,
+        convert_options=plan.convert,
+        verify=plan.verify,
+        progress=plan.progress,
+        int8=plan.int8,
+        metric=plan.metric,
+        original_score=run.original_score,
+    )
+    if chosen_by_cost and outcome.slower() and len(tried_levels) > 1:
+        first_slower = outcome.slower()
+        outcome = kernel.retry_levels(
+            plan.src,
+            outcome,
+            quantize_options,
+            speed,
+            tried_levels,
+            verify=plan.verify,
+            progress=plan.progress,
+            metric=plan.metric,
+            original_score=run.original_score,
+        )
+        if outcome.choice is not None:  # None: nothing became MatMulNBits, no level to try
+            report.warnings.append(
+                f"{first_slower[0]}: the other accuracy levels were checked and timed, and"
+                f" {outcome.choice.chosen.candidate.name} kept ({outcome.choice.reason})"
+            )
+    report.latency = outcome.latency()
+    report.kernel_choice = None if outcome.choice is None else outcome.choice.to_dict()
+    report.warnings.extend(outcome.slower())
+    if outcome.choice is not None:
+        report.warnings.extend(w for w in outcome.choice.warnings if "slower than the original" not in w)
+    if outcome.options is not None:
+        report.options["quantize"] = outcome.options.to_dict()
+    kept = outcome.variant
+    if kept.result is not None:  # another block size won: its quantizer's record replaces the first's
+        report.matmuls = kept.result.matmuls
+        report.quantized_nodes = kept.result.quantized
+        report.excluded = kept.result.excluded
+        report.settings = kept.result.settings
+        report.other_weights = kept.other_weights
+    return kept.staged
+
+
+def publish_made(plan: QuantizePlan, output: _output.Output, made: Made) -> QuantizeReport:
+    """Publish the model the trade kept, as made in its scratch folder; its report, now of the output."""
+    data = os.path.join(os.path.dirname(made.path), output.data_name)
+    modes = _output.file_modes(made.path, [data] if os.path.exists(data) else [])
+    plan.progress.phase("Publishing")
+    with output.stage_made(made.path) as staged:
+        staged.publish(modes)
+    report: QuantizeReport = made.report
+    report.output_path = plan.dst
+    if report.verification is not None:
+        report.verification.candidate = plan.dst
+    return report
