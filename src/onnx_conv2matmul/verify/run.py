@@ -82,30 +82,6 @@ def input_specs(session: Any) -> list[InputSpec]:
     return specs
 
 
-MMAP_THRESHOLD = 4 * 2**20
-"""Allocations of at least this many bytes get pages of their own from the system (see
-:func:`return_large_blocks`)."""
-
-_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
-
-
-def return_large_blocks() -> None:
-    """Have the C allocator give large blocks back to the system as soon as they are freed.
-
-    glibc serves a block above its mmap threshold with pages of its own, returned on free, but
-    raises that threshold to the size of each such block freed (up to 32 MiB): after the first
-    chunks, a chunk's outputs come from the heap, whose freed space the process keeps. Feeding
-    2,000 samples in chunks then held about twice the memory budget above what the chunks need
-    (a 64 MiB budget: 148 MiB; with the threshold fixed at :data:`MMAP_THRESHOLD`, about 35 MiB,
-    at the same speed). Setting the threshold also stops it moving. Elsewhere: nothing.
-    """
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (AttributeError, OSError):
-        return
-    mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
-
-
 def release_freed_memory() -> None:
     """Give the memory this process freed back to the system before a model is loaded.
 
@@ -115,7 +91,6 @@ def release_freed_memory() -> None:
     elsewhere this only collects garbage.
     """
     gc.collect()
-    return_large_blocks()
     try:
         trim = ctypes.CDLL(None).malloc_trim
     except (AttributeError, OSError):
