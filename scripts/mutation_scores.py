@@ -68,7 +68,7 @@ _EQUIVALENT_BY_MODULE: dict[str, dict[str, str]] = {
         "xǁDestinationǁ_sweep__mutmut_9": "a non-directory is then refused by _ours",
         "xǁDestinationǁ_sweep__mutmut_40": "the name only goes into DestinationBusy's message, caught here",
     },
-    "verify.compare": {
+    "verify.tally": {
         "x__dot__mutmut_9": 'einsum "I,I->" is the same contraction as "i,i->"',
         "x__cosine__mutmut_4": "reshape(-2) flattens as reshape(-1) does (numpy 2)",
         "x__cosine__mutmut_7": "reshape(-2) flattens as reshape(-1) does (numpy 2)",
@@ -103,6 +103,10 @@ _EQUIVALENT_BY_MODULE: dict[str, dict[str, str]] = {
         "x__float_tally__mutmut_2": _ASTYPE,
         "x__float_tally__mutmut_4": _ASTYPE,
         "x__float_tally__mutmut_26": "exact=None: _Tally.exact is only tested for truth",
+        "x_element_scales__mutmut_13": "max(initial=1.0) under max(1.0, ...)",
+        "x_element_scales__mutmut_35": "max(initial=1.0) under np.maximum(1.0, ...)",
+    },
+    "verify.compare": {
         "x_compare_sequences__mutmut_24": _STRICT,
         "x_compare_sequences__mutmut_27": _STRICT,
         "x_compare_sequences__mutmut_28": _STRICT,
@@ -114,8 +118,6 @@ _EQUIVALENT_BY_MODULE: dict[str, dict[str, str]] = {
         "x_compare_sequences__mutmut_79": _PART,
         "x_compare_sequences__mutmut_80": _PART,
         "x_compare_sequences__mutmut_94": "the row's dtype only sets .passed and .note, overwritten next",
-        "x_element_scales__mutmut_13": "max(initial=1.0) under max(1.0, ...)",
-        "x_element_scales__mutmut_35": "max(initial=1.0) under np.maximum(1.0, ...)",
     },
     "rewrite.analysis": {
         "x__check_shapes__mutmut_50": "a bias's value shape is its constant's when both are known",

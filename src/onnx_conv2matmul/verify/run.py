@@ -26,29 +26,13 @@ from onnx_conv2matmul.errors import (
     OutOfMemory,
     is_out_of_memory,
 )
-from onnx_conv2matmul.verify.feeds import (
-    InputSpec,
-    Roles,
-    _first_line,
-    _same_signature,
-    _signature,
-    check_feeds,
-    check_names,
-    input_value_ranges,
-    synthesise_inputs,
-)
+from onnx_conv2matmul.verify.feeds import _same_signature, _signature, synthesise_inputs
+from onnx_conv2matmul.verify.given import _first_line, check_feeds, check_names
 from onnx_conv2matmul.verify.options import VerifyOptions, feed_source, format_size
-from onnx_conv2matmul.verify.plan import (
-    LengthPlan,
-    OutputSizes,
-    Run,
-    declared_bytes,
-    feed_dims,
-    measure,
-    output_decl,
-    probe_values,
-    value_bytes,
-)
+from onnx_conv2matmul.verify.plan import LengthPlan, Run, feed_dims, probe_values
+from onnx_conv2matmul.verify.ranges import input_value_ranges
+from onnx_conv2matmul.verify.roles import InputSpec, Roles
+from onnx_conv2matmul.verify.sizes import OutputSizes, declared_bytes, measure, output_decl, value_bytes
 from onnx_conv2matmul.verify.stream import Spill, Spilled, cut_inputs, sample_rows
 
 _ORT_TYPES: dict[str, Any] = {
@@ -228,7 +212,7 @@ def measure_outputs(
     """``sizes``, measured where the declared shapes do not give an output's size.
 
     Runs the original at :data:`PROBE_LENGTHS` in turn until it runs, then once per dim with
-    that dim doubled (see :func:`onnx_conv2matmul.verify.plan.measure`); the outputs are
+    that dim doubled (see :func:`onnx_conv2matmul.verify.sizes.measure`); the outputs are
     dropped at once. Real inputs need no measurement: their runs are estimated from the
     first feed's measured outputs when the declarations are not enough.
     """

@@ -1,0 +1,92 @@
+"""--inputs of 2,000 samples fit the default memory budget plus one model (issue 28, point 2).
+
+The memory is each command's peak resident set, from the kernel (``wait4``), never a time: the
+same ``quantize`` on a file of 2 samples is the baseline (Python, onnxruntime, the model), and
+the 2,000-sample file (39 MiB of inputs, as much again of outputs per model) may add at most the
+default budget and the model's size. Held at once, inputs, reference and candidate outputs would
+be about 117 MiB above the baseline. Before the allocator's mmap threshold was fixed
+(by the console script, ``cli.entry``) the chunks' freed outputs stayed in the heap: 89 MiB above
+the baseline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from onnx_conv2matmul.verify.options import DEFAULT_MEMORY
+from processes import ROOT
+
+SAMPLES = 2000
+ROWS, WIDTH = 8, 640  # 20 KiB a sample
+
+
+def _model(path: Path) -> int:
+    """x [N, 8, 640] -> MatMul W [640, 640] -> Relu -> y: outputs as large as the inputs."""
+    w = np.random.default_rng(0).standard_normal((WIDTH, WIDTH)).astype(np.float32) / 25
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["h"], name="proj"), helper.make_node("Relu", ["h"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", ROWS, WIDTH])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", ROWS, WIDTH])],
+        [numpy_helper.from_array(w, "W")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path.stat().st_size
+
+
+def _inputs(path: Path, samples: int) -> None:
+    """An uncompressed .npz (as numpy.savez writes it), written in slices of 100 samples."""
+    npy = path.with_suffix(".npy")
+    x = np.lib.format.open_memmap(npy, mode="w+", dtype=np.float32, shape=(samples, ROWS, WIDTH))
+    rng = np.random.default_rng(1)
+    for start in range(0, samples, 100):
+        stop = min(samples, start + 100)
+        x[start:stop] = rng.standard_normal((stop - start, ROWS, WIDTH), dtype=np.float32)
+    x.flush()
+    del x
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
+        archive.write(npy, "x.npy")
+    npy.unlink()
+
+
+def _run(args: list[str]) -> tuple[int, int, dict]:  # type: ignore[type-arg]
+    """Exit code, peak RSS in bytes (``wait4``) and the JSON report of ``quantize`` in its own process."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    argv = [sys.executable, "-m", "onnx_conv2matmul", "quantize", *args, "--report-json-stdout"]
+    with open(os.devnull, "w") as devnull:
+        process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=devnull, env=env)
+        assert process.stdout is not None
+        out = process.stdout.read()
+        _, status, usage = os.wait4(process.pid, 0)
+    return os.waitstatus_to_exitcode(status), usage.ru_maxrss * 1024, json.loads(out)
+
+
+def test_two_thousand_samples_fit_the_default_budget_plus_one_model(tmp_path: Path) -> None:
+    model_bytes = _model(tmp_path / "m.onnx")
+    _inputs(tmp_path / "few.npz", 2)
+    _inputs(tmp_path / "many.npz", SAMPLES)
+    common = ["--no-bench", "--block-size", "32"]
+    model = str(tmp_path / "m.onnx")
+    code, base, _ = _run([model, str(tmp_path / "a.onnx"), "--inputs", str(tmp_path / "few.npz"), *common])
+    assert code == 0
+    code, peak, report = _run(
+        [model, str(tmp_path / "b.onnx"), "--inputs", str(tmp_path / "many.npz"), *common]
+    )
+    assert code == 0, report.get("error")
+    (row,) = report["verification"]["results"]
+    assert row["samples"] == SAMPLES and row["passed"]
+    assert (tmp_path / "b.onnx").exists()
+    held_at_once = 3 * SAMPLES * ROWS * WIDTH * 4
+    assert held_at_once > DEFAULT_MEMORY + model_bytes  # a whole-file check would not fit the bound
+    assert peak - base <= DEFAULT_MEMORY + model_bytes, (peak - base) / 2**20
