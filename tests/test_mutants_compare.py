@@ -1,5 +1,6 @@
-"""Tests written to kill mutants of ``verify/compare.py`` that survived (docs/mutation.md): the
-cosine similarity and relative error of each sample, which the accuracy floor is checked on.
+"""Tests written to kill mutants of ``verify/compare.py`` and ``verify/tally.py`` that survived
+(docs/mutation.md): the cosine similarity and relative error of each sample, which the accuracy
+floor is checked on, and the tallies added up over blocks.
 
 Each expected value is worked out by hand (or, for the blocked sums, by numpy in float64 on the
 whole array), so a change in what is summed, over which places, in which precision, or how the
@@ -16,12 +17,11 @@ import pytest
 from onnx_conv2matmul.verify.compare import (
     TINY_ELEMENTS,
     _cosine,
-    _exact_tally,
-    _float_tally,
     _rel_err,
     sample_cosines,
     sample_rel_errs,
 )
+from onnx_conv2matmul.verify.tally import _exact_tally, _float_tally
 
 
 def _f32(*values: float) -> np.ndarray:
