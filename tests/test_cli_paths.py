@@ -18,6 +18,7 @@ from onnx_conv2matmul import api
 from onnx_conv2matmul.cli.app import main
 from onnx_conv2matmul.errors import InputError
 from onnx_conv2matmul.files import load as _io
+from onnx_conv2matmul.files.checks import check_output_path
 from processes import TIMEOUT
 
 
@@ -320,13 +321,13 @@ def test_check_output_path_contract(tmp_path: Path) -> None:
     from onnx_conv2matmul import InputError
 
     with pytest.raises(InputError, match="output path is empty"):
-        _io.check_output_path("")
+        check_output_path("")
     with pytest.raises(InputError, match="ends with '/'"):
-        _io.check_output_path(str(tmp_path / "x") + "/")
+        check_output_path(str(tmp_path / "x") + "/")
     (tmp_path / "d").mkdir()
     with pytest.raises(InputError, match="is a directory"):
-        _io.check_output_path(str(tmp_path / "d") + "/")
-    _io.check_output_path(str(tmp_path / "new.onnx"))
+        check_output_path(str(tmp_path / "d") + "/")
+    check_output_path(str(tmp_path / "new.onnx"))
 
 
 # ---- 4. --keep-on-failure and an existing OUTPUT.verify-failed that is not a directory ----------

@@ -67,14 +67,14 @@ def test_whole_file_copies_keep_the_file_order() -> None:
     """A file the tensors use almost entirely is copied in one piece, from its first used
     byte to its last, each copy of a megabyte or more starting on a page boundary."""
     ranges = [("f", 0, 100), ("f", 100, 300), ("f", 200, 300), ("f", 300, 400), ("g", 0, 2**20)]
-    copies, inside = datafile_mod._whole_file_copies(ranges)
+    copies, inside = ranges_mod._whole_file_copies(ranges)
     assert [(c.source, c.source_offset, c.length, c.offset) for c in copies] == [
         ("f", 0, 400, 0),
         ("g", 0, 2**20, 4096),
     ]
     assert sorted(inside) == sorted(ranges)
     # A file used at half its bytes is not copied whole.
-    copies, inside = datafile_mod._whole_file_copies([("h", 0, 100), ("h", 200, 300)])
+    copies, inside = ranges_mod._whole_file_copies([("h", 0, 100), ("h", 200, 300)])
     assert copies == [] and inside == []
 
 
@@ -330,7 +330,7 @@ def test_one_file_per_tensor_without_lengths(tmp_path: Path) -> None:
     onnx.save(proto, src)
     ranges = list(ranges_mod.external_ranges(proto, str(tmp_path), 1024).values())
     assert len(ranges) == 4 and all(end - start == 32 * 32 * 4 for _, start, end in ranges)
-    copies, inside = datafile_mod._whole_file_copies(ranges)
+    copies, inside = ranges_mod._whole_file_copies(ranges)
     assert len(copies) == 4 and len(inside) == 4  # every file starts copying before the rewrite
     convert_file(src, dst)
     assert_equivalent(str(src), str(dst), stack_feeds())
@@ -484,7 +484,7 @@ def test_range_index_finds_the_overlaps_a_scan_finds(
 ) -> None:
     path, start, end = probe
     expected = any(p == path and s < end and start < e for p, s, e in ranges)
-    assert datafile_mod._RangeIndex(ranges).overlaps(path, start, end) == expected
+    assert ranges_mod._RangeIndex(ranges).overlaps(path, start, end) == expected
 
 
 def test_layout_invariants_are_checked() -> None:
@@ -494,15 +494,15 @@ def test_layout_invariants_are_checked() -> None:
     def tensor(name: str, offset: int, length: int) -> ir.ExternalTensor:
         return ir.ExternalTensor("d", offset, length, ir.DataType.UINT8, shape=ir.Shape([length]), name=name)
 
-    check = datafile_mod._check_layout
-    new = datafile_mod._Write(tensor("new", 0, 100), 100, 100)  # in a dead tensor's place
-    late = datafile_mod._Copy("f", 0, 1024, 50)
+    check = ranges_mod._check_layout
+    new = ranges_mod._Write(tensor("new", 0, 100), 100, 100)  # in a dead tensor's place
+    late = ranges_mod._Copy("f", 0, 1024, 50)
     sound = [tensor("kept", 0, 100), tensor("new", 100, 100), tensor("late", 1024, 50)]
     check([late], [new], sound, 1000, 1074)
     with pytest.raises(AssertionError, match="overlaps what comes before"):
-        check([datafile_mod._Copy("f", 0, 900, 50)], [], [], 1000, 1074)
+        check([ranges_mod._Copy("f", 0, 900, 50)], [], [], 1000, 1074)
     with pytest.raises(AssertionError, match="overlaps another write"):
-        check([], [new, datafile_mod._Write(tensor("other", 0, 100), 150, 100)], [], 1000, 1000)
+        check([], [new, ranges_mod._Write(tensor("other", 0, 100), 150, 100)], [], 1000, 1000)
     with pytest.raises(AssertionError, match="outside the file"):
         check([], [], [tensor("far", 1000, 100)], 1000, 1000)
     with pytest.raises(AssertionError, match="written over 'kept'"):

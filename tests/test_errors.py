@@ -28,7 +28,7 @@ from onnx_conv2matmul.errors import (
     exit_code_for,
 )
 from onnx_conv2matmul.files import publish as _publish
-from onnx_conv2matmul.files.load import check_paths
+from onnx_conv2matmul.files.checks import check_paths
 from onnx_conv2matmul.verify import check as verify
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "onnx_conv2matmul"

@@ -5,7 +5,7 @@ same ``quantize`` on a file of 2 samples is the baseline (Python, onnxruntime, t
 the 2,000-sample file (39 MiB of inputs, as much again of outputs per model) may add at most the
 default budget and the model's size. Held at once, inputs, reference and candidate outputs would
 be about 117 MiB above the baseline. Before the allocator's mmap threshold was fixed
-(``verify.run.return_large_blocks``) the chunks' freed outputs stayed in the heap: 89 MiB above
+(by the console script, ``cli.entry``) the chunks' freed outputs stayed in the heap: 89 MiB above
 the baseline.
 """
 

@@ -230,16 +230,8 @@ def test_no_workflow_function_takes_more_than_five_parameters(module: str) -> No
     assert {name: n for name, n in counts.items() if n > MAX_PARAMETERS} == {}
 
 
-# Every module stays short enough to read whole. The modules still being split elsewhere are named
-# here, each to leave this tuple as its split lands (the test after next fails once one is short).
+# Every module stays short enough to read whole.
 MAX_LINES = 500
-STILL_BEING_SPLIT = (
-    "verify/feeds.py",
-    "verify/compare.py",
-    "verify/plan.py",
-    "files/load.py",
-    "files/datafile.py",
-)
 
 
 def _lines(path: Path) -> int:
@@ -250,14 +242,6 @@ def test_every_module_is_under_500_lines() -> None:
     long = {
         path.relative_to(SRC).as_posix(): _lines(path)
         for path in MODULES.values()
-        if path.relative_to(SRC).as_posix() not in STILL_BEING_SPLIT and _lines(path) >= MAX_LINES
+        if _lines(path) >= MAX_LINES
     }
     assert long == {}
-
-
-@pytest.mark.parametrize("module", STILL_BEING_SPLIT)
-def test_a_module_still_being_split_is_still_long(module: str) -> None:
-    """Once split, a module leaves STILL_BEING_SPLIT, so the limit holds for it again."""
-    path = SRC / module
-    assert path.exists(), f"{module} is gone: take it off STILL_BEING_SPLIT"
-    assert _lines(path) >= MAX_LINES, f"{module} is under {MAX_LINES} lines: take it off STILL_BEING_SPLIT"

@@ -30,15 +30,8 @@ from onnx_conv2matmul.verify import run as run_mod
 from onnx_conv2matmul.verify.check import LONG_LENGTH, VerifyOptions, verify_models
 from onnx_conv2matmul.verify.feeds import InputSpec, dim_roles, synthesise_inputs
 from onnx_conv2matmul.verify.options import parse_size
-from onnx_conv2matmul.verify.plan import (
-    Growth,
-    OutputDecl,
-    OutputSizes,
-    Planner,
-    eval_dim,
-    held,
-    plan_lengths,
-)
+from onnx_conv2matmul.verify.plan import Planner, held, plan_lengths
+from onnx_conv2matmul.verify.sizes import Growth, OutputDecl, OutputSizes, eval_dim
 
 DATA = Path(__file__).parent / "data"
 OPSET = [helper.make_opsetid("", 17)]
@@ -490,26 +483,26 @@ _VALUES = st.sampled_from([0.0, 0.5, -2.0, 3.0, 1e3, -7.5, float("nan"), float("
 )
 def test_block_by_block_is_the_whole_comparison(shape: list[int], data: st.DataObject, chunk: int) -> None:
     """Any cut into blocks gives the figures of the whole output at once."""
-    from onnx_conv2matmul.verify import compare
+    from onnx_conv2matmul.verify import tally
 
     size = math.prod(shape)
     ref = np.array(data.draw(st.lists(_VALUES, min_size=size, max_size=size)), np.float32).reshape(shape)
     out = np.array(data.draw(st.lists(_VALUES, min_size=size, max_size=size)), np.float32).reshape(shape)
     magnitude = np.where(np.isfinite(ref), np.abs(ref), 0).astype(np.float64)
-    np.testing.assert_array_equal(compare.element_scales(magnitude), _scales_whole(magnitude))
-    cut, whole = compare._float_tally(ref, out, chunk), compare._float_tally(ref, out, 1 << 30)
+    np.testing.assert_array_equal(tally.element_scales(magnitude), _scales_whole(magnitude))
+    cut, whole = tally._float_tally(ref, out, chunk), tally._float_tally(ref, out, 1 << 30)
     for name in ("count", "max_diff", "max_ref", "mismatches"):
         assert getattr(cut, name) == getattr(whole, name), name
     for name in ("sum_diff", "ref_sq", "out_sq", "diff_sq", "dot"):
         assert math.isclose(getattr(cut, name), getattr(whole, name), rel_tol=1e-12, abs_tol=1e-12), name
     seen = np.zeros(shape, np.int64)
-    for index in compare.blocks(tuple(shape), chunk):
+    for index in tally.blocks(tuple(shape), chunk):
         block = seen[index] if index else seen[...]
         assert block.size <= chunk
         block += 1
     assert (seen == 1).all()  # every element in exactly one block
-    exact_cut = compare._exact_tally(ref > 0, out > 0, chunk)
-    exact_whole = compare._exact_tally(ref > 0, out > 0, 1 << 30)
+    exact_cut = tally._exact_tally(ref > 0, out > 0, chunk)
+    exact_whole = tally._exact_tally(ref > 0, out > 0, 1 << 30)
     assert (exact_cut.count, exact_cut.mismatches, exact_cut.sum_diff) == (
         exact_whole.count,
         exact_whole.mismatches,

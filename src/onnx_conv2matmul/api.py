@@ -16,7 +16,8 @@ import onnx
 
 from onnx_conv2matmul.files import load as _io
 from onnx_conv2matmul.files import output as _output
-from onnx_conv2matmul.files.load import check_paths, load_input
+from onnx_conv2matmul.files.checks import check_input_path, check_kept_path, check_paths
+from onnx_conv2matmul.files.load import load_input
 from onnx_conv2matmul.files.progress import NullProgress, Progress
 from onnx_conv2matmul.rewrite.options import ConvertOptions
 from onnx_conv2matmul.rewrite.report import ConvertReport
@@ -104,7 +105,7 @@ def convert_file(
         src = os.fspath(input_path)
         dst = check_paths(src, os.fspath(output_path) if output_path is not None else None, inplace=inplace)
         if keep_on_failure and verify is not None:
-            _io.check_kept_path(dst + FAILED_SUFFIX)
+            check_kept_path(dst + FAILED_SUFFIX)
         with _output.Output(dst, source=None if inplace else src) as output:
             return _convert_to(src, output, options, inplace, run_checker, verify, keep_on_failure, progress)
     finally:
@@ -190,7 +191,7 @@ def verify_files(
 
     paths = [os.fspath(original), os.fspath(candidate)]
     for path in paths:
-        _io.check_input_path(path)
+        check_input_path(path)
     return VerifyCommandReport(verify_models(paths[0], paths[1], options, candidate_given=True))
 
 

@@ -14,9 +14,8 @@ from onnx_conv2matmul.cli.common import (
     quiet_onnxruntime,
     stderr_console,
 )
-from onnx_conv2matmul.cli.flags import bench_options, build_verify_options, verify_options
-from onnx_conv2matmul.files import load as _io
-from onnx_conv2matmul.files.load import check_report_target
+from onnx_conv2matmul.cli.flags import bench_options, build_verify_options, report_options, verify_options
+from onnx_conv2matmul.files.checks import check_input_path, check_report_target
 
 
 @click.command("bench")
@@ -35,9 +34,7 @@ from onnx_conv2matmul.files.load import check_report_target
     help="Intra-op threads of every session; 0: onnxruntime's default (one per physical core).",
 )
 @verify_options
-@click.option("--report-json", "report_json", type=click.Path(dir_okay=False))
-@click.option("--report-json-stdout", is_flag=True)
-@click.option("-q", "--quiet", is_flag=True)
+@report_options()
 def bench_command(
     models: tuple[str, ...],
     baseline: int,
@@ -66,7 +63,7 @@ def bench_command(
 
         console = stderr_console(quiet)
         for path in models:
-            _io.check_input_path(path)
+            check_input_path(path)
         if baseline > len(models):
             raise click.BadParameter(
                 f"{baseline} is above the number of models ({len(models)})", param_hint="--baseline"

@@ -28,7 +28,7 @@ from onnx_conv2matmul.cli.common import (
 from onnx_conv2matmul.cli.flags import build_verify_options, nbits_given
 from onnx_conv2matmul.cli.quantize import parse_bits_for, quantize_command
 from onnx_conv2matmul.errors import InputError
-from onnx_conv2matmul.files.load import check_report_target
+from onnx_conv2matmul.files.checks import check_report_target
 from onnx_conv2matmul.quantize.options import resolve
 from onnx_conv2matmul.rewrite.options import ConvertOptions
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from onnx_conv2matmul import api
-from onnx_conv2matmul.files.load import check_paths, check_report_target
+from onnx_conv2matmul.files.checks import check_paths, check_report_target
 
 if TYPE_CHECKING:
     pass
@@ -25,6 +25,7 @@ from onnx_conv2matmul.cli.flags import (
     build_rewrite_options,
     build_verify_options,
     inputs_option,
+    report_options,
     rewrite_options,
     verify_options,
 )
@@ -113,14 +114,11 @@ def convert_command(
     default=None,
     help="Pass when every float output's cosine similarity is at least X (quantized models).",
 )
-@click.option(
-    "--report-json",
-    "report_json",
-    type=click.Path(dir_okay=False),
-    help="Write the verification report to this file.",
+@report_options(
+    "Write the verification report to this file.",
+    "Print the JSON report on stdout only.",
+    "No tables on stderr.",
 )
-@click.option("--report-json-stdout", is_flag=True, help="Print the JSON report on stdout only.")
-@click.option("-q", "--quiet", is_flag=True, help="No tables on stderr.")
 def verify_command(
     original: str,
     candidate: str,

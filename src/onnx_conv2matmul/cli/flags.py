@@ -248,6 +248,20 @@ def option_group(options: Sequence[Any]) -> Callable[[Callable[..., Any]], Calla
     return add
 
 
+def report_options(
+    report_json: str | None = None, stdout: str | None = None, quiet: str | None = None
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--report-json FILE``, ``--report-json-stdout`` and ``-q/--quiet``, each with the help the
+    command gives it (None: none)."""
+    return option_group(
+        [
+            click.option("--report-json", "report_json", type=click.Path(dir_okay=False), help=report_json),
+            click.option("--report-json-stdout", is_flag=True, help=stdout),
+            click.option("-q", "--quiet", is_flag=True, help=quiet),
+        ]
+    )
+
+
 verify_options = option_group(VERIFY_OPTIONS)
 rewrite_options = option_group(REWRITE_OPTIONS)
 nbits_options = option_group(NBITS_OPTIONS)

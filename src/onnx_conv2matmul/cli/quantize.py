@@ -12,7 +12,7 @@ import click
 from onnx_conv2matmul import api
 from onnx_conv2matmul.errors import InputError
 from onnx_conv2matmul.files import load as _io
-from onnx_conv2matmul.files.load import check_not_read, check_report_target
+from onnx_conv2matmul.files.checks import check_input_path, check_not_read, check_report_target
 from onnx_conv2matmul.quantize.weight_only import ALGORITHMS
 from onnx_conv2matmul.rewrite.options import ConvertOptions
 
@@ -36,6 +36,7 @@ from onnx_conv2matmul.cli.flags import (
     nbits_given,
     nbits_options,
     no_gemm,
+    report_options,
     verify_options,
 )
 from onnx_conv2matmul.quantize.options import DEFAULT_MAX_EVALUATIONS, resolve
@@ -203,9 +204,7 @@ from onnx_conv2matmul.quantize.options import DEFAULT_MAX_EVALUATIONS, resolve
 )
 @click.option("--skip-checker", is_flag=True)
 @verify_options
-@click.option("--report-json", "report_json", type=click.Path(dir_okay=False))
-@click.option("--report-json-stdout", is_flag=True)
-@click.option("-q", "--quiet", is_flag=True)
+@report_options()
 def quantize_command(
     input_path: str,
     output_path: str,
@@ -311,7 +310,7 @@ def quantize_command(
 
             # --auto asks for the smallest model: the trade keeps the smaller unless told otherwise.
             transposes = TransposeOptions(Prefer(prefer or ("size" if auto else "balanced")))
-        _io.check_input_path(input_path)
+        check_input_path(input_path)
         v_options = build_verify_options(verify_kwargs, min_cosine, inputs)
         read = files_read(inputs, validate, config)
         for written in (output_path, output_path + ".data"):

@@ -12,7 +12,7 @@ each transposed weight written over the place of the weight it replaces.
 - When the model is final, :meth:`DataFileWriter.finish` places every tensor: an
   unchanged one where its copy is; a new one in the place of a dead tensor of the same
   size (the copy then leaves those old bytes out if it has not reached them), or else
-  at the end; :func:`_check_layout` asserts that no two placements collide. A second
+  at the end; ``files.ranges._check_layout`` asserts that no two placements collide. A second
   thread materializes new tensors one at a time and writes each (those the copy has not
   reached first, the others once it has passed them), so memory stays bounded by the
   largest tensor. Meanwhile the calling thread serializes the ``.onnx``.
@@ -33,7 +33,6 @@ from __future__ import annotations
 import bisect
 import contextlib
 import errno
-import itertools
 import os
 import queue
 import sys
@@ -45,7 +44,9 @@ import numpy as np
 
 from onnx_conv2matmul.files.ranges import (
     _align,
+    _check_layout,
     _Copy,
+    _queue_copy,
     _range,
     _RangeIndex,
     _whole_file_copies,
@@ -406,42 +407,6 @@ class DataFileWriter:
             self._fd = -1
 
 
-def _check_layout(
-    copies: list[_Copy],
-    writes: list[_Write],
-    placed: list[ir.ExternalTensor],
-    early_end: int,
-    end_of_file: int,
-) -> None:
-    """Assert the layout's invariants; a failure is a bug of this module.
-
-    1. The late copies lie after the early ones, in increasing order, without overlap.
-    2. No two writes overlap, and none overlaps a late copy.
-    3. A write inside the early copies takes the place of a dead tensor, so no tensor of
-       the final model other than itself lies there.
-    4. Every placed tensor lies inside the file.
-    """
-    reach = early_end
-    for copy in copies:
-        assert copy.offset >= reach, f"late copy at {copy.offset} overlaps what comes before {reach}"
-        reach = copy.offset + copy.length
-    spans = sorted(
-        [(w.offset, w.offset + w.length) for w in writes] + [(c.offset, c.offset + c.length) for c in copies]
-    )
-    for (_, end), (start, _) in itertools.pairwise(spans):
-        assert end <= start, f"a write overlaps another write or a copy at {start}"
-    own = {(w.offset, w.length) for w in writes}
-    for tensor in placed:
-        start, end = int(tensor.offset or 0), int(tensor.offset or 0) + int(tensor.length or 0)
-        assert start >= 0 and end <= end_of_file, f"tensor {tensor.name!r} lies outside the file"
-        if (start, end - start) in own:
-            continue
-        index = bisect.bisect_right(spans, (start, _INFINITY))
-        for span_start, span_end in spans[max(0, index - 1) : index + 1]:
-            if (span_start, span_end - span_start) in own:
-                assert span_end <= start or end <= span_start, f"a new tensor is written over {tensor.name!r}"
-
-
 def _start_writeback(fd: int, offset: int, length: int) -> None:
     """Have the kernel start writing ``length`` bytes at ``offset`` to disk, without waiting.
 
@@ -467,26 +432,6 @@ def _payload(tensor: ir.TensorProtocol) -> bytes | memoryview:
         array = np.ascontiguousarray(tensor.numpy())
         return array.reshape(-1).view(np.uint8).data
     return tensor.tobytes()
-
-
-def _queue_copy(copies: list[_Copy], tensor: ir.ExternalTensor, end_of_file: int) -> tuple[int, int]:
-    """Copy ``tensor`` to the end of the file, in one run with the previous copy if adjacent.
-
-    Returns its offset and the new end of the file.
-    """
-    path, start, end = _range(tensor)
-    last = copies[-1] if copies else None
-    if (
-        last is not None
-        and last.source == path
-        and last.source_offset + last.length == start
-        and last.offset + last.length == end_of_file
-    ):
-        last.length += end - start
-        return end_of_file, end_of_file + end - start
-    offset = _align(end_of_file, end - start)
-    copies.append(_Copy(path, start, offset, end - start))
-    return offset, offset + end - start
 
 
 def save_with_data_file(

@@ -1,11 +1,13 @@
-"""Where tensors lie in data files: their byte ranges, which source files are copied whole, and
-the alignment of the copies in the output's data file (read by :mod:`onnx_conv2matmul.files.datafile`).
+"""Where tensors lie in data files: their byte ranges, which source files are copied whole, the
+alignment of the copies in the output's data file and the invariants of its layout (read by
+:mod:`onnx_conv2matmul.files.datafile`).
 """
 
 from __future__ import annotations
 
 import bisect
 import dataclasses
+import itertools
 import math
 import os
 from typing import TYPE_CHECKING
@@ -23,6 +25,7 @@ WHOLE_FILE_MIN_USE = 0.99
 # copies fastest; the padding costs at most 0.4% of the file.
 _PAGE = 4096
 _ALIGN_FROM_BYTES = 2**20
+_INFINITY = float("inf")
 
 
 def _normalize(path: str) -> str:
@@ -164,3 +167,59 @@ class _RangeIndex:
     def overlaps(self, path: str, start: int, end: int) -> bool:
         before = bisect.bisect_left(self._starts.get(path, []), end)  # ranges starting before `end`
         return before > 0 and self._reach[path][before - 1] > start
+
+
+def _queue_copy(copies: list[_Copy], tensor: ir.ExternalTensor, end_of_file: int) -> tuple[int, int]:
+    """Copy ``tensor`` to the end of the file, in one run with the previous copy if adjacent.
+
+    Returns its offset and the new end of the file.
+    """
+    path, start, end = _range(tensor)
+    last = copies[-1] if copies else None
+    if (
+        last is not None
+        and last.source == path
+        and last.source_offset + last.length == start
+        and last.offset + last.length == end_of_file
+    ):
+        last.length += end - start
+        return end_of_file, end_of_file + end - start
+    offset = _align(end_of_file, end - start)
+    copies.append(_Copy(path, start, offset, end - start))
+    return offset, offset + end - start
+
+
+def _check_layout(
+    copies: list[_Copy],
+    writes: list[_Write],
+    placed: list[ir.ExternalTensor],
+    early_end: int,
+    end_of_file: int,
+) -> None:
+    """Assert the layout's invariants; a failure is a bug of this module.
+
+    1. The late copies lie after the early ones, in increasing order, without overlap.
+    2. No two writes overlap, and none overlaps a late copy.
+    3. A write inside the early copies takes the place of a dead tensor, so no tensor of
+       the final model other than itself lies there.
+    4. Every placed tensor lies inside the file.
+    """
+    reach = early_end
+    for copy in copies:
+        assert copy.offset >= reach, f"late copy at {copy.offset} overlaps what comes before {reach}"
+        reach = copy.offset + copy.length
+    spans = sorted(
+        [(w.offset, w.offset + w.length) for w in writes] + [(c.offset, c.offset + c.length) for c in copies]
+    )
+    for (_, end), (start, _) in itertools.pairwise(spans):
+        assert end <= start, f"a write overlaps another write or a copy at {start}"
+    own = {(w.offset, w.length) for w in writes}
+    for tensor in placed:
+        start, end = int(tensor.offset or 0), int(tensor.offset or 0) + int(tensor.length or 0)
+        assert start >= 0 and end <= end_of_file, f"tensor {tensor.name!r} lies outside the file"
+        if (start, end - start) in own:
+            continue
+        index = bisect.bisect_right(spans, (start, _INFINITY))
+        for span_start, span_end in spans[max(0, index - 1) : index + 1]:
+            if (span_start, span_end - span_start) in own:
+                assert span_end <= start or end <= span_start, f"a new tensor is written over {tensor.name!r}"

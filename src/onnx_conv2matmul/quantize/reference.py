@@ -220,10 +220,14 @@ class Reference:
                 worst = min(worst, cosine)
         return worst, ""
 
-    def check(self, original: str, candidate: str, options: VerifyOptions) -> VerifyReport:
+    def check(
+        self, original: str, candidate: str, options: VerifyOptions, rows: Sequence[Any] | None = None
+    ) -> VerifyReport:
         """The accuracy check of ``candidate`` on the reference's feeds, as
         :func:`onnx_conv2matmul.verify.check.verify_models` reports it, without running the
-        original again; a candidate that cannot be loaded or run fails."""
+        original again; a candidate that cannot be loaded or run fails. ``rows``: the rows of
+        the search's evaluation of the same model (the same digest), which stand for the
+        candidate's runs (the report's warnings say so)."""
         report = VerifyReport(original, candidate, options, dict(self.feeds.how))
         report.lengths = list(self.feeds.lengths)
         report.lengths_rule = self.feeds.rule
@@ -231,6 +235,15 @@ class Reference:
         report.dims, report.runs = list(self.feeds.dims), list(self.feeds.runs)
         report.warnings, report.output_sizes = list(self.feeds.warnings), self.feeds.output_sizes
         indices = list(options.output_indices) if options.output_indices else None
+        if rows is not None:
+            report.results.extend(rows)
+            report.warnings.append(
+                "the candidate's outputs are those of the search's evaluation of the same model"
+                " (the same nodes and weights): it was not run again"
+            )
+            if options.feeds is not None:
+                given_inputs_rows(report)
+            return report
         try:
             session = runs.session(candidate, options)
         except Exception as err:  # a candidate that does not load fails the check (memory aside)

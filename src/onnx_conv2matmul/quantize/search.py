@@ -131,6 +131,7 @@ def search(
     original_score: float | None = None,
     memory: int | None = None,
     speed_filter: SpeedFilter | None = None,
+    check: Any = None,
 ) -> AutoResult:
     """Find the smallest configuration of ``model`` (rewritten, fp32) that meets the options' target.
 
@@ -146,7 +147,10 @@ def search(
     :class:`onnx_conv2matmul.quantize.speed_objective.SpeedFilter`): they are never measured nor
     chosen. With it, the search also stops once a step shrinks the passing model by less than
     :data:`MIN_STEP`, or the step left could not shrink it by as much (speed, not the last bytes,
-    is what it then serves).
+    is what it then serves). ``check`` (the accuracy check's ``VerifyOptions``): every
+    evaluation also keeps the rows that check would give, and the result's ``checked`` holds the
+    passing model's, with its digest, for the check of the same model (see
+    :meth:`onnx_conv2matmul.quantize.reference.Reference.check`).
 
     Raises:
         TargetUnreachable: the all-float model does not meet the target either.
@@ -178,7 +182,7 @@ def search(
     if options.metric is not None and original_score is None:
         say("Scoring the fp32 model")
         original_score = _score_float(fp32_path, workdir, options.metric)
-    target = _Target(options, original_score)
+    target = _Target(options, original_score, check)
     say("Measuring each weight's sensitivity")
     sens_started = time.perf_counter()
     model = prepared.load()  # the weights read from the copy, memory-mapped
@@ -321,7 +325,16 @@ def search(
         reached_score=reached.score,
         reference=reference,
         cache=blocks,
+        checked=_checked(reached, len(feed_set.feeds)),
     )
+
+
+def _checked(reached: _Measured, feeds: int) -> tuple[str, list[Any]] | None:
+    """The passing model's digest and the check's rows of every feed in order (None: not kept,
+    or not every feed ran)."""
+    if not reached.digest or len(reached.rows) != feeds:
+        return None
+    return reached.digest, [row for index in range(feeds) for row in reached.rows[index]]
 
 
 def _criterion(options: AutoOptions, feed_set: FeedSet) -> str:

@@ -128,6 +128,9 @@ class AutoResult:
     reached_score: float | None = None
     reference: Reference | None = dataclasses.field(default=None, repr=False, compare=False)
     cache: BlockCache | None = dataclasses.field(default=None, repr=False, compare=False)
+    checked: tuple[str, list[Any]] | None = dataclasses.field(default=None, repr=False, compare=False)
+    """The result's digest and the accuracy check's rows of its evaluation (when the search was
+    given the check's options): :meth:`Reference.check` of a model with that digest uses them."""
 
     def to_dict(self) -> dict[str, Any]:
         metric = None

@@ -36,6 +36,7 @@ def run_search(run: Run, workdir: str, model: ir.Model | Prepared, speed_filter:
         original_score=run.original_score,
         memory=plan.verify.memory,
         speed_filter=speed_filter,
+        check=plan.verify,
     )
 
 

@@ -176,14 +176,23 @@ def _candidate(
     fp32_path: str, config: AutoConfig | None, workdir: str, cache: BlockCache | None = None
 ) -> str:
     """Build ``config`` (None: the fp32 model as it is) from the fp32 copy and save it; its path."""
+    return _built(fp32_path, config, workdir, cache)[0]
+
+
+def _built(
+    fp32_path: str, config: AutoConfig | None, workdir: str, cache: BlockCache | None, digest: bool = False
+) -> tuple[str, str]:
+    """:func:`_candidate`, and with ``digest`` the built model's digest (else empty)."""
     from onnx_conv2matmul.files import output as _output
+    from onnx_conv2matmul.quantize.digest import model_digest
 
     model = ir.load(fp32_path)
     if config is not None:
         apply(model, config, cache)
+    found = model_digest(model) if digest else ""
     path = os.path.join(workdir, "candidate.onnx")
     _output.save(model, path, "candidate.onnx.data")
-    return path
+    return path, found
 
 
 def _remove_candidate(path: str) -> None:
@@ -215,7 +224,8 @@ def _evaluate(
     against the reference until one falls below the minimum cosine, then take the user's score
     if the cosine held."""
     measured = _Measured()
-    path = _candidate(fp32_path, config, workdir, cache)
+    path, measured.digest = _built(fp32_path, config, workdir, cache, digest=target.check is not None)
+    indices = list(target.check.output_indices or ()) or None if target.check is not None else None
     try:
         if target.min_cosine is not None:
             try:
@@ -224,6 +234,8 @@ def _evaluate(
                 for index in order:
                     outputs = _run(session, reference.feeds.feeds[index])  # compared as it arrives
                     cosine, note = reference.worst_cosine(index, outputs)
+                    if target.check is not None:  # the rows the accuracy check would give
+                        measured.rows[index] = reference.compare(index, outputs, target.check, indices)
                     del outputs
                     measured.feeds_run += 1
                     measured.cosines[index] = cosine

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 from onnx_conv2matmul.quantize.search_options import AutoOptions
 
@@ -21,12 +22,17 @@ class _Measured:
     note: str = ""
     feeds_run: int = 0
     cosines: dict[int, float] = dataclasses.field(default_factory=dict)
+    rows: dict[int, list[Any]] = dataclasses.field(default_factory=dict)
+    """With the check's options (``_Target.check``): each feed's rows as the check compares them."""
+    digest: str = ""
+    """With the check's options: the candidate's :func:`~onnx_conv2matmul.quantize.digest.model_digest`."""
 
 
 class _Target:
     """The options' target: whether a measurement meets it, and its loss (1 is the limit)."""
 
-    def __init__(self, options: AutoOptions, original_score: float | None) -> None:
+    def __init__(self, options: AutoOptions, original_score: float | None, check: Any = None) -> None:
+        self.check = check  # the accuracy check's VerifyOptions: rows kept for it (None: not)
         self.min_cosine = options.min_cosine
         self.metric = options.metric
         self.original_score = original_score

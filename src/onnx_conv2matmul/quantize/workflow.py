@@ -273,5 +273,10 @@ def _nbits_staged(
         from onnx_conv2matmul.quantize.other_weights import quantize_other_weights
 
         report.other_weights = quantize_other_weights(model)
+    if report.auto is not None and report.auto.checked is not None:
+        from onnx_conv2matmul.quantize.digest import model_digest
+
+        if model_digest(model) != report.auto.checked[0]:  # not the model the search evaluated
+            report.auto.checked = None
     plan.progress.phase("Saving")
     return output.stage(model, external=external, progress=plan.progress.advance)

@@ -3,11 +3,14 @@
 The check is split by concern:
 
 - :mod:`~onnx_conv2matmul.verify.options`: what is asked (criterion, inputs, memory budget);
-- :mod:`~onnx_conv2matmul.verify.feeds`: real inputs, which dims are batch and which are
-  sequence, and the synthesised inputs;
-- :mod:`~onnx_conv2matmul.verify.plan`: the runs, each dim's value in each, within the budget;
+- :mod:`~onnx_conv2matmul.verify.roles`: which dims are batch and which are sequence;
+- :mod:`~onnx_conv2matmul.verify.given`, :mod:`~onnx_conv2matmul.verify.ranges` and
+  :mod:`~onnx_conv2matmul.verify.feeds`: real inputs, and the synthesised inputs;
+- :mod:`~onnx_conv2matmul.verify.plan` and :mod:`~onnx_conv2matmul.verify.sizes`: the runs,
+  each dim's value in each, within the budget;
 - :mod:`~onnx_conv2matmul.verify.run`: sessions and runs, memory exhaustion;
-- :mod:`~onnx_conv2matmul.verify.compare`: the numbers of each output and the verdict.
+- :mod:`~onnx_conv2matmul.verify.compare` and :mod:`~onnx_conv2matmul.verify.tally`: the
+  numbers of each output and the verdict.
 
 This module runs them in order (:func:`verify_models`) and holds the report
 (:class:`VerifyReport`); the names other modules and users import from here stay here.
@@ -33,9 +36,6 @@ from onnx_conv2matmul.verify.compare import (
     OutputComparison as OutputComparison,
 )
 from onnx_conv2matmul.verify.compare import (
-    _nonfinite_mismatches as _nonfinite_mismatches,
-)
-from onnx_conv2matmul.verify.compare import (
     compare_arrays as compare_arrays,
 )
 from onnx_conv2matmul.verify.compare import (
@@ -45,24 +45,19 @@ from onnx_conv2matmul.verify.compare import (
     compare_sequences as compare_sequences,
 )
 from onnx_conv2matmul.verify.compare import (
-    element_scales as element_scales,
-)
-from onnx_conv2matmul.verify.compare import (
     sample_cosines as sample_cosines,
 )
 from onnx_conv2matmul.verify.compare import (
     thresholds as thresholds,
 )
 from onnx_conv2matmul.verify.discover import discover, graph_specs, needs_probes, read_graph
-from onnx_conv2matmul.verify.feeds import DimRole, InputSpec, Role, Roles, check_names, dim_roles
-from onnx_conv2matmul.verify.feeds import Feed as Feed
-from onnx_conv2matmul.verify.feeds import _InputSpec as _InputSpec
-from onnx_conv2matmul.verify.feeds import check_feeds as check_feeds
-from onnx_conv2matmul.verify.feeds import check_feeds_for_graph as check_feeds_for_graph
 from onnx_conv2matmul.verify.feeds import feed_samples as feed_samples
-from onnx_conv2matmul.verify.feeds import input_value_ranges as input_value_ranges
-from onnx_conv2matmul.verify.feeds import load_inputs as load_inputs
 from onnx_conv2matmul.verify.feeds import synthesise_inputs as synthesise_inputs
+from onnx_conv2matmul.verify.given import Feed as Feed
+from onnx_conv2matmul.verify.given import check_feeds as check_feeds
+from onnx_conv2matmul.verify.given import check_feeds_for_graph as check_feeds_for_graph
+from onnx_conv2matmul.verify.given import check_names
+from onnx_conv2matmul.verify.given import load_inputs as load_inputs
 from onnx_conv2matmul.verify.options import DEFAULT_LENGTHS as DEFAULT_LENGTHS
 from onnx_conv2matmul.verify.options import DEFAULT_MAX_ABS as DEFAULT_MAX_ABS
 from onnx_conv2matmul.verify.options import DEFAULT_MEAN_ABS as DEFAULT_MEAN_ABS
@@ -73,7 +68,12 @@ from onnx_conv2matmul.verify.options import Criterion as Criterion
 from onnx_conv2matmul.verify.options import VerifyOptions as VerifyOptions
 from onnx_conv2matmul.verify.options import feed_source, format_size
 from onnx_conv2matmul.verify.plan import LengthPlan, Planner, Run, plan_lengths
+from onnx_conv2matmul.verify.ranges import input_value_ranges as input_value_ranges
+from onnx_conv2matmul.verify.roles import DimRole, InputSpec, Role, Roles, dim_roles
+from onnx_conv2matmul.verify.roles import _InputSpec as _InputSpec
 from onnx_conv2matmul.verify.stream import Spill, merge_rows
+from onnx_conv2matmul.verify.tally import _nonfinite_mismatches as _nonfinite_mismatches
+from onnx_conv2matmul.verify.tally import element_scales as element_scales
 
 
 @dataclasses.dataclass

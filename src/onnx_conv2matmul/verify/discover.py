@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from onnx_conv2matmul.errors import ModelRunError
-from onnx_conv2matmul.verify.feeds import UNNAMED, InputSpec, Role, Roles, dim_roles, synthesise_inputs
+from onnx_conv2matmul.verify.feeds import synthesise_inputs
 from onnx_conv2matmul.verify.options import (
     DEFAULT_LENGTHS,
     IMAGE_LENGTHS,
@@ -52,6 +52,7 @@ from onnx_conv2matmul.verify.options import (
     Found,
     VerifyOptions,
 )
+from onnx_conv2matmul.verify.roles import UNNAMED, InputSpec, Role, Roles, dim_roles
 
 GRAPH_READ_LIMIT = 64 * 2**20
 """The graph is read for constants and metadata only from ``.onnx`` files up to this size."""

@@ -27,6 +27,7 @@ class _Row(Protocol):
     labels: int
     label_flips: int
 
+
 MAX_FLIPPED = 0.01
 """The share of labels that may change before the advice is given (the 99% top-1 of issue 28)."""
 

@@ -98,14 +98,14 @@ class VerifyOptions:
 
     Attributes:
         lengths: Each sequence dim takes these values in turn (see
-            :mod:`onnx_conv2matmul.verify.feeds` for which dims are batch and which are
+            :mod:`onnx_conv2matmul.verify.roles` for which dims are batch and which are
             sequence). None: chosen from the model's inputs, with spares for lengths the
             original model cannot run at, within ``memory`` (see
             :func:`onnx_conv2matmul.verify.plan.plan_lengths`).
         batch: Value of the batch dims.
         seed: Seed of the random inputs.
         max_abs: Largest allowed scaled absolute difference (see
-            :func:`onnx_conv2matmul.verify.compare.element_scales`).
+            :func:`onnx_conv2matmul.verify.tally.element_scales`).
         mean_abs: Largest allowed mean scaled absolute difference.
         min_cosine: When set, the criterion is cosine similarity >= this (for
             quantized models), instead of the absolute thresholds.
@@ -119,7 +119,7 @@ class VerifyOptions:
         dims: Fixed values per symbolic dim name.
         deterministic: One thread, sequential execution, deterministic compute.
         feeds: Real inputs instead of synthesised ones: one run per feed (a mapping of
-            input name to array, e.g. from :func:`onnx_conv2matmul.verify.feeds.load_inputs`).
+            input name to array, e.g. from :func:`onnx_conv2matmul.verify.given.load_inputs`).
             Excludes ``lengths``, ``inputs`` and ``dims``.
         memory: The budget of one run, in bytes: its inputs plus the outputs of both
             models, which the check holds at once (estimated from the output shapes

@@ -26,29 +26,13 @@ from onnx_conv2matmul.errors import (
     OutOfMemory,
     is_out_of_memory,
 )
-from onnx_conv2matmul.verify.feeds import (
-    InputSpec,
-    Roles,
-    _first_line,
-    _same_signature,
-    _signature,
-    check_feeds,
-    check_names,
-    input_value_ranges,
-    synthesise_inputs,
-)
+from onnx_conv2matmul.verify.feeds import _same_signature, _signature, synthesise_inputs
+from onnx_conv2matmul.verify.given import _first_line, check_feeds, check_names
 from onnx_conv2matmul.verify.options import VerifyOptions, feed_source, format_size
-from onnx_conv2matmul.verify.plan import (
-    LengthPlan,
-    OutputSizes,
-    Run,
-    declared_bytes,
-    feed_dims,
-    measure,
-    output_decl,
-    probe_values,
-    value_bytes,
-)
+from onnx_conv2matmul.verify.plan import LengthPlan, Run, feed_dims, probe_values
+from onnx_conv2matmul.verify.ranges import input_value_ranges
+from onnx_conv2matmul.verify.roles import InputSpec, Roles
+from onnx_conv2matmul.verify.sizes import OutputSizes, declared_bytes, measure, output_decl, value_bytes
 from onnx_conv2matmul.verify.stream import Spill, Spilled, cut_inputs, sample_rows
 
 _ORT_TYPES: dict[str, Any] = {
@@ -98,30 +82,6 @@ def input_specs(session: Any) -> list[InputSpec]:
     return specs
 
 
-MMAP_THRESHOLD = 4 * 2**20
-"""Allocations of at least this many bytes get pages of their own from the system (see
-:func:`return_large_blocks`)."""
-
-_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
-
-
-def return_large_blocks() -> None:
-    """Have the C allocator give large blocks back to the system as soon as they are freed.
-
-    glibc serves a block above its mmap threshold with pages of its own, returned on free, but
-    raises that threshold to the size of each such block freed (up to 32 MiB): after the first
-    chunks, a chunk's outputs come from the heap, whose freed space the process keeps. Feeding
-    2,000 samples in chunks then held about twice the memory budget above what the chunks need
-    (a 64 MiB budget: 148 MiB; with the threshold fixed at :data:`MMAP_THRESHOLD`, about 35 MiB,
-    at the same speed). Setting the threshold also stops it moving. Elsewhere: nothing.
-    """
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (AttributeError, OSError):
-        return
-    mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
-
-
 def release_freed_memory() -> None:
     """Give the memory this process freed back to the system before a model is loaded.
 
@@ -131,7 +91,6 @@ def release_freed_memory() -> None:
     elsewhere this only collects garbage.
     """
     gc.collect()
-    return_large_blocks()
     try:
         trim = ctypes.CDLL(None).malloc_trim
     except (AttributeError, OSError):
@@ -253,7 +212,7 @@ def measure_outputs(
     """``sizes``, measured where the declared shapes do not give an output's size.
 
     Runs the original at :data:`PROBE_LENGTHS` in turn until it runs, then once per dim with
-    that dim doubled (see :func:`onnx_conv2matmul.verify.plan.measure`); the outputs are
+    that dim doubled (see :func:`onnx_conv2matmul.verify.sizes.measure`); the outputs are
     dropped at once. Real inputs need no measurement: their runs are estimated from the
     first feed's measured outputs when the declarations are not enough.
     """

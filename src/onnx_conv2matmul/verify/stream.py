@@ -101,7 +101,7 @@ def feed_rows(feed: Mapping[str, np.ndarray]) -> int:
 
 
 class SpecLike(Protocol):
-    """What the chunking reads of a model input (``verify.feeds.InputSpec``): its name and shape."""
+    """What the chunking reads of a model input (``verify.roles.InputSpec``): its name and shape."""
 
     @property
     def name(self) -> str: ...

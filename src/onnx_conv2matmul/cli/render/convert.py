@@ -76,6 +76,14 @@ def skipped_table(report: ConvertReport) -> Table | None:
     return table
 
 
+def counts_line(report: ConvertReport) -> str:
+    """The Transpose and node counts before and after the rewrite (convert's and inspect's)."""
+    return (
+        f"Transpose nodes: {report.transposes_before} -> {report.transposes_after}"
+        f" ({report.transposes_cancelled} cancelled), nodes: {report.nodes_before} -> {report.nodes_after}"
+    )
+
+
 def print_convert_report(console: Console, report: ConvertReport) -> None:
     console.print(summary_table(report))
     by_op_type = op_type_table(report)
@@ -84,10 +92,7 @@ def print_convert_report(console: Console, report: ConvertReport) -> None:
     skipped = skipped_table(report)
     if skipped is not None:
         console.print(skipped)
-    lines: list[str] = [
-        f"Transpose nodes: {report.transposes_before} -> {report.transposes_after}"
-        f" ({report.transposes_cancelled} cancelled), nodes: {report.nodes_before} -> {report.nodes_after}",
-    ]
+    lines = [counts_line(report)]
     failed = report.verification_passed is False
     if failed:
         lines.append(

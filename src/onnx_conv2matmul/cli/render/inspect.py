@@ -7,7 +7,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from onnx_conv2matmul.cli.render import human_bytes
-from onnx_conv2matmul.cli.render.convert import summary_table
+from onnx_conv2matmul.cli.render.convert import counts_line, summary_table
 from onnx_conv2matmul.quantize.report import InspectNode, InspectReport
 
 
@@ -87,12 +87,6 @@ def print_inspect_report(console: Console, report: InspectReport) -> None:
     if report.nodes:
         console.print(inspect_nodes_table(report))
     console.print(summary_table(rewrite))
-    console.print(
-        f"Transpose nodes: {rewrite.transposes_before} -> {rewrite.transposes_after}"
-        f" ({rewrite.transposes_cancelled} cancelled),"
-        f" nodes: {rewrite.nodes_before} -> {rewrite.nodes_after}",
-        highlight=False,
-        soft_wrap=True,
-    )
+    console.print(counts_line(rewrite), highlight=False, soft_wrap=True)
     console.print(projection_table(report))
     console.print("Nothing was written.", highlight=False)

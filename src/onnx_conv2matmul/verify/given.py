@@ -1,0 +1,188 @@
+"""Inputs the user gives: real inputs read from ``.npz`` files and checked against the model,
+and the names the options give (inputs, dims, axes) checked against those the model has."""
+
+# pragma: no mutate start
+from __future__ import annotations
+
+import os
+import zipfile
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from onnx_conv2matmul.errors import InputError
+from onnx_conv2matmul.verify.options import VerifyOptions, feed_source
+from onnx_conv2matmul.verify.roles import InputSpec
+from onnx_conv2matmul.verify.stream import read_npz, spec_rows
+
+
+class Feed(dict[str, np.ndarray]):
+    """One set of real inputs (input name to array) and the file it was read from."""
+
+    def __init__(self, arrays: Mapping[str, np.ndarray], source: str) -> None:
+        super().__init__(arrays)
+        self.source = source
+
+
+def load_inputs(paths: Sequence[str | os.PathLike[str]]) -> list[Feed]:
+    """Read real inputs: each ``.npz`` file is one feed, its keys the model's input names.
+
+    A directory stands for the ``.npz`` files in it, in name order. The arrays are checked
+    against a model later (``VerifyOptions.feeds``); here only the files.
+
+    Raises:
+        InputError: a path that does not exist, a directory without ``.npz`` files, or a
+            file that is not a readable ``.npz`` of plain arrays.
+    """
+    files: list[str] = []
+    for path in (os.fspath(p) for p in paths):
+        if os.path.isdir(path):
+            found = sorted(
+                os.path.join(path, name)
+                for name in os.listdir(path)
+                if name.endswith(".npz") and os.path.isfile(os.path.join(path, name))
+            )
+            if not found:
+                raise InputError(f"no .npz files in the inputs directory {path}")
+            files.extend(found)
+        elif os.path.isfile(path):
+            files.append(path)
+        else:
+            raise InputError(f"inputs file not found: {path}")
+    if not files:
+        raise InputError("no inputs files given")
+    return [_read_npz(path) for path in files]
+
+
+def _read_npz(path: str) -> Feed:
+    try:
+        if not zipfile.is_zipfile(path) and _is_npy(path):
+            raise InputError(f"not an .npz file (a single .npy array): {path}")
+        arrays = read_npz(path)  # memory-mapped where stored uncompressed
+    except InputError:
+        raise
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
+        # A file that is neither zip nor .npy: numpy would take it for a pickle, zipfile says
+        # "File is not a zip file"; either way, say what an .npz file is.
+        pickle_guess = isinstance(err, (ValueError, zipfile.BadZipFile)) and not zipfile.is_zipfile(path)
+        why = "not an .npz file (numpy.savez writes a zip archive)" if pickle_guess else _first_line(err)
+        raise InputError(f"cannot read inputs file {path}: {why}") from err
+    if not arrays:
+        raise InputError(f"inputs file holds no arrays: {path}")
+    return Feed(arrays, path)
+
+
+def _is_npy(path: str) -> bool:
+    with open(path, "rb") as handle:
+        return handle.read(6) == b"\x93NUMPY"
+
+
+def check_feeds_for_graph(graph_inputs: Sequence[Any], feeds: Sequence[Mapping[str, np.ndarray]]) -> None:
+    """:func:`check_feeds` against an onnx-ir graph's inputs (initializers aside), before any run.
+
+    Raises:
+        InputError: as :func:`check_feeds`.
+    """
+    specs = []
+    for value in graph_inputs:
+        if value.is_initializer() or value.dtype is None:
+            continue
+        shape = value.shape
+        dims: list[int | str | None] = (
+            [d if isinstance(d, int) else (d.value if d.value else None) for d in shape] if shape else []
+        )
+        specs.append(InputSpec(value.name, value.dtype.numpy(), dims))
+    check_feeds(specs, feeds)
+
+
+def check_feeds(specs: Sequence[InputSpec], feeds: Sequence[Mapping[str, np.ndarray]]) -> None:
+    """Refuse feeds that do not fit the model: names, element types, ranks and static dims.
+
+    Raises:
+        InputError: one line naming the feed and the first problem found.
+    """
+    by_name = {spec.name: spec for spec in specs}
+    for index, feed in enumerate(feeds):
+        where = f"inputs {feed_source(feed, index)}"
+        missing = [name for name in by_name if name not in feed]
+        unknown = [name for name in feed if name not in by_name]
+        if missing or unknown:
+            parts = []
+            if missing:
+                parts.append(f"missing {_named('input', missing)}")
+            if unknown:
+                parts.append(f"unknown {_named('input', unknown)}")
+            known = ", ".join(by_name) or "none"
+            raise InputError(f"{where}: {'; '.join(parts)} (the model's inputs: {known})")
+        for name, spec in by_name.items():
+            array = feed[name]
+            want = np.dtype(spec.dtype)
+            if array.dtype != want:
+                raise InputError(f"{where}: input {name!r} is {array.dtype}, the model takes {want}")
+            if array.ndim != len(spec.shape):
+                raise InputError(
+                    f"{where}: input {name!r} has rank {array.ndim} {list(array.shape)},"
+                    f" the model takes rank {len(spec.shape)} {spec.shape}"
+                )
+            rows = spec_rows(specs, feed)
+            for axis, (got, dim) in enumerate(zip(array.shape, spec.shape, strict=True)):
+                if axis == 0 and dim == 1 and rows > 1 and got == rows:
+                    continue  # a fixed batch of 1: the file's samples are fed one at a time
+                if isinstance(dim, int) and dim > 0 and got != dim:
+                    raise InputError(
+                        f"{where}: input {name!r} has {got} on axis {axis}, the model takes {dim}"
+                        f" {spec.shape}"
+                    )
+
+
+def _symbolic_dims(specs: Sequence[InputSpec]) -> list[str]:
+    """The named symbolic dims of the inputs, in order of first appearance."""
+    names: dict[str, None] = {}
+    for spec in specs:
+        names.update((dim, None) for dim in spec.shape if isinstance(dim, str))
+    return list(names)
+
+
+def check_names(specs: Sequence[InputSpec], options: VerifyOptions) -> None:
+    """Refuse option names that match no input or symbolic dim of the model.
+
+    A misspelt name would otherwise be ignored and the input synthesised as usual,
+    checking something other than what was asked for (e.g. the other branch of an If).
+
+    Raises:
+        InputError: one line naming every unknown name and the names that exist.
+    """
+    inputs = [spec.name for spec in specs]
+    dims = _symbolic_dims(specs)
+    known_inputs = f"(the model's inputs: {', '.join(inputs) or 'none'})"
+    known_dims = f"(the inputs' symbolic dims: {', '.join(dims) or 'none'})"
+    problems = []
+    unknown = [name for name in options.inputs if name not in inputs]
+    if unknown:
+        problems.append(f"unknown {_named('input', unknown)} {known_inputs}")
+    unknown = [name for name in options.dims if name not in dims]
+    if unknown:
+        problems.append(f"unknown {_named('dim', unknown)} {known_dims}")
+    places = {f"{spec.name}[{axis}]" for spec in specs for axis in range(len(spec.shape))}
+    unknown = [name for name in options.axes if name not in places]
+    if unknown:
+        problems.append(f"unknown {_named('input axis', unknown)} {known_inputs}")
+    for role, name in (("signal", options.signal_input), ("length", options.length_input)):
+        if name is not None and name not in inputs:
+            problems.append(f"unknown {role} input {name!r} {known_inputs}")
+    if problems:
+        raise InputError("; ".join(problems))
+
+
+def _named(noun: str, names: Sequence[str]) -> str:
+    """``input 'a'`` or ``inputs 'a', 'b'``."""
+    return f"{noun}{'s' if len(names) > 1 else ''} {', '.join(repr(name) for name in names)}"
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else err.__class__.__name__
+
+
+# pragma: no mutate end
