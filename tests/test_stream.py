@@ -178,6 +178,117 @@ def test_state_inputs_are_fed_whole_with_each_chunk(tmp_path: Path) -> None:
     assert {run.rows is not None for run in report.runs} == {True}
 
 
+def _recurrent(batch: str | None) -> onnx.ModelProto:
+    """x [B, 8] and a state [2, B, 8] (samples on axis 1, as a recurrent layer's), the sample
+    dim named ``batch`` or left unnamed: y = x W + sum(state), stateN = state + x W."""
+    w = numpy_helper.from_array(RNG.standard_normal((8, 8)).astype(np.float32), "w")
+    axes = numpy_helper.from_array(np.array([0], np.int64), "axes")
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["xw"]),
+        helper.make_node("ReduceSum", ["state", "axes"], ["s"], keepdims=0),
+        helper.make_node("Add", ["xw", "s"], ["y"]),
+        helper.make_node("Unsqueeze", ["xw", "axes"], ["xw1"]),
+        helper.make_node("Add", ["state", "xw1"], ["stateN"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 8]),
+            helper.make_tensor_value_info("state", TensorProto.FLOAT, [2, batch, 8]),
+            helper.make_tensor_value_info("sr", TensorProto.INT64, []),
+        ],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 8]),
+            helper.make_tensor_value_info("stateN", TensorProto.FLOAT, [2, batch, 8]),
+        ],
+        [w, axes],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.graph.node.append(helper.make_node("Identity", ["sr"], ["sr_used"]))
+    model.graph.output.append(helper.make_tensor_value_info("sr_used", TensorProto.INT64, []))
+    return model
+
+
+@pytest.mark.parametrize("batch", ["N", None])
+def test_a_state_with_its_samples_on_axis_one_is_cut_with_them(tmp_path: Path, batch: str | None) -> None:
+    """Before: the state went whole with each chunk of x, and onnxruntime refused the chunks
+    (a VAD's state [2, N, 128] with 215 chunks of audio: 'cannot run the original model')."""
+    import onnxruntime as ort
+
+    from onnx_conv2matmul.verify.run import input_specs
+    from onnx_conv2matmul.verify.stream import Chunk, ChunkedFeeds, cut_inputs
+
+    model = _recurrent(batch)
+    src = _save(model, tmp_path / "rnn.onnx")
+    rows = 300
+    feed = {
+        "x": RNG.standard_normal((rows, 8)).astype(np.float32),
+        "state": RNG.standard_normal((2, rows, 8)).astype(np.float32),
+        "sr": np.array(16000, np.int64),
+    }
+    np.savez(tmp_path / "f.npz", **feed)
+    session = ort.InferenceSession(src, providers=["CPUExecutionProvider"])
+    assert cut_inputs(input_specs(session), feed) == {"x": 0, "state": 1}
+    # The chunks' outputs, put together, are the whole file's.
+    whole = session.run(None, feed)
+    cut = frozenset({"x": 0, "state": 1}.items())
+    chunks = ChunkedFeeds([feed], [Chunk(0, a, min(rows, a + 70), cut) for a in range(0, rows, 70)])
+    parts = [session.run(None, dict(chunk)) for chunk in chunks]
+    np.testing.assert_array_equal(np.concatenate([p[0] for p in parts]), whole[0])
+    np.testing.assert_array_equal(np.concatenate([p[1] for p in parts], axis=1), whole[1])
+    # The check feeds the file in chunks and merges each output's rows along its sample axis.
+    feeds = tuple(load_inputs([tmp_path / "f.npz"]))
+    report = verify_models(src, src, VerifyOptions(feeds=feeds, memory=parse_size("48KiB")))
+    assert report.passed and len(report.runs) > 1
+    shapes = {row.output: row.shape for row in report.results}
+    assert shapes["y"] == [rows, 8] and shapes["stateN"] == [2, rows, 8]
+
+
+def test_a_state_axis_is_cut_only_when_it_is_the_samples_own() -> None:
+    from onnx_conv2matmul.verify.stream import cut_inputs
+
+    class Spec:
+        def __init__(self, name: str, shape: list[int | str | None]) -> None:
+            self.name, self.shape = name, shape
+
+    x = np.zeros((6, 4), np.float32)
+    # A dim named otherwise that happens to hold as many rows is not the samples'.
+    specs = [Spec("x", ["N", 4]), Spec("h", [2, "T", 6])]
+    assert cut_inputs(specs, {"x": x, "h": np.zeros((2, 6, 6), np.float32)}) == {"x": 0}
+    specs = [Spec("x", ["N", 4]), Spec("h", [2, "T", None])]
+    assert cut_inputs(specs, {"x": x, "h": np.zeros((2, 6, 6), np.float32)}) == {"x": 0, "h": 2}
+    specs = [Spec("x", ["N", 4]), Spec("h", [2, "T", "N"])]
+    assert cut_inputs(specs, {"x": x, "h": np.zeros((2, 6, 6), np.float32)}) == {"x": 0, "h": 2}
+    # Two unnamed axes of that size: which one is ambiguous, so the state goes whole.
+    specs = [Spec("x", [None, 4]), Spec("h", [2, None, None])]
+    assert cut_inputs(specs, {"x": x, "h": np.zeros((2, 6, 6), np.float32)}) == {"x": 0}
+    # A static size is never cut.
+    specs = [Spec("x", ["N", 4]), Spec("h", [2, 6, 8])]
+    assert cut_inputs(specs, {"x": x, "h": np.zeros((2, 6, 8), np.float32)}) == {"x": 0}
+
+
+@pytest.mark.network
+def test_a_vad_takes_a_file_of_chunks_with_their_states(tmp_path: Path) -> None:
+    """Silero VAD: input [N, 512], state [2, N, 128] (dims unnamed in the file), sr."""
+    from real_packages import SILERO
+
+    src = str(FETCHER.fetch(SILERO))
+    rng = np.random.default_rng(1)
+    np.savez(
+        tmp_path / "vad.npz",
+        input=(rng.standard_normal((40, 512)) * 0.1).astype(np.float32),
+        state=np.zeros((2, 40, 128), np.float32),
+        sr=np.array(16000, np.int64),
+    )
+    out = tmp_path / "q.onnx"
+    result = CliRunner().invoke(
+        main, no_bench(["quantize", src, str(out), "--inputs", str(tmp_path / "vad.npz")])
+    )
+    assert result.exit_code == 0, result.stderr
+    assert "2x40x128" in result.stderr and out.exists()
+
+
 @pytest.mark.network
 def test_sixteen_detector_pages_check_in_the_default_budget(tmp_path: Path) -> None:
     """Before: refused, the file's 50 MiB of inputs and two models' outputs exceed 64 MiB at once."""

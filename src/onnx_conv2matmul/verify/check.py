@@ -215,7 +215,13 @@ def merged_rows(results: list[OutputComparison]) -> list[OutputComparison]:
     groups: dict[tuple[int, str], list[OutputComparison]] = {}
     for row in results:
         groups.setdefault((row.length, row.output), []).append(row)
-    return [merge_rows(rows) for rows in groups.values()]
+    # A file's chunks hold the samples its per-sample outputs count, chunk by chunk.
+    samples: dict[int, list[int]] = {}
+    for (length, _), rows in groups.items():
+        counts = samples.setdefault(length, [1] * len(rows))
+        for index, row in enumerate(rows[: len(counts)]):
+            counts[index] = max(counts[index], row.samples)
+    return [merge_rows(rows, samples[length]) for (length, _), rows in groups.items()]
 
 
 def _compare(reference: Reference, original: str, candidate: str, candidate_given: bool) -> VerifyReport:

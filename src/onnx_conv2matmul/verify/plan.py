@@ -65,8 +65,8 @@ class Run:
     long: bool = False
     rows: tuple[int, int] | None = None
     """Real inputs fed in chunks: the rows (samples) ``start, stop`` of the feed."""
-    cut: frozenset[str] = frozenset()
-    """The inputs cut along their first axis into ``rows`` (see :mod:`onnx_conv2matmul.verify.stream`)."""
+    cut: frozenset[tuple[str, int]] = frozenset()
+    """The inputs cut into ``rows``, each with its axis (see :mod:`onnx_conv2matmul.verify.stream`)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -326,7 +326,7 @@ def _feed_runs(planner: Planner, number: int, feed: Mapping[str, np.ndarray]) ->
                 fixed + math.ceil(per_row_in * (stop - start)),
                 math.ceil(per_row_out * (stop - start)),
                 rows=(start, stop),
-                cut=frozenset(cut),
+                cut=frozenset(cut.items()),
             )
         )
     return runs

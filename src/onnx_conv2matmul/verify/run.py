@@ -188,7 +188,7 @@ def run_at(
     if options.feeds is not None:
         feed = options.feeds[run.length - 1]
         feeds: Mapping[str, np.ndarray] = (
-            sample_rows(feed, set(run.cut), *run.rows) if run.rows is not None else feed
+            sample_rows(feed, dict(run.cut), *run.rows) if run.rows is not None else feed
         )
         where = f"on inputs {feed_source(feed, run.length - 1)}"
         if run.rows is not None:

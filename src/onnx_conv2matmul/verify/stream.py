@@ -8,8 +8,9 @@ A user's ``--inputs`` file is never refused for its size. The memory budget
   nothing until rows are read; a compressed member (``savez_compressed``) is read whole.
 - **Samples.** A feed whose float inputs of rank 2 or more share their first dim ``B``
   holds ``B`` samples (batch rows); every input whose first axis has ``B`` rows is cut
-  along it (:func:`sample_rows`), the others (states, scalars) are fed whole with each
-  chunk. A model whose first axis is a static 1 takes them one at a time.
+  along it (:func:`sample_rows`), and so is a state whose samples lie on another axis
+  (``[layers, batch, size]``, :func:`cut_inputs`); the others (scalars, tables) are fed
+  whole with each chunk. A model whose sample axis is a static 1 takes them one at a time.
 - **Chunks.** Each chunk of rows holds at most a third of the budget in inputs and one
   model's outputs (:func:`chunk_rows`): the reference's outputs, the candidate's and the
   inputs then fit at once. Only a single sample that does not fit is refused.
@@ -121,31 +122,61 @@ def spec_rows(specs: Sequence[SpecLike], feed: Mapping[str, np.ndarray]) -> int:
     return feed_rows({name: array for name, array in feed.items() if name in free})
 
 
-def cut_inputs(specs: Sequence[SpecLike], feed: Mapping[str, np.ndarray]) -> set[str]:
-    """The inputs cut along their first axis when the feed's samples are fed in chunks."""
+def _free(shape: Sequence[int | str | None], axis: int) -> bool:
+    """Whether the model leaves ``axis`` of an input free for samples (not a static size above 1)."""
+    dim = shape[axis] if axis < len(shape) else None
+    return not (isinstance(dim, int) and dim > 1)
+
+
+def cut_inputs(specs: Sequence[SpecLike], feed: Mapping[str, np.ndarray]) -> dict[str, int]:
+    """The inputs cut into samples when the feed is fed in chunks, each with the axis it is cut
+    along: the first axis, or, for an input whose first axis is not the samples' (a recurrent
+    state ``[layers, batch, size]``), the free axis with as many rows that the model names as
+    the samples' dim, or, when the model leaves it unnamed, the only such free axis."""
     rows = spec_rows(specs, feed)
     if rows <= 1:
-        return set()
-    first = {spec.name: spec.shape[0] if spec.shape else None for spec in specs}
-    cut = set()
+        return {}
+    shapes = {spec.name: list(spec.shape) for spec in specs}
+    cut = {
+        name: 0
+        for name, array in feed.items()
+        if name in shapes and array.ndim >= 1 and array.shape[0] == rows and _free(shapes[name], 0)
+    }
+    batch = {dim for name in cut for dim in shapes[name][:1] if isinstance(dim, str)}
     for name, array in feed.items():
-        dim = first.get(name)
-        static = isinstance(dim, int) and dim > 1
-        if name in first and array.ndim >= 1 and array.shape[0] == rows and not static:
-            cut.add(name)
+        if name in cut or name not in shapes or array.ndim < 2:
+            continue
+        shape = shapes[name]
+        axes = [k for k in range(1, array.ndim) if array.shape[k] == rows and _free(shape, k)]
+        dims = [shape[k] if k < len(shape) else None for k in axes]
+        named = [k for k, dim in zip(axes, dims, strict=True) if dim in batch]
+        # Without the samples' name, an unnamed axis (or any named one, when the samples'
+        # dim has no name either); a dim named otherwise is another dim of equal size.
+        other = [
+            k
+            for k, dim in zip(axes, dims, strict=True)
+            if dim is None or (not batch and isinstance(dim, str))
+        ]
+        choice = named or other
+        if len(choice) == 1:
+            cut[name] = choice[0]
     return cut
 
 
 def one_at_a_time(specs: Sequence[SpecLike], feed: Mapping[str, np.ndarray]) -> bool:
-    """Whether the model's first axis is a static 1 where the feed holds several samples."""
+    """Whether the model's sample axis is a static 1 where the feed holds several samples."""
     cut = cut_inputs(specs, feed)
-    return any(spec.name in cut and spec.shape and spec.shape[0] == 1 for spec in specs)
+    return any(
+        spec.name in cut and len(spec.shape) > cut[spec.name] and spec.shape[cut[spec.name]] == 1
+        for spec in specs
+    )
 
 
 def sample_rows(
-    feed: Mapping[str, np.ndarray], cut: set[str], start: int, stop: int
+    feed: Mapping[str, np.ndarray], cut: Mapping[str, int], start: int, stop: int
 ) -> dict[str, np.ndarray]:
-    """Rows ``start:stop`` of the inputs in ``cut`` (read into memory), the others as they are.
+    """Samples ``start:stop`` of the inputs in ``cut`` (read into memory), each along its
+    axis, the others as they are.
 
     The pages of a memory-mapped file that were read are given back at once: they are the
     file's, and would otherwise count in the process's memory until the whole file was read.
@@ -153,7 +184,8 @@ def sample_rows(
     rows = {}
     for name, array in feed.items():
         if name in cut:
-            rows[name] = np.array(array[start:stop], order="C")
+            index = (slice(None),) * cut[name] + (slice(start, stop),)
+            rows[name] = np.array(array[index], order="C")
             _drop_pages(array)
         else:
             rows[name] = np.asarray(array)
@@ -188,7 +220,8 @@ class Chunk:
     feed: int
     start: int
     stop: int
-    cut: frozenset[str] = frozenset()
+    cut: frozenset[tuple[str, int]] = frozenset()
+    """The inputs cut into samples, each with its axis (see :func:`cut_inputs`)."""
 
     @property
     def samples(self) -> int:
@@ -198,7 +231,7 @@ class Chunk:
         feed = feeds[self.feed]
         if not self.cut:
             return {name: np.asarray(array) for name, array in feed.items()}
-        return sample_rows(feed, set(self.cut), self.start, self.stop)
+        return sample_rows(feed, dict(self.cut), self.start, self.stop)
 
 
 class ChunkedFeeds(Sequence[Mapping[str, np.ndarray]]):
@@ -268,8 +301,9 @@ class Spilled(list[Any]):
         return self.spill.get(self.run, self.outputs)
 
 
-def merge_rows(rows: Sequence[OutputComparison]) -> OutputComparison:
-    """One row for an output over the chunks of one file (see the module's documentation)."""
+def merge_rows(rows: Sequence[OutputComparison], chunk_samples: Sequence[int] = ()) -> OutputComparison:
+    """One row for an output over the chunks of one file (see the module's documentation);
+    ``chunk_samples``: the samples of each chunk, which find the axis an output holds them on."""
     if len(rows) == 1:
         return rows[0]
     first = rows[0]
@@ -280,7 +314,8 @@ def merge_rows(rows: Sequence[OutputComparison]) -> OutputComparison:
     worst = [c for c in (r.worst_cosine for r in rows) if c is not None]
     shape = list(first.shape)
     if shape:
-        shape[0] = sum(r.shape[0] if r.shape else 1 for r in rows)
+        axis = _sample_axis(rows, chunk_samples or [r.samples for r in rows])
+        shape[axis] = sum(r.shape[axis] if len(r.shape) > axis else 1 for r in rows)
     samples = sum(r.samples for r in rows)
     return OutputComparison(
         length=first.length,
@@ -300,6 +335,16 @@ def merge_rows(rows: Sequence[OutputComparison]) -> OutputComparison:
         labels=sum(r.labels for r in rows),
         label_flips=sum(r.label_flips for r in rows),
     )
+
+
+def _sample_axis(rows: Sequence[OutputComparison], samples: Sequence[int]) -> int:
+    """The axis of an output that holds the samples of each chunk: the first whose size is the
+    chunk's samples in every chunk (a state ``[layers, batch, size]`` holds them on axis 1)."""
+    rank = min(len(r.shape) for r in rows)
+    for axis in range(rank):
+        if all(r.shape[axis] == n for r, n in zip(rows, samples, strict=False)):
+            return axis
+    return 0
 
 
 # pragma: no mutate end
