@@ -42,7 +42,18 @@ _BLOCK_EXACT = "a block's .exact is never read: _Tally.add keeps the total's"
 _ASCII = "the journal is JSON written with ensure_ascii: the same bytes in any encoding"
 _ERRNO = "use_errno only matters to ctypes.get_errno, never read"
 _FALSY = "load_external_data=None is as false as False"
+_LOCALE = "open() in the locale's encoding: UTF-8 in every locale here (the C locale is coerced to UTF-8)"
 _EQUIVALENT_BY_MODULE: dict[str, dict[str, str]] = {
+    "quantize.options": {
+        "x_resolve__mutmut_104": "search_below_by_default(auto=None): auto is only tested for truth",
+        "x_resolve__mutmut_195": "Resolved's int8_dynamic defaults to False",
+    },
+    "quantize.settings": {
+        "x_load_config__mutmut_2": _LOCALE,
+        "x_load_config__mutmut_4": _LOCALE,
+        "x_load_config__mutmut_6": 'encoding "UTF-8" is "utf-8"',
+        "xǁQuantizeOptionsǁ_default__mutmut_1": "_check_algorithm reads only the default's symmetric",
+    },
     "files.publish": {
         "x_publish_directory__mutmut_34": 'old "" is set only where no old folder exists: rmtree("") ignored',
         "x_publish_directory__mutmut_57": "renaming onto the empty folder mkdtemp made replaces it (POSIX)",

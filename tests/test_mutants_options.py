@@ -528,7 +528,10 @@ def test_the_search_takes_the_options() -> None:
         validate=VALIDATE,
     )
     auto = got.auto
-    assert auto is not None and got.metric is not None and not got.int8_dynamic and not got.search_below
+    assert auto is not None and got.metric is not None and got.int8_dynamic is False and not got.search_below
+    assert got.quantize == QuantizeOptions(
+        accuracy_level=4, exclude=("e",), include=("i",), other_weights="int8"
+    )
     assert (auto.min_cosine, auto.max_evaluations, auto.other_weights) == (0.95, 8, True)
     assert (auto.accuracy_level, auto.exclude, auto.include, auto.metric) == (4, ("e",), ("i",), got.metric)
     assert resolve({"other_weights": "keep"}, auto=True).auto.other_weights is False  # type: ignore[union-attr]
@@ -566,3 +569,16 @@ def test_a_bad_drop_names_the_option() -> None:
     with pytest.raises(OptionConflict) as info:
         resolve(validate=VALIDATE, max_drop="-5%")
     assert str(info.value) == "max_drop: the largest drop must be a finite number >= 0, got -0.05"
+
+
+class _Drop(float):
+    """A number whose repr has braces: the message of a refused drop keeps it as it is."""
+
+    def __repr__(self) -> str:
+        return "{-1}"
+
+
+def test_a_refused_drop_is_shown_as_it_is() -> None:
+    with pytest.raises(OptionConflict) as info:
+        resolve(validate=VALIDATE, max_drop=_Drop(-1.0))
+    assert str(info.value) == "max_drop: the largest drop must be a finite number >= 0, got {-1}"
