@@ -146,20 +146,17 @@ def layers_at(
     """The quantizable MatMuls of ``model`` with the rows ``known`` gives their input (a tensor
     name to one row count per timed input); a MatMul whose rows are not known takes the most
     common known rows, or ``default`` when none is known."""
-    from onnx_conv2matmul.quantize.projection import constant_2d_weight
-    from onnx_conv2matmul.quantize.search_result import _graphs
+    from onnx_conv2matmul.quantize.projection import quantizable_matmuls
 
     pending: list[tuple[str, int, int, tuple[int, ...] | None]] = []
-    for graph, _ in _graphs(model):
-        for node in graph:
-            b = constant_2d_weight(node)
-            name = node.name or ""
-            if b is None or (selects is not None and not selects(name)):
-                continue
-            k, n = (int(d) for d in b.const_value.shape.numpy())  # type: ignore[union-attr]
-            a = node.inputs[0]
-            rows = known.get(a.name or "") if a is not None else None
-            pending.append((name, k, n, rows))
+    for _, node, b in quantizable_matmuls(model):
+        name = node.name or ""
+        if selects is not None and not selects(name):
+            continue
+        k, n = (int(d) for d in b.const_value.shape.numpy())  # type: ignore[union-attr]
+        a = node.inputs[0]
+        rows = known.get(a.name or "") if a is not None else None
+        pending.append((name, k, n, rows))
     common = Counter(rows for *_, rows in pending if rows is not None).most_common(1)
     fallback = common[0][0] if common else default
     return [Layer(name, k, n, rows or fallback) for name, k, n, rows in pending]
