@@ -221,22 +221,15 @@ def decide(
     return (with_options if layouts[kept].with_transposes else convert_options), trade, made[kept]
 
 
-def weigh(
-    src: str,
-    scratch: str,
-    convert_options: Any,
-    options: TransposeOptions,
-    speed: Any,
-    verify: Any,
-    progress: Callable[[str], None],
-    run: CandidateRun,
-) -> tuple[Any, TransposeTrade | None, Made | None]:
-    """:func:`decide` for ``quantize``: ``run`` makes each model in ``scratch`` as the run was
-    asked (settings, check, search, kernel choice, speed step); both are timed with the speed
-    options' timing (None: ``--no-bench``)."""
+def weigh(plan: Any, scratch: str, run: CandidateRun) -> tuple[Any, TransposeTrade | None, Made | None]:
+    """:func:`decide` for a quantize run's plan (:class:`onnx_conv2matmul.quantize.plan.QuantizePlan`):
+    ``run`` makes each model in ``scratch`` as the run was asked (settings, check, search, kernel
+    choice, speed step); both are timed with the plan's speed options' timing (None: ``--no-bench``)."""
     timing = None
-    if speed is not None:
+    if plan.speed is not None:
         from onnx_conv2matmul.quantize.kernel import timing_options
 
-        timing = timing_options(speed, verify)
-    return decide(src, scratch, convert_options, options, run, timing, verify, progress)
+        timing = timing_options(plan.speed, plan.verify)
+    return decide(
+        plan.src, scratch, plan.convert, plan.transposes, run, timing, plan.verify, plan.progress.phase
+    )
