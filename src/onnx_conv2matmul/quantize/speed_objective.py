@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from onnx_conv2matmul.speed.choose import DEFAULT_MARGIN
@@ -35,21 +35,35 @@ def rows_by_value(src: str, lengths: Sequence[int]) -> dict[str, tuple[int, ...]
     """Per value of the original model at ``src``: its rows (all dims but the last multiplied)
     at each length, by shape inference with batch 1 and every other symbolic input dim
     at the length. Values whose shape stays unknown are left out."""
+
+    def at(length: int) -> Callable[[Any], None]:
+        def pin(graph: Any) -> None:
+            initializers = {t.name for t in graph.initializer}
+            for value in graph.input:
+                if value.name in initializers:
+                    continue
+                for axis, dim in enumerate(value.type.tensor_type.shape.dim):
+                    if not dim.HasField("dim_value"):
+                        dim.dim_value = 1 if axis == 0 else length
+
+        return pin
+
+    return rows_where(src, [at(length) for length in lengths])
+
+
+def rows_where(src: str, pins: Sequence[Callable[[Any], None]]) -> dict[str, tuple[int, ...]]:
+    """Per value of the original model at ``src``: its rows (all dims but the last multiplied),
+    by shape inference once per ``pin``, a function that fixes the input dims of a copy of the
+    graph. Values whose shape stays unknown under any pin are left out."""
     import onnx
 
     base = onnx.load(src, load_external_data=False)
     _external_as_inputs(base)
     found: dict[str, list[int | None]] = {}
-    for index, length in enumerate(lengths):
+    for index, pin in enumerate(pins):
         model = onnx.ModelProto()
         model.CopyFrom(base)
-        initializers = {t.name for t in model.graph.initializer}
-        for value in model.graph.input:
-            if value.name in initializers:
-                continue
-            for axis, dim in enumerate(value.type.tensor_type.shape.dim):
-                if not dim.HasField("dim_value"):
-                    dim.dim_value = 1 if axis == 0 else length
+        pin(model.graph)
         inferred = _infer(model)
         if inferred is None:
             continue
@@ -63,7 +77,7 @@ def rows_by_value(src: str, lengths: Sequence[int]) -> dict[str, tuple[int, ...]
                     rows = None
                     break
                 rows *= dim.dim_value
-            found.setdefault(value.name, [None] * len(lengths))[index] = rows
+            found.setdefault(value.name, [None] * len(pins))[index] = rows
     return {name: tuple(r for r in rows if r is not None) for name, rows in found.items() if None not in rows}
 
 
