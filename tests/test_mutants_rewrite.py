@@ -8,12 +8,14 @@ onnxruntime.
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
 import onnx_ir as ir
 import pytest
+from onnx import TensorProto, helper
 
-from helpers import assert_equivalent, conv_feeds, conv_model
-from onnx_conv2matmul import ConvertOptions, Status, convert
+from helpers import ALL, assert_equivalent, conv_feeds, conv_model, fused_conv_model
+from onnx_conv2matmul import ConvertOptions, SkipReason, Status, convert
 
 EXTENDED = ConvertOptions(allow_added_transposes=True, extended=True)
 
@@ -70,3 +72,63 @@ def test_a_grouped_conv_without_any_name_is_named_after_conv() -> None:
     assert [m[:3] for m in made[:-1]] == [e[:3] for e in expected]
     assert [m[3] for m in made[:-2]] == [e[3] for e in expected[:-1]]
     assert_equivalent(original, ir.serde.serialize_model(rewritten), conv_feeds(6, 1, lengths=(1, 5)))
+
+
+@pytest.mark.parametrize(
+    ("activation", "params", "detail"),
+    [
+        ("LeakyRelu", [0.2], "activation LeakyRelu(0.2)"),
+        ("HardSigmoid", [0.2, 0.5], "activation HardSigmoid(0.2, 0.5)"),
+        ("Relu", None, "activation Relu"),
+    ],
+)
+def test_a_fused_conv_s_detail_shows_its_activation_parameters(
+    activation: str, params: list[float] | None, detail: str
+) -> None:
+    model = fused_conv_model(activation=activation, params=params)
+    rewritten, report = convert(model, ALL)
+    assert [(e.status, e.detail) for e in report.entries] == [(Status.CONVERTED, detail)]
+    assert_equivalent(model, rewritten, conv_feeds(6, 1, lengths=(1, 5)))
+
+
+def test_clip_takes_its_bounds_as_inputs_from_opset_11_exactly() -> None:
+    model = fused_conv_model(activation="Clip", params=[-0.5, 0.7], opset=11)
+    rewritten, _ = convert(model, ALL)
+    (clip,) = [n for n in rewritten.graph.node if n.op_type == "Clip"]
+    assert (list(clip.input[1:]), list(clip.attribute)) == (["pw/clip_min", "pw/clip_max"], [])
+    onnx.checker.check_model(rewritten, full_check=True)
+    assert_equivalent(model, rewritten, conv_feeds(6, 1, lengths=(1, 5)))
+
+
+def _gemm(a: str, dtype: int, opset: int) -> onnx.ModelProto:
+    """One Gemm ``y = a @ B`` on a [M, 6] input, its B a [6, 5] initializer."""
+    weights = np.random.default_rng(0).standard_normal(30).tolist()
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", [a, "B"], ["y"], name="fc")],
+        "g",
+        [helper.make_tensor_value_info("a", dtype, ["M", 6])],
+        [helper.make_tensor_value_info("y", dtype, ["M", 5])],
+        [helper.make_tensor("B", dtype, [6, 5], weights)],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def test_a_bfloat16_gemm_converts_from_opset_13_exactly() -> None:
+    """onnxruntime runs no bfloat16 MatMul on CPU: the plan and the graph are checked."""
+    rewritten, report = convert(_gemm("a", TensorProto.BFLOAT16, 13), ALL)
+    assert [(e.status, e.matmul) for e in report.entries] == [(Status.CONVERTED, "fc/MatMul")]
+    assert [n.op_type for n in rewritten.graph.node] == ["MatMul"]
+    _, report = convert(_gemm("a", TensorProto.BFLOAT16, 12), ALL)
+    assert [(e.reason, e.detail) for e in report.entries] == [
+        (SkipReason.OPSET_UNSUPPORTED, "bfloat16 MatMul needs opset 13, model has 12")
+    ]
+
+
+def test_a_gemm_without_its_input_a_stays() -> None:
+    """An empty name for A (a model onnx's checker refuses, read as it is): skipped, not a crash."""
+    model = _gemm("", TensorProto.FLOAT, 17)
+    rewritten, report = convert(model, ALL)
+    assert [(e.status, e.reason, e.detail) for e in report.entries] == [
+        (Status.SKIPPED, SkipReason.INVALID_ATTRIBUTES, "Gemm without input A or B, or not with one output")
+    ]
+    assert [n.op_type for n in rewritten.graph.node] == ["Gemm"]
