@@ -14,7 +14,7 @@ import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper
 
-from helpers import ALL, assert_equivalent, conv_feeds, conv_model, fused_conv_model
+from helpers import ALL, assert_equivalent, conv_feeds, conv_model, fused_conv_model, gemm_model
 from onnx_conv2matmul import ConvertOptions, SkipReason, Status, convert
 
 EXTENDED = ConvertOptions(allow_added_transposes=True, extended=True)
@@ -132,3 +132,92 @@ def test_a_gemm_without_its_input_a_stays() -> None:
         (Status.SKIPPED, SkipReason.INVALID_ATTRIBUTES, "Gemm without input A or B, or not with one output")
     ]
     assert [n.op_type for n in rewritten.graph.node] == ["Gemm"]
+
+
+def test_an_unknown_activation_is_named_with_those_known() -> None:
+    _, report = convert(fused_conv_model(activation="Elu", params=[1.0]), ALL)
+    assert [(e.status, e.detail) for e in report.entries] == [
+        (Status.SKIPPED, "activation 'Elu' is not one of Relu, Tanh, Sigmoid, LeakyRelu, HardSigmoid, Clip")
+    ]
+
+
+def _gemm_with_c(a_shape: list[int | str] | None, c: np.ndarray, *, c_node: bool = False) -> onnx.ModelProto:
+    """``y = a @ B + C``, B [6, 5], with C an initializer or a Constant node's output."""
+    rng = np.random.default_rng(0)
+    b = helper.make_tensor("B", TensorProto.FLOAT, [6, 5], rng.standard_normal(30).tolist())
+    c_tensor = onnx.numpy_helper.from_array(c, "C")
+    nodes = [helper.make_node("Constant", [], ["C"], value=c_tensor)] if c_node else []
+    nodes.append(helper.make_node("Gemm", ["a", "B", "C"], ["y"], name="fc"))
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, a_shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [b] + ([] if c_node else [c_tensor]),
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("a_shape", [None, ["M", 6]], ids=["a-unknown", "a-symbolic"])
+def test_a_c_of_fixed_rows_converts_when_a_s_rows_are_not_known(a_shape: list[int | str] | None) -> None:
+    """C [3, 5] fits an A of 3 rows: with A's rows unknown or symbolic, nothing contradicts it."""
+    c = np.random.default_rng(2).standard_normal((3, 5)).astype(np.float32)
+    model = _gemm_with_c(a_shape, c)
+    rewritten, report = convert(model, ALL)
+    assert [e.status for e in report.entries] == [Status.CONVERTED]
+    assert [n.op_type for n in rewritten.graph.node] == ["MatMul", "Add"]
+    a = np.random.default_rng(3).standard_normal((3, 6)).astype(np.float32)
+    assert_equivalent(model, rewritten, [{"a": a}])
+
+
+@pytest.mark.parametrize(
+    ("c_shape", "c_node", "detail"),
+    [
+        ((7,), False, "C shape [7] does not broadcast to [M, 5]"),
+        ((7,), True, "C shape [7] does not broadcast to [M, 5]"),
+    ],
+    ids=["initializer", "constant-node"],
+)
+def test_a_c_that_contradicts_the_weight_is_named(
+    c_shape: tuple[int, ...], c_node: bool, detail: str
+) -> None:
+    c = np.zeros(c_shape, np.float32)
+    _, report = convert(_gemm_with_c(["M", 6], c, c_node=c_node), ALL)
+    assert [(e.status, e.reason, e.detail) for e in report.entries] == [
+        (Status.SKIPPED, SkipReason.INVALID_ATTRIBUTES, detail)
+    ]
+
+
+def test_a_symbolic_row_of_c_is_shown_unknown() -> None:
+    model = gemm_model(c="MN")
+    (c_input,) = [i for i in model.graph.input if i.name == "C"]
+    c_input.type.tensor_type.shape.dim[1].dim_value = 7
+    _, report = convert(model, ALL)
+    assert [(e.reason, e.detail) for e in report.entries] == [
+        (SkipReason.INVALID_ATTRIBUTES, "C shape [None, 7] does not broadcast to [M, 5]")
+    ]
+
+
+def test_a_c_of_another_type_is_named() -> None:
+    _, report = convert(_gemm_with_c(["M", 6], np.zeros(5, np.float64)), ALL)
+    assert [(e.reason, e.detail) for e in report.entries] == [
+        (SkipReason.INVALID_ATTRIBUTES, "C type DOUBLE != weight type FLOAT")
+    ]
+
+
+def test_a_c_input_not_read_under_beta_0_stays_an_input() -> None:
+    """beta 0 and a C that is a graph input: C is not read; the model keeps its input."""
+    model = gemm_model(c="N", c_source="input", beta=0.0)
+    rewritten, report = convert(model, ALL)
+    assert [(e.status, e.detail) for e in report.entries] == [
+        (Status.CONVERTED, "transB, beta 0, C not read")
+    ]
+    assert [i.name for i in rewritten.graph.input] == ["a", "C"]
+    rng = np.random.default_rng(4)
+    feeds = {
+        "a": rng.standard_normal((3, 6)).astype(np.float32),
+        "C": rng.standard_normal(5).astype(np.float32),
+    }
+    assert_equivalent(model, rewritten, [feeds])
