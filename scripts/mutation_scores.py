@@ -42,6 +42,10 @@ _BLOCK_EXACT = "a block's .exact is never read: _Tally.add keeps the total's"
 _ASCII = "the journal is JSON written with ensure_ascii: the same bytes in any encoding"
 _ERRNO = "use_errno only matters to ctypes.get_errno, never read"
 _FALSY = "load_external_data=None is as false as False"
+_NO_ATTRS = "ir.node(attributes=None) is ir.node(attributes={})"
+_GEMM_LAST = "the last value's name: it takes the Gemm output's name"
+_INFERRED = "the array is already of dtype's numpy type: ir.tensor infers the same dtype"
+_NOT_UNARY = "only tested for being an elementwise unary op, which Add is not under any spelling"
 _LOCALE = "open() in the locale's encoding: UTF-8 in every locale here (the C locale is coerced to UTF-8)"
 _EQUIVALENT_BY_MODULE: dict[str, dict[str, str]] = {
     "quantize.options": {
@@ -146,7 +150,28 @@ _EQUIVALENT_BY_MODULE: dict[str, dict[str, str]] = {
         "x_constant_tensor__mutmut_1": "onnx_ir sets const_value on initializers only",
         "x_constant_tensor__mutmut_13": 'onnx_ir turns the domain "ai.onnx" into ""',
     },
+    "rewrite.fused": {
+        "x_after_transpose_out__mutmut_6": _NOT_UNARY,
+        "x_after_transpose_out__mutmut_7": _NOT_UNARY,
+    },
+    "rewrite.gemm": {
+        "x__check_operands__mutmut_56": "zip(strict=None) is zip(strict=False)",
+        "x__check_operands__mutmut_59": "zip() without strict is zip(strict=False)",
+        "x__check_operands__mutmut_60": "zip(strict=True): a C of rank above 2 is refused before zip is read",
+    },
     "rewrite.apply": {
+        "x__scalar__mutmut_5": _INFERRED,
+        "x__scalar__mutmut_8": _INFERRED,
+        "x_apply_gemm__mutmut_70": _NO_ATTRS,
+        "x_apply_gemm__mutmut_103": _NO_ATTRS,
+        "x_apply_gemm__mutmut_140": _NO_ATTRS,
+        "x_apply_gemm__mutmut_159": _NO_ATTRS,
+        "x_apply_gemm__mutmut_160": _GEMM_LAST,
+        "x_apply_gemm__mutmut_168": _GEMM_LAST,
+        "x_apply_gemm__mutmut_169": _GEMM_LAST,
+        "xǁRewriterǁ_const_node__mutmut_8": _INT64,
+        "xǁRewriterǁ_const_node__mutmut_10": _INT64,
+        "xǁRewriterǁ_grouped_matmul__mutmut_40": _NO_ATTRS,
         "x_transpose_2d__mutmut_12": _BLOCK,
         "x_transpose_2d__mutmut_14": _BLOCK,
         "x_transpose_2d__mutmut_19": _BLOCK,
