@@ -186,6 +186,7 @@ _EQUIVALENT_BY_MODULE: dict[str, dict[str, str]] = {
         "xǁRewriterǁapply__mutmut_240": "the last value's name: it takes the conv output's name",
     },
     "rewrite.layout": {
+        "x__input_side__mutmut_17": "Link.node of the conv's own link: never read",
         "x__readers_leaving__mutmut_12": "Link.ours of a converted reader: never read there",
         "x__readers_leaving__mutmut_18": "Link.ours of a converted reader: never read there",
         "x__input_side__mutmut_4": "unreachable: the analysis plans no conv without input",
