@@ -153,6 +153,7 @@ _EQUIVALENT_BY_MODULE: dict[str, dict[str, str]] = {
     "rewrite.fused": {
         "x_after_transpose_out__mutmut_6": _NOT_UNARY,
         "x_after_transpose_out__mutmut_7": _NOT_UNARY,
+        "x_after_transpose_out__mutmut_8": _NOT_UNARY,
     },
     "rewrite.gemm": {
         "x__check_operands__mutmut_56": "zip(strict=None) is zip(strict=False)",
