@@ -42,6 +42,7 @@ _BLOCK_EXACT = "a block's .exact is never read: _Tally.add keeps the total's"
 _ASCII = "the journal is JSON written with ensure_ascii: the same bytes in any encoding"
 _ERRNO = "use_errno only matters to ctypes.get_errno, never read"
 _FALSY = "load_external_data=None is as false as False"
+_DEFAULT = "a default changed in the mutant only: mutmut's trampoline passes the original's default"
 _NO_ATTRS = "ir.node(attributes=None) is ir.node(attributes={})"
 _GEMM_LAST = "the last value's name: it takes the Gemm output's name"
 _INFERRED = "the array is already of dtype's numpy type: ir.tensor infers the same dtype"
@@ -135,6 +136,9 @@ _EQUIVALENT_BY_MODULE: dict[str, dict[str, str]] = {
         "x_compare_sequences__mutmut_94": "the row's dtype only sets .passed and .note, overwritten next",
     },
     "rewrite.analysis": {
+        "x__check_shapes__mutmut_51": "a bias's value shape is its constant's when both are known",
+        "x__plan__mutmut_11": 'onnx_ir turns the domain "ai.onnx" into ""',
+        "x__plan__mutmut_12": 'onnx_ir turns the domain "ai.onnx" into ""',
         "x__check_shapes__mutmut_50": "a bias's value shape is its constant's when both are known",
         "x__plan__mutmut_8": 'onnx_ir turns the domain "ai.onnx" into ""',
         "x__plan__mutmut_9": 'onnx_ir turns the domain "ai.onnx" into ""',
@@ -161,6 +165,7 @@ _EQUIVALENT_BY_MODULE: dict[str, dict[str, str]] = {
         "x__check_operands__mutmut_60": "zip(strict=True): a C of rank above 2 is refused before zip is read",
     },
     "rewrite.apply": {
+        "xǁRewriterǁ_weight_value__mutmut_1": _DEFAULT,
         "x__scalar__mutmut_5": _INFERRED,
         "x__scalar__mutmut_8": _INFERRED,
         "x_apply_gemm__mutmut_70": _NO_ATTRS,
@@ -187,6 +192,7 @@ _EQUIVALENT_BY_MODULE: dict[str, dict[str, str]] = {
         "xǁRewriterǁapply__mutmut_240": "the last value's name: it takes the conv output's name",
     },
     "rewrite.layout": {
+        "x__output_side__mutmut_20": "Link.node of the conv's own link: never read",
         "x__input_side__mutmut_17": "Link.node of the conv's own link: never read",
         "x__readers_leaving__mutmut_12": "Link.ours of a converted reader: never read there",
         "x__readers_leaving__mutmut_18": "Link.ours of a converted reader: never read there",
