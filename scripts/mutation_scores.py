@@ -136,6 +136,10 @@ _EQUIVALENT_BY_MODULE: dict[str, dict[str, str]] = {
         "x_compare_sequences__mutmut_94": "the row's dtype only sets .passed and .note, overwritten next",
     },
     "rewrite.analysis": {
+        "x__plan__mutmut_115": "a valid standard Conv has no activation attribute: (None, None) either way",
+        "x__plan__mutmut_124": "a valid standard Conv has at most 3 inputs: no Z either way",
+        "x__plan__mutmut_298": _AUTO_PAD,
+        "x__plan__mutmut_306": _AUTO_PAD,
         "x__check_shapes__mutmut_51": "a bias's value shape is its constant's when both are known",
         "x__plan__mutmut_11": 'onnx_ir turns the domain "ai.onnx" into ""',
         "x__plan__mutmut_12": 'onnx_ir turns the domain "ai.onnx" into ""',

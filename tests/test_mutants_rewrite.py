@@ -14,7 +14,7 @@ import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper
 
-from helpers import ALL, assert_equivalent, conv_feeds, conv_model, fused_conv_model, gemm_model
+from helpers import ALL, assert_equivalent, conv_feeds, conv_model, fused_conv_model, gemm_model, with_z
 from onnx_conv2matmul import ConvertOptions, SkipReason, Status, convert
 
 EXTENDED = ConvertOptions(allow_added_transposes=True, extended=True)
@@ -221,3 +221,21 @@ def test_a_c_input_not_read_under_beta_0_stays_an_input() -> None:
         "C": rng.standard_normal(5).astype(np.float32),
     }
     assert_equivalent(model, rewritten, [feeds])
+
+
+@pytest.mark.parametrize(("activation", "detail"), [("Relu", "activation Relu, input Z"), (None, "input Z")])
+def test_a_fused_conv_s_detail_names_its_input_z(activation: str | None, detail: str) -> None:
+    model = fused_conv_model(activation=activation, z=True, out_channels=4)
+    rewritten, report = convert(model, ALL)
+    assert [(e.status, e.detail) for e in report.entries] == [(Status.CONVERTED, detail)]
+    assert_equivalent(model, rewritten, with_z(conv_feeds(6, 1, lengths=(1, 5)), 4))
+
+
+def test_a_fused_conv_s_activation_converts_from_opset_6_exactly() -> None:
+    """onnxruntime runs no model below opset 7: the plan is checked."""
+    _, report = convert(fused_conv_model(activation="Relu", opset=6), ALL)
+    assert [(e.status, e.detail) for e in report.entries] == [(Status.CONVERTED, "activation Relu")]
+    _, report = convert(fused_conv_model(activation="Relu", opset=5), ALL)
+    assert [(e.reason, e.detail) for e in report.entries] == [
+        (SkipReason.OPSET_UNSUPPORTED, "Relu needs opset 6, model has 5")
+    ]
