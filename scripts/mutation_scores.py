@@ -43,6 +43,8 @@ _ASCII = "the journal is JSON written with ensure_ascii: the same bytes in any e
 _ERRNO = "use_errno only matters to ctypes.get_errno, never read"
 _FALSY = "load_external_data=None is as false as False"
 _DEFAULT = "a default changed in the mutant only: mutmut's trampoline passes the original's default"
+_TENSOR_NAME = "the materialized tensor's name: never read (the initializer is named by its value)"
+_TWICE = "a weight listed twice: remove_dead_weights skips it once removed (no graph any more)"
 _NO_ATTRS = "ir.node(attributes=None) is ir.node(attributes={})"
 _GEMM_LAST = "the last value's name: it takes the Gemm output's name"
 _INFERRED = "the array is already of dtype's numpy type: ir.tensor infers the same dtype"
@@ -163,6 +165,12 @@ _EQUIVALENT_BY_MODULE: dict[str, dict[str, str]] = {
     },
     "rewrite.apply": {
         "xǁRewriterǁ_weight_value__mutmut_1": _DEFAULT,
+        "x__transposed_weight__mutmut_20": _TENSOR_NAME,
+        "x__transposed_weight__mutmut_22": _TENSOR_NAME,
+        "xǁRewriterǁmatmul_weight__mutmut_1": _DEFAULT,
+        "xǁRewriterǁmatmul_weight__mutmut_31": _TENSOR_NAME,
+        "xǁRewriterǁmatmul_weight__mutmut_53": _TWICE,
+        "xǁRewriterǁmatmul_weight__mutmut_55": _TWICE,
         "x__scalar__mutmut_5": _INFERRED,
         "x__scalar__mutmut_8": _INFERRED,
         "x_apply_gemm__mutmut_70": _NO_ATTRS,
