@@ -1,9 +1,11 @@
 """Print mutmut's score per module from its *.meta files (scripts/mutation.sh, docs/mutation.md).
 
-Usage: python scripts/mutation_scores.py [--survivors] [MUTANTS_DIR]
+Usage: python scripts/mutation_scores.py [--survivors] [MUTANTS_DIR...]
 
 MUTANTS_DIR: where mutmut wrote its results; by default ``mutants/`` when there is one here
-(scripts/mutation.sh runs this inside its copy), else ``.mutation/tree/mutants/``. Modules go by
+(scripts/mutation.sh runs this inside its copy), else ``.mutation/tree/mutants/``. Given several
+(a run, then a rerun of its survivors by name with other tests), a mutant killed in any of them
+is killed; otherwise the first verdict found stands, in the order given. Modules go by
 their paths in the package (``rewrite/analysis``): those ``only_mutate`` names in pyproject.toml
 (so a module split in two, with both halves named there, is followed), then any other module
 mutmut left results for. Each stage folder with more than one module (``rewrite/``) is also
@@ -247,12 +249,20 @@ def groups(names: list[str]) -> dict[str, list[str]]:
     return {folder: members for folder, members in by_folder.items() if len(members) > 1}
 
 
-def _codes(root: Path, module: str) -> dict[str, int | None] | None:
-    meta = root / "src" / PACKAGE / f"{module}.py.meta"
-    if not meta.exists():
-        return None
-    codes: dict[str, int | None] = json.loads(meta.read_text())["exit_code_by_key"]
-    return codes
+def _codes(roots: list[Path], module: str) -> dict[str, int | None] | None:
+    merged: dict[str, int | None] | None = None
+    for root in roots:
+        meta = root / "src" / PACKAGE / f"{module}.py.meta"
+        if not meta.exists():
+            continue
+        codes: dict[str, int | None] = json.loads(meta.read_text())["exit_code_by_key"]
+        if merged is None:
+            merged = codes
+            continue
+        for key, code in codes.items():
+            if key in merged and (code in KILLED or (merged[key] is None and code is not None)):
+                merged[key] = code
+    return merged
 
 
 def _row(name: str, codes: dict[str, int | None]) -> tuple[str, list[str]]:
@@ -274,15 +284,15 @@ def _row(name: str, codes: dict[str, int | None]) -> tuple[str, list[str]]:
 def main() -> int:
     args = [a for a in sys.argv[1:] if a != "--survivors"]
     show = "--survivors" in sys.argv
-    root = Path(args[0]) if args else Path("mutants")
-    if not args and not root.is_dir():
-        root = Path(".mutation/tree/mutants")
+    roots = [Path(a) for a in args] or [Path("mutants")]
+    if not args and not roots[0].is_dir():
+        roots = [Path(".mutation/tree/mutants")]
     head = f"{'killed':>7} {'total':>6} {'score':>7} {'equiv':>6} {'non-eq':>7} {'of run':>7}"
     print(f"{'module':<17} {head}  other")
-    names = modules(root, Path("pyproject.toml"))
+    names = modules(roots[0], Path("pyproject.toml"))
     found = {}
     for module in names:
-        codes = _codes(root, module)
+        codes = _codes(roots, module)
         if codes is None:
             print(f"{module:<17} (not run)")
             continue
