@@ -167,6 +167,8 @@ _EQUIVALENT_BY_MODULE: dict[str, dict[str, str]] = {
     },
     "rewrite.apply": {
         "xǁRewriterǁ_weight_value__mutmut_1": _DEFAULT,
+        "xǁRewriterǁapply__mutmut_179": _NO_ATTRS,
+        "xǁRewriterǁapply__mutmut_200": _NO_ATTRS,
         "x__transposed_weight__mutmut_20": _TENSOR_NAME,
         "x__transposed_weight__mutmut_22": _TENSOR_NAME,
         "xǁRewriterǁmatmul_weight__mutmut_1": _DEFAULT,

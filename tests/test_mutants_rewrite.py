@@ -239,3 +239,14 @@ def test_a_fused_conv_s_activation_converts_from_opset_6_exactly() -> None:
     assert [(e.reason, e.detail) for e in report.entries] == [
         (SkipReason.OPSET_UNSUPPORTED, "Relu needs opset 6, model has 5")
     ]
+
+
+@pytest.mark.parametrize("attrs", [{"pads": [1, 2]}, {"strides": [2]}], ids=["pads", "strides"])
+def test_the_report_names_the_matmul_after_a_pad_or_a_slice(attrs: dict[str, object]) -> None:
+    """``matmul`` is what a user excludes from quantization: the MatMul's name, whatever comes before."""
+    model = conv_model(attrs=attrs)
+    rewritten, report = convert(model, EXTENDED)
+    (matmul,) = [n.name for n in rewritten.graph.node if n.op_type == "MatMul"]
+    assert [(e.status, e.matmul) for e in report.entries] == [(Status.CONVERTED, matmul)]
+    assert matmul == "pw/MatMul"
+    assert_equivalent(model, rewritten, conv_feeds(6, 1, lengths=(1, 8)))
