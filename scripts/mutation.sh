@@ -17,7 +17,7 @@
 # (the copy's pyproject.toml is changed, not yours): quicker, and a mutant that survives them may
 # still be killed by the whole selection, so its scores are lower bounds.
 # MUTATION_DIR moves .mutation/; MUTATION_CHILDREN (default 2) caps mutmut's workers;
-# MUTATION_REINSTALL=1 remakes the environment; MUTATION_NICE (default 19) is the niceness the run
+# MUTATION_REINSTALL=1 remakes the environment (as a change to pyproject.toml does); MUTATION_NICE (default 19) is the niceness the run
 # adds (10 lets it through on a machine busy with other niced work). Runs niced with the hypothesis
 # profile `mutation` (tests/conftest.py), then prints the score per module
 # (scripts/mutation_scores.py; add --survivors there to list what was not killed).
@@ -28,7 +28,9 @@ venv="$work/venv"
 tree="$work/tree"
 python="${PYTHON:-python3}"
 
-if [[ "${MUTATION_REINSTALL:-0}" == 1 ]]; then
+# The environment is remade when pyproject.toml changed since it was made (a new dependency).
+stamp="$(sha256sum "$root/pyproject.toml" | cut -d' ' -f1)"
+if [[ "${MUTATION_REINSTALL:-0}" == 1 || "$(cat "$venv/.pyproject-sha256" 2>/dev/null)" != "$stamp" ]]; then
     rm -rf "$venv"
 fi
 if [[ ! -x "$venv/bin/mutmut" ]]; then
@@ -36,6 +38,7 @@ if [[ ! -x "$venv/bin/mutmut" ]]; then
     "$python" -m venv "$venv"
     "$venv/bin/python" -m pip install --quiet "$root[test,mutation]"
     "$venv/bin/python" -m pip uninstall --quiet --yes onnx-conv2matmul
+    echo "$stamp" > "$venv/.pyproject-sha256"
 fi
 
 # The tracked files as they are now, their mtimes kept: mutmut regenerates the mutants of a

@@ -88,3 +88,23 @@ def test_bundle_of_a_directory_without_models(tmp_path: Path) -> None:
     code, stdout, stderr = invoke("bundle", "--check", str(tmp_path))
     assert code == 2 and stdout == ""
     assert "no .onnx models in" in stderr and one_line(stderr)
+
+
+def test_every_option_of_every_command_says_what_it_does() -> None:
+    """``--help`` explains each option; the ones declared once in cli/flags read the same everywhere."""
+    import click
+
+    ctx = click.Context(main)
+    helps: dict[str, set[str]] = {}
+    for name in main.list_commands(ctx):
+        command = main.get_command(ctx, name)
+        assert command is not None
+        for param in command.params:
+            if isinstance(param, click.Option) and not param.hidden:
+                assert param.help, f"{name} {param.opts[0]} has no help"
+                if name != "inspect":  # one model, not an input and an output
+                    helps.setdefault(param.opts[-1], set()).add(param.help)
+    for option in ("--report-json", "--report-json-stdout", "--skip-checker", "--verify-seed"):
+        assert option in helps
+    for option in ("--skip-checker", "--verify-seed"):
+        assert len(helps[option]) == 1, helps[option]

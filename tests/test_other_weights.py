@@ -489,6 +489,7 @@ def test_no_matmulnbits_node_leaves_no_kernel_setting_to_retry(tmp_path: Path) -
     from onnx_conv2matmul.files.progress import NullProgress
     from onnx_conv2matmul.quantize import kernel
     from onnx_conv2matmul.quantize.options import QuantizeOptions
+    from onnx_conv2matmul.rewrite.options import ConvertOptions
     from onnx_conv2matmul.speed.choose import SpeedOptions
     from onnx_conv2matmul.verify.check import VerifyOptions
 
@@ -496,13 +497,6 @@ def test_no_matmulnbits_node_leaves_no_kernel_setting_to_retry(tmp_path: Path) -
     onnx.save(_gather_conv_model(), path)
     staged = cast(Any, SimpleNamespace(onnx_path=str(path)))
     outcome = kernel.SpeedOutcome(kernel.Variant(32, staged, None), None, None, cast(Any, None), 1)
-    kept = kernel.retry_levels(
-        str(path),
-        outcome,
-        QuantizeOptions(),
-        SpeedOptions(),
-        (0, 4),
-        verify=VerifyOptions(),
-        progress=NullProgress(),
-    )
+    step = kernel.SpeedStep(str(path), ConvertOptions(), VerifyOptions(), NullProgress())
+    kept = kernel.retry_levels(step, outcome, QuantizeOptions(), SpeedOptions(), (0, 4))
     assert kept is outcome and kept.choice is None

@@ -200,6 +200,7 @@ WORKFLOW_MODULES = (
     "quantize/check_publish.py",
     "quantize/int8_step.py",
     "quantize/search_run.py",
+    "quantize/kernel.py",
 )
 MAX_PARAMETERS = 5
 

@@ -105,13 +105,68 @@ def test_the_default_leaves_them_when_they_cost_more_than_the_margin(tmp_path: P
     assert "1.50x" in unchanged["message"] and "--prefer size" in unchanged["message"]
 
 
-def test_prefer_size_keeps_them_whatever_they_cost(tmp_path: Path) -> None:
+def test_prefer_size_keeps_them_whatever_they_cost(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With --prefer size the model with them is made first; smaller than the float weights the
+    other would keep, it leaves the other nothing to win: that one is not made (one quantization,
+    one search with --auto)."""
+    from onnx_conv2matmul.quantize import workflow
+
+    passes: list[int] = []
+    real = workflow.quantize_matmul_nbits
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        passes.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(workflow, "quantize_matmul_nbits", counted)
     data = _run(tmp_path, Prefer.SIZE, 3.0)
     trade = data["transposes"]
     assert isinstance(trade, dict) and trade["kept"] == "with them"
     assert data["quantized_nodes"] == 1
     files = data["files"]
     assert isinstance(files, dict) and files["ratio"] < 0.5
+    without, with_ = trade["models"]
+    assert len(passes) == 1 and with_["not_made"] is None
+    assert without["not_made"].startswith("not made: the float weights") and without["bytes"] == 0
+    assert with_["bytes"] < 16384 * 4  # the float weights of the conv that adds Transposes
+    assert "without them: not made" in trade["reason"] and "missed" not in trade["reason"]
+
+
+@pytest.mark.parametrize(
+    ("with_bytes", "with_passes", "made"),
+    [(1000, True, ["with"]), (70000, True, ["with", "without"]), (1000, False, ["with", "without"])],
+)
+def test_prefer_size_skips_the_model_without_them_only_when_it_cannot_be_smaller(
+    tmp_path: Path, with_bytes: int, with_passes: bool, made: list[str]
+) -> None:
+    """The conv that adds Transposes holds 64 KiB of float weights: the model without them is at
+    least that. It is made unless the model with them meets the criterion below that size."""
+    from types import SimpleNamespace
+
+    from onnx_conv2matmul.quantize.transposes import decide
+    from onnx_conv2matmul.rewrite.options import ConvertOptions
+
+    source = tmp_path / "block.onnx"
+    onnx.save(mobile_block(channels=64, wide=256), source)
+    calls: list[str] = []
+
+    def run(rewrite: ConvertOptions, folder: str) -> Any:
+        name = Path(folder).name
+        calls.append(name)
+        out = Path(folder) / "m.onnx"
+        out.write_bytes(b"\0" * (with_bytes if name == "with" else 30000))
+        passed = with_passes or name == "without"
+        return SimpleNamespace(passed=passed, quantized_nodes=1, output_path=str(out))
+
+    options = TransposeOptions(Prefer.SIZE)
+    convert = ConvertOptions(extended=True)
+    _, trade, kept = decide(str(source), str(tmp_path), convert, options, run, None, VerifyOptions())
+    assert trade is not None and kept is not None
+    assert calls == made
+    without, with_ = trade.layouts
+    assert bool(without.not_made) == (made == ["with"]) and not with_.not_made
+    expected = "with them" if with_passes and with_bytes < 30000 else "without them"
+    assert trade.chosen.name == expected
 
 
 def test_prefer_speed_keeps_the_faster(tmp_path: Path) -> None:

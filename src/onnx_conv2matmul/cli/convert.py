@@ -27,6 +27,7 @@ from onnx_conv2matmul.cli.flags import (
     inputs_option,
     report_options,
     rewrite_options,
+    skip_checker,
     verify_options,
 )
 
@@ -36,14 +37,7 @@ from onnx_conv2matmul.cli.flags import (
 @click.argument("output_path", metavar="[OUTPUT]", required=False, type=click.Path())
 @click.option("--inplace", is_flag=True, help="Replace INPUT (atomically) instead of writing OUTPUT.")
 @rewrite_options
-@click.option("--skip-checker", is_flag=True, help="Do not run the ONNX checker on input and output.")
-@click.option(
-    "--report-json",
-    "report_json",
-    type=click.Path(dir_okay=False),
-    help="Write the JSON report to this file.",
-)
-@click.option("--report-json-stdout", is_flag=True, help="Print the JSON report on stdout and nothing else.")
+@skip_checker
 @click.option(
     "--verify",
     is_flag=True,
@@ -55,7 +49,7 @@ from onnx_conv2matmul.cli.flags import (
     help="When verification fails, keep the output in OUTPUT.verify-failed/.",
 )
 @verify_options
-@click.option("-q", "--quiet", is_flag=True, help="No tables or progress on stderr.")
+@report_options()
 def convert_command(
     input_path: str,
     output_path: str | None,

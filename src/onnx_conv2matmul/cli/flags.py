@@ -133,7 +133,13 @@ VERIFY_OPTIONS = [
         default=None,
         help="Also compare this (length) output; integer outputs must match exactly.",
     ),
-    click.option("--verify-seed", type=click.IntRange(min=0), default=0, show_default=True),
+    click.option(
+        "--verify-seed",
+        type=click.IntRange(min=0),
+        default=0,
+        show_default=True,
+        help="Seed of the random inputs.",
+    ),
     click.option(
         "--verify-max-abs",
         type=FiniteFloatRange(min=0),
@@ -169,6 +175,11 @@ allow_added_transposes = click.option(
     "--allow-added-transposes",
     is_flag=True,
     help="Also rewrite convs whose channels-last form adds Transpose nodes (between depthwise convs).",
+)
+
+
+skip_checker = click.option(
+    "--skip-checker", is_flag=True, help="Do not run the ONNX checker on the input and the output."
 )
 
 
@@ -249,10 +260,12 @@ def option_group(options: Sequence[Any]) -> Callable[[Callable[..., Any]], Calla
 
 
 def report_options(
-    report_json: str | None = None, stdout: str | None = None, quiet: str | None = None
+    report_json: str = "Write the JSON report to this file.",
+    stdout: str = "Print the JSON report on stdout and nothing else.",
+    quiet: str = "No tables or progress on stderr.",
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """``--report-json FILE``, ``--report-json-stdout`` and ``-q/--quiet``, each with the help the
-    command gives it (None: none)."""
+    """``--report-json FILE``, ``--report-json-stdout`` and ``-q/--quiet``, with the help every
+    command gives them unless it says otherwise."""
     return option_group(
         [
             click.option("--report-json", "report_json", type=click.Path(dir_okay=False), help=report_json),

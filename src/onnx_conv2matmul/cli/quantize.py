@@ -37,6 +37,7 @@ from onnx_conv2matmul.cli.flags import (
     nbits_options,
     no_gemm,
     report_options,
+    skip_checker,
     verify_options,
 )
 from onnx_conv2matmul.quantize.options import DEFAULT_MAX_EVALUATIONS, resolve
@@ -130,7 +131,9 @@ from onnx_conv2matmul.quantize.options import DEFAULT_MAX_EVALUATIONS, resolve
     help="Rewrite only unit-stride, unpadded, ungrouped convs (extended mode is on by default here).",
 )
 @click.option("--no-dilation", is_flag=True, help="Do not rewrite convs with dilation > 1.")
-@click.option("--max-dilation", type=click.IntRange(min=1), default=None)
+@click.option(
+    "--max-dilation", type=click.IntRange(min=1), default=None, help="Skip convs whose dilation is above N."
+)
 @allow_added_transposes
 @click.option(
     "--prefer",
@@ -202,7 +205,7 @@ from onnx_conv2matmul.quantize.options import DEFAULT_MAX_EVALUATIONS, resolve
     default=None,
     help="With --auto, write the chosen settings (the equivalent options, as JSON) to this file.",
 )
-@click.option("--skip-checker", is_flag=True)
+@skip_checker
 @verify_options
 @report_options()
 def quantize_command(

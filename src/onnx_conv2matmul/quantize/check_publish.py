@@ -109,33 +109,21 @@ def speed_step(run: Run, staged: _output.Staged, stack: contextlib.ExitStack) ->
             speed, block_sizes=(quantize_options.block_size,), levels=(quantize_options.accuracy_level,)
         )
     first = kernel.Variant(quantize_options.block_size, staged, None, report.other_weights)
-    outcome = kernel.run_speed_step(
+    step = kernel.SpeedStep(
         plan.src,
-        first,
-        quantize_options,
-        speed,
-        stack=stack,
+        plan.convert,
+        plan.verify,
+        plan.progress,
         output=run.output,
-        convert_options=plan.convert,
-        verify=plan.verify,
-        progress=plan.progress,
+        stack=stack,
         int8=plan.int8,
         metric=plan.metric,
         original_score=run.original_score,
     )
+    outcome = kernel.run_speed_step(step, first, quantize_options, speed)
     if chosen_by_cost and outcome.slower() and len(tried_levels) > 1:
         first_slower = outcome.slower()
-        outcome = kernel.retry_levels(
-            plan.src,
-            outcome,
-            quantize_options,
-            speed,
-            tried_levels,
-            verify=plan.verify,
-            progress=plan.progress,
-            metric=plan.metric,
-            original_score=run.original_score,
-        )
+        outcome = kernel.retry_levels(step, outcome, quantize_options, speed, tried_levels)
         if outcome.choice is not None:  # None: nothing became MatMulNBits, no level to try
             report.warnings.append(
                 f"{first_slower[0]}: the other accuracy levels were checked and timed, and"

@@ -43,9 +43,6 @@ from onnx_conv2matmul.speed.choose import (
 from onnx_conv2matmul.speed.timing import Latency, TimingReport, time_models
 
 if TYPE_CHECKING:
-    pass
-
-if TYPE_CHECKING:
     from onnx_conv2matmul.files.output import Output, Staged
     from onnx_conv2matmul.files.progress import Progress
     from onnx_conv2matmul.quantize.metric import MetricTarget
@@ -53,6 +50,23 @@ if TYPE_CHECKING:
     from onnx_conv2matmul.quantize.other_weights import OtherWeightsResult
     from onnx_conv2matmul.rewrite.options import ConvertOptions
     from onnx_conv2matmul.verify.check import VerifyOptions
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeedStep:
+    """What the speed step reads of the run: the input, how it is rewritten and checked, the
+    progress, the user's metric and the original's score (None: no metric), where candidates are
+    staged and the stack that removes them, and whether the run is int8 (only timed)."""
+
+    src: str
+    convert: ConvertOptions
+    verify: VerifyOptions
+    progress: Progress
+    output: Output | None = None
+    stack: contextlib.ExitStack | None = None
+    int8: bool = False
+    metric: MetricTarget | None = None
+    original_score: float | None = None
 
 
 @dataclasses.dataclass
@@ -107,29 +121,18 @@ once its ratios are settled (see :func:`onnx_conv2matmul.speed.latency.settled`)
 
 
 def run_speed_step(
-    src: str,
-    first: Variant,
-    options: QuantizeOptions,
-    speed: SpeedOptions,
-    *,
-    stack: contextlib.ExitStack,
-    output: Output,
-    convert_options: ConvertOptions,
-    verify: VerifyOptions,
-    progress: Progress,
-    int8: bool,
-    metric: MetricTarget | None = None,
-    original_score: float | None = None,
+    step: SpeedStep, first: Variant, options: QuantizeOptions, speed: SpeedOptions
 ) -> SpeedOutcome:
     """Choose among the speed options' candidates (when there are several and the model has a
     MatMulNBits node) and time the result.
 
     A candidate meets the accuracy target as the output must meet the workflow's criterion:
-    every sample's cosine similarity at least ``verify.min_cosine`` and, with ``metric``, the
-    score's drop from ``original_score`` at most its ``max_drop`` (a candidate that misses it
-    counts as cosine -1, with the score in its note)."""
+    every sample's cosine similarity at least ``step.verify.min_cosine`` and, with the step's
+    metric, the score's drop from its original score at most the metric's ``max_drop`` (a
+    candidate that misses it counts as cosine -1, with the score in its note)."""
+    src, verify, progress = step.src, step.verify, step.progress
     timing = timing_options(speed, verify, src)
-    if int8 or not speed.chooses or not accuracy_levels(first.staged.onnx_path):
+    if step.int8 or not speed.chooses or not accuracy_levels(first.staged.onnx_path):
         progress.phase("Timing the result against the original")
         if timing.rounds > SETTLE_ROUNDS:  # the result alone: rounds stop once its ratios settle
             timing = dataclasses.replace(timing, settle_after=SETTLE_ROUNDS)
@@ -138,10 +141,11 @@ def run_speed_step(
     variants = [first]
     for block in speed.block_sizes[1:]:
         progress.phase(f"Quantizing with block {block}")
+        assert step.output is not None and step.stack is not None
         variant = quantize_variant(
-            src, output, convert_options, dataclasses.replace(options, block_size=block), verify
+            src, step.output, step.convert, dataclasses.replace(options, block_size=block), verify
         )
-        stack.enter_context(variant.staged)
+        step.stack.enter_context(variant.staged)
         variants.append(variant)
     several_blocks = len(variants) > 1
     with contextlib.ExitStack() as files:
@@ -155,16 +159,7 @@ def run_speed_step(
                 )
             )
         progress.phase("Measuring the candidates' accuracy")
-        choice = _checked_and_timed(
-            src,
-            candidates,
-            speed,
-            timing,
-            verify=verify,
-            progress=progress,
-            metric=metric,
-            score=original_score,
-        )
+        choice = _checked_and_timed(step, candidates, speed, timing)
     winner = choice.chosen.candidate
     kept = next(v for v in variants if not several_blocks or v.block_size == winner.block_size)
     set_accuracy_level(kept.staged.onnx_path, winner.accuracy_level, kept.staged.onnx_path)
@@ -174,39 +169,24 @@ def run_speed_step(
     return SpeedOutcome(kept, chosen, choice, choice.timing, labels.index(winner.name))
 
 
-def _checked_and_timed(
-    src: str,
-    candidates: Any,
-    speed: SpeedOptions,
-    timing: Any,
-    *,
-    verify: VerifyOptions,
-    progress: Progress,
-    metric: MetricTarget | None,
-    score: float | None,
-) -> Any:
+def _checked_and_timed(step: SpeedStep, candidates: Any, speed: SpeedOptions, timing: Any) -> Any:
     """The candidates' accuracy against the original (and the user's metric), then their timing
     against it: the kernel choice among them."""
-    check = reference_accuracy(src, verify)
-    if metric is not None and score is not None:
-        check = _with_metric(check, metric, score)
-    progress.phase(f"Timing {len(candidates)} candidates against the original")
+    check = reference_accuracy(step.src, step.verify)
+    if step.metric is not None and step.original_score is not None:
+        check = _with_metric(check, step.metric, step.original_score)
+    step.progress.phase(f"Timing {len(candidates)} candidates against the original")
     return choose_kernel(
-        src, candidates, check, min_cosine=verify.min_cosine, timing=timing, min_gain=speed.min_gain
+        step.src, candidates, check, min_cosine=step.verify.min_cosine, timing=timing, min_gain=speed.min_gain
     )
 
 
 def retry_levels(
-    src: str,
+    step: SpeedStep,
     outcome: SpeedOutcome,
     options: QuantizeOptions,
     speed: SpeedOptions,
     levels: tuple[int, ...],
-    *,
-    verify: VerifyOptions,
-    progress: Progress,
-    metric: MetricTarget | None = None,
-    original_score: float | None = None,
 ) -> SpeedOutcome:
     """A result chosen from per-shape costs and measured slower than the original is not handed
     over as it is: its other accuracy levels (attribute copies) are checked and timed with it,
@@ -220,17 +200,8 @@ def retry_levels(
     # On the inputs the result was just timed on (the user's, or shapes the check proved).
     timing = outcome.timing.options
     with level_candidates(kept.staged.onnx_path, order) as candidates:
-        progress.phase("Slower than the original: checking the other accuracy levels")
-        choice = _checked_and_timed(
-            src,
-            candidates,
-            speed,
-            timing,
-            verify=verify,
-            progress=progress,
-            metric=metric,
-            score=original_score,
-        )
+        step.progress.phase("Slower than the original: checking the other accuracy levels")
+        choice = _checked_and_timed(step, candidates, speed, timing)
     winner = choice.chosen.candidate
     set_accuracy_level(kept.staged.onnx_path, winner.accuracy_level, kept.staged.onnx_path)
     assert choice.timing is not None

@@ -200,38 +200,22 @@ def _rows_at_feeds(src: str, feeds: Sequence[Mapping[str, Any]]) -> dict[str, tu
     """Per value of the original model at ``src``: its rows (all dims but the last multiplied) at
     each feed's input shapes, by shape inference. Values whose shape stays unknown are left out."""
     import numpy as np
-    import onnx
 
-    from onnx_conv2matmul.quantize.speed_objective import _external_as_inputs, _infer
+    from onnx_conv2matmul.quantize.speed_objective import rows_where
 
-    base = onnx.load(src, load_external_data=False)
-    _external_as_inputs(base)
-    found: dict[str, list[int | None]] = {}
-    for index, feed in enumerate(feeds):
-        proto = onnx.ModelProto()
-        proto.CopyFrom(base)
-        for value in proto.graph.input:
-            if value.name not in feed:
-                continue
-            shape = np.shape(feed[value.name])
-            dims = value.type.tensor_type.shape.dim
-            if len(dims) != len(shape):
-                continue
-            for dim, size in zip(dims, shape, strict=True):
-                dim.Clear()
-                dim.dim_value = int(size)
-        inferred = _infer(proto)
-        if inferred is None:
-            continue
-        for value in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]:
-            rows: int | None = 1
-            value_dims = list(value.type.tensor_type.shape.dim)
-            if not value_dims:
-                rows = None
-            for dim in value_dims[:-1]:
-                if not dim.HasField("dim_value") or rows is None:
-                    rows = None
-                    break
-                rows *= dim.dim_value
-            found.setdefault(value.name, [None] * len(feeds))[index] = rows
-    return {name: tuple(r for r in rows if r is not None) for name, rows in found.items() if None not in rows}
+    def at(feed: Mapping[str, Any]) -> Any:
+        def pin(graph: Any) -> None:
+            for value in graph.input:
+                if value.name not in feed:
+                    continue
+                shape = np.shape(feed[value.name])
+                dims = value.type.tensor_type.shape.dim
+                if len(dims) != len(shape):
+                    continue
+                for dim, size in zip(dims, shape, strict=True):
+                    dim.Clear()
+                    dim.dim_value = int(size)
+
+        return pin
+
+    return rows_where(src, [at(feed) for feed in feeds])

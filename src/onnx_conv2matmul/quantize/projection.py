@@ -9,6 +9,7 @@ MatMulNBits layout (:func:`matmul_nbits_sizes`) without reading any tensor data.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from typing import Any
 
 import onnx_ir as ir
@@ -46,6 +47,16 @@ def constant_2d_weight(node: ir.Node) -> ir.Value | None:
     if len(tensor.shape) != 2 or tensor.dtype not in _FLOATS:
         return None
     return b
+
+
+def quantizable_matmuls(model: ir.Model) -> Iterator[tuple[ir.Graph, ir.Node, ir.Value]]:
+    """Each MatMul that MatMulNBits takes, in every graph (subgraphs too) in graph order, with
+    the graph it is in and its weight (:func:`constant_2d_weight`)."""
+    for graph, _ in walk_graphs(model.graph):
+        for node in graph:
+            b = constant_2d_weight(node)
+            if b is not None:
+                yield graph, node, b
 
 
 def weight_stats(model: ir.Model) -> WeightStats:
@@ -108,12 +119,9 @@ def nbits_projection(before: ir.Model, after: ir.Model, options: QuantizeOptions
     )
     weights: dict[int, ir.Value] = {}
     readers: dict[int, int] = {}
-    for graph, _ in walk_graphs(after.graph):
-        for node in graph:
-            b = constant_2d_weight(node)
-            if b is not None:
-                weights[id(b)] = b
-                readers[id(b)] = readers.get(id(b), 0) + 1
+    for _, _, b in quantizable_matmuls(after):
+        weights[id(b)] = b
+        readers[id(b)] = readers.get(id(b), 0) + 1
     for key, b in weights.items():
         tensor = b.const_value
         assert tensor is not None

@@ -68,7 +68,6 @@ from onnx_conv2matmul.quantize.search_result import AutoConfig as AutoConfig
 from onnx_conv2matmul.quantize.search_result import AutoResult as AutoResult
 from onnx_conv2matmul.quantize.search_result import Evaluation as Evaluation
 from onnx_conv2matmul.quantize.search_result import NodeChoice as NodeChoice
-from onnx_conv2matmul.quantize.search_result import _graphs
 from onnx_conv2matmul.quantize.search_result import apply as apply
 from onnx_conv2matmul.quantize.search_runs import ACTIVATION_BYTES as ACTIVATION_BYTES
 from onnx_conv2matmul.quantize.search_runs import Prepared as Prepared
@@ -352,14 +351,12 @@ def _criterion(options: AutoOptions, feed_set: FeedSet) -> str:
 def _rank(criterion: str, model: ir.Model, nodes: Sequence[_Node], reference: Reference) -> None:
     """Each node's errors rescaled by one of NNCF's rankers (:mod:`onnx_conv2matmul.quantize.criteria`)."""
     from onnx_conv2matmul.quantize.criteria import rank
-    from onnx_conv2matmul.quantize.projection import constant_2d_weight
+    from onnx_conv2matmul.quantize.projection import quantizable_matmuls
 
     weights: dict[str, ir.Value] = {}
-    for graph, _ in _graphs(model):
-        for node in graph:
-            b = constant_2d_weight(node)
-            if b is not None and node.name and node.name not in weights:
-                weights[node.name] = b
+    for _, node, b in quantizable_matmuls(model):
+        if node.name and node.name not in weights:
+            weights[node.name] = b
 
     def weight(name: str) -> np.ndarray:
         return np.asarray(weights[name].const_value.numpy())  # type: ignore[union-attr]

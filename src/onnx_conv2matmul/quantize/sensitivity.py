@@ -21,9 +21,9 @@ from onnx_conv2matmul.quantize.blockwise import (
     block_dequantize,
     block_quantize,
 )
-from onnx_conv2matmul.quantize.projection import constant_2d_weight
+from onnx_conv2matmul.quantize.projection import quantizable_matmuls
 from onnx_conv2matmul.quantize.search_options import FLOAT, AutoOptions, Setting
-from onnx_conv2matmul.quantize.search_result import AutoConfig, _graphs
+from onnx_conv2matmul.quantize.search_result import AutoConfig
 
 # --------------------------------------------------------------------------- #
 # Sensitivity
@@ -84,17 +84,15 @@ def _weight_bytes(nodes: Sequence[_Node], config: AutoConfig) -> int:
 def _quantizable(model: ir.Model, options: AutoOptions) -> list[_Node]:
     """The named MatMuls MatMulNBits takes that the options select, in graph order (names unique)."""
     nodes: dict[str, _Node] = {}
-    for graph, _ in _graphs(model):
-        for node in graph:
-            b = constant_2d_weight(node)
-            name = node.name or ""
-            if b is None or not name or name in nodes or not options.selects(name):
-                continue
-            a = node.inputs[0]
-            in_main = graph is model.graph and a is not None and not a.is_initializer()
-            k, n = (int(d) for d in b.const_value.shape.numpy())  # type: ignore[union-attr]
-            a_name = a.name if in_main and a is not None else None
-            nodes[name] = _Node(name, a_name, k, n, int(b.const_value.nbytes))  # type: ignore[union-attr]
+    for graph, node, b in quantizable_matmuls(model):
+        name = node.name or ""
+        if not name or name in nodes or not options.selects(name):
+            continue
+        a = node.inputs[0]
+        in_main = graph is model.graph and a is not None and not a.is_initializer()
+        k, n = (int(d) for d in b.const_value.shape.numpy())  # type: ignore[union-attr]
+        a_name = a.name if in_main and a is not None else None
+        nodes[name] = _Node(name, a_name, k, n, int(b.const_value.nbytes))  # type: ignore[union-attr]
     return list(nodes.values())
 
 
@@ -110,30 +108,28 @@ def _sensitivities(
     by_name = {node.name: node for node in nodes}
     if ladders is not None:
         by_name = {name: node for name, node in by_name.items() if ladders.get(name, ladder)}
-    for graph, _ in _graphs(model):
-        for node in graph:
-            entry = by_name.get(node.name or "")
-            b = constant_2d_weight(node)
-            if entry is None or b is None or entry.options:
-                continue
-            columns = _sampled_columns(entry.n)
-            full = b.const_value.numpy()  # type: ignore[union-attr]
-            weight = np.ascontiguousarray(full[:, columns])
-            del full
-            if is_external(b.const_value):
-                b.const_value.release()  # type: ignore[union-attr,unused-ignore]
-            h = activations.get(entry.a_name or "")
-            if h is None or h.shape != (entry.k,):
-                h = np.ones(entry.k)
-            scaled = entry.n / len(columns)  # bytes are per column
-            as_float = weight.astype(np.float32)
-            for setting in ladder if ladders is None else ladders.get(entry.name, ladder):
-                assert setting.bits is not None
-                packed, scales, zero_points = block_quantize(weight, setting)
-                approx = block_dequantize(packed, scales, zero_points, setting.bits, entry.k)
-                size = packed.nbytes + scales.nbytes + (0 if zero_points is None else zero_points.nbytes)
-                entry.options[setting] = (_weighted_error(as_float, approx, h), round(size * scaled))
-            del weight, as_float
+    for _, node, b in quantizable_matmuls(model):
+        entry = by_name.get(node.name or "")
+        if entry is None or entry.options:
+            continue
+        columns = _sampled_columns(entry.n)
+        full = b.const_value.numpy()  # type: ignore[union-attr]
+        weight = np.ascontiguousarray(full[:, columns])
+        del full
+        if is_external(b.const_value):
+            b.const_value.release()  # type: ignore[union-attr,unused-ignore]
+        h = activations.get(entry.a_name or "")
+        if h is None or h.shape != (entry.k,):
+            h = np.ones(entry.k)
+        scaled = entry.n / len(columns)  # bytes are per column
+        as_float = weight.astype(np.float32)
+        for setting in ladder if ladders is None else ladders.get(entry.name, ladder):
+            assert setting.bits is not None
+            packed, scales, zero_points = block_quantize(weight, setting)
+            approx = block_dequantize(packed, scales, zero_points, setting.bits, entry.k)
+            size = packed.nbytes + scales.nbytes + (0 if zero_points is None else zero_points.nbytes)
+            entry.options[setting] = (_weighted_error(as_float, approx, h), round(size * scaled))
+        del weight, as_float
 
 
 def _other_weights_error(model: ir.Model) -> tuple[float, int, int] | None:

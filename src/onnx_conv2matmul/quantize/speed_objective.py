@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from onnx_conv2matmul.speed.choose import DEFAULT_MARGIN
@@ -35,21 +35,35 @@ def rows_by_value(src: str, lengths: Sequence[int]) -> dict[str, tuple[int, ...]
     """Per value of the original model at ``src``: its rows (all dims but the last multiplied)
     at each length, by shape inference with batch 1 and every other symbolic input dim
     at the length. Values whose shape stays unknown are left out."""
+
+    def at(length: int) -> Callable[[Any], None]:
+        def pin(graph: Any) -> None:
+            initializers = {t.name for t in graph.initializer}
+            for value in graph.input:
+                if value.name in initializers:
+                    continue
+                for axis, dim in enumerate(value.type.tensor_type.shape.dim):
+                    if not dim.HasField("dim_value"):
+                        dim.dim_value = 1 if axis == 0 else length
+
+        return pin
+
+    return rows_where(src, [at(length) for length in lengths])
+
+
+def rows_where(src: str, pins: Sequence[Callable[[Any], None]]) -> dict[str, tuple[int, ...]]:
+    """Per value of the original model at ``src``: its rows (all dims but the last multiplied),
+    by shape inference once per ``pin``, a function that fixes the input dims of a copy of the
+    graph. Values whose shape stays unknown under any pin are left out."""
     import onnx
 
     base = onnx.load(src, load_external_data=False)
     _external_as_inputs(base)
     found: dict[str, list[int | None]] = {}
-    for index, length in enumerate(lengths):
+    for index, pin in enumerate(pins):
         model = onnx.ModelProto()
         model.CopyFrom(base)
-        initializers = {t.name for t in model.graph.initializer}
-        for value in model.graph.input:
-            if value.name in initializers:
-                continue
-            for axis, dim in enumerate(value.type.tensor_type.shape.dim):
-                if not dim.HasField("dim_value"):
-                    dim.dim_value = 1 if axis == 0 else length
+        pin(model.graph)
         inferred = _infer(model)
         if inferred is None:
             continue
@@ -63,7 +77,7 @@ def rows_by_value(src: str, lengths: Sequence[int]) -> dict[str, tuple[int, ...]
                     rows = None
                     break
                 rows *= dim.dim_value
-            found.setdefault(value.name, [None] * len(lengths))[index] = rows
+            found.setdefault(value.name, [None] * len(pins))[index] = rows
     return {name: tuple(r for r in rows if r is not None) for name, rows in found.items() if None not in rows}
 
 
@@ -146,20 +160,17 @@ def layers_at(
     """The quantizable MatMuls of ``model`` with the rows ``known`` gives their input (a tensor
     name to one row count per timed input); a MatMul whose rows are not known takes the most
     common known rows, or ``default`` when none is known."""
-    from onnx_conv2matmul.quantize.projection import constant_2d_weight
-    from onnx_conv2matmul.quantize.search_result import _graphs
+    from onnx_conv2matmul.quantize.projection import quantizable_matmuls
 
     pending: list[tuple[str, int, int, tuple[int, ...] | None]] = []
-    for graph, _ in _graphs(model):
-        for node in graph:
-            b = constant_2d_weight(node)
-            name = node.name or ""
-            if b is None or (selects is not None and not selects(name)):
-                continue
-            k, n = (int(d) for d in b.const_value.shape.numpy())  # type: ignore[union-attr]
-            a = node.inputs[0]
-            rows = known.get(a.name or "") if a is not None else None
-            pending.append((name, k, n, rows))
+    for _, node, b in quantizable_matmuls(model):
+        name = node.name or ""
+        if selects is not None and not selects(name):
+            continue
+        k, n = (int(d) for d in b.const_value.shape.numpy())  # type: ignore[union-attr]
+        a = node.inputs[0]
+        rows = known.get(a.name or "") if a is not None else None
+        pending.append((name, k, n, rows))
     common = Counter(rows for *_, rows in pending if rows is not None).most_common(1)
     fallback = common[0][0] if common else default
     return [Layer(name, k, n, rows or fallback) for name, k, n, rows in pending]

@@ -52,6 +52,8 @@ class Layout:
     passed: bool
     ratios: tuple[float, ...] | None = None
     quantized_nodes: int = 0
+    not_made: str = ""
+    """Why the model was not made (it could not be the one kept); empty when it was."""
 
     @property
     def speed(self) -> float | None:
@@ -70,6 +72,7 @@ class Layout:
             "meets_criterion": self.passed,
             "latency_ratios": None if self.ratios is None else [round(r, 4) for r in self.ratios],
             "latency_ratio": None if self.speed is None else round(self.speed, 4),
+            "not_made": self.not_made or None,
         }
 
 

@@ -17,6 +17,11 @@ inputs, :mod:`onnx_conv2matmul.speed.inputs`), and keeps one by the preference:
 - by default (``balanced``): the smaller one among those not slower than the original by more
   than :data:`DEFAULT_MARGIN`; when neither is, the faster.
 
+With ``size`` the model with them is made first: when it meets the criterion and is smaller than
+the float weights of those convs alone, the model without them (which keeps those weights in
+float) cannot be smaller, and is not made (``not_made`` in its row says so); a search on each
+layout (``--auto``) then runs once, not twice.
+
 The report's ``transposes`` section shows the trade: those convs' number and weight share, each
 model's size and latency ratio, the margin, what was kept and why. Each model is made as the run
 was asked (settings, check, search below the criterion, kernel choice, speed step), and the one kept
@@ -69,8 +74,9 @@ def choose(layouts: Sequence[Layout], prefer: Prefer, margin: float) -> tuple[in
         timing = "" if value is None else f", {value:.2f}x the original's latency"
         return f"{layouts[i].name} ({_size(layouts[i].bytes)}{timing})"
 
-    missed = [layouts[i].name for i in range(len(layouts)) if i not in eligible]
+    missed = [layouts[i].name for i in range(len(layouts)) if i not in eligible and not layouts[i].not_made]
     why_not = f"; {', '.join(missed)} missed the accuracy criterion" if missed else ""
+    why_not += "".join(f"; {layout.name}: {layout.not_made}" for layout in layouts if layout.not_made)
     if prefer is Prefer.SIZE:
         best = min(eligible, key=size)
         return best, f"--prefer size: {described(best)} is the smallest{why_not}"
@@ -103,16 +109,16 @@ def choose(layouts: Sequence[Layout], prefer: Prefer, margin: float) -> tuple[in
     )
 
 
-def left_with_transposes(src: str, convert_options: Any) -> tuple[int, float]:
-    """How many convs the rewrite leaves because they add Transposes, and their share of the
-    float weights (read from the ``.onnx`` without reading external data)."""
+def left_with_transposes(src: str, convert_options: Any) -> tuple[int, float, int]:
+    """How many convs the rewrite leaves because they add Transposes, their share of the float
+    weights and their weights' bytes (read from the ``.onnx`` without reading external data)."""
     from onnx_conv2matmul.quantize.inspection import inspect_file
 
     inspected = inspect_file(src, convert_options, run_checker=False)
     entries = [e for e in inspected.rewrite.entries if e.reason is SkipReason.ADDS_TRANSPOSES]
     total = inspected.projection.weights_without_rewrite.total_bytes
     weight = sum(e.weight_bytes for e in entries)
-    return len(entries), (weight / total if total else 0.0)
+    return len(entries), (weight / total if total else 0.0), weight
 
 
 def file_bytes(path: str) -> int:
@@ -156,16 +162,26 @@ def decide(
     Raises:
         ModelLoadError, ModelRunError: a model cannot be timed.
     """
-    convs, share = left_with_transposes(src, convert_options)
+    convs, share, left_bytes = left_with_transposes(src, convert_options)
     if not convs or share < MIN_SHARE:
         return convert_options, None, None
     with_options = dataclasses.replace(convert_options, allow_added_transposes=True)
     layouts: list[Layout] = []
     made: list[Made | None] = []
-    for name, flag, rewrite in (
-        ("without them", False, convert_options),
-        ("with them", True, with_options),
-    ):
+    order = [("without them", False, convert_options), ("with them", True, with_options)]
+    size_first = options.prefer is Prefer.SIZE
+    if size_first:  # the model with them first: it may leave the other nothing to win
+        order.reverse()
+    for name, flag, rewrite in order:
+        if size_first and layouts and layouts[0].passed and layouts[0].bytes < left_bytes:
+            # Without them, those convs' float weights alone outweigh the model with them.
+            why = (
+                f"not made: the float weights of the convs that add Transposes alone"
+                f" ({_size(left_bytes)}) outweigh {layouts[0].name} ({_size(layouts[0].bytes)})"
+            )
+            layouts.append(Layout(name, flag, 0, False, None, 0, why))
+            made.append(None)
+            continue
         progress(f"Quantizing {name}: the convs that add Transposes")
         folder = os.path.join(scratch, "with" if flag else "without")
         os.makedirs(folder, exist_ok=True)
@@ -182,6 +198,9 @@ def decide(
         ok = passed and bool(path) and os.path.exists(path)
         layouts.append(Layout(name, flag, file_bytes(path) if ok else 0, ok, None, quantized))
         made.append(Made(path, report) if ok else None)
+    if size_first:
+        layouts.reverse()
+        made.reverse()
     timed_on = ""
     measured = None
     timed = [i for i, m in enumerate(made) if m is not None]
@@ -204,7 +223,7 @@ def decide(
             layouts[i] = dataclasses.replace(layouts[i], ratios=ratios)
     original = file_bytes(src)
     for i, layout in enumerate(layouts):
-        if not layout.passed:
+        if not layout.passed and not layout.not_made:
             layouts[i] = dataclasses.replace(layout, bytes=layout.bytes or original)
     kept, reason = choose(layouts, options.prefer, options.margin)
     trade = TransposeTrade(
@@ -221,22 +240,15 @@ def decide(
     return (with_options if layouts[kept].with_transposes else convert_options), trade, made[kept]
 
 
-def weigh(
-    src: str,
-    scratch: str,
-    convert_options: Any,
-    options: TransposeOptions,
-    speed: Any,
-    verify: Any,
-    progress: Callable[[str], None],
-    run: CandidateRun,
-) -> tuple[Any, TransposeTrade | None, Made | None]:
-    """:func:`decide` for ``quantize``: ``run`` makes each model in ``scratch`` as the run was
-    asked (settings, check, search, kernel choice, speed step); both are timed with the speed
-    options' timing (None: ``--no-bench``)."""
+def weigh(plan: Any, scratch: str, run: CandidateRun) -> tuple[Any, TransposeTrade | None, Made | None]:
+    """:func:`decide` for a quantize run's plan (:class:`onnx_conv2matmul.quantize.plan.QuantizePlan`):
+    ``run`` makes each model in ``scratch`` as the run was asked (settings, check, search, kernel
+    choice, speed step); both are timed with the plan's speed options' timing (None: ``--no-bench``)."""
     timing = None
-    if speed is not None:
+    if plan.speed is not None:
         from onnx_conv2matmul.quantize.kernel import timing_options
 
-        timing = timing_options(speed, verify)
-    return decide(src, scratch, convert_options, options, run, timing, verify, progress)
+        timing = timing_options(plan.speed, plan.verify)
+    return decide(
+        plan.src, scratch, plan.convert, plan.transposes, run, timing, plan.verify, plan.progress.phase
+    )

@@ -131,9 +131,7 @@ def _weigh(plan: QuantizePlan, scratch: str) -> tuple[QuantizePlan, TransposeTra
         again = plan.request.again(rewrite, speed=plan.speed)
         return quantize_file(plan.src, os.path.join(folder, name), again)
 
-    convert, trade, made = weigh(
-        plan.src, scratch, plan.convert, plan.transposes, plan.speed, plan.verify, plan.progress.phase, make
-    )
+    convert, trade, made = weigh(plan, scratch, make)
     return dataclasses.replace(plan, convert=convert), trade, made
 
 

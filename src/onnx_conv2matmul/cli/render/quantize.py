@@ -31,7 +31,10 @@ def print_transpose_trade(console: Console, trade: dict[str, Any]) -> None:
         latency = "not timed" if ratios is None else " / ".join(f"{r:.2f}" for r in ratios)
         size = "-" if model["size_ratio"] is None else f"{model['size_ratio']:.3f}x"
         kept = "yes" if model["name"] == trade["kept"] else ""
-        table.add_row(model["name"], size, latency, "yes" if model["meets_criterion"] else "no", kept)
+        meets = "yes" if model["meets_criterion"] else "no"
+        if model.get("not_made"):
+            size, latency, meets = "not made", "-", "-"
+        table.add_row(model["name"], size, latency, meets, kept)
     console.print(table)
     console.print(f"Kept: {escape(trade['reason'])}", highlight=False, soft_wrap=True)
 
