@@ -14,7 +14,8 @@
 #   --cache     where fastconformer.py keeps the Parakeet-size exports (made on first use; about
 #               10 GB, an hour on 2 cores) [default: ~/.cache/onnx-conv2matmul-bench]
 #   --results   where each benchmark's printed table (and JSON, where it writes one) goes
-#               [default: .bench/results/DATE]
+#               [default: .bench/results/DATE]; run.txt there has the commit, the versions, the
+#               CPU and each benchmark's load average at start and end, to quote with its figures
 # The package is installed (as a user installs it, not editable) into .bench/venv with the
 # `test` extra; torch and onnxscript too (BENCH_TORCH, default torch==2.13.0) when a benchmark
 # needs the exports, since only fastconformer.py, which makes them, uses torch; Pillow for
@@ -110,6 +111,14 @@ fi
 
 mkdir -p "$results"
 cd "$root"
+load() { cut -d' ' -f1-3 /proc/loadavg; }
+{
+    echo "commit: $(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)"
+    echo "started: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo "python: $("$py" --version 2>&1)"
+    "$py" -c 'import onnx, onnxruntime; print(f"onnx {onnx.__version__}, onnxruntime {onnxruntime.__version__}")'
+    echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), $(nproc) cores"
+} | tee "$results/run.txt"
 if [[ "${needs_exports:-0}" == 1 ]]; then
     echo "== the $size-size exports ($models)"
     # shellcheck disable=SC2086
@@ -118,11 +127,14 @@ fi
 failed=()
 for i in "${!commands[@]}"; do
     echo "== ${names[$i]}: ${commands[$i]}"
+    echo "${names[$i]}: load average (1, 5, 15 min) at start $(load)" >>"$results/run.txt"
     # shellcheck disable=SC2086
     if ! nice -n 5 "$py" ${commands[$i]} 2>&1 | tee "$results/${names[$i]}.txt"; then
         failed+=("${names[$i]}")
     fi
+    echo "${names[$i]}: load average (1, 5, 15 min) at end $(load), $(date -u +%H:%M:%SZ)" >>"$results/run.txt"
 done
+echo "finished: $(date -u +%Y-%m-%dT%H:%M:%SZ)" >>"$results/run.txt"
 echo "results: $results"
 if [[ ${#failed[@]} -gt 0 ]]; then
     echo "failed: ${failed[*]}" >&2

@@ -114,3 +114,46 @@ def test_the_more_accurate_level_is_retried_only_where_it_is_not_slow(
     assert bool(plan.retry) != tried
     if not tried:
         assert "1.20x" in plan.retry and plan.to_dict()["retry"] == plan.retry
+
+
+@pytest.mark.parametrize("prefer_size", [False, True])
+def test_prefer_size_offers_the_search_below_the_floor_every_precision(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, prefer_size: bool
+) -> None:
+    """By default the search that follows a result below the floor is kept from precisions float
+    beats on this CPU (int8 on the int8-slow machine); ``--prefer size`` asks for the smallest
+    model, so it is offered them all, as ``--auto`` is."""
+    from onnx_conv2matmul.api import quantize_file
+    from onnx_conv2matmul.quantize import workflow
+    from onnx_conv2matmul.quantize.options import resolve
+    from onnx_conv2matmul.quantize.transposes import Prefer, TransposeOptions
+    from onnx_conv2matmul.speed import costs as costs_module
+    from onnx_conv2matmul.speed import timing
+    from speed_fakes import Sessions
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # this fake machine's costs only
+    kernel_clock = FakeClock()
+    monkeypatch.setattr(costs_module, "_default_clock", kernel_clock)
+    monkeypatch.setattr(costs_module, "timed_session", KernelMachine(kernel_clock, INT8_SLOW))
+    clock = FakeClock()
+    monkeypatch.setattr(timing, "_default_clock", clock)
+    monkeypatch.setattr(timing, "timed_session", Sessions(clock, lambda path, length: 1.0, real=True))
+    filters: list[object] = []
+    real = workflow.run_search
+
+    def spy(run, workdir, model, speed_filter=None):  # type: ignore[no-untyped-def]
+        filters.append(speed_filter)
+        return real(run, workdir, model, speed_filter)
+
+    monkeypatch.setattr(workflow, "run_search", spy)
+    speed = resolve({}, bench_lengths=(64,), bench_rounds=3).speed
+    transposes = TransposeOptions(Prefer.SIZE) if prefer_size else None
+    report = quantize_file(
+        ENCODER,
+        tmp_path / "q.onnx",
+        verify=VerifyOptions(lengths=(64, 97), min_cosine=0.9995),
+        speed=speed,
+        transposes=transposes,
+    )
+    assert report.accuracy["fallback"] is not None  # the uniform settings fell below: searched
+    assert filters and all((f is None) == prefer_size for f in filters)

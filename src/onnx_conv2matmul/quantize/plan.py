@@ -56,11 +56,23 @@ class Request:
     metric: MetricTarget | None = None
     search_below: bool | None = None
     transposes: TransposeOptions | None = None
+    smallest: bool = False
+    """The smallest model is wanted (``--prefer size``), see :func:`wants_smallest`."""
 
     def again(self, convert: ConvertOptions, *, speed: SpeedOptions | None = None) -> Request:
         """The same request for another rewrite (the Transposes' trade makes the model both ways),
         without progress or a trade of its own; timed only with ``speed``."""
-        return dataclasses.replace(self, convert=convert, speed=speed, progress=None, transposes=None)
+        return dataclasses.replace(
+            self, convert=convert, speed=speed, progress=None, transposes=None, smallest=wants_smallest(self)
+        )
+
+
+def wants_smallest(request: Request) -> bool:
+    """Whether the request asks for the smallest model (``--prefer size``): the Transposes' trade
+    keeps the smaller, and the search below the criterion is offered every precision, those that
+    float beats on this CPU too (by default it is not: a model slower than float is no answer)."""
+    prefer = request.transposes.prefer if request.transposes is not None else None
+    return request.smallest or prefer == "size"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +92,7 @@ class QuantizePlan:
         speed: What is timed and tried; None: nothing is timed.
         metric: The user's score and its largest drop; None: the cosine alone.
         search_below: Whether a result below the criterion makes the search run.
+        smallest: The smallest model is wanted (see :func:`wants_smallest`).
         transposes: The trade of the Transposes a rewrite adds; None: decided by ``convert``.
         run_checker: Whether the ONNX checker runs on the input and the output.
         progress: Where each step is announced (and timed by phase).
@@ -98,6 +111,7 @@ class QuantizePlan:
     metric: MetricTarget | None
     search_below: bool
     transposes: TransposeOptions | None
+    smallest: bool
     run_checker: bool
     progress: PhaseTimer
     criterion: Mapping[str, Any]
@@ -171,6 +185,7 @@ def resolve(
         metric=metric,
         search_below=below if request.search_below is None else request.search_below,
         transposes=request.transposes,
+        smallest=wants_smallest(request),
         run_checker=request.run_checker,
         progress=progress,
         criterion=criterion,

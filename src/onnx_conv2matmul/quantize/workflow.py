@@ -150,7 +150,7 @@ def _search_below(
         accuracy_level=plan.quantize.accuracy_level,
         exclude=plan.quantize.exclude,
         include=plan.quantize.include,
-        speed_aware=True,
+        speed_aware=not plan.smallest,
     )
     plan = dataclasses.replace(plan, auto=auto)
     report = new_report(plan)
