@@ -250,3 +250,17 @@ def test_the_report_names_the_matmul_after_a_pad_or_a_slice(attrs: dict[str, obj
     assert [(e.status, e.matmul) for e in report.entries] == [(Status.CONVERTED, matmul)]
     assert matmul == "pw/MatMul"
     assert_equivalent(model, rewritten, conv_feeds(6, 1, lengths=(1, 8)))
+
+
+def test_a_fused_conv_s_z_and_activation_come_after_named_values() -> None:
+    model = fused_conv_model(activation="Relu", z=True, out_channels=4)
+    rewritten, _ = convert(model, ALL)
+    assert _nodes(rewritten) == [
+        ("Transpose", "pw/Transpose", ["x"], ["pw/channels_last"]),
+        ("MatMul", "pw/MatMul", ["pw/channels_last", "W_matmul"], ["pw/matmul"]),
+        ("Add", "pw/Add", ["pw/matmul", "B"], ["pw/biased"]),
+        ("Transpose", "pw/Transpose_1", ["pw/biased"], ["pw/channels_first"]),
+        ("Add", "pw/Add_1", ["pw/channels_first", "z"], ["pw/summed"]),
+        ("Relu", "pw/Relu", ["pw/summed"], ["y"]),
+    ]
+    assert_equivalent(model, rewritten, with_z(conv_feeds(6, 1, lengths=(1, 5)), 4))
