@@ -47,6 +47,11 @@ _FALSY = "load_external_data=None is as false as False"
 _DEFAULT = "a default changed in the mutant only: mutmut's trampoline passes the original's default"
 _TENSOR_NAME = "the materialized tensor's name: never read (the initializer is named by its value)"
 _TWICE = "a weight listed twice: remove_dead_weights skips it once removed (no graph any more)"
+_CONV_LAST = "the last value's name: it takes the conv output's name"
+_FORM = (
+    "a conv's stored form is only compared with other convs' (a Gemm's B is 2-D), and stays apart for "
+    "each group count"
+)
 _NO_ATTRS = "ir.node(attributes=None) is ir.node(attributes={})"
 _GEMM_LAST = "the last value's name: it takes the Gemm output's name"
 _INFERRED = "the array is already of dtype's numpy type: ir.tensor infers the same dtype"
@@ -140,6 +145,10 @@ _EQUIVALENT_BY_MODULE: dict[str, dict[str, str]] = {
         "x_compare_sequences__mutmut_94": "the row's dtype only sets .passed and .note, overwritten next",
     },
     "rewrite.analysis": {
+        "x__stored_form__mutmut_1": _FORM,
+        "x__stored_form__mutmut_3": _FORM,
+        "x__stored_form__mutmut_4": _FORM,
+        "x__stored_form__mutmut_6": _FORM,
         "x__plan__mutmut_115": "a valid standard Conv has no activation attribute: (None, None) either way",
         "x__plan__mutmut_124": "a valid standard Conv has at most 3 inputs: no Z either way",
         "x__plan__mutmut_298": _AUTO_PAD,
@@ -172,6 +181,11 @@ _EQUIVALENT_BY_MODULE: dict[str, dict[str, str]] = {
         "xǁRewriterǁapply__mutmut_232": _NO_ATTRS,
         "xǁRewriterǁapply__mutmut_263": _NO_ATTRS,
         "xǁRewriterǁapply__mutmut_286": "zip(strict=None): activation() checked Clip's two params",
+        "xǁRewriterǁapply__mutmut_289": "zip() without strict: activation() checked Clip's two params",
+        "xǁRewriterǁapply__mutmut_294": "zip(strict=False): activation() checked Clip's two params",
+        "xǁRewriterǁapply__mutmut_314": _CONV_LAST,
+        "xǁRewriterǁapply__mutmut_324": _CONV_LAST,
+        "xǁRewriterǁapply__mutmut_325": _CONV_LAST,
         "x__transposed_weight__mutmut_20": _TENSOR_NAME,
         "x__transposed_weight__mutmut_22": _TENSOR_NAME,
         "xǁRewriterǁmatmul_weight__mutmut_1": _DEFAULT,
