@@ -264,3 +264,24 @@ def test_a_fused_conv_s_z_and_activation_come_after_named_values() -> None:
         ("Relu", "pw/Relu", ["pw/summed"], ["y"]),
     ]
     assert_equivalent(model, rewritten, with_z(conv_feeds(6, 1, lengths=(1, 5)), 4))
+
+
+def test_a_c_from_a_constant_holding_a_float_converts() -> None:
+    """A Constant may hold its value as ``value_float``: not a tensor the rewrite reads, but no error."""
+    rng = np.random.default_rng(0)
+    b = helper.make_tensor("B", TensorProto.FLOAT, [6, 5], rng.standard_normal(30).tolist())
+    graph = helper.make_graph(
+        [
+            helper.make_node("Constant", [], ["C"], value_float=2.0),
+            helper.make_node("Gemm", ["a", "B", "C"], ["y"], name="fc"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["M", 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M", 5])],
+        [b],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    rewritten, report = convert(model, ALL)
+    assert [e.status for e in report.entries] == [Status.CONVERTED]
+    assert_equivalent(model, rewritten, [{"a": rng.standard_normal((3, 6)).astype(np.float32)}])
