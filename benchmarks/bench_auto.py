@@ -30,17 +30,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from _process import run_measured
 
 ROOT = Path(__file__).resolve().parent.parent
 RECOGNIZER = (
@@ -90,13 +90,10 @@ def fetch_recognizer() -> Path:
 
 def run(argv: list[str]) -> dict[str, Any]:
     """One process: wall seconds, CPU seconds (user + system), peak RSS in MiB, exit code."""
-    start = time.perf_counter()
-    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    assert process.stderr is not None
-    stderr = process.stderr.read()
-    _, status, usage = os.wait4(process.pid, 0)
-    wall = time.perf_counter() - start
-    code = os.waitstatus_to_exitcode(status)
+    usage = run_measured(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    stderr = usage.stderr
+    wall = usage.seconds
+    code = usage.returncode
     if code != 0:
         tail = stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
         print(f"  exit {code}: {tail[0]}", file=sys.stderr)

@@ -38,7 +38,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +46,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from _process import run_measured
 from _timing import interleaved_latency, ratio_interval, ratio_of_medians, timed_session
 from onnx_conv2matmul._graphs import count_op
 from onnx_conv2matmul.bundle.listing import bundle_sizes
@@ -90,11 +90,9 @@ def run(name: str, argv: list[str]) -> Step:
     """Run one process; its wall time and peak RSS (ru_maxrss of that child only)."""
     print(f"[{name}] ...", file=sys.stderr, flush=True)
     with tempfile.TemporaryFile() as log:  # a pipe would fill up and block the child
-        start = time.perf_counter()
-        process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log)
-        _, status, usage = os.wait4(process.pid, 0)
-        seconds = time.perf_counter() - start
-        code = os.waitstatus_to_exitcode(status)
+        usage = run_measured(argv, stdout=subprocess.DEVNULL, stderr=log)
+        seconds = usage.seconds
+        code = usage.returncode
         if code != 0:
             log.seek(0)
             print(f"[{name}] failed: {log.read().decode()[-2000:]}", file=sys.stderr)

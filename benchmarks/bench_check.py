@@ -31,10 +31,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from _process import run_measured
 
 DEFAULT_CACHE = Path.home() / ".cache" / "onnx-conv2matmul-bench"
 DEFAULT_ENCODER_DIR = "encoder-dynamo-table"
@@ -63,13 +64,11 @@ def run(name: str, argv: list[str], *, nice: int = 0) -> Step:
     """One process: its wall time and peak RSS (``ru_maxrss`` of that child only)."""
     print(f"[{name}] ...", file=sys.stderr, flush=True)
     with tempfile.TemporaryFile() as log:  # a pipe would fill up and block the child
-        start = time.perf_counter()
-        process = subprocess.Popen(
+        usage = run_measured(
             argv, stdout=subprocess.DEVNULL, stderr=log, preexec_fn=(lambda: os.nice(nice)) if nice else None
         )
-        _, status, usage = os.wait4(process.pid, 0)
-        seconds = time.perf_counter() - start
-        code = os.waitstatus_to_exitcode(status)
+        seconds = usage.seconds
+        code = usage.returncode
         if code != 0:
             log.seek(0)
             raise SystemExit(f"step {name!r} failed with exit {code}: {log.read().decode()[-2000:]}")

@@ -31,11 +31,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -44,6 +42,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
+from _process import run_measured
 from model_cache import FETCHER, Packaged
 
 DETECTOR = Packaged(
@@ -101,11 +100,9 @@ def run(name: str, argv: list[str]) -> dict[str, Any]:
     """One process: its wall time and peak RSS."""
     print(f"[{name}] {' '.join(argv[2:])}", file=sys.stderr, flush=True)
     with tempfile.TemporaryFile() as log:
-        start = time.perf_counter()
-        process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log)
-        _, status, usage = os.wait4(process.pid, 0)
-        seconds = time.perf_counter() - start
-        code = os.waitstatus_to_exitcode(status)
+        usage = run_measured(argv, stdout=subprocess.DEVNULL, stderr=log)
+        seconds = usage.seconds
+        code = usage.returncode
         if code != 0:
             log.seek(0)
             raise SystemExit(f"[{name}] failed ({code}): {log.read().decode()[-3000:]}")

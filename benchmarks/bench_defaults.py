@@ -30,9 +30,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
+
+from _process import run_measured
 
 DEFAULT_ENCODER = Path("/work/bench-models/encoder-dynamo-table/encoder-model.onnx")
 FLAGS = ("avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8", "amx_bf16")
@@ -58,11 +59,9 @@ def run(name: str, argv: list[str], env: dict[str, str] | None = None) -> dict[s
     """One process: its wall seconds and peak RSS (of that child alone)."""
     print(f"[{name}] {' '.join(argv[2:])}", file=sys.stderr, flush=True)
     with tempfile.TemporaryFile() as log:
-        start = time.perf_counter()
-        process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log, env=env)
-        _, status, usage = os.wait4(process.pid, 0)
-        seconds = time.perf_counter() - start
-        code = os.waitstatus_to_exitcode(status)
+        usage = run_measured(argv, stdout=subprocess.DEVNULL, stderr=log, env=env)
+        seconds = usage.seconds
+        code = usage.returncode
         if code != 0:
             log.seek(0)
             raise SystemExit(f"[{name}] failed ({code}): {log.read().decode()[-3000:]}")

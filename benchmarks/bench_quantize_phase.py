@@ -25,14 +25,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
+
+from _process import run_measured
 
 DEFAULT_CACHE = Path.home() / ".cache" / "onnx-conv2matmul-bench"
 ENCODER = Path("encoder-dynamo") / "encoder-model.onnx"
@@ -111,11 +111,9 @@ print(json.dumps(result))
 def run(argv: list[str]) -> tuple[float, float, dict[str, Any]]:
     """One process: wall seconds, peak RSS (MiB) and the JSON it printed."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        start = time.perf_counter()
-        process = subprocess.Popen(argv, stdout=out, stderr=err)
-        _, status, usage = os.wait4(process.pid, 0)
-        seconds = time.perf_counter() - start
-        if os.waitstatus_to_exitcode(status) != 0:
+        usage = run_measured(argv, stdout=out, stderr=err)
+        seconds = usage.seconds
+        if usage.returncode != 0:
             err.seek(0)
             raise SystemExit(f"{argv[:3]} failed: {err.read().decode()[-2000:]}")
         out.seek(0)

@@ -37,7 +37,6 @@ import random
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +46,7 @@ import onnxruntime as ort
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
+from _process import run_measured  # noqa: E402
 from model_cache import FETCHER  # noqa: E402
 from real_packages import CLS, REC  # noqa: E402
 
@@ -178,14 +178,10 @@ def _lines(kind: str, count: int, seed: int, width: int) -> tuple[np.ndarray, li
 
 
 def _run(argv: list[str], env: dict[str, str]) -> tuple[int, float, int, str]:
-    """Exit code, wall seconds and peak RSS bytes of one command in its own process."""
-    start = time.perf_counter()
-    process = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    assert process.stderr is not None
-    stderr = process.stderr.read()
-    _, status, usage = os.wait4(process.pid, 0)
-    process.returncode = os.waitstatus_to_exitcode(status)
-    return process.returncode, time.perf_counter() - start, usage.ru_maxrss * 1024, stderr
+    """Exit code, wall seconds and peak RSS bytes of one command in its own process (forked from
+    a small launcher, see ``_process``), and its stderr."""
+    usage = run_measured(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return usage.returncode, usage.seconds, usage.peak_bytes, usage.stderr
 
 
 def _metric(path: str, data: Path, kind: str) -> float:

@@ -53,6 +53,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from _process import run_measured
 from _timing import interleaved_latency, ratio_interval, timed_session
 
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "onnx-conv2matmul-bench"
@@ -72,25 +73,6 @@ LOAD_FAILURE = "onnxruntime cannot load the candidate model: "  # how verify rep
 MB = 1 << 20
 # A message longer than this is cut in the tables (the JSON keeps it whole).
 CELL_CHARS = 240
-# Runs one measured command (argv[1:]) and prints its wall time, peak RSS (KB) and exit code.
-# Linux starts a process's ru_maxrss at the peak RSS of the image it replaced by exec, so a
-# command forked straight from this script (with onnxruntime sessions and numpy loaded) would
-# report at least this script's peak. Forked from this small interpreter instead, a command's
-# peak RSS is exact above ~7 MB.
-LAUNCHER = """
-import os, sys, time
-start = time.perf_counter()
-pid = os.fork()
-if pid == 0:
-    os.dup2(2, 1)
-    try:
-        os.execvp(sys.argv[1], sys.argv[1:])
-    except OSError as err:
-        print(f"error: {err}", file=sys.stderr)
-    os._exit(127)
-_, status, usage = os.wait4(pid, 0)
-print(time.perf_counter() - start, usage.ru_maxrss, os.waitstatus_to_exitcode(status))
-"""
 
 
 # --------------------------------------------------------------------------- #
@@ -241,25 +223,17 @@ def failure_line(output: str) -> str:
 
 
 def run_child(argv: Sequence[str], cwd: Path | None = None) -> ChildRun:
-    """Run ``argv`` to completion through :data:`LAUNCHER`; its output only explains a failure."""
+    """Run ``argv`` to completion, forked from a small launcher (``_process``: its peak RSS is
+    its own, not this script's); its output only explains a failure."""
     with tempfile.TemporaryFile() as log:
-        launcher = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", LAUNCHER, *argv],
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=log,
-            text=True,
-        )
-        measured, _ = launcher.communicate()
-        wall, peak_rss_kb, returncode = measured.split()
+        usage = run_measured(argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
         message = ""
-        if int(returncode) < 0:
-            message = f"killed by {signal.Signals(-int(returncode)).name}"
-        elif int(returncode) > 0:
+        if usage.returncode < 0:
+            message = f"killed by {signal.Signals(-usage.returncode).name}"
+        elif usage.returncode > 0:
             log.seek(0)
             message = failure_line(log.read().decode(errors="replace"))
-    return ChildRun(float(wall), int(peak_rss_kb), int(returncode), message)
+    return ChildRun(usage.seconds, usage.ru_maxrss, usage.returncode, message)
 
 
 def progress(message: str) -> None:

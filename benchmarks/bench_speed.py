@@ -33,9 +33,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
+
+from _process import run_measured
 
 DEFAULT_CACHE = Path.home() / ".cache" / "onnx-conv2matmul-bench"
 ENCODER = "encoder-model.onnx"
@@ -48,11 +49,9 @@ def run(name: str, argv: list[str], stdout: bool = False) -> tuple[dict[str, Any
     """One process: its wall time and peak RSS (of that child alone), and its stdout when asked."""
     print(f"[{name}] {' '.join(argv[2:])}", file=sys.stderr, flush=True)
     with tempfile.TemporaryFile() as log, tempfile.TemporaryFile() as out:
-        start = time.perf_counter()
-        process = subprocess.Popen(argv, stdout=out if stdout else subprocess.DEVNULL, stderr=log)
-        _, status, usage = os.wait4(process.pid, 0)
-        seconds = time.perf_counter() - start
-        code = os.waitstatus_to_exitcode(status)
+        usage = run_measured(argv, stdout=out if stdout else subprocess.DEVNULL, stderr=log)
+        seconds = usage.seconds
+        code = usage.returncode
         if code != 0:
             log.seek(0)
             raise SystemExit(f"[{name}] failed ({code}): {log.read().decode()[-3000:]}")

@@ -10,13 +10,17 @@ import sys
 from pathlib import Path
 
 import onnx
+import pytest
 
 from helpers import matmul_model
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_quantize_phase.py"
 
 
-def test_the_timed_script_runs_the_workflow_up_to_the_accuracy_check(tmp_path: Path) -> None:
+def test_the_timed_script_runs_the_workflow_up_to_the_accuracy_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(BENCH.parent))  # as when the script runs: its folder first
     spec = importlib.util.spec_from_file_location("bench_quantize_phase", BENCH)
     assert spec is not None and spec.loader is not None
     bench = importlib.util.module_from_spec(spec)
