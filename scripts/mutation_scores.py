@@ -159,6 +159,10 @@ _EQUIVALENT_BY_MODULE: dict[str, dict[str, str]] = {
         "x__plan__mutmut_12": 'onnx_ir turns the domain "ai.onnx" into ""',
     },
     "rewrite.cleanup": {
+        "x_cancel_transposes__mutmut_64": _SAFE,
+        "x_cancel_transposes__mutmut_66": _SAFE,
+        "x_cancel_transposes__mutmut_67": _SAFE,
+        "x_remove_dead_weights__mutmut_13": _SAFE,
         "x_remove_dead_weights__mutmut_10": _SAFE,
         "x_remove_dead_weights__mutmut_12": _SAFE,
         "x_sink_transposes__mutmut_3": "_ours(every=None): every is only tested for truth",
