@@ -156,18 +156,39 @@ def measure(encoder: Path, decoder: Path, work: Path, lengths: str, rounds: int)
         "lengths": encoders["lengths"]["used"],
         "decoder_lengths": decoders["lengths"]["used"],
         "rounds": rounds,
-        "chosen": {
-            "winner": chosen["kernel_choice"]["winner"] if chosen["kernel_choice"] else None,
-            "reason": chosen["kernel_choice"]["reason"] if chosen["kernel_choice"] else None,
-            "candidates": [
-                {k: c[k] for k in ("name", "cosine", "meets_target", "speed")}
-                for c in (chosen["kernel_choice"] or {}).get("candidates", [])
-            ],
-        },
+        "chosen": chosen_kernel(chosen),
         "rows": rows,
         "steps": steps,
         "warnings": encoders["warnings"] + decoders["warnings"],
     }
+
+
+def chosen_kernel(report: dict[str, Any]) -> dict[str, Any]:
+    """What the default's report says it chose: from whole-model timings (``kernel_choice``, with
+    ``--bench full`` or a retry) or, by default, from per-shape costs (``kernel_costs``)."""
+    choice, costs = report.get("kernel_choice"), report.get("kernel_costs")
+    if choice:
+        candidates = [
+            {
+                "name": c["name"],
+                "detail": f"cosine {c['cosine']:.5f} meets {c['meets_target']}",
+                "speed": c["speed"],
+            }
+            for c in choice.get("candidates", [])
+        ]
+        return {"winner": choice["winner"], "reason": choice["reason"], "candidates": candidates}
+    if costs:
+        candidates = [
+            {
+                "name": f"block {c['block_size']} level {c['accuracy_level']}",
+                "detail": "MatMuls' cost per shape, x float's",
+                "speed": c["x_float"],
+            }
+            for c in costs["candidates"]
+        ]
+        winner = candidates[costs["winner"]]["name"] if candidates else None
+        return {"winner": winner, "reason": costs["reason"], "candidates": candidates}
+    return {"winner": None, "reason": None, "candidates": []}
 
 
 def ratio_text(latency: dict[str, Any]) -> str:
@@ -180,19 +201,16 @@ def ratio_text(latency: dict[str, Any]) -> str:
 def print_table(result: dict[str, Any]) -> None:
     print(f"CPU: {result['cpu']}; batch 1, {result['rounds']} interleaved rounds, medians")
     print(f"encoder lengths {result['lengths']} frames; decoder/joint T = U = {result['decoder_lengths']}")
-    print(f"default chose: {result['chosen']['winner']}")
+    print(f"default chose: {result['chosen']['winner']} ({result['chosen']['reason']})")
     for candidate in result["chosen"]["candidates"]:
         speed = "-" if candidate["speed"] is None else f"{candidate['speed']:.3f}"
-        print(
-            f"  {candidate['name']:30s} cosine {candidate['cosine']:.5f}"
-            f" meets {candidate['meets_target']} speed {speed}"
-        )
+        print(f"  {candidate['name']:30s} {candidate['detail']}: {speed}")
+    lengths = result["lengths"]
     header = [
         "model",
         "MiB",
         f"cosine@{COSINE_LENGTH}",
-        "latency at length 1 (x fp32)",
-        "latency at length 2 (x fp32)",
+        *(f"x fp32 at {n} / T=U={u}" for n, u in zip(lengths, result["decoder_lengths"], strict=False)),
     ]
     print(" | ".join(header))
     for row in result["rows"]:
