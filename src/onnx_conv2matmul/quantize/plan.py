@@ -92,7 +92,6 @@ class QuantizePlan:
         speed: What is timed and tried; None: nothing is timed.
         metric: The user's score and its largest drop; None: the cosine alone.
         search_below: Whether a result below the criterion makes the search run.
-        smallest: The smallest model is wanted (see :func:`wants_smallest`).
         transposes: The trade of the Transposes a rewrite adds; None: decided by ``convert``.
         run_checker: Whether the ONNX checker runs on the input and the output.
         progress: Where each step is announced (and timed by phase).
@@ -111,7 +110,6 @@ class QuantizePlan:
     metric: MetricTarget | None
     search_below: bool
     transposes: TransposeOptions | None
-    smallest: bool
     run_checker: bool
     progress: PhaseTimer
     criterion: Mapping[str, Any]
@@ -185,7 +183,6 @@ def resolve(
         metric=metric,
         search_below=below if request.search_below is None else request.search_below,
         transposes=request.transposes,
-        smallest=wants_smallest(request),
         run_checker=request.run_checker,
         progress=progress,
         criterion=criterion,

@@ -21,7 +21,7 @@ from onnx_conv2matmul.quantize.check_publish import check_and_publish, publish_m
 from onnx_conv2matmul.quantize.int8_step import check_int8_dynamic, int8_staged
 from onnx_conv2matmul.quantize.nbits import quantize_matmul_nbits
 from onnx_conv2matmul.quantize.plan import DEFAULT_MIN_COSINE as DEFAULT_MIN_COSINE
-from onnx_conv2matmul.quantize.plan import QuantizePlan, Request, resolve
+from onnx_conv2matmul.quantize.plan import QuantizePlan, Request, resolve, wants_smallest
 from onnx_conv2matmul.quantize.projection import weight_stats
 from onnx_conv2matmul.quantize.report import QuantizeReport as QuantizeReport  # its home before report.py
 from onnx_conv2matmul.quantize.run import Run, peak_rss_bytes
@@ -150,7 +150,7 @@ def _search_below(
         accuracy_level=plan.quantize.accuracy_level,
         exclude=plan.quantize.exclude,
         include=plan.quantize.include,
-        speed_aware=not plan.smallest,
+        speed_aware=not wants_smallest(plan.request),
     )
     plan = dataclasses.replace(plan, auto=auto)
     report = new_report(plan)

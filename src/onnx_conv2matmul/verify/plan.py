@@ -304,7 +304,7 @@ def _feed_runs(planner: Planner, number: int, feed: Mapping[str, np.ndarray]) ->
         if inputs + 2 * outputs > budget:
             _refuse_sample(where, inputs + 2 * outputs, budget, "its inputs and both models' outputs")
         return [Run(number, values, inputs, outputs)]
-    single = one_at_a_time(planner.specs, feed)
+    single = one_at_a_time(planner.specs, cut)
     one = {k: 1 if k in planner.roles.keys(Role.BATCH) else v for k, v in values.items()}
     fixed = sum(n for name, n in nbytes.items() if name not in cut)
     per_row_in = sum(n for name, n in nbytes.items() if name in cut) / rows

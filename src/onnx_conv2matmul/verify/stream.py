@@ -163,9 +163,9 @@ def cut_inputs(specs: Sequence[SpecLike], feed: Mapping[str, np.ndarray]) -> dic
     return cut
 
 
-def one_at_a_time(specs: Sequence[SpecLike], feed: Mapping[str, np.ndarray]) -> bool:
-    """Whether the model's sample axis is a static 1 where the feed holds several samples."""
-    cut = cut_inputs(specs, feed)
+def one_at_a_time(specs: Sequence[SpecLike], cut: Mapping[str, int]) -> bool:
+    """Whether the model's sample axis is a static 1 for the inputs ``cut`` (see
+    :func:`cut_inputs`) where the feed holds several samples."""
     return any(
         spec.name in cut and len(spec.shape) > cut[spec.name] and spec.shape[cut[spec.name]] == 1
         for spec in specs
