@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import onnxruntime as ort
 from hypothesis import settings
 from onnx import TensorProto, helper, numpy_helper
@@ -397,6 +398,20 @@ def conv_in_function_model(spatial: int, conv_name: str = "fn_conv") -> onnx.Mod
     model.functions.append(function)
     model.opset_import.append(helper.make_opsetid("local", 1))
     return model
+
+
+def unnamed_conv_output(model: onnx.ModelProto) -> ir.Model:
+    """``model``'s single conv with its output left unnamed (only a model built in memory has one),
+    read by an Identity ``keep`` whose output ``y`` is the graph's."""
+    loaded = ir.serde.deserialize_model(model)
+    (conv,) = loaded.graph
+    conv.outputs[0].name = None
+    loaded.graph.outputs.clear()
+    identity = ir.node("Identity", [conv.outputs[0]], name="keep")
+    identity.outputs[0].name = "y"
+    loaded.graph.append(identity)
+    loaded.graph.outputs.append(identity.outputs[0])
+    return loaded
 
 
 def no_bench(args: Sequence[object]) -> list[str]:

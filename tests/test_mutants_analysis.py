@@ -10,11 +10,18 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper
 
-from helpers import ALL, assert_equivalent, bfloat16_conv_model, conv_in_function_model, conv_model, op_types
+from helpers import (
+    ALL,
+    assert_equivalent,
+    bfloat16_conv_model,
+    conv_in_function_model,
+    conv_model,
+    op_types,
+    unnamed_conv_output,
+)
 from onnx_conv2matmul import ConvertOptions, SkipReason, convert
 from onnx_conv2matmul.rewrite.report import Status
 
@@ -62,14 +69,7 @@ def test_a_conv_in_a_local_function_has_a_fixed_detail() -> None:
 
 def test_nodes_made_for_a_conv_without_any_name_are_named_after_conv() -> None:
     """Only a model built in memory has an unnamed conv output; the new nodes still get names."""
-    model = ir.serde.deserialize_model(conv_model(spatial=1, bias=False, name=""))
-    (conv,) = model.graph
-    conv.outputs[0].name = None
-    model.graph.outputs.clear()
-    identity = ir.node("Identity", [conv.outputs[0]], name="keep")
-    identity.outputs[0].name = "y"
-    model.graph.append(identity)
-    model.graph.outputs.append(identity.outputs[0])
+    model = unnamed_conv_output(conv_model(spatial=1, bias=False, name=""))
     rewritten, report = convert(model, ALL)
     assert [e.status for e in report.entries] == [Status.CONVERTED]
     made = [n.name for n in rewritten.graph if n.op_type != "Identity"]

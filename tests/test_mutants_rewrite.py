@@ -14,7 +14,16 @@ import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper
 
-from helpers import ALL, assert_equivalent, conv_feeds, conv_model, fused_conv_model, gemm_model, with_z
+from helpers import (
+    ALL,
+    assert_equivalent,
+    conv_feeds,
+    conv_model,
+    fused_conv_model,
+    gemm_model,
+    unnamed_conv_output,
+    with_z,
+)
 from onnx_conv2matmul import ConvertOptions, SkipReason, Status, convert
 
 EXTENDED = ConvertOptions(allow_added_transposes=True, extended=True)
@@ -55,14 +64,7 @@ def test_a_grouped_conv_emits_named_nodes_and_values(name: str, base: str) -> No
 def test_a_grouped_conv_without_any_name_is_named_after_conv() -> None:
     """Only a model built in memory has an unnamed conv output; the new nodes still get names."""
     original = conv_model(group=2, in_channels=6, out_channels=4, name="")
-    model = ir.serde.deserialize_model(original)
-    (conv,) = model.graph
-    conv.outputs[0].name = None
-    model.graph.outputs.clear()
-    identity = ir.node("Identity", [conv.outputs[0]], name="keep")
-    identity.outputs[0].name = "y"
-    model.graph.append(identity)
-    model.graph.outputs.append(identity.outputs[0])
+    model = unnamed_conv_output(original)
     rewritten, report = convert(model, EXTENDED)
     assert [(e.status, e.matmul) for e in report.entries] == [(Status.CONVERTED, "Conv/MatMul")]
     assert isinstance(rewritten, ir.Model)

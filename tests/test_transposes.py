@@ -81,6 +81,21 @@ def _run(tmp_path: Path, prefer: Prefer, with_cost: float) -> dict[str, object]:
     return data
 
 
+def _count_quantizations(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list that gets an item for every MatMulNBits quantization the workflow makes."""
+    from onnx_conv2matmul.quantize import workflow
+
+    passes: list[int] = []
+    real = workflow.quantize_matmul_nbits
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        passes.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(workflow, "quantize_matmul_nbits", counted)
+    return passes
+
+
 def test_the_default_keeps_the_smaller_model_within_the_margin(tmp_path: Path) -> None:
     data = _run(tmp_path, Prefer.BALANCED, 1.05)
     trade = data["transposes"]
@@ -109,16 +124,7 @@ def test_prefer_size_keeps_them_whatever_they_cost(tmp_path: Path, monkeypatch: 
     """With --prefer size the model with them is made first; smaller than the float weights the
     other would keep, it leaves the other nothing to win: that one is not made (one quantization,
     one search with --auto)."""
-    from onnx_conv2matmul.quantize import workflow
-
-    passes: list[int] = []
-    real = workflow.quantize_matmul_nbits
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        passes.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(workflow, "quantize_matmul_nbits", counted)
+    passes = _count_quantizations(monkeypatch)
     data = _run(tmp_path, Prefer.SIZE, 3.0)
     trade = data["transposes"]
     assert isinstance(trade, dict) and trade["kept"] == "with them"
@@ -178,16 +184,7 @@ def test_prefer_speed_keeps_the_faster(tmp_path: Path) -> None:
 def test_the_model_written_is_the_one_the_trade_made(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each model is quantized once, and the one kept is published as it was sized and timed: no
     third quantization (its search and kernel choice, measured again, could choose otherwise)."""
-    from onnx_conv2matmul.quantize import workflow
-
-    passes: list[int] = []
-    real = workflow.quantize_matmul_nbits
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        passes.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(workflow, "quantize_matmul_nbits", counted)
+    passes = _count_quantizations(monkeypatch)
     data = _run(tmp_path, Prefer.BALANCED, 1.05)
     trade = data["transposes"]
     assert isinstance(trade, dict) and trade["kept"] == "with them"
