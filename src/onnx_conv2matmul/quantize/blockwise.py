@@ -107,3 +107,17 @@ class BlockCache:
     def put(self, key: str, packed: np.ndarray, scales: np.ndarray, zero_points: np.ndarray) -> None:
         for path, array in zip(self._paths(key), (packed, scales, zero_points), strict=True):
             np.save(path, array, allow_pickle=False)
+
+
+class MemoryBlockCache(BlockCache):
+    """A :class:`BlockCache` held in memory: the one pass's second build reads the blocks its
+    first build quantized (nothing is written; the arrays go with the cache)."""
+
+    def __init__(self) -> None:  # no directory
+        self._held: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+
+    def get(self, key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        return self._held.get(key)
+
+    def put(self, key: str, packed: np.ndarray, scales: np.ndarray, zero_points: np.ndarray) -> None:
+        self._held[key] = (packed, scales, zero_points)

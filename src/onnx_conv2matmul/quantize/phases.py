@@ -22,6 +22,7 @@ PHASES: tuple[tuple[str, tuple[str, ...]], ...] = (
             "Slower than the original",
         ),
     ),
+    ("measure", ("Measuring the original",)),
     (
         "search",
         (
@@ -34,9 +35,10 @@ PHASES: tuple[tuple[str, tuple[str, ...]], ...] = (
             "Scoring the fp32 model",
         ),
     ),
+    ("decide", ("Deciding",)),
     ("quantize", ("Quantizing",)),
     ("save", ("Saving",)),
-    ("check", ("Checking the output", "Measuring accuracy", "Verifying", "Scoring")),
+    ("check", ("Checking the output", "Checking the candidate", "Measuring accuracy", "Verifying", "Scoring")),
     ("timing", ("Timing",)),
     ("publish", ("Publishing",)),
 )

@@ -71,7 +71,7 @@ class FeedSet:
             self.samples = [feed_samples(feed) for feed in self.feeds]
 
 
-def feed_set(path: str, options: VerifyOptions, *, run: bool = False) -> FeedSet:
+def feed_set(path: str, options: VerifyOptions, *, run: bool = False, session: Any = None) -> FeedSet:
     """The inputs the accuracy check of the model at ``path`` runs on with ``options``, with
     what its report says of them (the plan of :class:`onnx_conv2matmul.verify.check.Reference`).
 
@@ -79,7 +79,8 @@ def feed_set(path: str, options: VerifyOptions, *, run: bool = False) -> FeedSet
     inputs of every planned run. Without ``run`` the plan is not run: the search's own first
     pass runs it (and calls ``replan`` when a run fails); with ``run`` the original runs each
     planned run first, as the check does, a spare replacing a length it cannot run at, and
-    its outputs are dropped at once.
+    its outputs are dropped at once. ``session``: the original's session made already (see
+    :func:`onnx_conv2matmul.verify.run.open_model`), which plans and probes instead of a new one.
 
     Raises:
         ModelRunError, InputError, OutOfMemory: as :func:`onnx_conv2matmul.verify.check.verify_models`.
@@ -91,7 +92,7 @@ def feed_set(path: str, options: VerifyOptions, *, run: bool = False) -> FeedSet
     if options.feeds is not None:
         from onnx_conv2matmul.verify.stream import Chunk, ChunkedFeeds
 
-        plan = Plan(path, options, run=False)
+        plan = Plan(path, options, run=False, session=session)
         runs = list(plan.plan.runs)
         # The files' samples in the chunks the memory budget allows, each read when it runs.
         chunks = [
@@ -103,7 +104,7 @@ def feed_set(path: str, options: VerifyOptions, *, run: bool = False) -> FeedSet
         lengths = [r.length for r in runs]
         samples = [chunk.samples for chunk in chunks]
     else:
-        plan = Plan(path, options, run=run)
+        plan = Plan(path, options, run=run, session=session)
         options = plan.options  # with the sizes and values found before the check
         if run:
             for index, (done, _) in enumerate(plan.done):
@@ -114,7 +115,7 @@ def feed_set(path: str, options: VerifyOptions, *, run: bool = False) -> FeedSet
             runs = list(plan.plan.runs)
             if options.lengths is None:
                 runs.sort(key=lambda r: (r.long, r.length))  # as the check lists them
-            replan = functools.partial(feed_set, path, options, run=True)
+            replan = functools.partial(feed_set, path, options, run=True, session=session)
         made = [synthesise_inputs(plan.specs, r.length, options, r.dims, plan.plan.roles) for r in runs]
         feeds = [feed for feed, _ in made]
         how = made[0][1] if made else {}
@@ -133,6 +134,13 @@ def feed_set(path: str, options: VerifyOptions, *, run: bool = False) -> FeedSet
         plan.sizes_how,
         replan,
     )
+
+
+SEARCHED_ROWS = (
+    "the candidate's outputs are those of the search's evaluation of the same model"
+    " (the same nodes and weights): it was not run again"
+)
+"""The check's warning when the rows of the search's evaluation stand for the candidate's runs."""
 
 
 class Reference:
@@ -221,7 +229,12 @@ class Reference:
         return worst, ""
 
     def check(
-        self, original: str, candidate: str, options: VerifyOptions, rows: Sequence[Any] | None = None
+        self,
+        original: str,
+        candidate: str,
+        options: VerifyOptions,
+        rows: Sequence[Any] | None = None,
+        note: str = SEARCHED_ROWS,
     ) -> VerifyReport:
         """The accuracy check of ``candidate`` on the reference's feeds, as
         :func:`onnx_conv2matmul.verify.check.verify_models` reports it, without running the
@@ -237,10 +250,7 @@ class Reference:
         indices = list(options.output_indices) if options.output_indices else None
         if rows is not None:
             report.results.extend(rows)
-            report.warnings.append(
-                "the candidate's outputs are those of the search's evaluation of the same model"
-                " (the same nodes and weights): it was not run again"
-            )
+            report.warnings.append(note)
             if options.feeds is not None:
                 given_inputs_rows(report)
             return report

@@ -49,6 +49,10 @@ class QuantizeReport(CommandReport):
     seconds_by_phase: dict[str, float] = dataclasses.field(default_factory=dict)
     peak_rss_bytes: int = 0
     peak_rss_quantize_bytes: int = 0
+    bytes_written: int | None = None
+    """Bytes written to disk (the result and the scratch files), counted by the one pass."""
+    one_pass: dict[str, Any] | None = None
+    """The one pass's candidates and decision (see :mod:`onnx_conv2matmul.quantize.onepass`)."""
     verification: VerifyReport | None = None
     warnings: list[str] = dataclasses.field(default_factory=list)
     other_weights: OtherWeightsResult | None = None
@@ -123,6 +127,8 @@ class QuantizeReport(CommandReport):
             "seconds_by_phase": self.seconds_by_phase,
             "peak_rss_bytes": self.peak_rss_bytes,
             "peak_rss_quantize_bytes": self.peak_rss_quantize_bytes,
+            "bytes_written": self.bytes_written,
+            "one_pass": self.one_pass,
             "verification": None if self.verification is None else self.verification.to_dict(),
             "warnings": self.warnings,
             "other_weights": None if self.other_weights is None else self.other_weights.to_dict(),

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from onnx_conv2matmul.files import load as _io
 from onnx_conv2matmul.files import output as _output
 from onnx_conv2matmul.files.load import LoadedModel, load_input
+from onnx_conv2matmul.quantize import onepass
 from onnx_conv2matmul.quantize.check_publish import check_and_publish, publish_made
 from onnx_conv2matmul.quantize.int8_step import check_int8_dynamic, int8_staged
 from onnx_conv2matmul.quantize.nbits import quantize_matmul_nbits
@@ -144,15 +145,7 @@ def _search_below(
     criterion, into the same output."""
     below = below_text(first)
     plan.progress.phase("Below the accuracy criterion: searching")
-    auto = AutoOptions(
-        min_cosine=None if plan.verify.report_only else plan.verify.min_cosine,
-        metric=plan.metric,
-        accuracy_level=plan.quantize.accuracy_level,
-        exclude=plan.quantize.exclude,
-        include=plan.quantize.include,
-        speed_aware=not wants_smallest(plan.request),
-    )
-    plan = dataclasses.replace(plan, auto=auto)
+    plan = dataclasses.replace(plan, auto=_floor_search(plan))
     report = new_report(plan)
     report.transposes = first.transposes
     report.accuracy["fallback"] = {
@@ -167,6 +160,18 @@ def _search_below(
     )
     _quantize_to(Run(plan, output, report))
     return report
+
+
+def _floor_search(plan: QuantizePlan) -> AutoOptions:
+    """The search a run below its criterion falls back to: the same criterion, as ``--auto``."""
+    return AutoOptions(
+        min_cosine=None if plan.verify.report_only else plan.verify.min_cosine,
+        metric=plan.metric,
+        accuracy_level=plan.quantize.accuracy_level,
+        exclude=plan.quantize.exclude,
+        include=plan.quantize.include,
+        speed_aware=not wants_smallest(plan.request),
+    )
 
 
 def _quantize_to(run: Run) -> None:
@@ -191,6 +196,19 @@ def _quantize_to(run: Run) -> None:
         report.accuracy["metric"] = {**plan.metric.to_dict(), "original_score": score, "score": None}
     rewrite = _rewrite(run, loaded.model)
     external = loaded.has_external_data or _io.tensor_bytes(loaded.model) > _io.SINGLE_FILE_LIMIT_BYTES
+    if onepass.applies(run):
+        del loaded  # each candidate is loaded again, its weights memory-mapped
+        if onepass.OnePass(run, rewrite, external).execute(modes):
+            return
+        # No candidate of the pass met the criterion: the search decides (as --auto does).
+        run.report.warnings.append(
+            "no candidate of the one pass met the accuracy criterion: the search chose the settings"
+        )
+        run.plan = dataclasses.replace(run.plan, search_below=False)
+        run.auto = _floor_search(run.plan)
+        run.report.one_pass = None
+        _quantize_to(run)
+        return
     with contextlib.ExitStack() as searching:  # the search's scratch lives until the output's check
         if plan.int8:
             staged = int8_staged(run, loaded.model, external)

@@ -91,6 +91,9 @@ class Mode(str, enum.Enum):
     """All sessions open at once; every run interleaved with the other models' runs."""
     ONE_AT_A_TIME = "one_at_a_time"
     """One session open at a time: each round opens, warms up, times and closes each model."""
+    APART = "apart"
+    """Each model timed on its own, at another moment of the run (the default quantize times the
+    original when it measures it and the result when it is written): not interleaved."""
 
 
 @dataclasses.dataclass(frozen=True)

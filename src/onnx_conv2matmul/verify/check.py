@@ -284,8 +284,8 @@ class Reference:
     original's outputs until the candidate's are compared.
     """
 
-    def __init__(self, path: str, options: VerifyOptions, *, run: bool = True) -> None:
-        opened, self.specs, self.names = runs.open_model(path, "original", options)
+    def __init__(self, path: str, options: VerifyOptions, *, run: bool = True, session: Any = None) -> None:
+        opened, self.specs, self.names = runs.open_model(path, "original", options, opened=session)
         options = discover(path, options, self.specs, functools.partial(runs.probe_run, opened))
         self.options = options
         roles = dim_roles(self.specs, options)

@@ -99,20 +99,27 @@ def release_freed_memory() -> None:
 
 
 def open_model(
-    path: str, label: str, options: VerifyOptions, specs: list[InputSpec] | None = None
+    path: str,
+    label: str,
+    options: VerifyOptions,
+    specs: list[InputSpec] | None = None,
+    opened: Any = None,
 ) -> tuple[Any, list[InputSpec], list[str]]:
     """A session, the inputs (``specs`` when given: the other model's, checked to match) and
     the output names; the options' names and output indices are checked against them.
     What the process freed before is given back first (see :func:`release_freed_memory`).
+    ``opened``: a session of the model at ``path`` made already (the quantize pass's one
+    session of the original), used instead of a new one.
 
     Raises:
         ModelLoadError: onnxruntime cannot load the model.
         OutOfMemory: it does not fit in memory.
         InputError: the inputs differ from ``specs``, or an option names no input, dim or output.
     """
-    release_freed_memory()
     try:
-        opened = session(path, options)
+        if opened is None:
+            release_freed_memory()
+            opened = session(path, options)
     except Exception as err:
         if is_out_of_memory(err):
             raise OutOfMemory(

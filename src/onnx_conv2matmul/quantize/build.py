@@ -1,0 +1,119 @@
+"""The build stage of the one quantize pass: a candidate made in memory and opened in onnxruntime
+without writing it to disk.
+
+:func:`build` loads the input (its weights memory-mapped), rewrites it and quantizes it with the
+settings decided; :func:`open_in_memory` hands the result to onnxruntime as bytes. The weights
+the file already holds stay where they are (onnxruntime reads them from the input's folder), and
+the arrays made in memory (the packed MatMulNBits weights, transposed conv weights) are passed as
+external initializers, so no candidate is serialised with its weights nor written whole.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import onnx_ir as ir
+
+from onnx_conv2matmul.files.load import load_input
+from onnx_conv2matmul.quantize.nbits import NBitsResult, quantize_matmul_nbits
+from onnx_conv2matmul.rewrite.passes import rewrite_model
+
+if TYPE_CHECKING:
+    from onnx_conv2matmul.quantize.blockwise import BlockCache
+    from onnx_conv2matmul.quantize.other_weights import OtherWeightsResult
+    from onnx_conv2matmul.quantize.plan import QuantizePlan
+    from onnx_conv2matmul.quantize.settings import QuantizeOptions
+
+IN_MEMORY_MIN_BYTES = 1024
+"""Arrays made in memory of at least this many bytes go to onnxruntime as external initializers
+(the smaller ones are serialised with the graph)."""
+FOLDER_KEY = "session.model_external_initializers_file_folder_path"
+"""onnxruntime's session setting: where a model given as bytes finds its external data."""
+_IN_MEMORY = "in-memory"
+"""The location a tensor passed as an external initializer is given in the graph (never read)."""
+
+
+@dataclasses.dataclass
+class Candidate:
+    """A quantized model in memory and what its quantization did."""
+
+    model: ir.Model
+    options: QuantizeOptions
+    result: NBitsResult
+    other_weights: OtherWeightsResult | None
+
+
+def load_rewritten(plan: QuantizePlan) -> ir.Model:
+    """The input loaded (its weights memory-mapped) and rewritten as the plan says."""
+    from onnx_conv2matmul.files.progress import NullProgress
+
+    loaded = load_input(
+        plan.src, plan.dst, inplace=False, run_checker=False, progress=NullProgress(), timings={}
+    )
+    model = loaded.model
+    rewrite_model(model, plan.convert)
+    return model
+
+
+def build(plan: QuantizePlan, options: QuantizeOptions, cache: BlockCache | None = None) -> Candidate:
+    """The input loaded (memory-mapped), rewritten as the plan says and quantized with ``options``
+    (``cache``: the blocks quantized before, reused)."""
+    model = load_rewritten(plan)
+    result = quantize_matmul_nbits(model, options, cache=cache)
+    other = None
+    if options.other_weights == "int8":
+        from onnx_conv2matmul.quantize.other_weights import quantize_other_weights
+
+        other = quantize_other_weights(model)
+    return Candidate(model, options, result, other)
+
+
+def open_in_memory(
+    model: ir.Model,
+    folder: str,
+    session_options: Any,
+    extra_outputs: Sequence[str] = (),
+) -> Any:
+    """An onnxruntime session of ``model`` (not changed) given as bytes: tensors in files of
+    ``folder`` are read from there, main-graph arrays made in memory are external initializers.
+    ``extra_outputs``: main-graph values added as outputs after the model's own (for the
+    activation statistics; a run fetches them by name)."""
+    import onnxruntime as ort
+
+    names: list[str] = []
+    values: list[Any] = []
+    swapped: list[tuple[ir.Value, ir.TensorProtocol]] = []
+    outputs = list(model.graph.outputs)
+    try:
+        for name, value in model.graph.initializers.items():
+            tensor = value.const_value
+            if tensor is None or isinstance(tensor, ir.ExternalTensor) or tensor.nbytes < IN_MEMORY_MIN_BYTES:
+                continue
+            array = tensor.numpy()
+            names.append(name)
+            values.append(ort.OrtValue.ortvalue_from_numpy(array))
+            swapped.append((value, tensor))
+            value.const_value = ir.ExternalTensor(
+                _IN_MEMORY, 0, tensor.nbytes, tensor.dtype, shape=tensor.shape, name=name, base_dir=folder
+            )
+        if extra_outputs:
+            by_name = {v.name: v for node in model.graph for v in node.outputs if v.name}
+            present = {v.name for v in outputs}
+            for name in extra_outputs:
+                if name in by_name and name not in present:
+                    model.graph.outputs.append(by_name[name])
+        proto = ir.serde.serialize_model(model)
+    finally:
+        for value, tensor in swapped:
+            value.const_value = tensor
+        model.graph.outputs.clear()
+        model.graph.outputs.extend(outputs)
+    session_options.add_session_config_entry(FOLDER_KEY, os.path.abspath(folder))
+    if names:
+        session_options.add_external_initializers(names, values)
+    data = proto.SerializeToString()
+    del proto
+    return ort.InferenceSession(data, session_options, providers=["CPUExecutionProvider"])

@@ -1,0 +1,99 @@
+"""The check stage of the one quantize pass: a candidate's session run once on every feed of the
+reference, each feed's outputs compared as they arrive (nothing is run twice: the original's
+outputs come from :mod:`onnx_conv2matmul.quantize.measure`).
+
+The comparison is the accuracy check's own (:func:`onnx_conv2matmul.verify.check.compare_outputs`,
+the plan's criterion), so the rows are those ``verify`` would report. The first candidate also
+gives the activation statistics the decision needs: each MatMulNBits input's mean square per
+channel, fetched on the feeds whose activations fit :data:`ACTIVATION_BYTES`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from onnx_conv2matmul.errors import OutOfMemory
+from onnx_conv2matmul.quantize.search_runs import ACTIVATION_BYTES, _run
+
+if TYPE_CHECKING:
+    from onnx_conv2matmul.quantize.reference import Reference
+    from onnx_conv2matmul.verify.check import OutputComparison, VerifyOptions
+
+
+@dataclasses.dataclass
+class Checked:
+    """One candidate against the reference: its rows per feed, whether all passed, the worst
+    per-sample cosine, the first failure in words, and (when asked) the activation statistics."""
+
+    rows: list[list[OutputComparison]]
+    passed: bool
+    worst_cosine: float | None
+    failure: str
+    seconds: float
+    activations: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+
+    def flat_rows(self) -> list[OutputComparison]:
+        return [row for rows in self.rows for row in rows]
+
+
+def check(
+    session: Any, reference: Reference, verify: VerifyOptions, statistics: Sequence[str] = ()
+) -> Checked:
+    """Run ``session`` on every feed of ``reference`` and compare; ``statistics``: values (the
+    session's outputs after the model's own) whose per-channel mean square to gather.
+
+    A candidate that onnxruntime cannot run fails, with the reason as its failure.
+    """
+    started = time.perf_counter()
+    names = reference.names
+    indices = list(verify.output_indices) if verify.output_indices else None
+    feeds = reference.feeds.feeds
+    sums: dict[str, np.ndarray] = {}
+    counts: dict[str, int] = {}
+    rows: list[list[OutputComparison]] = []
+    per_input_byte: float | None = None
+    failure = ""
+    for index, feed in enumerate(feeds):
+        input_bytes = sum(int(np.asarray(v).nbytes) for v in feed.values())
+        fetch = bool(statistics) and (per_input_byte is None or per_input_byte * input_bytes <= ACTIVATION_BYTES)
+        try:
+            outputs = _run(session, feed, [*names, *statistics] if fetch else names)
+        except OutOfMemory:
+            raise
+        except Exception as err:  # a candidate that does not run fails the check
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            failure = f"onnxruntime cannot run the candidate at length {reference.feeds.lengths[index]}: {first}"
+            rows = []
+            break
+        if fetch:
+            extra = outputs[len(names) :]
+            if per_input_byte is None:
+                per_input_byte = sum(int(np.asarray(a).nbytes) for a in extra) / max(1, input_bytes)
+            for name, array in zip(statistics, extra, strict=True):
+                a = np.asarray(array)
+                flat = a.reshape(-1, a.shape[-1]) if a.ndim else a.reshape(1, 1)
+                sums[name] = sums.get(name, 0.0) + np.einsum("ij,ij->j", flat, flat, dtype=np.float64)
+                counts[name] = counts.get(name, 0) + flat.shape[0]
+            del extra
+        rows.append(reference.compare(index, outputs[: len(names)], verify, indices))
+        del outputs
+    gc.collect()
+    flat = [row for feed_rows in rows for row in feed_rows]
+    cosines = [row.worst_cosine for row in flat if row.worst_cosine is not None]
+    bad = next((row for row in flat if not row.passed), None)
+    if not failure and bad is not None:
+        failure = f"{bad.output} at length {bad.length}: {bad.note}" if bad.note else f"{bad.output}"
+    return Checked(
+        rows,
+        passed=not failure,
+        worst_cosine=min(cosines) if cosines else None,
+        failure=failure,
+        seconds=time.perf_counter() - started,
+        activations={name: sums[name] / max(counts[name], 1) for name in sums},
+    )

@@ -1,0 +1,132 @@
+"""The decide stage of the one quantize pass: each MatMul's setting chosen before anything is
+built, from predicted sensitivity, when the uniform settings missed the criterion.
+
+Each quantizable MatMul has three ways to be stored: the uniform setting the run asked for (or
+the kernel choice made), int8 symmetric at the same block size, and float. The predicted error
+of each (:func:`onnx_conv2matmul.quantize.sensitivity._sensitivities`: the weight's error weighted
+by its input's per-channel mean square, measured in the uniform candidate's own check run) and
+its bytes give, for each trade-off ``l``, the smallest model for its predicted error (every node
+takes the option with the least ``bytes + l * error``; the other weights, int8 or float, likewise).
+
+The uniform candidate's measured loss ``L`` (``1 - worst cosine`` over ``1 - floor``: 1 is the
+limit) and its total predicted error ``E`` fix the line through the origin the loss is taken to
+follow; the mix is the smallest model whose predicted error is at most :data:`AIM` of the error
+where that line meets the limit, ``AIM * E / L``. Nothing is run here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from onnx_conv2matmul.quantize.search_options import _OTHER_INT8, AutoOptions, Setting
+from onnx_conv2matmul.quantize.search_result import AutoConfig
+from onnx_conv2matmul.quantize.sensitivity import (
+    _breakpoints,
+    _Node,
+    _other_weights_error,
+    _quantizable,
+    _sensitivities,
+)
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+
+    from onnx_conv2matmul.quantize.settings import QuantizeOptions
+
+AIM = 0.8
+"""The mix aims at this share of the predicted error the measured line allows, so that the
+second candidate rather passes with a little to spare than misses by a hair."""
+
+
+@dataclasses.dataclass
+class Decision:
+    """The mix chosen: its options, and what it was chosen from (for the report)."""
+
+    options: QuantizeOptions
+    counts: dict[str, int]
+    predicted_error: float
+    uniform_error: float
+    target_error: float
+    weight_bytes: int
+    step: int = 0
+    """How many times the aim was tightened (0: the first mix)."""
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "settings": self.counts,
+            "predicted_error": self.predicted_error,
+            "uniform_predicted_error": self.uniform_error,
+            "target_error": self.target_error,
+            "weight_bytes": self.weight_bytes,
+        }
+
+
+@dataclasses.dataclass
+class Sensitivity:
+    """Each quantizable MatMul's options and the other weights' (the model of the errors)."""
+
+    nodes: list[_Node]
+    others: _Node
+    uniform: dict[str, Setting]
+
+    def uniform_error(self) -> float:
+        return sum(node.options[self.uniform[node.name]][0] for node in self.nodes if node.name in self.uniform)
+
+
+def sensitivity(model: ir.Model, options: QuantizeOptions, activations: Mapping[str, np.ndarray]) -> Sensitivity:
+    """The predicted error and bytes of each MatMul (``model``: the rewritten fp32 model) at its
+    uniform setting and at int8, and of the other weights at int8."""
+    selection = AutoOptions(min_cosine=0.0, include=options.include, exclude=options.exclude)
+    nodes = [node for node in _quantizable(model, selection) if options.setting_for(node.name).bits is not None]
+    uniform: dict[str, Setting] = {}
+    ladders: dict[str, list[Setting]] = {}
+    for node in nodes:
+        setting = options.setting_for(node.name)
+        assert setting.bits is not None
+        own = Setting(setting.bits, setting.block_size, setting.symmetric)
+        uniform[node.name] = own
+        ladders[node.name] = [own] if own.bits == 8 else [own, Setting(8, setting.block_size, True)]
+    _sensitivities(model, nodes, [], activations, ladders)
+    others = _Node("(other weights)", None, 0, 0, 0)
+    measured = _other_weights_error(model)
+    if measured is not None:
+        error, kept_bytes, int8_bytes = measured
+        others.float_bytes = kept_bytes
+        others.options[_OTHER_INT8] = (error, int8_bytes)
+    return Sensitivity(nodes, others, uniform)
+
+
+def decide(
+    sens: Sensitivity, options: QuantizeOptions, uniform_loss: float, *, aim: float = AIM
+) -> Decision:
+    """The smallest mix whose predicted error is at most ``aim`` times the error at which the
+    line through the origin and the uniform candidate (its predicted error, ``uniform_loss``)
+    meets the limit; every node in float when even that is too much."""
+    items = [*sens.nodes, sens.others]
+    uniform_error = sens.uniform_error()
+    loss = uniform_loss if math.isfinite(uniform_loss) and uniform_loss > 0 else math.inf
+    target = aim * uniform_error / loss if math.isfinite(loss) else 0.0
+    chosen_tradeoff = math.inf
+    for tradeoff in [0.0, *_breakpoints(items)]:
+        if sum(item.choose(tradeoff)[1] for item in items) <= target:
+            chosen_tradeoff = tradeoff
+            break
+    nodes = {node.name: node.choose(chosen_tradeoff)[0] for node in sens.nodes}
+    int8_others = bool(sens.others.options) and sens.others.choose(chosen_tradeoff)[0] == _OTHER_INT8
+    config = AutoConfig(nodes, int8_others, options.accuracy_level)
+    mix = dataclasses.replace(
+        options,
+        exclude=("*",),
+        include=(),
+        bits_for=(),
+        nodes={name: setting.node_setting() for name, setting in sorted(nodes.items())},
+        other_weights="int8" if int8_others else "keep",
+    )
+    predicted = sum(item.choose(chosen_tradeoff)[1] for item in items)
+    weight_bytes = sum(item.choose(chosen_tradeoff)[2] for item in items)
+    return Decision(mix, config.counts(), predicted, uniform_error, target, weight_bytes)

@@ -1,0 +1,319 @@
+"""The default quantize run as one pass: measure once, decide, build, check, publish.
+
+When the floor applies (no settings given, no ``--auto``, MatMulNBits with the default
+algorithm), the run is, in order, each stage entered once:
+
+1. **measure** (:mod:`~onnx_conv2matmul.quantize.measure`): one session of the original plans
+   the check's inputs, runs each once (the reference every candidate is compared with) and times
+   the original at the timing's short length;
+2. **build** (:mod:`~onnx_conv2matmul.quantize.build`): the uniform settings, quantized in memory
+   and opened in onnxruntime without writing a model;
+3. **check** (:mod:`~onnx_conv2matmul.quantize.check`): that candidate run once on every feed,
+   compared as the outputs arrive; its run also gives each MatMul input's statistics;
+4. only when it missed the criterion, **decide** (:mod:`~onnx_conv2matmul.quantize.decide`)
+   chooses each layer's setting from predicted sensitivity and the measured loss, and the mix is
+   built (its int4 blocks are those of the first build) and checked once;
+5. the candidate that met the criterion is written once, timed at the same length, published.
+
+That is two quantizations and two candidate runs at most; should the mix miss as well, a third,
+aimed at half the error, is made, and after it the run falls back to the search
+(:mod:`~onnx_conv2matmul.quantize.search`). :class:`OnePass` holds the run's state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from onnx_conv2matmul.files import load as _io
+from onnx_conv2matmul.files import output as _output
+from onnx_conv2matmul.quantize import build as _build
+from onnx_conv2matmul.quantize import check as _check
+from onnx_conv2matmul.quantize import decide as _decide
+from onnx_conv2matmul.quantize import measure as _measure
+from onnx_conv2matmul.quantize.blockwise import MemoryBlockCache
+from onnx_conv2matmul.quantize.run_report import nbits_warnings, why_unchanged
+
+if TYPE_CHECKING:
+    from onnx_conv2matmul.quantize.run import Run
+    from onnx_conv2matmul.rewrite.report import ConvertReport
+    from onnx_conv2matmul.speed.choose import SpeedOptions
+    from onnx_conv2matmul.speed.timing import ModelTiming, TimingOptions
+
+SHORT_ROUNDS = 5
+"""Timed rounds of the default latency line (the original's and the result's, each)."""
+
+
+def applies(run: Run) -> bool:
+    """Whether ``run`` is a default run the one pass serves: the floor's search below the criterion
+    on, no ``--auto`` and no metric, MatMulNBits by the default algorithm, a cosine criterion."""
+    plan = run.plan
+    verify = plan.verify
+    return (
+        plan.search_below
+        and run.auto is None
+        and not plan.int8
+        and plan.metric is None
+        and run.quantize.algorithm == "default"
+        and verify.min_cosine is not None
+        and not verify.report_only
+    )
+
+
+@dataclasses.dataclass
+class OnePass:
+    """One default run's state as the stages fill it in."""
+
+    run: Run
+    rewrite: ConvertReport
+    external: bool
+    measurement: _measure.Measurement | None = None
+    candidates: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    chosen: _build.Candidate | None = None
+    checked: _check.Checked | None = None
+    decision: _decide.Decision | None = None
+
+    def execute(self, modes: tuple[int, int]) -> bool:
+        """Run the stages into ``run.output``; False when the criterion was not met by any
+        candidate of the pass (the caller falls back to the search)."""
+        run = self.run
+        plan, output = run.plan, run.output
+        progress = plan.progress
+        with output.scratch("reference") as scratch:
+            progress.phase("Measuring the original")
+            timing = short_timing(plan.speed)
+            self.measurement = _measure.measure(plan, scratch, timing, progress.phase)
+            cache = MemoryBlockCache()
+            progress.phase("Quantizing")
+            first = _build.build(plan, run.quantize, cache)
+            statistics = _matmul_inputs(first.model)
+            progress.phase("Checking the candidate (uniform settings)")
+            checked = self._check(first, statistics, "uniform")
+            self.chosen, self.checked = first, checked
+            if not checked.passed:
+                del first
+                if not self._mix(checked, cache):
+                    return False
+            del cache
+            self._publish(modes, scratch)
+        return True
+
+    def _check(self, candidate: _build.Candidate, statistics: list[str], label: str) -> _check.Checked:
+        plan = self.run.plan
+        assert self.measurement is not None
+        folder = os.path.dirname(os.path.abspath(plan.src))
+        session = _build.open_in_memory(
+            candidate.model, folder, _measure.session_options(plan.verify), statistics
+        )
+        try:
+            checked = _check.check(session, self.measurement.reference, plan.verify, statistics)
+        finally:
+            del session
+        self.candidates.append(
+            {
+                "candidate": label,
+                "settings": _counts(candidate),
+                "worst_cosine": checked.worst_cosine,
+                "passed": checked.passed,
+                "seconds": round(checked.seconds, 3),
+            }
+        )
+        return checked
+
+    def _mix(self, uniform: _check.Checked, cache: MemoryBlockCache) -> bool:
+        """Decide the per-layer mix from the uniform candidate's loss, build and check it (and once
+        more, aimed at half the error, if it missed); whether one met the criterion."""
+        run = self.run
+        plan = run.plan
+        progress = plan.progress
+        floor = plan.verify.min_cosine
+        assert floor is not None
+        loss = math.inf
+        if uniform.worst_cosine is not None and floor < 1:
+            loss = (1.0 - uniform.worst_cosine) / (1.0 - floor)
+        progress.phase("Deciding each layer's setting from predicted sensitivity")
+        fp32 = _build.load_rewritten(plan)
+        sens = _decide.sensitivity(fp32, run.quantize, uniform.activations)
+        del fp32
+        aim = _decide.AIM
+        for step in range(2):
+            decision = _decide.decide(sens, run.quantize, loss, aim=aim)
+            decision.step = step
+            progress.phase("Quantizing the chosen mix")
+            candidate = _build.build(plan, decision.options, cache)
+            progress.phase("Checking the candidate (the chosen mix)")
+            checked = self._check(candidate, [], "mix" if step == 0 else "mix, aimed at half the error")
+            if checked.passed:
+                self.chosen, self.checked, self.decision = candidate, checked, decision
+                return True
+            aim /= 2
+        return False
+
+    def _publish(self, modes: tuple[int, int], scratch: str) -> None:
+        """Write the chosen candidate once, report it, time it and publish it when it passed."""
+        run = self.run
+        plan, report, output = run.plan, run.report, run.output
+        progress = plan.progress
+        chosen, checked, measurement = self.chosen, self.checked, self.measurement
+        assert chosen is not None and checked is not None and measurement is not None
+        result = chosen.result
+        report.matmuls = result.matmuls
+        report.quantized_nodes = result.quantized
+        report.excluded = result.excluded
+        report.settings = result.settings
+        report.other_weights = chosen.other_weights
+        report.unchanged = why_unchanged(self.rewrite, report, result, chosen.options, plan.verify)
+        report.warnings.extend(nbits_warnings(result, chosen.options))
+        if self.decision is not None:
+            first = self.candidates[0]
+            below = f"worst cosine {first['worst_cosine']:.4f} < {plan.verify.min_cosine:g}"
+            report.accuracy["fallback"] = {
+                "reason": below,
+                "settings": report.options["quantize"],
+                "worst_cosine": first["worst_cosine"],
+                "score": None,
+            }
+            counts = ", ".join(f"{n} {label}" for label, n in self.decision.counts.items())
+            report.warnings.append(
+                f"the settings asked for fell below the accuracy criterion ({below}): per-layer"
+                f" settings chosen from predicted sensitivity meet it instead ({counts})"
+            )
+            run.quantize = chosen.options
+            report.options["quantize"] = chosen.options.to_dict()
+        report.one_pass = {
+            "candidates": self.candidates,
+            "decision": None if self.decision is None else self.decision.to_dict(),
+        }
+        progress.phase("Saving")
+        model = chosen.model
+        self.chosen = None
+        staged = output.stage(model, external=self.external, progress=progress.advance)
+        del model
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(staged)
+            report.peak_rss_quantize_bytes = _peak_rss()
+            report.external_data = staged.data_path is not None
+            report.output_bytes = staged.size
+            report.bytes_written = staged.size + _folder_bytes(scratch)
+            if plan.run_checker:
+                progress.phase("Checking the output")
+                _io.run_checker(staged.onnx_path, "the quantized model")
+            verification = measurement.reference.check(
+                plan.src, staged.onnx_path, plan.verify, checked.flat_rows(), note=RAN_IN_MEMORY
+            )
+            verification.candidate = plan.dst
+            report.verification = verification
+            if report.passed and measurement.timing is not None:
+                progress.phase("Timing the result against the original")
+                self._time(staged.onnx_path)
+            if report.passed:
+                progress.phase("Publishing")
+                staged.publish(modes)
+                report.output_path = plan.dst
+
+    def _time(self, path: str) -> None:
+        """The result timed as the original was (same lengths and rounds), the report's latency."""
+        from onnx_conv2matmul.speed.timing import time_models
+
+        measurement = self.measurement
+        assert measurement is not None and measurement.timing is not None
+        assert measurement.timing_options is not None
+        result = time_models([path], measurement.timing_options, labels=["result"]).models[0]
+        latency, slower = latency_section(
+            measurement.timing, result, measurement.timing_options, measurement.timing_rule
+        )
+        self.run.report.latency = latency
+        self.run.report.warnings.extend(slower)
+
+
+RAN_IN_MEMORY = (
+    "the candidate's outputs are those of its check run in memory, before it was written (the same"
+    " nodes and weights): it was not run again"
+)
+
+
+def short_timing(speed: SpeedOptions | None) -> TimingOptions | None:
+    """What the default latency line times: :data:`SHORT_ROUNDS` rounds at the shortest of the
+    default lengths (:func:`onnx_conv2matmul.quantize.measure.measure` picks it); lengths or
+    inputs given are timed as given. None: not timed."""
+    if speed is None:
+        return None
+    timing = speed.timing
+    if timing.lengths is not None or timing.feeds is not None:
+        return timing
+    return dataclasses.replace(timing, rounds=min(timing.rounds, SHORT_ROUNDS), settle_after=None)
+
+
+def latency_section(
+    original: ModelTiming, result: ModelTiming, options: TimingOptions, rule: str
+) -> tuple[dict[str, Any], list[str]]:
+    """The report's ``latency`` from the original timed in the measure stage and the result timed
+    at the end (not interleaved: the report's mode says ``apart``), and a warning per length the
+    result is measurably slower at."""
+    from onnx_conv2matmul.speed.latency import Latency, Mode, ratio_interval
+    from onnx_conv2matmul.speed.machine import cpu_name
+    from onnx_conv2matmul.speed.timing import TimingReport
+
+    latencies = []
+    slower = []
+    for base, own in zip(original.latencies, result.latencies, strict=True):
+        rounds = min(len(base.samples_ms), len(own.samples_ms))
+        a, b = base.samples_ms[:rounds], own.samples_ms[:rounds]
+        ratio = float(np.median(b) / np.median(a))
+        low, high = ratio_interval(a, b)
+        latency = Latency(own.length, own.samples_ms, ratio, low, high)
+        latencies.append(latency)
+        if latency.measurably_slower:
+            slower.append(
+                f"the result is slower than the original at length {own.length}: {ratio:.2f}x its latency"
+            )
+    timed = dataclasses.replace(result, latencies=tuple(latencies))
+    lengths = tuple(lat.length for lat in original.latencies)
+    header = TimingReport((original, timed), 0, lengths, rule, options, Mode.APART, cpu_name()).header()
+    section = {
+        **header,
+        "original": [lat.to_dict() for lat in original.latencies],
+        "result": [lat.to_dict() for lat in latencies],
+    }
+    return section, slower
+
+
+def _matmul_inputs(model: Any) -> list[str]:
+    """The main-graph inputs A of the MatMulNBits nodes (their statistics are gathered)."""
+    names: list[str] = []
+    for node in model.graph:
+        if node.op_type == "MatMulNBits" and node.inputs and node.inputs[0] is not None:
+            value = node.inputs[0]
+            if value.name and not value.is_graph_input() and value.name not in names:
+                names.append(value.name)
+    return names
+
+
+def _counts(candidate: _build.Candidate) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for setting in candidate.result.settings.values():
+        kind = "symmetric" if setting.symmetric else "asymmetric"
+        label = f"int{setting.bits} block {setting.block_size} {kind}"
+        counts[label] = counts.get(label, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def _folder_bytes(folder: str) -> int:
+    total = 0
+    for root, _, files in os.walk(folder):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.path.getsize(os.path.join(root, name))
+    return total
+
+
+def _peak_rss() -> int:
+    from onnx_conv2matmul.quantize.run import peak_rss_bytes
+
+    return peak_rss_bytes()
+
