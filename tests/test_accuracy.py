@@ -114,8 +114,9 @@ def test_int4_breaks_the_outlier_model_and_settings_given_are_refused(model: Pat
 
 
 def test_default_settings_below_the_floor_search_and_say_so(model: Path, tmp_path: Path) -> None:
-    """With the default settings the model falls below the floor, so the search runs: the model
-    written meets the floor on every sample (measured here too), and the run warns."""
+    """With the default settings the model falls below the floor, so the one pass decides a mix
+    from predicted sensitivity: two candidates built and checked, the second written; it meets
+    the floor on every sample (measured here too), and the run warns."""
     out = tmp_path / "out.onnx"
     code, stdout, stderr = _invoke("quantize", model, out, "--report-json-stdout")
     assert code == 0, stderr
@@ -124,7 +125,11 @@ def test_default_settings_below_the_floor_search_and_say_so(model: Path, tmp_pat
     assert fallback["worst_cosine"] < 0.6 and fallback["settings"]["bits"] == 4
     assert any("fell below the accuracy criterion" in w for w in data["warnings"])
     assert "warning:" in stderr and "fell below the accuracy criterion" in stderr
-    assert data["auto"]["min_cosine"] == DEFAULT_MIN_COSINE
+    assert data["auto"] is None
+    candidates = data["one_pass"]["candidates"]
+    assert [c["passed"] for c in candidates] == [False, True]
+    assert candidates[0]["worst_cosine"] == fallback["worst_cosine"]
+    assert data["one_pass"]["decision"]["settings"] == candidates[1]["settings"]
     assert min(r["cosine"] for r in data["verification"]["results"]) >= DEFAULT_MIN_COSINE
     assert min(_cosines(model, out, FEEDS)) >= DEFAULT_MIN_COSINE
     # Quantized all the same, smaller than fp32.

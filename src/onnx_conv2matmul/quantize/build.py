@@ -97,7 +97,13 @@ def open_in_memory(
             values.append(ort.OrtValue.ortvalue_from_numpy(array))
             swapped.append((value, tensor))
             value.const_value = ir.ExternalTensor(
-                _IN_MEMORY, 0, tensor.nbytes, tensor.dtype, shape=tensor.shape, name=name, base_dir=folder
+                _IN_MEMORY,
+                0,
+                tensor.nbytes,
+                tensor.dtype,
+                shape=ir.Shape(tensor.shape.numpy()),
+                name=name,
+                base_dir=folder,
             )
         if extra_outputs:
             by_name = {v.name: v for node in model.graph for v in node.outputs if v.name}

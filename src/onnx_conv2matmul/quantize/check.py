@@ -61,14 +61,18 @@ def check(
     failure = ""
     for index, feed in enumerate(feeds):
         input_bytes = sum(int(np.asarray(v).nbytes) for v in feed.values())
-        fetch = bool(statistics) and (per_input_byte is None or per_input_byte * input_bytes <= ACTIVATION_BYTES)
+        fetch = bool(statistics) and (
+            per_input_byte is None or per_input_byte * input_bytes <= ACTIVATION_BYTES
+        )
         try:
             outputs = _run(session, feed, [*names, *statistics] if fetch else names)
         except OutOfMemory:
             raise
         except Exception as err:  # a candidate that does not run fails the check
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            failure = f"onnxruntime cannot run the candidate at length {reference.feeds.lengths[index]}: {first}"
+            failure = (
+                f"onnxruntime cannot run the candidate at length {reference.feeds.lengths[index]}: {first}"
+            )
             rows = []
             break
         if fetch:
@@ -77,9 +81,9 @@ def check(
                 per_input_byte = sum(int(np.asarray(a).nbytes) for a in extra) / max(1, input_bytes)
             for name, array in zip(statistics, extra, strict=True):
                 a = np.asarray(array)
-                flat = a.reshape(-1, a.shape[-1]) if a.ndim else a.reshape(1, 1)
-                sums[name] = sums.get(name, 0.0) + np.einsum("ij,ij->j", flat, flat, dtype=np.float64)
-                counts[name] = counts.get(name, 0) + flat.shape[0]
+                matrix = a.reshape(-1, a.shape[-1]) if a.ndim else a.reshape(1, 1)
+                sums[name] = sums.get(name, 0.0) + np.einsum("ij,ij->j", matrix, matrix, dtype=np.float64)
+                counts[name] = counts.get(name, 0) + matrix.shape[0]
             del extra
         rows.append(reference.compare(index, outputs[: len(names)], verify, indices))
         del outputs

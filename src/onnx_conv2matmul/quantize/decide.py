@@ -75,14 +75,20 @@ class Sensitivity:
     uniform: dict[str, Setting]
 
     def uniform_error(self) -> float:
-        return sum(node.options[self.uniform[node.name]][0] for node in self.nodes if node.name in self.uniform)
+        return sum(
+            node.options[self.uniform[node.name]][0] for node in self.nodes if node.name in self.uniform
+        )
 
 
-def sensitivity(model: ir.Model, options: QuantizeOptions, activations: Mapping[str, np.ndarray]) -> Sensitivity:
+def sensitivity(
+    model: ir.Model, options: QuantizeOptions, activations: Mapping[str, np.ndarray]
+) -> Sensitivity:
     """The predicted error and bytes of each MatMul (``model``: the rewritten fp32 model) at its
     uniform setting and at int8, and of the other weights at int8."""
     selection = AutoOptions(min_cosine=0.0, include=options.include, exclude=options.exclude)
-    nodes = [node for node in _quantizable(model, selection) if options.setting_for(node.name).bits is not None]
+    nodes = [
+        node for node in _quantizable(model, selection) if options.setting_for(node.name).bits is not None
+    ]
     uniform: dict[str, Setting] = {}
     ladders: dict[str, list[Setting]] = {}
     for node in nodes:
@@ -102,15 +108,28 @@ def sensitivity(model: ir.Model, options: QuantizeOptions, activations: Mapping[
 
 
 def decide(
-    sens: Sensitivity, options: QuantizeOptions, uniform_loss: float, *, aim: float = AIM
+    sens: Sensitivity,
+    options: QuantizeOptions,
+    uniform_loss: float,
+    *,
+    aim: float = AIM,
+    quantized_first: bool = True,
 ) -> Decision:
     """The smallest mix whose predicted error is at most ``aim`` times the error at which the
     line through the origin and the uniform candidate (its predicted error, ``uniform_loss``)
-    meets the limit; every node in float when even that is too much."""
+    meets the limit; every node in float when even that is too much.
+
+    With ``quantized_first``, the aim is never below the error of every node at its most
+    accurate quantized setting: far below the floor (a loss of tens), the line is no guide (a
+    weight whose int4 steps round most values to zero loses its output's energy rather than
+    adding noise to it), and int8 everywhere is worth a candidate before float is."""
     items = [*sens.nodes, sens.others]
     uniform_error = sens.uniform_error()
     loss = uniform_loss if math.isfinite(uniform_loss) and uniform_loss > 0 else math.inf
     target = aim * uniform_error / loss if math.isfinite(loss) else 0.0
+    if quantized_first:
+        least = sum(min((error for error, _ in node.options.values()), default=0.0) for node in sens.nodes)
+        target = max(target, least)
     chosen_tradeoff = math.inf
     for tradeoff in [0.0, *_breakpoints(items)]:
         if sum(item.choose(tradeoff)[1] for item in items) <= target:

@@ -158,4 +158,3 @@ def _run_all(session: Any, reference: Reference) -> None:
             ) from err
         reference.put(index, outputs)
         del outputs
-

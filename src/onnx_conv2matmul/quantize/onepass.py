@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from onnx_conv2matmul.files import load as _io
-from onnx_conv2matmul.files import output as _output
 from onnx_conv2matmul.quantize import build as _build
 from onnx_conv2matmul.quantize import check as _check
 from onnx_conv2matmul.quantize import decide as _decide
@@ -93,7 +92,7 @@ class OnePass:
             first = _build.build(plan, run.quantize, cache)
             statistics = _matmul_inputs(first.model)
             progress.phase("Checking the candidate (uniform settings)")
-            checked = self._check(first, statistics, "uniform")
+            checked = self._checked(first, statistics, "uniform")
             self.chosen, self.checked = first, checked
             if not checked.passed:
                 del first
@@ -103,7 +102,7 @@ class OnePass:
             self._publish(modes, scratch)
         return True
 
-    def _check(self, candidate: _build.Candidate, statistics: list[str], label: str) -> _check.Checked:
+    def _checked(self, candidate: _build.Candidate, statistics: list[str], label: str) -> _check.Checked:
         plan = self.run.plan
         assert self.measurement is not None
         folder = os.path.dirname(os.path.abspath(plan.src))
@@ -142,12 +141,12 @@ class OnePass:
         del fp32
         aim = _decide.AIM
         for step in range(2):
-            decision = _decide.decide(sens, run.quantize, loss, aim=aim)
+            decision = _decide.decide(sens, run.quantize, loss, aim=aim, quantized_first=step == 0)
             decision.step = step
             progress.phase("Quantizing the chosen mix")
             candidate = _build.build(plan, decision.options, cache)
             progress.phase("Checking the candidate (the chosen mix)")
-            checked = self._check(candidate, [], "mix" if step == 0 else "mix, aimed at half the error")
+            checked = self._checked(candidate, [], "mix" if step == 0 else "mix, aimed at half the error")
             if checked.passed:
                 self.chosen, self.checked, self.decision = candidate, checked, decision
                 return True
@@ -316,4 +315,3 @@ def _peak_rss() -> int:
     from onnx_conv2matmul.quantize.run import peak_rss_bytes
 
     return peak_rss_bytes()
-

@@ -38,7 +38,10 @@ PHASES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("decide", ("Deciding",)),
     ("quantize", ("Quantizing",)),
     ("save", ("Saving",)),
-    ("check", ("Checking the output", "Checking the candidate", "Measuring accuracy", "Verifying", "Scoring")),
+    (
+        "check",
+        ("Checking the output", "Checking the candidate", "Measuring accuracy", "Verifying", "Scoring"),
+    ),
     ("timing", ("Timing",)),
     ("publish", ("Publishing",)),
 )

@@ -1,0 +1,134 @@
+"""The default quantize run as one pass (quantize/onepass.py): the original measured once, at most
+two candidates built in memory and checked, the result written once."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from click.testing import CliRunner
+
+from onnx_conv2matmul.cli.app import main
+from onnx_conv2matmul.quantize import build as _build
+from onnx_conv2matmul.quantize import decide as _decide
+from onnx_conv2matmul.quantize.measure import session_options
+from onnx_conv2matmul.quantize.plan import Request, resolve
+from onnx_conv2matmul.quantize.search_options import Setting
+from onnx_conv2matmul.quantize.sensitivity import _Node
+from onnx_conv2matmul.quantize.settings import QuantizeOptions
+from tests.test_accuracy import outlier_model
+
+CONFORMER = Path(__file__).parent / "data" / "conformer_small.onnx"
+LENGTHS = (64, 128, 301)
+
+
+def _quantize(src: Path, dst: Path, *extra: str) -> dict:
+    result = CliRunner().invoke(
+        main, ["quantize", str(src), str(dst), "--no-bench", "--report-json-stdout", *extra], catch_exceptions=False
+    )
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def _feed(length: int, seed: int = 7) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed + length)
+    return {
+        "audio_signal": rng.standard_normal((1, 32, length)).astype(np.float32),
+        "length": np.array([length], dtype=np.int64),
+    }
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.ravel().astype(np.float64), b.ravel().astype(np.float64)
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def test_a_model_that_meets_the_floor_takes_one_candidate_and_writes_once(tmp_path: Path) -> None:
+    out = tmp_path / "out.onnx"
+    data = _quantize(CONFORMER, out)
+    candidates = data["one_pass"]["candidates"]
+    assert [c["candidate"] for c in candidates] == ["uniform"] and candidates[0]["passed"]
+    assert data["one_pass"]["decision"] is None and data["auto"] is None
+    assert "search" not in data["seconds_by_phase"] and data["seconds_by_phase"]["measure"] > 0
+    written = sum(f.stat().st_size for f in tmp_path.iterdir())
+    assert data["files"]["output_bytes"] == written  # nothing else left beside it
+    assert written <= data["bytes_written"] < written + 2**20  # the result, plus the small reference
+    model = onnx.load(out)
+    assert any(n.op_type == "MatMulNBits" for n in model.graph.node)
+    original = ort.InferenceSession(str(CONFORMER), providers=["CPUExecutionProvider"])
+    result = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    for length in LENGTHS:  # lengths the check never fed
+        feed = _feed(length)
+        want, got = original.run(None, feed), result.run(None, feed)
+        assert _cosine(want[0], got[0]) >= 0.99
+        np.testing.assert_array_equal(want[1], got[1])
+
+
+def test_below_the_floor_two_candidates_and_the_mix_meets_it(tmp_path: Path) -> None:
+    src = tmp_path / "outliers.onnx"
+    onnx.save(outlier_model(), src)
+    out = tmp_path / "out" / "q.onnx"
+    out.parent.mkdir()
+    data = _quantize(src, out)
+    candidates = data["one_pass"]["candidates"]
+    assert len(candidates) == 2 and not candidates[0]["passed"] and candidates[1]["passed"]
+    assert data["quantized_nodes"] == 1 and sorted(os.listdir(out.parent)) == ["q.onnx"]
+    x = np.random.default_rng(3).standard_normal((2, 9, 64)).astype(np.float32)
+    want = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    for row in range(2):
+        assert _cosine(want[row], got[row]) >= 0.99
+
+
+@pytest.mark.parametrize("options", [QuantizeOptions(block_size=64), QuantizeOptions(bits=8, block_size=128)])
+def test_a_candidate_in_memory_computes_what_its_file_does(tmp_path: Path, options: QuantizeOptions) -> None:
+    plan = resolve(CONFORMER, tmp_path / "x.onnx", Request())
+    candidate = _build.build(plan, options)
+    path = tmp_path / "saved.onnx"
+    import onnx_ir as ir
+
+    in_memory = _build.open_in_memory(candidate.model, str(CONFORMER.parent), session_options(plan.verify))
+    ir.save(candidate.model, path)
+    saved = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert [o.name for o in in_memory.get_outputs()] == [o.name for o in saved.get_outputs()]
+    for length in LENGTHS:
+        feed = _feed(length)
+        for a, b in zip(in_memory.run(None, feed), saved.run(None, feed), strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def _sensitivity(errors: list[tuple[float, float]]) -> _decide.Sensitivity:
+    """Nodes of 1,000 float bytes: int4 (100 bytes) and int8 (300 bytes) with the given errors."""
+    int4, int8 = Setting(4, 64, False), Setting(8, 64, True)
+    nodes = []
+    for index, (e4, e8) in enumerate(errors):
+        node = _Node(f"n{index}", None, 64, 64, 1000)
+        node.options = {int4: (e4, 100), int8: (e8, 300)}
+        nodes.append(node)
+    return _decide.Sensitivity(nodes, _Node("(other weights)", None, 0, 0, 0), {n.name: int4 for n in nodes})
+
+
+def test_the_decision_moves_the_most_sensitive_layers_first_and_more_as_the_loss_grows() -> None:
+    sens = _sensitivity([(0.5, 0.002), (0.1, 0.0004), (0.05, 0.0002), (0.05, 0.0002)])
+    options = QuantizeOptions()
+    near = _decide.decide(sens, options, 1.2)
+    far = _decide.decide(sens, options, 3.0)
+    assert near.options.nodes["n0"].bits == 8 and near.options.nodes["n3"].bits == 4
+    assert near.predicted_error <= near.target_error and far.predicted_error <= far.target_error
+    assert far.weight_bytes >= near.weight_bytes
+    assert sum(s.bits == 8 for s in far.options.nodes.values()) >= sum(
+        s.bits == 8 for s in near.options.nodes.values()
+    )
+
+
+def test_far_below_the_floor_int8_everywhere_comes_before_float() -> None:
+    sens = _sensitivity([(0.5, 0.01)])
+    first = _decide.decide(sens, QuantizeOptions(), 200.0)
+    assert first.options.nodes["n0"].bits == 8
+    second = _decide.decide(sens, QuantizeOptions(), 200.0, aim=_decide.AIM / 2, quantized_first=False)
+    assert second.options.nodes["n0"].bits is None
