@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -25,6 +25,7 @@ from onnx_conv2matmul.quantize.reference import Reference, feed_set
 if TYPE_CHECKING:
     from onnx_conv2matmul.quantize.plan import QuantizePlan
     from onnx_conv2matmul.speed.timing import ModelTiming, TimingOptions
+    from onnx_conv2matmul.verify.feeds import InputSpec
     from onnx_conv2matmul.verify.options import VerifyOptions
 
 
@@ -106,7 +107,7 @@ def measure(
     feeds = feed_set(plan.src, plan.verify, session=session)
     reference = Reference(scratch, names, feeds)
     try:
-        _run_all(session, reference)
+        _run_all(session, reference, plan.verify)
     except ModelRunError:
         if feeds.replan is None:
             raise
@@ -114,24 +115,19 @@ def measure(
         # (spares replace those that fail), then measure again.
         feeds = feeds.replan()
         reference = Reference(scratch, names, feeds)
-        _run_all(session, reference)
+        _run_all(session, reference, plan.verify)
     measurement = Measurement(reference)
     reference.feeds.replan = None  # it holds the session, whose mapped weights must go now
     from onnx_conv2matmul.verify.run import input_specs
 
     specs = input_specs(session)
-    del session  # the timing's own session prepacks its weights, as a user's does
-    gc.collect()
     if timing is not None:
-        from onnx_conv2matmul.speed.timing import default_lengths, time_models
+        from onnx_conv2matmul.speed.timing import time_models
 
+        timing, rule = _timing(session, specs, timing, plan, reference)
+        del session  # the timing's own session prepacks its weights, as a user's does
+        gc.collect()
         say("Timing the original")
-        rule = ""
-        if timing.lengths is None and timing.feeds is None:
-            synthesis = dataclasses.replace(timing.synthesis, batch=1, lengths=None)
-            lengths, rule = default_lengths(specs, synthesis)
-            timing = dataclasses.replace(timing, lengths=lengths[:1])
-            rule = f"the shortest of {rule}" if len(lengths) > 1 else rule
         report = time_models([plan.src], timing, labels=["original"])
         measurement.timing = report.models[0]
         measurement.timing_options = timing
@@ -139,22 +135,76 @@ def measure(
     return measurement
 
 
-def _run_all(session: Any, reference: Reference) -> None:
-    """Every feed of the reference once through the original, its outputs kept."""
-    from onnx_conv2matmul.quantize.search_runs import _run
+def _run_all(session: Any, reference: Reference, verify: VerifyOptions) -> None:
+    """Every feed of the reference once through the original, its outputs kept.
+
+    Raises:
+        ModelRunError: onnxruntime cannot run it on a feed (naming the file, for real inputs).
+        OutOfMemory: memory ran out.
+    """
+    from onnx_conv2matmul.verify.options import feed_source
+    from onnx_conv2matmul.verify.run import run_feeds
 
     feeds = reference.feeds
     for index, feed in enumerate(feeds.feeds):
-        try:
-            outputs = _run(session, feed)
-        except OutOfMemory:
-            raise
-        except Exception as err:  # onnxruntime's own errors: this run cannot be made
-            shapes = ", ".join(f"{k}{list(np.asarray(v).shape)}" for k, v in feed.items())
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise ModelRunError(
-                f"onnxruntime cannot run the original model at length {feeds.lengths[index]}"
-                f" ({shapes}): {first}"
-            ) from err
+        hint = None
+        where = f"at length {feeds.lengths[index]}"
+        if verify.feeds is not None:
+            number = feeds.lengths[index]
+            where = f"on inputs {feed_source(verify.feeds[number - 1], number - 1)}"
+            hint = Hint.INPUT_FILES
+        outputs = run_feeds(session, feed, "original", where, hint)
         reference.put(index, outputs)
         del outputs
+
+
+def _timing(
+    session: Any, specs: Sequence[InputSpec], timing: TimingOptions, plan: QuantizePlan, reference: Reference
+) -> tuple[TimingOptions, str]:
+    """What the default latency line times, and how it was chosen: the smallest of the given
+    inputs (``--inputs``), at batch 1; the lengths given (``--bench-lengths``); else the shortest
+    of the timing's default lengths when the original runs there, or the check's shortest run."""
+    from onnx_conv2matmul.speed.inputs import first_sample, input_shapes, pick_feeds
+    from onnx_conv2matmul.speed.timing import default_lengths
+    from onnx_conv2matmul.verify.options import feed_source
+
+    if plan.verify.feeds is not None:
+        given = plan.verify.feeds
+        smallest = pick_feeds(given)[0]
+        sample = first_sample(given[smallest], input_shapes(plan.src))
+        described = (
+            f"the smallest of the given inputs (--inputs), batch 1: {smallest + 1}:"
+            f" {feed_source(given[smallest], smallest)} ({_shapes(sample)})"
+        )
+        return dataclasses.replace(timing, feeds=((smallest + 1, sample),), feeds_rule=described), described
+    if timing.lengths is not None or timing.feeds is not None:
+        return timing, ""
+    synthesis = dataclasses.replace(timing.synthesis, batch=1, lengths=None)
+    lengths, rule = default_lengths(specs, synthesis)
+    short = lengths[0]
+    try:  # planned as the check plans (the dims and values it discovers), at the short length
+        options = dataclasses.replace(plan.verify, batch=1, lengths=(short,), feeds=None, report_only=True)
+        planned = feed_set(plan.src, options, session=session)
+        if list(planned.lengths) == [short]:
+            session.run(None, dict(planned.feeds[0]))
+            shortest = f"the shortest of {rule}" if len(lengths) > 1 else rule
+            return dataclasses.replace(timing, feeds=((short, planned.feeds[0]),), feeds_rule=shortest), shortest
+    except Exception:  # the model cannot run there (a fixed height, a value the graph needs)
+        pass
+    feeds = reference.feeds
+    runs = list(feeds.runs) if feeds.runs else []
+    usable = [i for i in range(len(feeds.feeds)) if not (i < len(runs) and getattr(runs[i], "long", False))]
+    usable = usable or list(range(len(feeds.feeds)))
+    index = min(usable, key=lambda i: (_bytes(feeds.feeds[i]), i))
+    chosen = first_sample(feeds.feeds[index], input_shapes(plan.src))
+    number = feeds.lengths[index]
+    described = f"the accuracy check's shortest run, batch 1: {number}: {_shapes(chosen)}"
+    return dataclasses.replace(timing, feeds=((number, chosen),), feeds_rule=described), described
+
+
+def _shapes(feed: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}{list(np.shape(v))}" for k, v in feed.items())
+
+
+def _bytes(feed: Mapping[str, Any]) -> int:
+    return sum(int(np.asarray(v).nbytes) for v in feed.values())

@@ -209,14 +209,29 @@ class OnePass:
             report.verification = verification
             if report.passed and measurement.timing is not None:
                 progress.phase("Timing the result against the original")
-                self._time(staged.onnx_path)
+                slower = self._time(staged.onnx_path)
+                speed = plan.speed
+                if slower and speed is not None and len(speed.levels) > 1 and report.kernel_plan is not None:
+                    # Chosen from per-shape costs and measurably slower than the original whole:
+                    # the other accuracy levels are checked and timed (the level's attribute only).
+                    from onnx_conv2matmul.quantize.check_publish import speed_step
+
+                    staged = speed_step(run, staged, stack)
+                    if report.kernel_choice is not None:
+                        progress.phase("Checking the output at the level kept")
+                        verification = measurement.reference.check(plan.src, staged.onnx_path, plan.verify)
+                        verification.candidate = plan.dst
+                        report.verification = verification
+                else:
+                    report.warnings.extend(slower)
             if report.passed:
                 progress.phase("Publishing")
                 staged.publish(modes)
                 report.output_path = plan.dst
 
-    def _time(self, path: str) -> None:
-        """The result timed as the original was (same lengths and rounds), the report's latency."""
+    def _time(self, path: str) -> list[str]:
+        """The result timed as the original was (same inputs and rounds) into the report's latency;
+        a warning per length it is measurably slower at."""
         from onnx_conv2matmul.speed.timing import time_models
 
         measurement = self.measurement
@@ -227,7 +242,7 @@ class OnePass:
             measurement.timing, result, measurement.timing_options, measurement.timing_rule
         )
         self.run.report.latency = latency
-        self.run.report.warnings.extend(slower)
+        return slower
 
 
 RAN_IN_MEMORY = (

@@ -1,0 +1,191 @@
+"""The default ``quantize`` (the one pass) against what a careful user does by hand, side by side.
+
+The yardstick **Y** of a model is the recipe plus one check, each a process of its own:
+
+* ``onnx-conv2matmul convert MODEL REWRITTEN`` (the plain rewrite);
+* onnxruntime's ``MatMulNBitsQuantizer`` (4 bits, block 64, asymmetric, level 0) on the
+  rewritten model, saved with external data;
+* ``onnx-conv2matmul verify MODEL RESULT`` with its defaults (its exit code is ignored: the
+  recipe's result is not exact, the check's cost is what counts).
+
+Then ``onnx-conv2matmul quantize MODEL OUT`` with no options, twice: **cold** (an empty
+kernel-cost cache, its own ``XDG_CACHE_HOME``) and **warm** (the same cache again). Every command is
+forked from a small launcher (``_process.run_measured``): wall time and the command's own peak RSS.
+Disk written is the report's ``bytes_written`` (the result and the scratch files); the phases, the
+candidates and the latency line are the report's too. Rounds rotate the order of the commands.
+
+Usage::
+
+    nice -n 5 python benchmarks/bench_onepass.py [--model PATH]... [--rounds N] [--json PATH]
+
+Without ``--model`` it reads the full-size Parakeet-shaped encoder that ``fastconformer.py
+encoder --size parakeet --positional-table 5000`` writes (the relative positional table kept, as
+a NeMo export has it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from _process import run_measured
+
+DEFAULT_MODEL = Path("/work/bench-models/encoder-dynamo-table/encoder-model.onnx")
+RECIPE = """
+import sys
+from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+quantizer = MatMulNBitsQuantizer(sys.argv[1], bits=4, block_size=64, is_symmetric=False, accuracy_level=0)
+quantizer.process()
+quantizer.model.save_model_to_file(sys.argv[2], use_external_data_format=True)
+"""
+TARGETS = {"cold x Y": 1.5, "warm x Y": 1.2, "peak RSS x model": 1.2, "disk x result": 3.0}
+
+
+def tool(*args: object) -> list[str]:
+    exe = shutil.which("onnx-conv2matmul")
+    head = [exe] if exe else [sys.executable, "-m", "onnx_conv2matmul"]
+    return [*head, *(str(a) for a in args)]
+
+
+def files_bytes(model: Path) -> int:
+    """The model's .onnx and the data files beside it that share its name."""
+    return sum(p.stat().st_size for p in model.parent.iterdir() if p.name.startswith(model.name))
+
+
+def run(name: str, argv: list[str], env: dict[str, str] | None = None, check: bool = True) -> dict[str, Any]:
+    print(f"[{name}] {' '.join(argv[-3:])}", file=sys.stderr, flush=True)
+    measured = run_measured(argv, env=env, stdout=subprocess_devnull(), stderr=subprocess_devnull())
+    if check and measured.returncode != 0:
+        raise SystemExit(f"[{name}] exited {measured.returncode}")
+    return {"seconds": measured.seconds, "peak_bytes": measured.peak_bytes, "code": measured.returncode}
+
+
+def subprocess_devnull() -> Any:
+    import subprocess
+
+    return subprocess.DEVNULL
+
+
+def one_round(model: Path, work: Path, order: int) -> dict[str, Any]:
+    """Y's three commands and the default cold and warm, in an order that rotates by ``order``."""
+    rewritten, recipe_out = work / "rewritten.onnx", work / "recipe.onnx"
+    cache = work / "xdg"
+    out = work / "out"
+    out.mkdir(exist_ok=True)
+
+    def yardstick() -> dict[str, Any]:
+        for leftover in work.glob("rewritten.onnx*"):
+            leftover.unlink()
+        for leftover in work.glob("recipe.onnx*"):
+            leftover.unlink()
+        parts = {
+            "convert": run("convert", tool(model, rewritten)),
+            "recipe": run("recipe", [sys.executable, "-c", RECIPE, str(rewritten), str(recipe_out)]),
+            "verify": run("verify", tool("verify", model, recipe_out), check=False),
+        }
+        return {"parts": parts, "seconds": sum(p["seconds"] for p in parts.values())}
+
+    def default(kind: str) -> dict[str, Any]:
+        if kind == "cold":
+            shutil.rmtree(cache, ignore_errors=True)
+        cache.mkdir(exist_ok=True)
+        report = work / f"{kind}.json"
+        env = {**os.environ, "XDG_CACHE_HOME": str(cache)}
+        measured = run(kind, tool("quantize", model, out / "q.onnx", "--report-json", report), env=env)
+        data = json.loads(report.read_text())
+        measured["report"] = data
+        return measured
+
+    steps = ["Y", "defaults"]
+    if order % 2:
+        steps.reverse()
+    found: dict[str, Any] = {}
+    for step in steps:
+        if step == "Y":
+            found["Y"] = yardstick()
+        else:
+            found["cold"] = default("cold")
+            found["warm"] = default("warm")
+    return found
+
+
+def summarise(model: Path, rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    size = files_bytes(model)
+    y = statistics.median(r["Y"]["seconds"] for r in rounds)
+    cold = statistics.median(r["cold"]["seconds"] for r in rounds)
+    warm = statistics.median(r["warm"]["seconds"] for r in rounds)
+    peak = max(max(r["cold"]["peak_bytes"], r["warm"]["peak_bytes"]) for r in rounds)
+    last = rounds[-1]["warm"]["report"]
+    result_bytes = last["files"]["output_bytes"]
+    written = max(r[k]["report"].get("bytes_written") or 0 for r in rounds for k in ("cold", "warm"))
+    latency = last.get("latency") or {}
+    ratios = {str(lat["length"]): lat["ratio"] for lat in latency.get("result", [])}
+    return {
+        "model": str(model),
+        "model_bytes": size,
+        "Y_s": y,
+        "Y_parts_s": {k: v["seconds"] for k, v in rounds[-1]["Y"]["parts"].items()},
+        "cold_s": cold,
+        "warm_s": warm,
+        "cold x Y": cold / y,
+        "warm x Y": warm / y,
+        "peak_bytes": peak,
+        "peak RSS x model": peak / size,
+        "result_bytes": result_bytes,
+        "result x model": result_bytes / size,
+        "bytes_written": written,
+        "disk x result": written / result_bytes if result_bytes else None,
+        "phases_cold": rounds[-1]["cold"]["report"]["seconds_by_phase"],
+        "phases_warm": last["seconds_by_phase"],
+        "candidates": [
+            (c["candidate"], c["worst_cosine"], c["passed"]) for c in (last.get("one_pass") or {}).get("candidates", [])
+        ],
+        "latency_ratio": ratios,
+        "load": os.getloadavg(),
+    }
+
+
+def print_table(summary: dict[str, Any]) -> None:
+    print(f"\n{summary['model']} ({summary['model_bytes'] / 2**30:.2f} GiB), load {summary['load'][0]:.1f}")
+    parts = ", ".join(f"{k} {v:.1f} s" for k, v in summary["Y_parts_s"].items())
+    print(f"  Y = {summary['Y_s']:.1f} s ({parts})")
+    for key in ("cold", "warm"):
+        ratio = summary[f"{key} x Y"]
+        print(f"  default {key}: {summary[f'{key}_s']:.1f} s = {ratio:.2f}x Y (target {TARGETS[f'{key} x Y']}x)")
+    print(f"  peak RSS {summary['peak_bytes'] / 2**30:.2f} GiB = {summary['peak RSS x model']:.2f}x the model")
+    disk = summary["disk x result"]
+    print(
+        f"  result {summary['result_bytes'] / 2**20:.1f} MiB ({summary['result x model']:.3f}x), written"
+        f" {summary['bytes_written'] / 2**20:.1f} MiB = {disk:.2f}x the result"
+    )
+    print(f"  phases cold: {summary['phases_cold']}")
+    print(f"  phases warm: {summary['phases_warm']}")
+    print(f"  candidates: {summary['candidates']}; latency x fp32: {summary['latency_ratio']}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", type=Path, action="append")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    summaries = []
+    for model in args.model or [DEFAULT_MODEL]:
+        with tempfile.TemporaryDirectory(prefix="bench-onepass-", dir=model.parent.parent) as tmp:
+            rounds = [one_round(model, Path(tmp), index) for index in range(args.rounds)]
+        summary = summarise(model, rounds)
+        print_table(summary)
+        summaries.append(summary)
+    if args.json is not None:
+        args.json.write_text(json.dumps(summaries, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
