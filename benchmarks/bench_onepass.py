@@ -145,7 +145,8 @@ def summarise(model: Path, rounds: list[dict[str, Any]]) -> dict[str, Any]:
         "phases_cold": rounds[-1]["cold"]["report"]["seconds_by_phase"],
         "phases_warm": last["seconds_by_phase"],
         "candidates": [
-            (c["candidate"], c["worst_cosine"], c["passed"]) for c in (last.get("one_pass") or {}).get("candidates", [])
+            (c["candidate"], c["worst_cosine"], c["passed"])
+            for c in (last.get("one_pass") or {}).get("candidates", [])
         ],
         "latency_ratio": ratios,
         "load": os.getloadavg(),
@@ -158,8 +159,12 @@ def print_table(summary: dict[str, Any]) -> None:
     print(f"  Y = {summary['Y_s']:.1f} s ({parts})")
     for key in ("cold", "warm"):
         ratio = summary[f"{key} x Y"]
-        print(f"  default {key}: {summary[f'{key}_s']:.1f} s = {ratio:.2f}x Y (target {TARGETS[f'{key} x Y']}x)")
-    print(f"  peak RSS {summary['peak_bytes'] / 2**30:.2f} GiB = {summary['peak RSS x model']:.2f}x the model")
+        print(
+            f"  default {key}: {summary[f'{key}_s']:.1f} s = {ratio:.2f}x Y (target {TARGETS[f'{key} x Y']}x)"
+        )
+    print(
+        f"  peak RSS {summary['peak_bytes'] / 2**30:.2f} GiB = {summary['peak RSS x model']:.2f}x the model"
+    )
     disk = summary["disk x result"]
     print(
         f"  result {summary['result_bytes'] / 2**20:.1f} MiB ({summary['result x model']:.3f}x), written"

@@ -223,14 +223,16 @@ def test_progress_only_on_a_terminal_for_big_models(
 
 PHASES = {
     "convert": ["Loading", "Checking the input", "Rewriting", "Saving", "Checking the output", "Publishing"],
-    "quantize": [
+    "quantize": [  # the one pass: the original measured once, the candidate checked in memory
         "Loading",
         "Checking the input",
         "Rewriting",
+        "Measuring the original",
+        "Measuring the original on the check's inputs",
         "Quantizing",
+        "Checking the candidate (uniform settings)",
         "Saving",
         "Checking the output",
-        "Measuring accuracy",
         "Publishing",
     ],
 }

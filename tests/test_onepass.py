@@ -12,6 +12,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from click.testing import CliRunner
+from tests.test_accuracy import outlier_model
 
 from onnx_conv2matmul.cli.app import main
 from onnx_conv2matmul.quantize import build as _build
@@ -21,7 +22,6 @@ from onnx_conv2matmul.quantize.plan import Request, resolve
 from onnx_conv2matmul.quantize.search_options import Setting
 from onnx_conv2matmul.quantize.sensitivity import _Node
 from onnx_conv2matmul.quantize.settings import QuantizeOptions
-from tests.test_accuracy import outlier_model
 
 CONFORMER = Path(__file__).parent / "data" / "conformer_small.onnx"
 LENGTHS = (64, 128, 301)
@@ -29,7 +29,9 @@ LENGTHS = (64, 128, 301)
 
 def _quantize(src: Path, dst: Path, *extra: str) -> dict:
     result = CliRunner().invoke(
-        main, ["quantize", str(src), str(dst), "--no-bench", "--report-json-stdout", *extra], catch_exceptions=False
+        main,
+        ["quantize", str(src), str(dst), "--no-bench", "--report-json-stdout", *extra],
+        catch_exceptions=False,
     )
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)

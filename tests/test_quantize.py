@@ -114,8 +114,8 @@ def test_front_end_convs_are_left_alone_by_default() -> None:
 
 def test_min_cosine_above_what_is_reached(tmp_path: Path) -> None:
     """With settings given, a model below --min-cosine is refused: exit 1, nothing written,
-    and the message names the search. With the default settings the search runs instead,
-    and what it writes meets the minimum, with a warning."""
+    and the message names the search. With the default settings the one pass decides a mix
+    instead, and what it writes meets the minimum, with a warning."""
     out = tmp_path / "encoder.int4.onnx"
     code, _, stderr = _invoke("quantize", str(ENCODER), str(out), "--bits", "4", "--min-cosine", "0.99999")
     assert code == 1
@@ -132,7 +132,7 @@ def test_min_cosine_above_what_is_reached(tmp_path: Path) -> None:
     assert data["accuracy"]["min_cosine_source"] == "given"
     assert any("fell below the accuracy criterion" in w for w in data["warnings"])
     assert min(r["cosine"] for r in data["verification"]["results"] if r["cosine"] is not None) >= 0.99999
-    assert data["auto"]["reached_cosine"] >= 0.99999
+    assert data["auto"] is None and data["one_pass"]["candidates"][-1]["passed"]  # decided, not searched
 
 
 def test_exclude_and_include_patterns(tmp_path: Path) -> None:

@@ -69,7 +69,7 @@ def external_model(tmp_path: Path) -> Path:
     [
         ("convert", ("onnx_conv2matmul.api", "convert")),  # the data file is being copied
         ("convert --verify", ("onnx_conv2matmul.api", "verify_models")),  # a staged output
-        ("quantize", ("onnx_conv2matmul.quantize.check_publish", "verify_models")),  # staged, quantized
+        ("quantize", ("onnx_conv2matmul.quantize.onepass", "verify_staged")),  # staged, quantized
     ],
     ids=["convert-copying", "convert-verifying", "quantize-measuring"],
 )

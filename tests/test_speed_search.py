@@ -120,11 +120,11 @@ def test_the_more_accurate_level_is_retried_only_where_it_is_not_slow(
 def test_prefer_size_offers_the_search_below_the_floor_every_precision(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, prefer_size: bool
 ) -> None:
-    """By default the search that follows a result below the floor is kept from precisions float
-    beats on this CPU (int8 on the int8-slow machine); ``--prefer size`` asks for the smallest
-    model, so it is offered them all, as ``--auto`` is."""
+    """By default the mix the one pass decides when the uniform settings fall below the floor is
+    kept from precisions float beats on this CPU (int8 on the int8-slow machine); ``--prefer
+    size`` asks for the smallest model, so every layer is offered int8, as ``--auto`` is."""
     from onnx_conv2matmul.api import quantize_file
-    from onnx_conv2matmul.quantize import workflow
+    from onnx_conv2matmul.quantize import decide
     from onnx_conv2matmul.quantize.options import resolve
     from onnx_conv2matmul.quantize.transposes import Prefer, TransposeOptions
     from onnx_conv2matmul.speed import costs as costs_module
@@ -138,14 +138,15 @@ def test_prefer_size_offers_the_search_below_the_floor_every_precision(
     clock = FakeClock()
     monkeypatch.setattr(timing, "_default_clock", clock)
     monkeypatch.setattr(timing, "timed_session", Sessions(clock, lambda path, length: 1.0, real=True))
-    filters: list[object] = []
-    real = workflow.run_search
+    offered: list[int] = []
+    real = decide.sensitivity
 
-    def spy(run, workdir, model, speed_filter=None):  # type: ignore[no-untyped-def]
-        filters.append(speed_filter)
-        return real(run, workdir, model, speed_filter)
+    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        found = real(*args, **kwargs)
+        offered.extend(sum(s.bits == 8 for s in node.options) for node in found.nodes)
+        return found
 
-    monkeypatch.setattr(workflow, "run_search", spy)
+    monkeypatch.setattr(decide, "sensitivity", spy)
     speed = resolve({}, bench_lengths=(64,), bench_rounds=3).speed
     transposes = TransposeOptions(Prefer.SIZE) if prefer_size else None
     report = quantize_file(
@@ -155,5 +156,5 @@ def test_prefer_size_offers_the_search_below_the_floor_every_precision(
         speed=speed,
         transposes=transposes,
     )
-    assert report.accuracy["fallback"] is not None  # the uniform settings fell below: searched
-    assert filters and all((f is None) == prefer_size for f in filters)
+    assert report.accuracy["fallback"] is not None  # the uniform settings fell below: decided
+    assert offered and (all(offered) if prefer_size else not any(offered))

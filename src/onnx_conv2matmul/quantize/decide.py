@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     import onnx_ir as ir
 
     from onnx_conv2matmul.quantize.settings import QuantizeOptions
+    from onnx_conv2matmul.quantize.speed_objective import SpeedFilter
 
 AIM = 0.8
 """The mix aims at this share of the predicted error the measured line allows, so that the
@@ -81,10 +82,15 @@ class Sensitivity:
 
 
 def sensitivity(
-    model: ir.Model, options: QuantizeOptions, activations: Mapping[str, np.ndarray]
+    model: ir.Model,
+    options: QuantizeOptions,
+    activations: Mapping[str, np.ndarray],
+    speed_filter: SpeedFilter | None = None,
 ) -> Sensitivity:
     """The predicted error and bytes of each MatMul (``model``: the rewritten fp32 model) at its
-    uniform setting and at int8, and of the other weights at int8."""
+    uniform setting and at int8, and of the other weights at int8. ``speed_filter``: int8 is not
+    offered to a layer where it runs slower than float on this CPU (by the kernel costs; the
+    default run is kept from them, ``--prefer size`` offers every precision)."""
     selection = AutoOptions(min_cosine=0.0, include=options.include, exclude=options.exclude)
     nodes = [
         node for node in _quantizable(model, selection) if options.setting_for(node.name).bits is not None
@@ -97,6 +103,10 @@ def sensitivity(
         own = Setting(setting.bits, setting.block_size, setting.symmetric)
         uniform[node.name] = own
         ladders[node.name] = [own] if own.bits == 8 else [own, Setting(8, setting.block_size, True)]
+    if speed_filter is not None:
+        for name, ladder in list(ladders.items()):
+            allowed = set(speed_filter.allowed([name], ladder).get(name, tuple(ladder)))
+            ladders[name] = [s for s in ladder if s in allowed or s == uniform[name]]
     _sensitivities(model, nodes, [], activations, ladders)
     others = _Node("(other weights)", None, 0, 0, 0)
     measured = _other_weights_error(model)

@@ -188,7 +188,9 @@ def _timing(
         if list(planned.lengths) == [short]:
             session.run(None, dict(planned.feeds[0]))
             shortest = f"the shortest of {rule}" if len(lengths) > 1 else rule
-            return dataclasses.replace(timing, feeds=((short, planned.feeds[0]),), feeds_rule=shortest), shortest
+            return dataclasses.replace(
+                timing, feeds=((short, planned.feeds[0]),), feeds_rule=shortest
+            ), shortest
     except Exception:  # the model cannot run there (a fixed height, a value the graph needs)
         pass
     feeds = reference.feeds

@@ -36,13 +36,16 @@ from onnx_conv2matmul.quantize import check as _check
 from onnx_conv2matmul.quantize import decide as _decide
 from onnx_conv2matmul.quantize import measure as _measure
 from onnx_conv2matmul.quantize.blockwise import MemoryBlockCache
+from onnx_conv2matmul.quantize.plan import wants_smallest
 from onnx_conv2matmul.quantize.run_report import nbits_warnings, why_unchanged
 
 if TYPE_CHECKING:
+    from onnx_conv2matmul.quantize.plan import QuantizePlan
     from onnx_conv2matmul.quantize.run import Run
     from onnx_conv2matmul.rewrite.report import ConvertReport
     from onnx_conv2matmul.speed.choose import SpeedOptions
     from onnx_conv2matmul.speed.timing import ModelTiming, TimingOptions
+    from onnx_conv2matmul.verify.check import VerifyReport
 
 SHORT_ROUNDS = 5
 """Timed rounds of the default latency line (the original's and the result's, each)."""
@@ -50,11 +53,14 @@ SHORT_ROUNDS = 5
 
 def applies(run: Run) -> bool:
     """Whether ``run`` is a default run the one pass serves: the floor's search below the criterion
-    on, no ``--auto`` and no metric, MatMulNBits by the default algorithm, a cosine criterion."""
+    on, no ``--auto`` and no metric, MatMulNBits by the default algorithm, a cosine criterion, and
+    the kernel settings chosen from their costs (``--bench full`` quantizes and times every
+    candidate whole, as asked)."""
     plan = run.plan
     verify = plan.verify
     return (
         plan.search_below
+        and (plan.speed is None or plan.speed.mode == "shapes")
         and run.auto is None
         and not plan.int8
         and plan.metric is None
@@ -136,8 +142,12 @@ class OnePass:
         if uniform.worst_cosine is not None and floor < 1:
             loss = (1.0 - uniform.worst_cosine) / (1.0 - floor)
         progress.phase("Deciding each layer's setting from predicted sensitivity")
+        speed_filter = None
+        report = run.report
+        if report.kernel_plan is not None and plan.speed is not None and not wants_smallest(plan.request):
+            speed_filter = report.kernel_plan.speed_filter(run.quantize.accuracy_level, plan.speed.margin)
         fp32 = _build.load_rewritten(plan)
-        sens = _decide.sensitivity(fp32, run.quantize, uniform.activations)
+        sens = _decide.sensitivity(fp32, run.quantize, uniform.activations, speed_filter)
         del fp32
         aim = _decide.AIM
         for step in range(2):
@@ -202,11 +212,7 @@ class OnePass:
             if plan.run_checker:
                 progress.phase("Checking the output")
                 _io.run_checker(staged.onnx_path, "the quantized model")
-            verification = measurement.reference.check(
-                plan.src, staged.onnx_path, plan.verify, checked.flat_rows(), note=RAN_IN_MEMORY
-            )
-            verification.candidate = plan.dst
-            report.verification = verification
+            report.verification = verify_staged(measurement, plan, staged.onnx_path, checked)
             if report.passed and measurement.timing is not None:
                 progress.phase("Timing the result against the original")
                 slower = self._time(staged.onnx_path)
@@ -243,6 +249,18 @@ class OnePass:
         )
         self.run.report.latency = latency
         return slower
+
+
+def verify_staged(
+    measurement: _measure.Measurement, plan: QuantizePlan, path: str, checked: _check.Checked
+) -> VerifyReport:
+    """The accuracy check's report of the staged result: its rows are those of its check run in
+    memory (the same nodes and weights), against the reference measured once."""
+    verification = measurement.reference.check(
+        plan.src, path, plan.verify, checked.flat_rows(), note=RAN_IN_MEMORY
+    )
+    verification.candidate = plan.dst
+    return verification
 
 
 RAN_IN_MEMORY = (
