@@ -9,7 +9,10 @@ The yardstick **Y** of a model is the recipe plus one check, each a process of i
   recipe's result is not exact, the check's cost is what counts).
 
 Then ``onnx-conv2matmul quantize MODEL OUT`` with no options, twice: **cold** (an empty
-kernel-cost cache, its own ``XDG_CACHE_HOME``) and **warm** (the same cache again). Every command is
+kernel-cost cache, its own ``XDG_CACHE_HOME``) and **warm** (the same cache again). With
+``--before SRC`` (the ``src`` folder of another checkout, e.g. the commit before the one pass), the
+same default command of that code runs too, warm, in the same round: its time and result size
+beside this one's. Every command is
 forked from a small launcher (``_process.run_measured``): wall time and the command's own peak RSS.
 Disk written is the report's ``bytes_written`` (the result and the scratch files); the phases, the
 candidates and the latency line are the report's too. Rounds rotate the order of the commands.
@@ -54,6 +57,11 @@ def tool(*args: object) -> list[str]:
     return [*head, *(str(a) for a in args)]
 
 
+def before_tool(src: Path, *args: object) -> tuple[list[str], dict[str, str]]:
+    """The same command of the code in ``src`` (another checkout's package folder)."""
+    return [sys.executable, "-m", "onnx_conv2matmul", *(str(a) for a in args)], {"PYTHONPATH": str(src)}
+
+
 def files_bytes(model: Path) -> int:
     """The model's .onnx and the data files beside it that share its name."""
     return sum(p.stat().st_size for p in model.parent.iterdir() if p.name.startswith(model.name))
@@ -73,7 +81,7 @@ def subprocess_devnull() -> Any:
     return subprocess.DEVNULL
 
 
-def one_round(model: Path, work: Path, order: int) -> dict[str, Any]:
+def one_round(model: Path, work: Path, order: int, before: Path | None = None) -> dict[str, Any]:
     """Y's three commands and the default cold and warm, in an order that rotates by ``order``."""
     rewritten, recipe_out = work / "rewritten.onnx", work / "recipe.onnx"
     cache = work / "xdg"
@@ -103,13 +111,23 @@ def one_round(model: Path, work: Path, order: int) -> dict[str, Any]:
         measured["report"] = data
         return measured
 
-    steps = ["Y", "defaults"]
-    if order % 2:
-        steps.reverse()
+    def earlier() -> dict[str, Any]:
+        assert before is not None
+        report = work / "before.json"
+        argv, extra = before_tool(before, "quantize", model, out / "b.onnx", "--report-json", report)
+        env = {**os.environ, "XDG_CACHE_HOME": str(cache), **extra}
+        measured = run("before", argv, env=env, check=False)
+        measured["report"] = json.loads(report.read_text()) if report.exists() else None
+        return measured
+
+    steps = ["Y", "defaults", *(["before"] if before is not None else [])]
+    steps = steps[order % len(steps) :] + steps[: order % len(steps)]
     found: dict[str, Any] = {}
     for step in steps:
         if step == "Y":
             found["Y"] = yardstick()
+        elif step == "before":
+            found["before"] = earlier()
         else:
             found["cold"] = default("cold")
             found["warm"] = default("warm")
@@ -150,6 +168,22 @@ def summarise(model: Path, rounds: list[dict[str, Any]]) -> dict[str, Any]:
         ],
         "latency_ratio": ratios,
         "load": os.getloadavg(),
+        "before": _before(rounds),
+    }
+
+
+def _before(rounds: list[dict[str, Any]]) -> dict[str, Any] | None:
+    runs = [r["before"] for r in rounds if "before" in r]
+    if not runs:
+        return None
+    last = runs[-1]
+    report = last["report"] or {}
+    return {
+        "seconds": statistics.median(r["seconds"] for r in runs),
+        "peak_bytes": max(r["peak_bytes"] for r in runs),
+        "code": last["code"],
+        "result_bytes": (report.get("files") or {}).get("output_bytes"),
+        "phases": report.get("seconds_by_phase"),
     }
 
 
@@ -173,6 +207,18 @@ def print_table(summary: dict[str, Any]) -> None:
     print(f"  phases cold: {summary['phases_cold']}")
     print(f"  phases warm: {summary['phases_warm']}")
     print(f"  candidates: {summary['candidates']}; latency x fp32: {summary['latency_ratio']}")
+    before = summary["before"]
+    if before is not None:
+        size = before["result_bytes"]
+        shown = (
+            "nothing written"
+            if not size
+            else f"{size / 2**20:.1f} MiB ({size / summary['model_bytes']:.3f}x)"
+        )
+        print(
+            f"  before (warm): {before['seconds']:.1f} s = {before['seconds'] / summary['Y_s']:.2f}x Y, exit"
+            f" {before['code']}, result {shown}, peak {before['peak_bytes'] / 2**30:.2f} GiB"
+        )
 
 
 def main() -> None:
@@ -180,11 +226,12 @@ def main() -> None:
     parser.add_argument("--model", type=Path, action="append")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--before", type=Path, help="another checkout's src folder: its default quantize too")
     args = parser.parse_args()
     summaries = []
     for model in args.model or [DEFAULT_MODEL]:
         with tempfile.TemporaryDirectory(prefix="bench-onepass-", dir=model.parent.parent) as tmp:
-            rounds = [one_round(model, Path(tmp), index) for index in range(args.rounds)]
+            rounds = [one_round(model, Path(tmp), index, args.before) for index in range(args.rounds)]
         summary = summarise(model, rounds)
         print_table(summary)
         summaries.append(summary)

@@ -71,6 +71,15 @@ def applies(run: Run) -> bool:
 
 
 @dataclasses.dataclass
+class Shared:
+    """The original's measurement for the runs of one Transposes' trade: the first run measures
+    into ``directory`` (the trade's scratch, removed with it), the second reads it."""
+
+    directory: str
+    measurement: _measure.Measurement | None = None
+
+
+@dataclasses.dataclass
 class OnePass:
     """One default run's state as the stages fill it in."""
 
@@ -89,10 +98,20 @@ class OnePass:
         run = self.run
         plan, output = run.plan, run.output
         progress = plan.progress
-        with output.scratch("reference") as scratch:
-            progress.phase("Measuring the original")
-            timing = short_timing(plan.speed)
-            self.measurement = _measure.measure(plan, scratch, timing, progress.phase)
+        shared: Shared | None = plan.request.shared
+        with contextlib.ExitStack() as stack:
+            scratch = (
+                shared.directory if shared is not None else stack.enter_context(output.scratch("reference"))
+            )
+            if shared is not None and shared.measurement is not None:
+                self.measurement = shared.measurement  # the other layout of the trade measured it
+            else:
+                progress.phase("Measuring the original")
+                os.makedirs(scratch, exist_ok=True)
+                timing = short_timing(plan.speed)
+                self.measurement = _measure.measure(plan, scratch, timing, progress.phase)
+                if shared is not None:
+                    shared.measurement = self.measurement
             cache = MemoryBlockCache()
             progress.phase("Quantizing")
             first = _build.build(plan, run.quantize, cache)

@@ -58,12 +58,24 @@ class Request:
     transposes: TransposeOptions | None = None
     smallest: bool = False
     """The smallest model is wanted (``--prefer size``), see :func:`wants_smallest`."""
+    shared: Any = dataclasses.field(default=None, compare=False, repr=False)
+    """The original's measurement shared by the runs of one Transposes' trade (a
+    :class:`onnx_conv2matmul.quantize.onepass.Shared`): measured by the first, read by the second."""
 
-    def again(self, convert: ConvertOptions, *, speed: SpeedOptions | None = None) -> Request:
+    def again(
+        self, convert: ConvertOptions, *, speed: SpeedOptions | None = None, shared: Any = None
+    ) -> Request:
         """The same request for another rewrite (the Transposes' trade makes the model both ways),
-        without progress or a trade of its own; timed only with ``speed``."""
+        without progress or a trade of its own; timed only with ``speed``; ``shared``: the
+        original's measurement, made once for both."""
         return dataclasses.replace(
-            self, convert=convert, speed=speed, progress=None, transposes=None, smallest=wants_smallest(self)
+            self,
+            convert=convert,
+            speed=speed,
+            progress=None,
+            transposes=None,
+            smallest=wants_smallest(self),
+            shared=shared,
         )
 
 

@@ -128,8 +128,10 @@ def _weigh(plan: QuantizePlan, scratch: str) -> tuple[QuantizePlan, TransposeTra
     assert plan.transposes is not None
     name = os.path.basename(plan.dst)
 
+    shared = onepass.Shared(os.path.join(scratch, "reference"))  # the original, measured once
+
     def make(rewrite: ConvertOptions, folder: str) -> QuantizeReport:
-        again = plan.request.again(rewrite, speed=plan.speed)
+        again = plan.request.again(rewrite, speed=plan.speed, shared=shared)
         return quantize_file(plan.src, os.path.join(folder, name), again)
 
     convert, trade, made = weigh(plan, scratch, make)
