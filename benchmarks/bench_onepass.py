@@ -17,9 +17,15 @@ forked from a small launcher (``_process.run_measured``): wall time and the comm
 Disk written is the report's ``bytes_written`` (the result and the scratch files); the phases, the
 candidates and the latency line are the report's too. Rounds rotate the order of the commands.
 
+With ``--bundle DIR`` (a folder laid out as the fp32 Parakeet release, as ``fastconformer.py
+release`` writes it), ``onnx-conv2matmul bundle DIR OUT`` with no options (cold) runs against the Y of
+both files: the encoder's as above, and the decoder/joint's (onnxruntime's ``quantize_dynamic``,
+then ``verify`` of the two).
+
 Usage::
 
     nice -n 5 python benchmarks/bench_onepass.py [--model PATH]... [--rounds N] [--json PATH]
+        [--before SRC] [--bundle DIR]
 
 Without ``--model`` it reads the full-size Parakeet-shaped encoder that ``fastconformer.py
 encoder --size parakeet --positional-table 5000`` writes (the relative positional table kept, as
@@ -134,6 +140,46 @@ def one_round(model: Path, work: Path, order: int, before: Path | None = None) -
     return found
 
 
+DYNAMIC = """
+import sys
+from onnxruntime.quantization import QuantType, quantize_dynamic
+quantize_dynamic(sys.argv[1], sys.argv[2], weight_type=QuantType.QInt8)
+"""
+
+
+def bundle_round(release: Path, work: Path) -> dict[str, Any]:
+    """The bundle command (cold) against the Y of its two models."""
+    encoder = release / "encoder-model.onnx"
+    decoder = release / "decoder_joint-model.onnx"
+    rewritten, recipe_out, dynamic_out = work / "rw.onnx", work / "enc.q.onnx", work / "dec.int8.onnx"
+    parts = {
+        "encoder convert": run("convert", tool(encoder, rewritten)),
+        "encoder recipe": run("recipe", [sys.executable, "-c", RECIPE, str(rewritten), str(recipe_out)]),
+        "encoder verify": run("verify", tool("verify", encoder, recipe_out), check=False),
+        "decoder int8 dynamic": run(
+            "dynamic", [sys.executable, "-c", DYNAMIC, str(decoder), str(dynamic_out)]
+        ),
+        "decoder verify": run("verify", tool("verify", decoder, dynamic_out), check=False),
+    }
+    cache = work / "xdg-bundle"
+    shutil.rmtree(cache, ignore_errors=True)
+    cache.mkdir()
+    out = work / "bundle"
+    env = {**os.environ, "XDG_CACHE_HOME": str(cache)}
+    measured = run("bundle", tool("bundle", release, out), env=env)
+    y = sum(p["seconds"] for p in parts.values())
+    size = sum(p.stat().st_size for p in out.iterdir() if p.suffix in (".onnx", ".data"))
+    return {
+        "Y_s": y,
+        "Y_parts_s": {k: v["seconds"] for k, v in parts.items()},
+        "bundle_s": measured["seconds"],
+        "bundle x Y": measured["seconds"] / y,
+        "peak_bytes": measured["peak_bytes"],
+        "bundle_bytes": size,
+        "load": os.getloadavg(),
+    }
+
+
 def summarise(model: Path, rounds: list[dict[str, Any]]) -> dict[str, Any]:
     size = files_bytes(model)
     y = statistics.median(r["Y"]["seconds"] for r in rounds)
@@ -227,9 +273,21 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--before", type=Path, help="another checkout's src folder: its default quantize too")
+    parser.add_argument("--bundle", type=Path, help="a release folder: the bundle command against its Y")
     args = parser.parse_args()
-    summaries = []
-    for model in args.model or [DEFAULT_MODEL]:
+    summaries: list[dict[str, Any]] = []
+    if args.bundle is not None:
+        with tempfile.TemporaryDirectory(prefix="bench-bundle-", dir=args.bundle.parent) as tmp:
+            found = bundle_round(args.bundle, Path(tmp))
+        parts = ", ".join(f"{k} {v:.1f} s" for k, v in found["Y_parts_s"].items())
+        print(f"\nbundle {args.bundle}, load {found['load'][0]:.1f}")
+        print(f"  Y of both files = {found['Y_s']:.1f} s ({parts})")
+        print(
+            f"  bundle (cold): {found['bundle_s']:.1f} s = {found['bundle x Y']:.2f}x Y (target 1.5x), peak"
+            f" {found['peak_bytes'] / 2**30:.2f} GiB, models {found['bundle_bytes'] / 2**20:.1f} MiB"
+        )
+        summaries.append({"bundle": str(args.bundle), **found})
+    for model in args.model or ([] if args.bundle is not None else [DEFAULT_MODEL]):
         with tempfile.TemporaryDirectory(prefix="bench-onepass-", dir=model.parent.parent) as tmp:
             rounds = [one_round(model, Path(tmp), index, args.before) for index in range(args.rounds)]
         summary = summarise(model, rounds)

@@ -39,9 +39,11 @@ if TYPE_CHECKING:
     from onnx_conv2matmul.quantize.settings import QuantizeOptions
     from onnx_conv2matmul.quantize.speed_objective import SpeedFilter
 
-AIM = 0.8
+AIM = 0.9
 """The mix aims at this share of the predicted error the measured line allows, so that the
-second candidate rather passes with a little to spare than misses by a hair."""
+second candidate rather passes with a little to spare than misses by a hair. On the Parakeet-shaped
+encoder the line was conservative for mixes (the most sensitive layers move first): at 0.8 the mix
+measured 0.61 of the limit, at 0.9 0.69, at 1.0 0.94."""
 
 
 @dataclasses.dataclass

@@ -19,7 +19,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from onnx_conv2matmul.errors import Hint, ModelLoadError, ModelRunError, OutOfMemory, is_out_of_memory
+from onnx_conv2matmul.errors import (
+    Conv2MatMulError,
+    Hint,
+    ModelLoadError,
+    ModelRunError,
+    OutOfMemory,
+    is_out_of_memory,
+)
 from onnx_conv2matmul.quantize.reference import Reference, feed_set
 
 if TYPE_CHECKING:
@@ -182,17 +189,21 @@ def _timing(
     synthesis = dataclasses.replace(timing.synthesis, batch=1, lengths=None)
     lengths, rule = default_lengths(specs, synthesis)
     short = lengths[0]
+    options = dataclasses.replace(plan.verify, batch=1, lengths=(short,), feeds=None)
     try:  # planned as the check plans (the dims and values it discovers), at the short length
-        options = dataclasses.replace(plan.verify, batch=1, lengths=(short,), feeds=None, report_only=True)
         planned = feed_set(plan.src, options, session=session)
-        if list(planned.lengths) == [short]:
-            session.run(None, dict(planned.feeds[0]))
+    except Conv2MatMulError:  # it cannot run there (a fixed height, a value it needs)
+        planned = None
+    if planned is not None and short in planned.lengths:  # the planner may add runs (a long one)
+        feed = planned.feeds[list(planned.lengths).index(short)]
+        try:
+            session.run(None, dict(feed))
+            runs_there = True
+        except Exception:  # onnxruntime's own errors: it cannot run there
+            runs_there = False
+        if runs_there:
             shortest = f"the shortest of {rule}" if len(lengths) > 1 else rule
-            return dataclasses.replace(
-                timing, feeds=((short, planned.feeds[0]),), feeds_rule=shortest
-            ), shortest
-    except Exception:  # the model cannot run there (a fixed height, a value the graph needs)
-        pass
+            return dataclasses.replace(timing, feeds=((short, feed),), feeds_rule=shortest), shortest
     feeds = reference.feeds
     runs = list(feeds.runs) if feeds.runs else []
     usable = [i for i in range(len(feeds.feeds)) if not (i < len(runs) and getattr(runs[i], "long", False))]
