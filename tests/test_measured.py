@@ -1,4 +1,4 @@
-"""Sensitivity measured with each node quantized alone (quantize/measured.py)."""
+"""Sensitivity measured with each node quantized alone (quantize/criteria.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from onnx_conv2matmul.quantize.measured import calibrate
+from onnx_conv2matmul.quantize.criteria import calibrate
 from onnx_conv2matmul.quantize.options import FLOAT, Setting
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from onnx_conv2matmul.api import quantize_file
-from onnx_conv2matmul.quantize.phases import PHASES, PhaseTimer, phase_of
+from onnx_conv2matmul.quantize.plan import PHASES, PhaseTimer, phase_of
 from onnx_conv2matmul.verify.check import VerifyOptions
 from speed_fakes import FakeClock
 

@@ -10,9 +10,9 @@ import onnx_ir as ir
 import pytest
 
 from onnx_conv2matmul.api import quantize_file
-from onnx_conv2matmul.quantize.digest import model_digest
 from onnx_conv2matmul.quantize.options import AutoOptions, Setting
 from onnx_conv2matmul.quantize.search_result import AutoConfig, apply
+from onnx_conv2matmul.quantize.search_runs import model_digest
 from onnx_conv2matmul.rewrite.options import ConvertOptions
 from onnx_conv2matmul.rewrite.passes import rewrite_model
 from onnx_conv2matmul.verify.check import VerifyOptions, verify_models

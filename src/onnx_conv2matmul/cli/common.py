@@ -329,7 +329,7 @@ class RichProgress:
         self._progress.remove_task(self._task)
         from rich.markup import escape
 
-        from onnx_conv2matmul.quantize.phases import phase_of
+        from onnx_conv2matmul.quantize.plan import phase_of
 
         # The phase is named after the step when the step's words do not already say it (rich
         # reads square brackets as markup: escaped).

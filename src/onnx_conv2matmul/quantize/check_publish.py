@@ -16,9 +16,8 @@ from onnx_conv2matmul.verify.check import verify_models
 if TYPE_CHECKING:
     import contextlib
 
-    from onnx_conv2matmul.quantize.plan import QuantizePlan
+    from onnx_conv2matmul.quantize.plan import QuantizePlan, Run
     from onnx_conv2matmul.quantize.report import QuantizeReport
-    from onnx_conv2matmul.quantize.run import Run
     from onnx_conv2matmul.quantize.transposes import Made
 
 

@@ -16,7 +16,7 @@ from onnx_conv2matmul.errors import Hint, InputError
 from onnx_conv2matmul.files import output as _output
 
 if TYPE_CHECKING:
-    from onnx_conv2matmul.quantize.run import Run
+    from onnx_conv2matmul.quantize.plan import Run
     from onnx_conv2matmul.quantize.settings import QuantizeOptions
 
 

@@ -40,8 +40,7 @@ from onnx_conv2matmul.quantize.plan import wants_smallest
 from onnx_conv2matmul.quantize.run_report import nbits_warnings, why_unchanged
 
 if TYPE_CHECKING:
-    from onnx_conv2matmul.quantize.plan import QuantizePlan
-    from onnx_conv2matmul.quantize.run import Run
+    from onnx_conv2matmul.quantize.plan import QuantizePlan, Run
     from onnx_conv2matmul.rewrite.report import ConvertReport
     from onnx_conv2matmul.speed.choose import SpeedOptions
     from onnx_conv2matmul.speed.timing import ModelTiming, TimingOptions
@@ -364,6 +363,6 @@ def _folder_bytes(folder: str) -> int:
 
 
 def _peak_rss() -> int:
-    from onnx_conv2matmul.quantize.run import peak_rss_bytes
+    from onnx_conv2matmul.quantize.plan import peak_rss_bytes
 
     return peak_rss_bytes()

@@ -5,29 +5,125 @@ for what was left to the default); :func:`resolve` turns it into a :class:`Quant
 once the defaults (the rewrite's options, the accuracy floor), how ``auto``, ``metric`` and
 ``verify``'s criterion combine, and the report's ``accuracy`` object; it refuses, before any work,
 what this run cannot apply. The workflow passes the plan down instead of a dozen arguments.
+
+The plan is frozen; what a pass finds on the way lives in a :class:`Run`, and :class:`PhaseTimer`
+splits the run's seconds by phase (the report's ``seconds_by_phase``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
+import resource
+import time
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from onnx_conv2matmul.errors import InputError
 from onnx_conv2matmul.files.load import check_paths
 from onnx_conv2matmul.files.progress import NullProgress, Progress
 from onnx_conv2matmul.quantize.options import search_below_by_default
-from onnx_conv2matmul.quantize.phases import PhaseTimer
 from onnx_conv2matmul.quantize.search_options import AutoOptions
 from onnx_conv2matmul.quantize.settings import QuantizeOptions
 from onnx_conv2matmul.rewrite.options import ConvertOptions
 from onnx_conv2matmul.verify.check import VerifyOptions, discover_inputs
 
 if TYPE_CHECKING:
+    from onnx_conv2matmul.files import output as _output
     from onnx_conv2matmul.quantize.metric import MetricTarget
+    from onnx_conv2matmul.quantize.report import QuantizeReport
     from onnx_conv2matmul.quantize.transposes import TransposeOptions
     from onnx_conv2matmul.speed.choose import SpeedOptions
+
+
+# --------------------------------------------------------------------------- #
+# Where the time of a quantize run goes: each progress step belongs to one phase (load, rewrite,
+# kernel choice, quantize, search, save, check, timing, publish), and :class:`PhaseTimer` adds up the
+# seconds of each as the steps are announced. The report's ``seconds_by_phase`` comes from it, and
+# the command line's progress bar shows the phase in front of the step (:func:`phase_of`).
+# --------------------------------------------------------------------------- #
+
+PHASES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("load", ("Loading", "Checking the input")),
+    ("rewrite", ("Rewriting",)),
+    (
+        "kernel choice",
+        (
+            "Kernel choice",
+            "Quantizing with block",
+            "Measuring the candidates' accuracy",
+            "Slower than the original",
+        ),
+    ),
+    ("measure", ("Measuring the original",)),
+    (
+        "search",
+        (
+            "Below the accuracy criterion",
+            "Saving the fp32 model for the search",
+            "Measuring activations",
+            "Measuring each weight",
+            "Evaluating configuration",
+            "Synthesising inputs",
+            "Scoring the fp32 model",
+        ),
+    ),
+    ("decide", ("Deciding",)),
+    ("quantize", ("Quantizing",)),
+    ("save", ("Saving",)),
+    (
+        "check",
+        ("Checking the output", "Checking the candidate", "Measuring accuracy", "Verifying", "Scoring"),
+    ),
+    ("timing", ("Timing",)),
+    ("publish", ("Publishing",)),
+)
+"""Each phase and the beginnings of its steps' names (the first phase that matches wins)."""
+
+
+def phase_of(step: str) -> str:
+    """The phase a progress step belongs to (``other`` when none is named for it)."""
+    for phase, starts in PHASES:
+        if step.startswith(starts):
+            return phase
+    return "other"
+
+
+class PhaseTimer:
+    """A :class:`Progress` that passes every step on to ``inner`` as it is, and adds up each
+    phase's seconds (``clock``: seconds, monotonic)."""
+
+    def __init__(self, inner: Progress | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.inner: Progress = inner or NullProgress()
+        self.clock = clock
+        self.seconds: dict[str, float] = {}
+        self._current: str | None = None
+        self._since = clock()
+
+    def phase(self, name: str) -> None:
+        self._stop()
+        self._current = phase_of(name)
+        self.inner.phase(name)
+
+    def advance(self, done: int, total: int) -> None:
+        self.inner.advance(done, total)
+
+    def close(self) -> None:
+        self._stop()
+        self._current = None
+        self.inner.close()
+
+    def _stop(self) -> None:
+        now = self.clock()
+        if self._current is not None:
+            self.seconds[self._current] = self.seconds.get(self._current, 0.0) + now - self._since
+        self._since = now
+
+    def by_phase(self) -> dict[str, float]:
+        """Seconds per phase so far, in the order of :data:`PHASES` (``other`` last)."""
+        self._stop()
+        order = [phase for phase, _ in PHASES] + ["other"]
+        return {phase: round(self.seconds[phase], 3) for phase in order if phase in self.seconds}
 
 
 DEFAULT_MIN_COSINE = 0.99
@@ -218,3 +314,35 @@ def _criterion(verify: VerifyOptions, metric: MetricTarget | None, *, given: boo
         "metric": None if metric is None else {**metric.to_dict(), "original_score": None, "score": None},
         "fallback": None,
     }
+
+
+# --------------------------------------------------------------------------- #
+# One pass of a plan into an output: the state the workflow's steps share. The plan is frozen;
+# what a pass finds on the way (the kernel choice, the search's settings, the original's score)
+# lives in a Run.
+# --------------------------------------------------------------------------- #
+
+
+def peak_rss_bytes() -> int:
+    """The process's peak resident memory so far, in bytes."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+@dataclasses.dataclass
+class Run:
+    """One pass of a plan into an output: the plan, where it writes, what it has found so far.
+
+    ``quantize`` and ``auto`` start as the plan's and follow the run (the kernel choice and the
+    search replace them).
+    """
+
+    plan: QuantizePlan
+    output: _output.Output
+    report: QuantizeReport
+    quantize: QuantizeOptions = dataclasses.field(init=False)
+    auto: AutoOptions | None = dataclasses.field(init=False)
+    original_score: float | None = None
+
+    def __post_init__(self) -> None:
+        self.quantize = self.plan.quantize
+        self.auto = self.plan.auto

@@ -71,7 +71,16 @@ from onnx_conv2matmul.quantize.search_result import NodeChoice as NodeChoice
 from onnx_conv2matmul.quantize.search_result import apply as apply
 from onnx_conv2matmul.quantize.search_runs import ACTIVATION_BYTES as ACTIVATION_BYTES
 from onnx_conv2matmul.quantize.search_runs import Prepared as Prepared
-from onnx_conv2matmul.quantize.search_runs import _add_outputs, _evaluate, _reference, _score_float
+from onnx_conv2matmul.quantize.search_runs import (
+    _add_outputs,
+    _evaluate,
+    _Measured,
+    _reference,
+    _score_float,
+    _Target,
+    _unreachable,
+)
+from onnx_conv2matmul.quantize.search_runs import _below as _below
 from onnx_conv2matmul.quantize.sensitivity import (
     _breakpoints,
     _Node,
@@ -80,10 +89,10 @@ from onnx_conv2matmul.quantize.sensitivity import (
     _sensitivities,
     _weight_bytes,
 )
-from onnx_conv2matmul.quantize.target import _below as _below
-from onnx_conv2matmul.quantize.target import _Measured, _Target, _unreachable
 
 if TYPE_CHECKING:
+    from onnx_conv2matmul.quantize.plan import Run
+    from onnx_conv2matmul.quantize.report import QuantizeReport
     from onnx_conv2matmul.quantize.speed_objective import SpeedFilter
 
 # --------------------------------------------------------------------------- #
@@ -338,7 +347,7 @@ def _checked(reached: _Measured, feeds: int) -> tuple[str, list[Any]] | None:
 
 def _criterion(options: AutoOptions, feed_set: FeedSet) -> str:
     """How the nodes are ranked (see :mod:`onnx_conv2matmul.quantize.criteria`): as the options
-    say; by default sensitivity is measured (:mod:`onnx_conv2matmul.quantize.measured`) when the
+    say; by default sensitivity is measured (:func:`onnx_conv2matmul.quantize.criteria.calibrate`) when the
     feeds are the user's files, and predicted otherwise."""
     if options.criterion is not None:
         return options.criterion
@@ -374,7 +383,7 @@ def _measure_alone(
     blocks: BlockCache,
 ) -> None:
     """Each node's errors scaled by its loss measured alone on every feed."""
-    from onnx_conv2matmul.quantize.measured import calibrate
+    from onnx_conv2matmul.quantize.criteria import calibrate
 
     every = list(range(len(reference.feeds.feeds)))
     measure_all = _Target(dataclasses.replace(options, min_cosine=-2.0, metric=None), None)
@@ -454,3 +463,34 @@ def synthesised_feeds(path: str, options: Any) -> list[Mapping[str, np.ndarray]]
     from onnx_conv2matmul.verify.check import planned_feeds
 
     return planned_feeds(path, options)
+
+
+def run_search(run: Run, workdir: str, model: ir.Model | Prepared, speed_filter: Any = None) -> None:
+    """Run the search for ``run.auto`` on the inputs the accuracy check uses (given or
+    synthesised), in ``workdir`` (a scratch directory beside the output, under its guard: see
+    :meth:`onnx_conv2matmul.files.output.Output.scratch`); its result goes to ``run.report.auto``."""
+    from onnx_conv2matmul.quantize.reference import feed_set
+
+    plan = run.plan
+    assert run.auto is not None
+    if plan.verify.feeds is None:
+        plan.progress.phase("Synthesising inputs")
+    feeds = feed_set(plan.src, plan.verify)
+    run.report.auto = search(
+        model,
+        feeds,
+        run.auto,
+        workdir,
+        deterministic=plan.verify.deterministic,
+        progress=plan.progress.phase,
+        original_score=run.original_score,
+        memory=plan.verify.memory,
+        speed_filter=speed_filter,
+        check=plan.verify,
+    )
+
+
+def drop_reference(report: QuantizeReport) -> None:
+    """The search's reference files go with its scratch directory: the report keeps none."""
+    if report.auto is not None:
+        report.auto.reference = report.auto.cache = None

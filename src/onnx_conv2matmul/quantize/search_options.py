@@ -81,7 +81,7 @@ class AutoOptions:
         exclude: Glob patterns of MatMul names kept in float.
         include: When given, only MatMuls matching one of these are candidates.
         measure: Scale each node's predicted error by its output error measured with the
-            node quantized alone (see :mod:`onnx_conv2matmul.quantize.measured`); None:
+            node quantized alone (see :func:`onnx_conv2matmul.quantize.criteria.calibrate`); None:
             when the inputs are the user's files.
         speed_aware: Offer each node only the settings that float does not beat on this CPU
             (the kernel costs, when measured): the search that runs because the default

@@ -1,12 +1,16 @@
-"""Running the search's models (see :mod:`onnx_conv2matmul.quantize.search`): the fp32 model's
-first pass (its outputs as the reference, its MatMuls' inputs as the activations), and each
-candidate built, saved and run against the reference."""
+"""Running the search's models (see :mod:`onnx_conv2matmul.quantize.search`): the search's target
+(what one evaluation measured, whether it meets the options' minimum cosine and the user's score,
+the loss the search steers by, the words for a target missed), the digest of a model's
+computation, the fp32 model's first pass (its outputs as the reference, its MatMuls' inputs as
+the activations), and each candidate built, saved and run against the reference."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import gc
+import hashlib
+import math
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -19,9 +23,148 @@ from onnx_conv2matmul.quantize.blockwise import BlockCache
 from onnx_conv2matmul.quantize.criteria import InputStats
 from onnx_conv2matmul.quantize.metric import MetricTarget
 from onnx_conv2matmul.quantize.reference import Reference
+from onnx_conv2matmul.quantize.search_options import AutoOptions
 from onnx_conv2matmul.quantize.search_result import AutoConfig, apply
 from onnx_conv2matmul.quantize.sensitivity import _Node
-from onnx_conv2matmul.quantize.target import _Measured, _Target
+
+
+# --------------------------------------------------------------------------- #
+# The target: what an evaluation measured and whether it meets the options
+# --------------------------------------------------------------------------- #
+@dataclasses.dataclass
+class _Measured:
+    """What one evaluation measured: see :class:`Evaluation`; ``cosines`` by feed index."""
+
+    cosine: float | None = None
+    score: float | None = None
+    drop: float | None = None
+    note: str = ""
+    feeds_run: int = 0
+    cosines: dict[int, float] = dataclasses.field(default_factory=dict)
+    rows: dict[int, list[Any]] = dataclasses.field(default_factory=dict)
+    """With the check's options (``_Target.check``): each feed's rows as the check compares them."""
+    digest: str = ""
+    """With the check's options: the candidate's :func:`model_digest`."""
+
+
+class _Target:
+    """The options' target: whether a measurement meets it, and its loss (1 is the limit)."""
+
+    def __init__(self, options: AutoOptions, original_score: float | None, check: Any = None) -> None:
+        self.check = check  # the accuracy check's VerifyOptions: rows kept for it (None: not)
+        self.min_cosine = options.min_cosine
+        self.metric = options.metric
+        self.original_score = original_score
+
+    def cosine_passed(self, measured: _Measured) -> bool:
+        return self.min_cosine is None or (measured.cosine is not None and measured.cosine >= self.min_cosine)
+
+    def passed(self, measured: _Measured) -> bool:
+        if not self.cosine_passed(measured):
+            return False
+        if self.metric is not None:
+            assert self.original_score is not None
+            return measured.score is not None and self.metric.meets(self.original_score, measured.score)
+        return True
+
+    def loss(self, measured: _Measured) -> float:
+        """The largest of the measured losses, each over its limit: 1 - cosine over 1 - the
+        minimum, the drop over the largest drop (an infinite loss where the limit is 0)."""
+        losses = [0.0]
+        if self.min_cosine is not None and measured.cosine is not None:
+            losses.append(_over(1.0 - measured.cosine, 1.0 - self.min_cosine))
+        if self.metric is not None and measured.drop is not None:
+            losses.append(_over(max(0.0, measured.drop), self.metric.max_drop))
+        return max(losses)
+
+    def describe(self) -> str:
+        parts = []
+        if self.min_cosine is not None:
+            parts.append(f"a minimum cosine similarity of {self.min_cosine:g}")
+        if self.metric is not None:
+            parts.append(f"a drop of the score of {self.metric.label} of at most {self.metric.max_drop_text}")
+        return " and ".join(parts)
+
+
+def _over(loss: float, limit: float) -> float:
+    if limit > 0:
+        return loss / limit
+    return 0.0 if loss <= 0 else math.inf
+
+
+def _unreachable(target: _Target, measured: _Measured, feeds: int) -> str:
+    """Why even the all-float model fails the target."""
+    found = []
+    if target.min_cosine is not None and measured.cosine is not None and measured.cosine < target.min_cosine:
+        found.append(f"worst cosine {_below(measured.cosine, target.min_cosine)} over {feeds} input(s)")
+    if target.metric is not None and measured.score is not None:
+        found.append(f"score {measured.score:.6g} against the original's {target.original_score:.6g}")
+    if measured.note:
+        found.append(measured.note)
+    return f"{target.describe()} is not met even with every weight in float ({'; '.join(found)})"
+
+
+def _below(value: float, target: float) -> str:
+    """``value`` with enough digits to show that it is below ``target`` (0.9999999, not 1)."""
+    for digits in range(6, 18):
+        text = f"{value:.{digits}g}"
+        if float(text) < target:
+            return text
+    return repr(value)
+
+
+# --------------------------------------------------------------------------- #
+# A model's digest: what it computes with, not where its tensors are stored. Two models with the
+# same digest give the same outputs in the same session: the search's evaluation of a
+# configuration stands for the accuracy check of the same model written elsewhere (see
+# :meth:`onnx_conv2matmul.quantize.reference.Reference.check`).
+# --------------------------------------------------------------------------- #
+def model_digest(model: ir.Model) -> str:
+    """The hex digest of ``model``'s computation (see the comment above)."""
+    h = hashlib.blake2b(digest_size=20)
+    _graph(h, model.graph)
+    return h.hexdigest()
+
+
+def _graph(h: Any, graph: ir.Graph) -> None:
+    h.update(repr([(v.name, str(v.dtype), str(v.shape)) for v in graph.inputs]).encode())
+    h.update(repr([v.name for v in graph.outputs]).encode())
+    for name in sorted(graph.initializers):
+        _tensor(h, name, graph.initializers[name].const_value)
+    for node in graph:
+        h.update(
+            repr(
+                (
+                    node.op_type,
+                    node.domain,
+                    node.name,
+                    [None if v is None else v.name for v in node.inputs],
+                    [v.name for v in node.outputs],
+                )
+            ).encode()
+        )
+        for key in sorted(node.attributes):
+            attribute = node.attributes[key]
+            value = attribute.value
+            if isinstance(value, ir.Graph):
+                h.update(key.encode())
+                _graph(h, value)
+            elif isinstance(value, (list, tuple)) and value and isinstance(value[0], ir.Graph):
+                for sub in value:
+                    h.update(key.encode())
+                    _graph(h, sub)
+            elif hasattr(value, "tobytes"):
+                _tensor(h, key, value)
+            else:
+                h.update(repr((key, value)).encode())
+
+
+def _tensor(h: Any, name: str, tensor: Any) -> None:
+    if tensor is None:
+        h.update(f"{name}: no value".encode())
+        return
+    h.update(repr((name, str(tensor.dtype), str(tensor.shape))).encode())
+    h.update(tensor.tobytes())
 
 
 @dataclasses.dataclass
@@ -184,7 +327,6 @@ def _built(
 ) -> tuple[str, str]:
     """:func:`_candidate`, and with ``digest`` the built model's digest (else empty)."""
     from onnx_conv2matmul.files import output as _output
-    from onnx_conv2matmul.quantize.digest import model_digest
 
     model = ir.load(fp32_path)
     if config is not None:

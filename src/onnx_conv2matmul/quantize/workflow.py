@@ -22,10 +22,9 @@ from onnx_conv2matmul.quantize.check_publish import check_and_publish, publish_m
 from onnx_conv2matmul.quantize.int8_step import check_int8_dynamic, int8_staged
 from onnx_conv2matmul.quantize.nbits import quantize_matmul_nbits
 from onnx_conv2matmul.quantize.plan import DEFAULT_MIN_COSINE as DEFAULT_MIN_COSINE
-from onnx_conv2matmul.quantize.plan import QuantizePlan, Request, resolve, wants_smallest
+from onnx_conv2matmul.quantize.plan import QuantizePlan, Request, Run, peak_rss_bytes, resolve, wants_smallest
 from onnx_conv2matmul.quantize.projection import weight_stats
 from onnx_conv2matmul.quantize.report import QuantizeReport as QuantizeReport  # its home before report.py
-from onnx_conv2matmul.quantize.run import Run, peak_rss_bytes
 from onnx_conv2matmul.quantize.run_report import (
     below_text,
     nbits_warnings,
@@ -33,8 +32,8 @@ from onnx_conv2matmul.quantize.run_report import (
     why_unchanged,
     worst_cosine,
 )
+from onnx_conv2matmul.quantize.search import drop_reference, run_search
 from onnx_conv2matmul.quantize.search_options import AutoOptions
-from onnx_conv2matmul.quantize.search_run import drop_reference, run_search
 from onnx_conv2matmul.rewrite.passes import rewrite_model
 from onnx_conv2matmul.verify.check import check_feeds_for_graph
 
@@ -292,7 +291,7 @@ def _nbits_staged(
 
         report.other_weights = quantize_other_weights(model)
     if report.auto is not None and report.auto.checked is not None:
-        from onnx_conv2matmul.quantize.digest import model_digest
+        from onnx_conv2matmul.quantize.search_runs import model_digest
 
         if model_digest(model) != report.auto.checked[0]:  # not the model the search evaluated
             report.auto.checked = None
