@@ -134,3 +134,28 @@ def test_far_below_the_floor_int8_everywhere_comes_before_float() -> None:
     assert first.options.nodes["n0"].bits == 8
     second = _decide.decide(sens, QuantizeOptions(), 200.0, aim=_decide.AIM / 2, quantized_first=False)
     assert second.options.nodes["n0"].bits is None
+
+
+def test_the_original_latency_kept_is_read_back_for_the_same_files_only(tmp_path: Path) -> None:
+    """A large original's latency is kept under a key of its files and the timing: read back for
+    the same model, not once its data file changed."""
+    from onnx_conv2matmul.quantize import measure
+    from onnx_conv2matmul.speed.latency import Latency, TimingOptions
+    from onnx_conv2matmul.speed.timing import ModelTiming
+
+    src = tmp_path / "m.onnx"
+    src.write_bytes(CONFORMER.read_bytes())
+    data = tmp_path / "m.onnx.data"
+    data.write_bytes(b"\0" * 64)
+    plan = resolve(src, tmp_path / "o.onnx", Request())
+    timing = TimingOptions(lengths=(200,), rounds=3)
+    path = measure._timing_cache(plan, timing)
+    assert measure._cached_timing(path) is None
+    kept = ModelTiming(str(src), "original", 123, (Latency(200, (1.5, 1.25, 1.0)),), "x[1, 2]")
+    measure._keep_timing(path, kept)
+    found = measure._cached_timing(path)
+    assert found is not None and found[0].latencies == kept.latencies and found[0].file_bytes == 123
+    assert measure._timing_cache(plan, timing) == path
+    assert measure._timing_cache(plan, TimingOptions(lengths=(200,), rounds=4)) != path
+    data.write_bytes(b"\0" * 65)  # the weights changed: another key
+    assert measure._timing_cache(plan, timing) != path
