@@ -27,9 +27,9 @@ Usage::
     nice -n 5 python benchmarks/bench_onepass.py [--model PATH]... [--rounds N] [--json PATH]
         [--before SRC] [--bundle DIR]
 
-Without ``--model`` it reads the full-size Parakeet-shaped encoder that ``fastconformer.py
-encoder --size parakeet --positional-table 5000`` writes (the relative positional table kept, as
-a NeMo export has it).
+Without ``--model`` it reads the full-size Parakeet-shaped encoder that ``fastconformer.py cache``
+keeps in ``~/.cache/onnx-conv2matmul-bench/encoder-dynamo-table/`` (the relative positional table
+kept, as a NeMo export has it).
 """
 
 from __future__ import annotations
@@ -46,7 +46,9 @@ from typing import Any
 
 from _process import run_measured
 
-DEFAULT_MODEL = Path("/work/bench-models/encoder-dynamo-table/encoder-model.onnx")
+DEFAULT_CACHE = Path.home() / ".cache" / "onnx-conv2matmul-bench"
+DEFAULT_MODEL = DEFAULT_CACHE / "encoder-dynamo-table" / "encoder-model.onnx"
+"""Where ``fastconformer.py cache`` puts the Parakeet-shaped encoder with its positional table."""
 RECIPE = """
 import sys
 from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer

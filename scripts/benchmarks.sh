@@ -65,6 +65,7 @@ benchmarks=(
     "bench_check|1|benchmarks/bench_check.py --cache CACHE --json RESULTS/bench_check.json"
     "bench_speed|1|benchmarks/bench_speed.py --cache CACHE --json RESULTS/bench_speed.json"
     "bench_bundle|1|benchmarks/bench_bundle.py --cache CACHE --json RESULTS/bench_bundle.json"
+    "bench_onepass|1|benchmarks/bench_onepass.py --model CACHE/encoder-dynamo-table/encoder-model.onnx --bundle CACHE/release --json RESULTS/bench_onepass.json"
     "bench_defaults|1|benchmarks/bench_defaults.py --encoder CACHE/encoder-dynamo-table/encoder-model.onnx --rounds 10 --json RESULTS/bench_defaults.json"
 )
 
