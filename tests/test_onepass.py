@@ -132,30 +132,22 @@ def test_far_below_the_floor_int8_everywhere_comes_before_float() -> None:
     sens = _sensitivity([(0.5, 0.01)])
     first = _decide.decide(sens, QuantizeOptions(), 200.0)
     assert first.options.nodes["n0"].bits == 8
-    second = _decide.decide(sens, QuantizeOptions(), 200.0, aim=_decide.AIM / 2, quantized_first=False)
+    # int8 everywhere missed too, by as much: the line through both says float.
+    second = _decide.decide(sens, QuantizeOptions(), 200.0, missed=(first.predicted_error, 150.0))
     assert second.options.nodes["n0"].bits is None
 
 
-def test_the_original_latency_kept_is_read_back_for_the_same_files_only(tmp_path: Path) -> None:
-    """A large original's latency is kept under a key of its files and the timing: read back for
-    the same model, not once its data file changed."""
-    from onnx_conv2matmul.quantize import measure
-    from onnx_conv2matmul.speed.latency import Latency, TimingOptions
-    from onnx_conv2matmul.speed.timing import ModelTiming
-
-    src = tmp_path / "m.onnx"
-    src.write_bytes(CONFORMER.read_bytes())
-    data = tmp_path / "m.onnx.data"
-    data.write_bytes(b"\0" * 64)
-    plan = resolve(src, tmp_path / "o.onnx", Request())
-    timing = TimingOptions(lengths=(200,), rounds=3)
-    path = measure._timing_cache(plan, timing)
-    assert measure._cached_timing(path) is None
-    kept = ModelTiming(str(src), "original", 123, (Latency(200, (1.5, 1.25, 1.0)),), "x[1, 2]")
-    measure._keep_timing(path, kept)
-    found = measure._cached_timing(path)
-    assert found is not None and found[0].latencies == kept.latencies and found[0].file_bytes == 123
-    assert measure._timing_cache(plan, timing) == path
-    assert measure._timing_cache(plan, TimingOptions(lengths=(200,), rounds=4)) != path
-    data.write_bytes(b"\0" * 65)  # the weights changed: another key
-    assert measure._timing_cache(plan, timing) != path
+def test_after_a_mix_that_missed_the_next_aims_through_both_losses() -> None:
+    sens = _sensitivity([(0.4, 0.002), (0.3, 0.0015), (0.2, 0.001), (0.1, 0.0005)])
+    uniform_error = sens.uniform_error()
+    first = _decide.decide(sens, QuantizeOptions(), 1.5)
+    # The mix missed at 1.05: the line through (1.0, 1.5) and (first, 1.05) meets 0.9 further down.
+    second = _decide.decide(sens, QuantizeOptions(), 1.5, missed=(first.predicted_error, 1.05))
+    slope = (1.5 - 1.05) / (uniform_error - first.predicted_error)
+    assert second.target_error == pytest.approx(first.predicted_error - (1.05 - 0.9) / slope)
+    assert second.target_error > 0
+    assert second.predicted_error <= second.target_error < first.predicted_error
+    assert second.weight_bytes >= first.weight_bytes
+    # A mix that measured worse than the uniform candidate gives no falling line: through the origin.
+    odd = _decide.decide(sens, QuantizeOptions(), 1.5, missed=(first.predicted_error, 1.8))
+    assert odd.target_error == pytest.approx(first.predicted_error * 0.9 / 1.8)

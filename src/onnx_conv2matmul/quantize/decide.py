@@ -125,23 +125,30 @@ def decide(
     uniform_loss: float,
     *,
     aim: float = AIM,
-    quantized_first: bool = True,
+    missed: tuple[float, float] | None = None,
 ) -> Decision:
     """The smallest mix whose predicted error is at most ``aim`` times the error at which the
     line through the origin and the uniform candidate (its predicted error, ``uniform_loss``)
     meets the limit; every node in float when even that is too much.
 
-    With ``quantized_first``, the aim is never below the error of every node at its most
-    accurate quantized setting: far below the floor (a loss of tens), the line is no guide (a
-    weight whose int4 steps round most values to zero loses its output's energy rather than
-    adding noise to it), and int8 everywhere is worth a candidate before float is."""
+    The first mix is never aimed below the error of every node at its most accurate quantized
+    setting: far below the floor (a loss of tens), the line is no guide (a weight whose int4 steps
+    round most values to zero loses its output's energy rather than adding noise to it), and int8
+    everywhere is worth a candidate before float is.
+
+    ``missed``: the predicted error and the measured loss of a mix that missed too. The loss is
+    then taken as the straight line through both candidates (the uniform one and that mix), and
+    the next mix aims where it meets ``aim`` of the limit; the line through the origin and the
+    mix that missed when the two give no falling line."""
     items = [*sens.nodes, sens.others]
     uniform_error = sens.uniform_error()
     loss = uniform_loss if math.isfinite(uniform_loss) and uniform_loss > 0 else math.inf
     target = aim * uniform_error / loss if math.isfinite(loss) else 0.0
-    if quantized_first:
+    if missed is None:
         least = sum(min((error for error, _ in node.options.values()), default=0.0) for node in sens.nodes)
         target = max(target, least)
+    else:
+        target = _secant(uniform_error, loss, *missed, aim)
     chosen_tradeoff = math.inf
     for tradeoff in [0.0, *_breakpoints(items)]:
         if sum(item.choose(tradeoff)[1] for item in items) <= target:
@@ -161,3 +168,16 @@ def decide(
     predicted = sum(item.choose(chosen_tradeoff)[1] for item in items)
     weight_bytes = sum(item.choose(chosen_tradeoff)[2] for item in items)
     return Decision(mix, config.counts(), predicted, uniform_error, target, weight_bytes)
+
+
+def _secant(uniform_error: float, uniform_loss: float, error: float, loss: float, aim: float) -> float:
+    """The predicted error where the loss reaches ``aim`` on the line through the two candidates
+    that missed (uniform, then a mix); below the mix's own error."""
+    if not (math.isfinite(loss) and loss > 0):
+        return 0.0
+    slope = (uniform_loss - loss) / (uniform_error - error) if uniform_error > error else 0.0
+    if math.isfinite(slope) and slope > 0:
+        found = error - (loss - aim) / slope
+        if 0.0 <= found < error:
+            return found
+    return error * aim / loss

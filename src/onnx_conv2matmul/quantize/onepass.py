@@ -16,7 +16,8 @@ algorithm), the run is, in order, each stage entered once:
 5. the candidate that met the criterion is written once, timed at the same length, published.
 
 That is two quantizations and two candidate runs at most; should the mix miss as well, a third,
-aimed at half the error, is made, and after it the run falls back to the search
+aimed on the line through both candidates' measured losses, is made, and after it the run falls
+back to the search
 (:mod:`~onnx_conv2matmul.quantize.search`). :class:`OnePass` holds the run's state.
 """
 
@@ -150,7 +151,7 @@ class OnePass:
 
     def _mix(self, uniform: _check.Checked, cache: MemoryBlockCache) -> bool:
         """Decide the per-layer mix from the uniform candidate's loss, build and check it (and once
-        more, aimed at half the error, if it missed); whether one met the criterion."""
+        more, aimed through both candidates' losses, if it missed); whether one met the criterion."""
         run = self.run
         plan = run.plan
         progress = plan.progress
@@ -167,18 +168,23 @@ class OnePass:
         fp32 = _build.load_rewritten(plan)
         sens = _decide.sensitivity(fp32, run.quantize, uniform.activations, speed_filter)
         del fp32
-        aim = _decide.AIM
+        missed: tuple[float, float] | None = None
         for step in range(2):
-            decision = _decide.decide(sens, run.quantize, loss, aim=aim, quantized_first=step == 0)
+            decision = _decide.decide(sens, run.quantize, loss, missed=missed)
             decision.step = step
             progress.phase("Quantizing the chosen mix")
             candidate = _build.build(plan, decision.options, cache)
             progress.phase("Checking the candidate (the chosen mix)")
-            checked = self._checked(candidate, [], "mix" if step == 0 else "mix, aimed at half the error")
+            checked = self._checked(
+                candidate, [], "mix" if step == 0 else "mix, aimed through both candidates"
+            )
             if checked.passed:
                 self.chosen, self.checked, self.decision = candidate, checked, decision
                 return True
-            aim /= 2
+            mix_loss = math.inf
+            if checked.worst_cosine is not None and floor < 1:
+                mix_loss = (1.0 - checked.worst_cosine) / (1.0 - floor)
+            missed = (decision.predicted_error, mix_loss)
         return False
 
     def _publish(self, modes: tuple[int, int], scratch: str) -> None:
