@@ -132,8 +132,9 @@ def test_far_below_the_floor_int8_everywhere_comes_before_float() -> None:
     sens = _sensitivity([(0.5, 0.01)])
     first = _decide.decide(sens, QuantizeOptions(), 200.0)
     assert first.options.nodes["n0"].bits == 8
-    # int8 everywhere missed too, by as much: the line through both says float.
+    # int8 everywhere missed too, by as much: no line reaches the floor; half the first aim.
     second = _decide.decide(sens, QuantizeOptions(), 200.0, missed=(first.predicted_error, 150.0))
+    assert second.target_error == pytest.approx(_decide.AIM / 2 * 0.5 / 200.0)
     assert second.options.nodes["n0"].bits is None
 
 
@@ -148,6 +149,6 @@ def test_after_a_mix_that_missed_the_next_aims_through_both_losses() -> None:
     assert second.target_error > 0
     assert second.predicted_error <= second.target_error < first.predicted_error
     assert second.weight_bytes >= first.weight_bytes
-    # A mix that measured worse than the uniform candidate gives no falling line: through the origin.
+    # A mix that measured worse than the uniform candidate gives no falling line: half the first aim.
     odd = _decide.decide(sens, QuantizeOptions(), 1.5, missed=(first.predicted_error, 1.8))
-    assert odd.target_error == pytest.approx(first.predicted_error * 0.9 / 1.8)
+    assert odd.target_error == pytest.approx(_decide.AIM / 2 * uniform_error / 1.5)
