@@ -52,10 +52,17 @@ def latency_cell(latency: dict[str, Any]) -> str:
     return text
 
 
-def timing_title(what: str, cpu: str, lengths: dict[str, Any], options: dict[str, Any]) -> str:
+def timing_title(
+    what: str, cpu: str, lengths: dict[str, Any], options: dict[str, Any], mode: str = "together"
+) -> str:
     threads = options["threads"] or "onnxruntime's default"
+    rounds = (
+        f"{options['rounds']} rounds each, the original and the result timed apart (not interleaved)"
+        if mode == "apart"
+        else f"{options['rounds']} interleaved rounds"
+    )
     return (
-        f"{what} on {cpu}: batch 1, {options['rounds']} interleaved rounds, threads {threads};"
+        f"{what} on {cpu}: batch 1, {rounds}, threads {threads};"
         f" median (quartiles) and ratio to the original [95% interval]; lengths {lengths['rule']}"
     )
 

@@ -91,6 +91,15 @@ def print_quantize_report(console: Console, report: QuantizeReport) -> None:
             f"{len(found.evaluations)}, {found.seconds:.1f} s"
             f" (sensitivity {found.sensitivity_seconds:.1f} s)",
         )
+    if report.one_pass is not None:
+        for candidate in report.one_pass["candidates"]:
+            cosine = candidate["worst_cosine"]
+            verdict = "meets the criterion" if candidate["passed"] else "below the criterion"
+            shown = "no cosine" if cosine is None else f"worst cosine {cosine:.5f}"
+            table.add_row(
+                f"candidate: {candidate['candidate']}",
+                f"{shown}, {verdict} (checked in {candidate['seconds']:.1f} s)",
+            )
     table.add_row("size before", human_bytes(report.input_bytes))
     ratio = f" ({report.ratio:.3f}x)" if report.ratio else ""
     table.add_row("size after", human_bytes(report.output_bytes) + ratio)
@@ -100,6 +109,8 @@ def print_quantize_report(console: Console, report: QuantizeReport) -> None:
         table.add_row("time by phase", parts)
     table.add_row("peak memory (RSS) until saved", human_bytes(report.peak_rss_quantize_bytes))
     table.add_row("peak memory (RSS) with the accuracy check", human_bytes(report.peak_rss_bytes))
+    if report.bytes_written is not None:
+        table.add_row("written to disk", human_bytes(report.bytes_written))
     console.print(table)
     if report.transposes is not None:
         print_transpose_trade(console, report.transposes.to_dict())
@@ -135,7 +146,7 @@ def print_quantize_report(console: Console, report: QuantizeReport) -> None:
 
 def quantize_latency_table(latency: dict[str, Any]) -> Table:
     """The result against the original, one column per length."""
-    title = timing_title("Latency", latency["cpu"], latency["lengths"], latency["options"])
+    title = timing_title("Latency", latency["cpu"], latency["lengths"], latency["options"], latency["mode"])
     rows = [((label,), latency[label]) for label in ("original", "result")]
     return latency_table(title, latency["lengths"]["used"], rows)
 
