@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from onnx_conv2matmul.errors import OutOfMemory
-from onnx_conv2matmul.quantize.search_runs import ACTIVATION_BYTES, _run
+from onnx_conv2matmul.quantize.search_runs import ACTIVATION_BYTES, ChannelEnergy, _run
 
 if TYPE_CHECKING:
     from onnx_conv2matmul.quantize.reference import Reference
@@ -54,8 +54,7 @@ def check(
     names = reference.names
     indices = list(verify.output_indices) if verify.output_indices else None
     feeds = reference.feeds.feeds
-    sums: dict[str, np.ndarray] = {}
-    counts: dict[str, int] = {}
+    energy = ChannelEnergy()
     rows: list[list[OutputComparison]] = []
     per_input_byte: float | None = None
     failure = ""
@@ -80,10 +79,7 @@ def check(
             if per_input_byte is None:
                 per_input_byte = sum(int(np.asarray(a).nbytes) for a in extra) / max(1, input_bytes)
             for name, array in zip(statistics, extra, strict=True):
-                a = np.asarray(array)
-                matrix = a.reshape(-1, a.shape[-1]) if a.ndim else a.reshape(1, 1)
-                sums[name] = sums.get(name, 0.0) + np.einsum("ij,ij->j", matrix, matrix, dtype=np.float64)
-                counts[name] = counts.get(name, 0) + matrix.shape[0]
+                energy.add(name, array)
             del extra
         rows.append(reference.compare(index, outputs[: len(names)], verify, indices))
         del outputs
@@ -99,5 +95,5 @@ def check(
         worst_cosine=min(cosines) if cosines else None,
         failure=failure,
         seconds=time.perf_counter() - started,
-        activations={name: sums[name] / max(counts[name], 1) for name in sums},
+        activations=energy.means(),
     )

@@ -56,8 +56,6 @@ class Decision:
     uniform_error: float
     target_error: float
     weight_bytes: int
-    step: int = 0
-    """How many times the aim was tightened (0: the first mix)."""
 
     def to_dict(self) -> dict[str, object]:
         return {

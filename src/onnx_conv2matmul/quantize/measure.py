@@ -129,6 +129,7 @@ def measure(
 
     specs = input_specs(session)
     if timing is not None:
+        from onnx_conv2matmul.speed.machine import model_file_bytes
         from onnx_conv2matmul.speed.timing import time_models
 
         timing, rule = _timing(session, specs, timing, plan, reference)
@@ -136,7 +137,9 @@ def measure(
         gc.collect()
         rule = rule or "given"
         cached_here = (
-            plan.speed is not None and plan.speed.cache and _model_bytes(plan.src) >= TIMING_CACHE_MIN_BYTES
+            plan.speed is not None
+            and plan.speed.cache
+            and model_file_bytes(plan.src) >= TIMING_CACHE_MIN_BYTES
         )
         cache = _timing_cache(plan, timing) if cached_here else None
         cached = _cached_timing(cache) if cache is not None else None
@@ -250,15 +253,6 @@ TIMING_CACHE_MIN_BYTES = 64 * 2**20
 """Models whose files hold at least this many bytes have the original's latency kept."""
 
 
-def _model_bytes(src: str) -> int:
-    """The .onnx and the files beside it that share its name (its data files)."""
-    import os
-
-    folder = os.path.dirname(os.path.abspath(src))
-    stem = os.path.basename(src)
-    return sum(os.path.getsize(os.path.join(folder, n)) for n in os.listdir(folder) if n.startswith(stem))
-
-
 def _timing_cache(plan: QuantizePlan, timing: TimingOptions) -> str:
     """The file the original's latency under ``timing`` is kept in."""
     import hashlib
@@ -315,8 +309,8 @@ def _cached_timing(path: str) -> tuple[ModelTiming, str] | None:
 
 def _keep_timing(path: str, timing: ModelTiming) -> None:
     import datetime
-    import json
-    import os
+
+    from onnx_conv2matmul.speed.costs import keep_cached
 
     data = {
         "path": timing.path,
@@ -325,11 +319,4 @@ def _keep_timing(path: str, timing: ModelTiming) -> None:
         "timed": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "latencies": [{"length": lat.length, "samples_ms": list(lat.samples_ms)} for lat in timing.latencies],
     }
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        temporary = f"{path}.{os.getpid()}.tmp"
-        with open(temporary, "w", encoding="utf-8") as file:
-            json.dump(data, file)
-        os.replace(temporary, path)
-    except OSError:
-        pass
+    keep_cached(path, data)

@@ -37,8 +37,9 @@ from onnx_conv2matmul.quantize import check as _check
 from onnx_conv2matmul.quantize import decide as _decide
 from onnx_conv2matmul.quantize import measure as _measure
 from onnx_conv2matmul.quantize.blockwise import MemoryBlockCache
-from onnx_conv2matmul.quantize.plan import wants_smallest
+from onnx_conv2matmul.quantize.plan import peak_rss_bytes, wants_smallest
 from onnx_conv2matmul.quantize.run_report import nbits_warnings, why_unchanged
+from onnx_conv2matmul.quantize.search_options import Setting
 
 if TYPE_CHECKING:
     from onnx_conv2matmul.quantize.plan import QuantizePlan, Run
@@ -171,7 +172,6 @@ class OnePass:
         missed: tuple[float, float] | None = None
         for step in range(2):
             decision = _decide.decide(sens, run.quantize, loss, missed=missed)
-            decision.step = step
             progress.phase("Quantizing the chosen mix")
             candidate = _build.build(plan, decision.options, cache)
             progress.phase("Checking the candidate (the chosen mix)")
@@ -229,7 +229,7 @@ class OnePass:
         del model
         with contextlib.ExitStack() as stack:
             stack.enter_context(staged)
-            report.peak_rss_quantize_bytes = _peak_rss()
+            report.peak_rss_quantize_bytes = peak_rss_bytes()
             report.external_data = staged.data_path is not None
             report.output_bytes = staged.size
             report.bytes_written = staged.size + _folder_bytes(scratch)
@@ -351,10 +351,10 @@ def _matmul_inputs(model: Any) -> list[str]:
 
 
 def _counts(candidate: _build.Candidate) -> dict[str, int]:
+    """How many MatMuls took each setting, by the search's label of it."""
     counts: dict[str, int] = {}
     for setting in candidate.result.settings.values():
-        kind = "symmetric" if setting.symmetric else "asymmetric"
-        label = f"int{setting.bits} block {setting.block_size} {kind}"
+        label = Setting(setting.bits, setting.block_size, setting.symmetric).label
         counts[label] = counts.get(label, 0) + 1
     return dict(sorted(counts.items()))
 
@@ -366,9 +366,3 @@ def _folder_bytes(folder: str) -> int:
             with contextlib.suppress(OSError):
                 total += os.path.getsize(os.path.join(root, name))
     return total
-
-
-def _peak_rss() -> int:
-    from onnx_conv2matmul.quantize.plan import peak_rss_bytes
-
-    return peak_rss_bytes()

@@ -246,6 +246,24 @@ def _add_outputs(model: ir.Model, names: Sequence[str]) -> list[str]:
     return added
 
 
+class ChannelEnergy:
+    """Per value, the mean square of each channel (the last axis) of its arrays, summed as they
+    arrive: the activation statistic the error model weighs a MatMul's weight error by."""
+
+    def __init__(self) -> None:
+        self._sums: dict[str, np.ndarray] = {}
+        self._rows: dict[str, int] = {}
+
+    def add(self, name: str, array: Any) -> None:
+        a = np.asarray(array)
+        matrix = a.reshape(-1, a.shape[-1]) if a.ndim else a.reshape(1, 1)
+        self._sums[name] = self._sums.get(name, 0.0) + np.einsum("ij,ij->j", matrix, matrix, dtype=np.float64)
+        self._rows[name] = self._rows.get(name, 0) + matrix.shape[0]
+
+    def means(self) -> dict[str, np.ndarray]:
+        return {name: total / max(self._rows[name], 1) for name, total in self._sums.items()}
+
+
 ACTIVATION_BYTES = 128 * 2**20
 """The most bytes of MatMul inputs the first pass of the search takes from one feed after the
 first (see :func:`_reference`)."""
@@ -267,8 +285,7 @@ def _reference(
     feeds = reference.feeds.feeds
     names = reference.names
     limit = ACTIVATION_BYTES if memory is None else min(ACTIVATION_BYTES, memory / 2)
-    sums: dict[str, np.ndarray] = {}
-    counts: dict[str, int] = {}
+    energy = ChannelEnergy()
 
     def run(session: Any, index: int) -> list[Any]:
         feed = feeds[index]
@@ -297,12 +314,8 @@ def _reference(
             outputs = run(session, index)
         reference.put(index, outputs[: len(names)])
         for name, array in zip(prepared.added, outputs[len(names) :], strict=True):
-            a = np.asarray(array)
-            flat = a.reshape(-1, a.shape[-1]) if a.ndim else a.reshape(1, 1)
-            square = np.einsum("ij,ij->j", flat, flat, dtype=np.float64)
-            sums[name] = sums.get(name, 0.0) + square
-            counts[name] = counts.get(name, 0) + flat.shape[0]
-            reference.statistics.setdefault(name, InputStats()).add(a)
+            energy.add(name, array)
+            reference.statistics.setdefault(name, InputStats()).add(np.asarray(array))
         del outputs
     del session
     rest = [i for i in range(len(feeds)) if i not in measured]
@@ -312,7 +325,7 @@ def _reference(
             reference.put(index, run(session, index))
         del session
     gc.collect()
-    reference.activations = {name: sums[name] / max(counts[name], 1) for name in sums}
+    reference.activations = energy.means()
 
 
 def _candidate(

@@ -134,14 +134,9 @@ def cached_rows(src: str, lengths: Sequence[int], folder: str | None) -> dict[st
     except (OSError, ValueError, TypeError, AttributeError):
         pass
     found = rows_by_value(src, lengths)
-    try:
-        os.makedirs(folder, exist_ok=True)
-        temporary = f"{path}.{os.getpid()}.tmp"
-        with open(temporary, "w", encoding="utf-8") as file:
-            json.dump(found, file)
-        os.replace(temporary, path)
-    except OSError:
-        pass
+    from onnx_conv2matmul.speed.costs import keep_cached
+
+    keep_cached(path, found)
     return found
 
 

@@ -32,7 +32,6 @@ from onnx_conv2matmul.quantize.run_report import (
     why_unchanged,
     worst_cosine,
 )
-from onnx_conv2matmul.quantize.search import drop_reference, run_search
 from onnx_conv2matmul.quantize.search_options import AutoOptions
 from onnx_conv2matmul.rewrite.passes import rewrite_model
 from onnx_conv2matmul.verify.check import check_feeds_for_graph
@@ -254,7 +253,7 @@ def _nbits_staged(
         from onnx_conv2matmul.quantize import search as auto_search
 
         workdir = searching.enter_context(output.scratch("auto"))
-        searching.callback(drop_reference, report)
+        searching.callback(auto_search.drop_reference, report)
         prepared = auto_search.prepare(model, run.auto, workdir, plan.progress.phase)
         if external:
             # The copy stands for the rewritten model from here on (memory-mapped): the
@@ -264,7 +263,7 @@ def _nbits_staged(
         speed_filter = None
         if report.kernel_plan is not None and plan.speed is not None and run.auto.speed_aware:
             speed_filter = report.kernel_plan.speed_filter(run.auto.accuracy_level, plan.speed.margin)
-        run_search(run, workdir, prepared, speed_filter)
+        auto_search.run_search(run, workdir, prepared, speed_filter)
         if external:
             model = prepared.load()
         assert report.auto is not None

@@ -196,12 +196,18 @@ class KernelCosts:
         """Write the table to the cache file (no error when it cannot be written: a cache)."""
         if self.path is None:
             return
-        with contextlib.suppress(OSError):
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            temporary = f"{self.path}.{os.getpid()}.tmp"
-            with open(temporary, "w", encoding="utf-8") as file:
-                json.dump({"version": CACHE_VERSION, "costs": self.table}, file, indent=0, sort_keys=True)
-            os.replace(temporary, self.path)
+        keep_cached(self.path, {"version": CACHE_VERSION, "costs": self.table}, indent=0, sort_keys=True)
+
+
+def keep_cached(path: str, data: Any, **dump: Any) -> None:
+    """Write ``data`` as JSON to the cache file ``path``, renamed into place; no error when it
+    cannot be written (a cache: the next run measures again)."""
+    with contextlib.suppress(OSError):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        temporary = f"{path}.{os.getpid()}.tmp"
+        with open(temporary, "w", encoding="utf-8") as file:
+            json.dump(data, file, **dump)
+        os.replace(temporary, path)
 
 
 def _read(path: str) -> dict[str, float]:
