@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -186,7 +186,7 @@ def _timing(
     """What the default latency line times, and how it was chosen: the smallest of the given
     inputs (``--inputs``), at batch 1; the lengths given (``--bench-lengths``); else the shortest
     of the timing's default lengths when the original runs there, or the check's shortest run."""
-    from onnx_conv2matmul.speed.inputs import first_sample, input_shapes, pick_feeds
+    from onnx_conv2matmul.speed.inputs import first_sample, input_shapes, pick_feeds, shapes_text
     from onnx_conv2matmul.speed.timing import default_lengths
     from onnx_conv2matmul.verify.options import feed_source
 
@@ -196,7 +196,7 @@ def _timing(
         sample = first_sample(given[smallest], input_shapes(plan.src))
         described = (
             f"the smallest of the given inputs (--inputs), batch 1: {smallest + 1}:"
-            f" {feed_source(given[smallest], smallest)} ({_shapes(sample)})"
+            f" {feed_source(given[smallest], smallest)} ({shapes_text(sample)})"
         )
         return dataclasses.replace(timing, feeds=((smallest + 1, sample),), feeds_rule=described), described
     if timing.lengths is not None or timing.feeds is not None:
@@ -226,19 +226,11 @@ def _timing(
     runs = list(feeds.runs) if feeds.runs else []
     usable = [i for i in range(len(feeds.feeds)) if not (i < len(runs) and getattr(runs[i], "long", False))]
     usable = usable or list(range(len(feeds.feeds)))
-    index = min(usable, key=lambda i: (_bytes(feeds.feeds[i]), i))
+    index = usable[pick_feeds([feeds.feeds[i] for i in usable])[0]]  # the smallest
     chosen = first_sample(feeds.feeds[index], input_shapes(plan.src))
     number = feeds.lengths[index]
-    described = f"the accuracy check's shortest run, batch 1: {number}: {_shapes(chosen)}"
+    described = f"the accuracy check's shortest run, batch 1: {number}: {shapes_text(chosen)}"
     return dataclasses.replace(timing, feeds=((number, chosen),), feeds_rule=described), described
-
-
-def _shapes(feed: Mapping[str, Any]) -> str:
-    return ", ".join(f"{k}{list(np.shape(v))}" for k, v in feed.items())
-
-
-def _bytes(feed: Mapping[str, Any]) -> int:
-    return sum(int(np.asarray(v).nbytes) for v in feed.values())
 
 
 # The original's latency is kept in the cache folder (``original-latency/``, beside the kernel

@@ -31,7 +31,8 @@ def _bytes(feed: Mapping[str, np.ndarray]) -> int:
     return sum(int(np.asarray(a).nbytes) for a in feed.values())
 
 
-def _shapes(feed: Mapping[str, np.ndarray]) -> str:
+def shapes_text(feed: Mapping[str, np.ndarray]) -> str:
+    """A feed's inputs with their shapes, as the timing's rule names them."""
     return ", ".join(f"{name}{list(np.shape(a))}" for name, a in feed.items())
 
 
@@ -91,7 +92,7 @@ def given_inputs(
     chosen = pick_feeds(feeds)
     timed = {i: first_sample(feeds[i], specs) for i in chosen}
     described = "; ".join(
-        f"{i + 1}: {feed_source(feeds[i], i)} ({_shapes(timed[i])}"
+        f"{i + 1}: {feed_source(feeds[i], i)} ({shapes_text(timed[i])}"
         + (", its first sample" if _bytes(timed[i]) < _bytes(feeds[i]) else "")
         + ")"
         for i in chosen
@@ -140,7 +141,7 @@ def proven_inputs(src: str, timing: TimingOptions, verify: VerifyOptions) -> Tim
     numbers = [runs[i].length for i in chosen]
     if len(set(numbers)) != len(numbers) or min(numbers, default=1) < 1:
         numbers = list(range(1, len(chosen) + 1))
-    described = "; ".join(f"{n}: {_shapes(feeds[i])}" for n, i in zip(numbers, chosen, strict=True))
+    described = "; ".join(f"{n}: {shapes_text(feeds[i])}" for n, i in zip(numbers, chosen, strict=True))
     return dataclasses.replace(
         timing,
         feeds=tuple((n, feeds[i]) for n, i in zip(numbers, chosen, strict=True)),
