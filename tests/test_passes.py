@@ -67,14 +67,14 @@ def test_pass_manager_runs_it_with_other_passes(tmp_path: Path) -> None:
     assert_equivalent(str(original), str(out), _channels_last_feeds())
 
 
-def test_the_readme_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Case 6: the README's pass example, as written, on a model named as it names it."""
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    blocks = [b.split("```", 1)[0] for b in readme.split("```python\n")[1:]]
+def test_the_documented_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Case 6: the pass example of docs/api.md, as written, on a model named as it names it."""
+    page = (Path(__file__).parents[1] / "docs" / "api.md").read_text()
+    blocks = [b.split("```", 1)[0] for b in page.split("```python\n")[1:]]
     (example,) = [b for b in blocks if "ConvToMatMulPass" in b]
     monkeypatch.chdir(tmp_path)
     onnx.save(_wrapped_model(), "encoder.onnx")
-    exec(compile(example, "README.md", "exec"), {})
+    exec(compile(example, "docs/api.md", "exec"), {})
     assert op_types(onnx.load("encoder.matmul.onnx")) == ["Identity", "MatMul"]
     assert_equivalent("encoder.onnx", "encoder.matmul.onnx", _channels_last_feeds())
 
