@@ -259,3 +259,30 @@ def test_the_deferral_does_nothing_once_sympy_is_imported() -> None:
         from onnx_ir import _core
         assert _core.sympy is sympy and type(sys.modules["onnx_ir._symbolic_shapes"]) is types.ModuleType
     """)
+
+
+_HEAVY = ("numpy", "onnx", "onnx_ir", "onnxruntime", "rich", "ml_dtypes", "sympy")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--version"], ["--help"], ["-h"]]
+    + [[command, "--help"] for command in ("convert", "verify", "quantize", "inspect", "bundle", "bench")],
+    ids=lambda args: " ".join(args),
+)
+def test_version_and_help_import_nothing_heavy(args: list[str]) -> None:
+    """``--version`` and every ``--help`` answer without numpy, onnx, onnxruntime or rich:
+    a command imports what it uses when it runs (the start of the console script, as
+    ``python -X importtime`` lists every module it imports)."""
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "onnx_conv2matmul", *args],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "onnx-conv2matmul" in done.stdout or "Usage" in done.stdout
+    imported = {line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines() if line.count("|") == 2}
+    assert "onnx_conv2matmul.cli.app" in imported  # the listing is the real one
+    assert sorted(m for m in imported if m.split(".")[0] in _HEAVY) == []

@@ -8,7 +8,6 @@ from typing import Any
 
 import click
 
-from onnx_conv2matmul import api
 from onnx_conv2matmul.bundle.layouts import (
     DEFAULT_TAG,
     LAYOUTS,
@@ -185,6 +184,8 @@ def _build(src: str, out: str, layout: str, tag: str, kwargs: dict[str, Any]) ->
         run_checker=not kwargs["skip_checker"],
     )
     progress = progress_for(console, encoder, quiet) if os.path.isfile(encoder) else None
+    from onnx_conv2matmul import api
+
     report = api.build_bundle(src, out, options, progress=progress)
     print_bundle_build_report(console, report)
     error = None
@@ -207,6 +208,8 @@ def _check(directory: str, paths: tuple[str, ...], manifest: str | None, json_st
             # Every file of the folder is the check's input, or the bundle's own (its manifest).
             check_report_target(manifest, inputs=models, outputs=[], read=[directory])
             OUTCOME.watch(manifest)
+        from onnx_conv2matmul import api
+
         report = api.check_bundle(directory, manifest=manifest is not None)
         print_bundle_report(console, report)
         emit_report(report, manifest)

@@ -24,7 +24,6 @@ from onnx_conv2matmul.errors import (
     exit_code_for,
     is_out_of_memory,
 )
-from onnx_conv2matmul.files import load as _io
 from onnx_conv2matmul.report import CommandReport, ErrorReport
 
 if TYPE_CHECKING:
@@ -293,6 +292,8 @@ def emit_report(report: CommandReport, path: str | None, error: str | None = Non
 
     text = render.report_json(report, error=error)
     if path is not None:
+        from onnx_conv2matmul.files import load as _io
+
         _io.write_text_atomic(path, text + "\n")
     OUTCOME.print_json(text)
 

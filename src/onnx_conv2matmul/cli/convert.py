@@ -3,15 +3,10 @@
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
-from onnx_conv2matmul import api
-from onnx_conv2matmul.files.checks import check_paths, check_report_target
-
-if TYPE_CHECKING:
-    pass
 from onnx_conv2matmul.cli.common import (
     OUTCOME,
     emit_report,
@@ -30,6 +25,7 @@ from onnx_conv2matmul.cli.flags import (
     skip_checker,
     verify_options,
 )
+from onnx_conv2matmul.files.checks import check_paths, check_report_target
 
 
 @click.command("convert")
@@ -63,6 +59,8 @@ def convert_command(
     **kwargs: Any,
 ) -> None:
     """Rewrite INPUT into OUTPUT (or INPUT itself with --inplace)."""
+    from onnx_conv2matmul import api  # imported when a command runs: --help stays light
+
     # Off a terminal the console is made after the rewrite: importing rich would delay its start.
     OUTCOME.start(report_json_stdout, input_path)
     console = stderr_console(quiet) if sys.stderr.isatty() else None
@@ -125,6 +123,8 @@ def verify_command(
     **verify_kwargs: Any,
 ) -> None:
     """Compare two models with the same inputs and outputs in onnxruntime."""
+    from onnx_conv2matmul import api  # imported when a command runs: --help stays light
+
     OUTCOME.start(report_json_stdout, [original, candidate])
     with handled_errors():
         quiet_onnxruntime()

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
 from onnx_conv2matmul.errors import InputError
 from onnx_conv2matmul.quantize.options import QuantizeOptions
 from onnx_conv2matmul.rewrite.options import ConvertOptions
-from onnx_conv2matmul.verify.check import (
+from onnx_conv2matmul.verify.options import (
     DEFAULT_LENGTHS,
     DEFAULT_MAX_ABS,
     DEFAULT_MEAN_ABS,
@@ -21,11 +21,9 @@ from onnx_conv2matmul.verify.check import (
     IMAGE_LENGTHS,
     LONG_LENGTH,
     VerifyOptions,
+    format_size,
+    parse_size,
 )
-from onnx_conv2matmul.verify.options import format_size, parse_size
-
-if TYPE_CHECKING:
-    pass
 
 _DEFAULTS = QuantizeOptions()
 

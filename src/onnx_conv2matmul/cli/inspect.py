@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
-from onnx_conv2matmul import api
-
-if TYPE_CHECKING:
-    pass
 from onnx_conv2matmul.cli.common import (
     OUTCOME,
     emit_report,
@@ -55,6 +51,7 @@ def inspect_command(
     """
     OUTCOME.start(json_stdout, input_path)
     with handled_errors():
+        from onnx_conv2matmul import api
         from onnx_conv2matmul.quantize.options import resolve
 
         options = build_rewrite_options(kwargs)

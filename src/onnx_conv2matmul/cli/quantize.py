@@ -9,9 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from onnx_conv2matmul import api
 from onnx_conv2matmul.errors import InputError
-from onnx_conv2matmul.files import load as _io
 from onnx_conv2matmul.files.checks import check_input_path, check_not_read, check_report_target
 from onnx_conv2matmul.quantize.weight_only import ALGORITHMS
 from onnx_conv2matmul.rewrite.options import ConvertOptions
@@ -327,6 +325,9 @@ def quantize_command(
                 " the other"
             )
         OUTCOME.watch(output_path, output_path + ".data", report_json, save_config)
+        from onnx_conv2matmul import api
+        from onnx_conv2matmul.files import load as _io
+
         report = api.quantize_file(
             input_path,
             output_path,

@@ -9,8 +9,10 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 
-import onnx
+if TYPE_CHECKING:  # imported where used: the console script's start stays light
+    import onnx
 
 
 def _normalize(path: str) -> str:
@@ -59,6 +61,8 @@ def data_files(proto: onnx.ModelProto, base_dir: str) -> set[str]:
     Tensors of the main graph, of subgraphs at any depth, of node attributes (Constant
     values) and of local functions count; locations are taken relative to ``base_dir``.
     """
+    import onnx
+
     files = set()
     for tensor in model_tensors(proto):
         if tensor.data_location != onnx.TensorProto.EXTERNAL:
@@ -77,6 +81,8 @@ def files_read_by(model_path: str) -> set[str]:
     path: the loader reports it later. Costs one parse of the ``.onnx`` (tensor data that
     lives inside it is read too, so a large single-file model takes a while).
     """
+    import onnx
+
     files = {os.path.realpath(model_path)}
     try:
         proto = onnx.load(model_path, load_external_data=False)

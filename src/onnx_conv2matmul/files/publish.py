@@ -48,13 +48,15 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
-
-import onnx
+from typing import TYPE_CHECKING
 
 from onnx_conv2matmul.errors import DestinationBusy, InputError
 from onnx_conv2matmul.files import owned
 from onnx_conv2matmul.files.modes import usual_mode
 from onnx_conv2matmul.files.paths import data_files
+
+if TYPE_CHECKING:  # imported where used: the console script's start stays light
+    pass
 
 _JOURNAL = "obsolete.json"
 # The replaced .onnx is parsed to find the data files it reads only up to this size; a
@@ -79,6 +81,8 @@ def referenced_files(path: str) -> set[str] | None:
 
     ``None`` when the file is too large to parse cheaply or cannot be parsed.
     """
+    import onnx
+
     try:
         if os.path.getsize(path) > _PARSE_LIMIT_BYTES:
             return None
@@ -439,6 +443,8 @@ def set_metadata(path: str, entries: dict[str, str]) -> None:
     Only the ``.onnx`` file is rewritten (through a temporary file renamed into place); its
     external data stays where it is.
     """
+    import onnx
+
     proto = onnx.load(path, load_external_data=False)
     kept = [(p.key, p.value) for p in proto.metadata_props if p.key not in entries]
     del proto.metadata_props[:]

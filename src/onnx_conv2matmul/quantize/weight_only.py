@@ -18,8 +18,6 @@ import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from onnx_conv2matmul.errors import Hint, InputError, ModelRunError
 from onnx_conv2matmul.quantize.logs import matmul_nbits_quantizer
 
@@ -226,6 +224,7 @@ def capture_inputs(
     in onnxruntime with default session options. The model is written to a scratch
     directory (with its weights in a data file) for that, then restored as it was.
     """
+    import numpy as np
     import onnxruntime as ort
 
     from onnx_conv2matmul.files import output as _output

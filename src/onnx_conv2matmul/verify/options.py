@@ -7,9 +7,10 @@ import dataclasses
 import enum
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 DEFAULT_LENGTHS = (64, 80, 97, 128, 191)
 # Image inputs: multiples of 32, the stride of the deepest features of most image networks
