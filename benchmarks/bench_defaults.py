@@ -123,7 +123,8 @@ def main() -> None:
             f"missing {args.encoder}: python benchmarks/fastconformer.py encoder --size parakeet"
             " --positional-table 5000 --out PATH"
         )
-    from onnx_conv2matmul.speed.timing import TimingOptions, model_file_bytes, time_models
+    from onnx_conv2matmul.files.paths import model_file_bytes
+    from onnx_conv2matmul.speed.timing import TimingOptions, time_models
 
     cpu, flags = cpu_flags()
     model_bytes = model_file_bytes(str(args.encoder))

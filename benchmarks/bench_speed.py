@@ -65,7 +65,7 @@ def cli(*args: object) -> list[str]:
 
 
 def files_bytes(path: Path) -> int:
-    from onnx_conv2matmul.speed.timing import model_file_bytes
+    from onnx_conv2matmul.files.paths import model_file_bytes
 
     return model_file_bytes(str(path))
 

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from helpers import examples
 from onnx_conv2matmul.errors import InputError, ModelLoadError, ModelRunError
+from onnx_conv2matmul.files.paths import model_file_bytes
 from onnx_conv2matmul.speed import timing
 from onnx_conv2matmul.speed.timing import Mode, TimingOptions, time_models
 from onnx_conv2matmul.verify.check import VerifyOptions, _InputSpec
@@ -233,10 +234,24 @@ def test_model_file_bytes_counts_external_data(tmp_path: Path) -> None:
     path = tmp_path / "m.onnx"
     onnx.save(model, path, save_as_external_data=True, location="m.onnx.data", size_threshold=0)
     expected = path.stat().st_size + (tmp_path / "m.onnx.data").stat().st_size
-    assert timing.model_file_bytes(str(path)) == expected
+    assert model_file_bytes(str(path)) == expected
     garbage = tmp_path / "g.onnx"
     garbage.write_bytes(b"not a model")
-    assert timing.model_file_bytes(str(garbage)) == len(b"not a model")
+    assert model_file_bytes(str(garbage)) == len(b"not a model")
+    assert model_file_bytes(str(tmp_path / "missing.onnx")) == 0
+    # Tensors sharing one data file count it once; a legacy exporter's file per tensor each count.
+    per_tensor = tmp_path / "legacy"
+    per_tensor.mkdir()
+    onnx.save(
+        sequence_matmul_model(k=256, n=256),
+        per_tensor / "m.onnx",
+        save_as_external_data=True,
+        all_tensors_to_one_file=False,
+        size_threshold=0,
+    )
+    files = sorted(per_tensor.iterdir())
+    assert len(files) > 2
+    assert model_file_bytes(str(per_tensor / "m.onnx")) == sum(f.stat().st_size for f in files)
 
 
 def test_real_sessions_do_not_spin(tmp_path: Path) -> None:

@@ -41,6 +41,7 @@ from onnx_conv2matmul.errors import InputError
 from onnx_conv2matmul.files import load as _io
 from onnx_conv2matmul.files import output as _output
 from onnx_conv2matmul.files import publish as _publish
+from onnx_conv2matmul.files.paths import model_file_bytes
 from onnx_conv2matmul.quantize.options import QuantizeOptions
 from onnx_conv2matmul.quantize.plan import Request
 from onnx_conv2matmul.quantize.workflow import quantize_file
@@ -194,10 +195,6 @@ def _write_report(model_path: str, report: QuantizeReport) -> None:
     _io.write_text_atomic(report_path_for(model_path), json.dumps(report.to_dict(), indent=2) + "\n")
 
 
-def _model_bytes(path: str) -> int:
-    return _io.load_model(path).total_bytes
-
-
 def _check_output_dir(path: str, source: str) -> None:
     if not path:
         raise InputError("output folder path is empty")
@@ -243,8 +240,8 @@ def build_bundle(
         report.onnx_asr_quantization = options.tag
     used = [source.encoder, source.decoder_joint, source.vocab_path]
     report.source_bytes = (
-        _model_bytes(source.encoder)
-        + _model_bytes(source.decoder_joint)
+        model_file_bytes(source.encoder)
+        + model_file_bytes(source.decoder_joint)
         + os.path.getsize(source.vocab_path)
         + (os.path.getsize(source.config_path) if source.config_path else 0)
     )

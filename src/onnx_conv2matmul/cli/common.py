@@ -348,24 +348,11 @@ class RichProgress:
 
 def progress_for(console: Console, input_path: str, quiet: bool) -> Progress | None:
     """A progress bar for models above ~100 MB, only when stderr is a terminal."""
-    if quiet or not console.is_terminal or model_bytes(input_path) < PROGRESS_MIN_BYTES:
+    from onnx_conv2matmul.files.paths import model_file_bytes
+
+    if quiet or not console.is_terminal or model_file_bytes(input_path) < PROGRESS_MIN_BYTES:
         return None
     return RichProgress(console)
-
-
-def model_bytes(path: str) -> int:
-    """The .onnx file plus what lies beside it, counted until the threshold (a cheap estimate)."""
-    total = os.path.getsize(path)
-    if total >= PROGRESS_MIN_BYTES:
-        return total
-    # External data: one .data file or one file per tensor (legacy torch exporter).
-    with os.scandir(os.path.dirname(os.path.abspath(path))) as entries:
-        for entry in entries:
-            if entry.is_file() and not entry.name.endswith(".onnx"):
-                total += entry.stat().st_size
-                if total >= PROGRESS_MIN_BYTES:
-                    break
-    return total
 
 
 def files_read(

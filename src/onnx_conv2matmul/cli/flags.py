@@ -177,7 +177,9 @@ allow_added_transposes = click.option(
 
 
 skip_checker = click.option(
-    "--skip-checker", is_flag=True, help="Do not run the ONNX checker on the input and the output."
+    "--skip-checker",
+    is_flag=True,
+    help="Do not run the ONNX checker on the models read and written (inspect: on MODEL).",
 )
 
 

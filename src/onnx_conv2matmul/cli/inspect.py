@@ -18,6 +18,7 @@ from onnx_conv2matmul.cli.flags import (
     nbits_given,
     nbits_options,
     rewrite_options,
+    skip_checker,
 )
 
 
@@ -25,7 +26,7 @@ from onnx_conv2matmul.cli.flags import (
 @click.argument("input_path", metavar="MODEL", type=click.Path())
 @rewrite_options
 @nbits_options
-@click.option("--skip-checker", is_flag=True, help="Do not run the ONNX checker on MODEL.")
+@skip_checker
 @click.option(
     "--json",
     "--report-json-stdout",

@@ -6,6 +6,7 @@ path that would replace one of them before any work starts.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from collections.abc import Iterable, Iterator
@@ -90,6 +91,25 @@ def files_read_by(model_path: str) -> set[str]:
         return files
     base_dir = os.path.dirname(os.path.abspath(model_path))
     return files | {os.path.realpath(p) for p in data_files(proto, base_dir)}
+
+
+def model_file_bytes(path: str) -> int:
+    """The bytes of the model at ``path`` as it lies on disk: its ``.onnx`` and each external data
+    file its tensors name, once (read from the graph without loading any tensor). A missing
+    path is 0; a file that cannot be parsed counts alone (its loader reports it)."""
+    import onnx
+
+    if not os.path.exists(path):
+        return 0
+    total = os.path.getsize(path)
+    try:
+        proto = onnx.load(path, load_external_data=False)
+    except Exception:
+        return total
+    for name in data_files(proto, os.path.dirname(os.path.abspath(path))):
+        with contextlib.suppress(OSError):
+            total += os.path.getsize(name)
+    return total
 
 
 def model_tensors(proto: onnx.ModelProto) -> Iterator[onnx.TensorProto]:

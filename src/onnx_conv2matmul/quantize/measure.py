@@ -129,7 +129,7 @@ def measure(
 
     specs = input_specs(session)
     if timing is not None:
-        from onnx_conv2matmul.speed.machine import model_file_bytes
+        from onnx_conv2matmul.files.paths import model_file_bytes
         from onnx_conv2matmul.speed.timing import time_models
 
         timing, rule = _timing(session, specs, timing, plan, reference)

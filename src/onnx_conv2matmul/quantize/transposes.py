@@ -37,6 +37,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from onnx_conv2matmul.files.paths import model_file_bytes
 from onnx_conv2matmul.quantize.trade import (
     DEFAULT_MARGIN,
     MIN_SHARE,
@@ -121,12 +122,6 @@ def left_with_transposes(src: str, convert_options: Any) -> tuple[int, float, in
     return len(entries), (weight / total if total else 0.0), weight
 
 
-def file_bytes(path: str) -> int:
-    from onnx_conv2matmul.speed.timing import model_file_bytes
-
-    return model_file_bytes(path) if os.path.exists(path) else 0
-
-
 CandidateRun = Callable[[Any, str], Any]
 """Quantizes the input with rewrite options into a folder, as the run was asked (its settings,
 check, search, kernel choice and speed step); returns its quantize report."""
@@ -196,7 +191,7 @@ def decide(
                 raise
             report, passed, quantized, path = None, False, 0, ""
         ok = passed and bool(path) and os.path.exists(path)
-        layouts.append(Layout(name, flag, file_bytes(path) if ok else 0, ok, None, quantized))
+        layouts.append(Layout(name, flag, model_file_bytes(path) if ok else 0, ok, None, quantized))
         made.append(Made(path, report) if ok else None)
     if size_first:
         layouts.reverse()
@@ -221,7 +216,7 @@ def decide(
         for row, i in zip(result.models[1:], timed, strict=True):
             ratios = tuple(lat.ratio for lat in row.latencies if lat.ratio is not None)
             layouts[i] = dataclasses.replace(layouts[i], ratios=ratios)
-    original = file_bytes(src)
+    original = model_file_bytes(src)
     for i, layout in enumerate(layouts):
         if not layout.passed and not layout.not_made:
             layouts[i] = dataclasses.replace(layout, bytes=layout.bytes or original)

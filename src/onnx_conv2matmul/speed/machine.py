@@ -6,8 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from onnx_conv2matmul.speed.latency import Mode
 
@@ -33,41 +32,6 @@ def cpu_name() -> str:
     except (AttributeError, OSError):
         count = os.cpu_count() or 0
     return f"{name}, {count} CPUs"
-
-
-def model_file_bytes(path: str) -> int:
-    """The bytes of a model file and of the external data files it names (read from the graph
-    without loading any tensor)."""
-    import onnx
-
-    total = os.path.getsize(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    try:
-        model = onnx.load(path, load_external_data=False)
-    except Exception:  # onnxruntime reports an unreadable model when it opens it
-        return total
-    seen: set[str] = set()
-    for tensor in _all_tensors(model.graph):
-        if tensor.data_location != onnx.TensorProto.EXTERNAL:
-            continue
-        for entry in tensor.external_data:
-            if entry.key == "location" and entry.value not in seen:
-                seen.add(entry.value)
-                with contextlib.suppress(OSError):
-                    total += os.path.getsize(os.path.join(directory, entry.value))
-    return total
-
-
-def _all_tensors(graph: Any) -> Iterator[Any]:
-    yield from graph.initializer
-    for node in graph.node:
-        for attribute in node.attribute:
-            if attribute.HasField("t"):
-                yield attribute.t
-            if attribute.HasField("g"):
-                yield from _all_tensors(attribute.g)
-            for sub in attribute.graphs:
-                yield from _all_tensors(sub)
 
 
 def available_memory_bytes() -> int | None:

@@ -43,6 +43,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from onnx_conv2matmul.errors import InputError, ModelLoadError, ModelRunError
+from onnx_conv2matmul.files.paths import model_file_bytes
 from onnx_conv2matmul.speed.latency import BOOTSTRAP_DRAWS as BOOTSTRAP_DRAWS
 from onnx_conv2matmul.speed.latency import DEFAULT_ROUNDS as DEFAULT_ROUNDS
 from onnx_conv2matmul.speed.latency import DEFAULT_WARMUP as DEFAULT_WARMUP
@@ -61,7 +62,6 @@ from onnx_conv2matmul.speed.machine import available_memory_bytes as available_m
 from onnx_conv2matmul.speed.machine import choose_mode as choose_mode
 from onnx_conv2matmul.speed.machine import cpu_name as cpu_name
 from onnx_conv2matmul.speed.machine import default_budget as default_budget
-from onnx_conv2matmul.speed.machine import model_file_bytes as model_file_bytes
 from onnx_conv2matmul.verify.feeds import (
     InputSpec,
     _first_line,
