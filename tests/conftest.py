@@ -33,6 +33,15 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test of a trained model from a registry package (``network``) is also ``slow``: the
+    default run leaves it out, ``-m slow`` runs it (before ``-m``'s selection: tryfirst)."""
+    for item in items:
+        if item.get_closest_marker("network") is not None and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture
 def sigint_raises() -> Iterator[None]:
     """SIGINT raises KeyboardInterrupt in this process during the test, as in a terminal.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnx_ir as ir
+import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
@@ -483,7 +484,8 @@ def _chains(draw: st.DrawFn) -> _Chain:
     return chain
 
 
-@settings(max_examples=examples(3000))
+# The default run draws a third of the full sweep; the sweep itself is marked slow (``-m slow``).
+@settings(max_examples=examples(1000))
 @given(chain=_chains())
 def test_prediction_matches_the_cleanup_and_default_never_adds(chain: _Chain) -> None:
     model = chain.model()
@@ -497,3 +499,10 @@ def test_prediction_matches_the_cleanup_and_default_never_adds(chain: _Chain) ->
             assert added <= 0
             event(f"rank {chain.rank}, default: {min(len(report.converted), 2)}+ converted, added {added}")
         assert_equivalent(model, rewritten, feeds)
+
+
+@pytest.mark.slow
+@settings(max_examples=examples(3000))
+@given(chain=_chains())
+def test_prediction_matches_the_cleanup_and_default_never_adds_full_sweep(chain: _Chain) -> None:
+    test_prediction_matches_the_cleanup_and_default_never_adds.hypothesis.inner_test(chain)  # type: ignore[attr-defined]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
@@ -119,10 +120,16 @@ def _definition(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
     return y
 
 
-@settings(max_examples=examples(3000))
-@given(
-    config=conv_configs(), dims=st.lists(st.integers(1, 12), min_size=3, max_size=3), batch=st.integers(1, 3)
-)
+_CONV_CASES = {
+    "config": conv_configs(),
+    "dims": st.lists(st.integers(1, 12), min_size=3, max_size=3),
+    "batch": st.integers(1, 3),
+}
+
+
+# The default run draws a third of the full sweep; the sweep itself is marked slow (``-m slow``).
+@settings(max_examples=examples(1000))
+@given(**_CONV_CASES)
 def test_any_pointwise_conv_rewrites_exactly(config: dict[str, object], dims: list[int], batch: int) -> None:
     model = conv_model(**config)  # type: ignore[arg-type]
     rewritten, report = convert(model, EVERYTHING)
@@ -145,6 +152,15 @@ def test_any_pointwise_conv_rewrites_exactly(config: dict[str, object], dims: li
     else:
         assert_close(run(model, {"x": x}), [actual], dtype=np_type)
     event(f"{np_type.__name__}, {spatial} spatial, group {config['group']}")
+
+
+@pytest.mark.slow
+@settings(max_examples=examples(3000))
+@given(**_CONV_CASES)
+def test_any_pointwise_conv_rewrites_exactly_full_sweep(
+    config: dict[str, object], dims: list[int], batch: int
+) -> None:
+    test_any_pointwise_conv_rewrites_exactly.hypothesis.inner_test(config, dims, batch)  # type: ignore[attr-defined]
 
 
 # (activation, activation_params) of a FusedConv: every one the rewrite expresses.
@@ -320,7 +336,7 @@ def conv_graphs(draw: st.DrawFn) -> tuple[_Graph, str, int]:
     return graph, draw(st.sampled_from(["main", "if-outer-weights", "if-inner-weights"])), len(set(weights))
 
 
-@settings(max_examples=examples(2000))
+@settings(max_examples=examples(700))
 @given(case=conv_graphs())
 def test_chains_of_convs_rewrite_exactly(case: tuple[_Graph, str, int]) -> None:
     graph, where, distinct_weights = case
@@ -340,3 +356,10 @@ def test_chains_of_convs_rewrite_exactly(case: tuple[_Graph, str, int]) -> None:
     assert_equivalent(model, rewritten, graph.feeds(where), dtype=graph.np_type)
     shared = " shared" if distinct_weights < convs else ""
     event(f"{graph.np_type.__name__}, {convs} convs{shared}, {where}")
+
+
+@pytest.mark.slow
+@settings(max_examples=examples(2000))
+@given(case=conv_graphs())
+def test_chains_of_convs_rewrite_exactly_full_sweep(case: tuple[_Graph, str, int]) -> None:
+    test_chains_of_convs_rewrite_exactly.hypothesis.inner_test(case)  # type: ignore[attr-defined]

@@ -23,27 +23,49 @@ RNG = np.random.default_rng(5)
 CHANNELS = 32
 
 # Runs the command line with a SIGKILL at the KILL_AT-th call of os.rename, os.replace,
-# os.unlink or os.fsync (counted over the whole process); prints the number of calls
-# when it gets to the end.
+# os.unlink or os.fsync (counted over the whole process); prints the calls it made, in
+# order, when it gets to the end.
 _HARNESS = """
 import os, signal, sys
 kill_at = int(os.environ["KILL_AT"])
-calls = [0]
-def counted(real):
+calls = []
+def counted(name, real):
     def call(*args, **kwargs):
-        calls[0] += 1
-        if calls[0] == kill_at:
+        calls.append(name)
+        if len(calls) == kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
         return real(*args, **kwargs)
     return call
 for name in ("rename", "replace", "unlink", "fsync"):
-    setattr(os, name, counted(getattr(os, name)))
+    setattr(os, name, counted(name, getattr(os, name)))
 from onnx_conv2matmul.cli.app import main
 try:
     main(sys.argv[1:], standalone_mode=False)
 finally:
-    print("CALLS", calls[0], file=sys.stderr)
+    print("CALLS", ",".join(calls), file=sys.stderr)
 """
+
+
+def _calls(stderr: str) -> list[str]:
+    listed = stderr.split("CALLS")[-1].strip()
+    return listed.split(",") if listed else []
+
+
+def kill_points(calls: list[str], every: bool) -> list[int]:
+    """The calls (numbered from 1) to kill the run at: every one, or the first of each run of
+    calls of one kind (the first fsync after the renames, the first unlink after them, ...)
+    and the last, so that each step of the publishing is cut at least once."""
+    if every:
+        return list(range(1, len(calls) + 1))
+    chosen = {i + 1 for i, name in enumerate(calls) if i == 0 or calls[i - 1] != name}
+    return sorted(chosen | {len(calls)}) if calls else []
+
+
+def test_the_chosen_kill_points_cut_every_step() -> None:
+    calls = ["fsync", "fsync", "rename", "fsync", "unlink", "unlink"]
+    assert kill_points(calls, every=False) == [1, 3, 4, 5, 6]
+    assert kill_points(calls, every=True) == [1, 2, 3, 4, 5, 6]
+    assert kill_points([], every=False) == []
 
 
 def _model() -> onnx.ModelProto:
@@ -96,9 +118,13 @@ def _setup(directory: Path) -> tuple[Path, list[np.ndarray]]:
     return src, _outputs(src)
 
 
+@pytest.mark.parametrize("every", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["steps", "every"])
 @pytest.mark.parametrize("scenario", ["inplace", "overwrite"])
-def test_a_kill_at_any_rename_unlink_or_fsync_leaves_a_working_model(tmp_path: Path, scenario: str) -> None:
-    """Killed at every rename, unlink and fsync in turn, the destination always loads in
+def test_a_kill_at_any_rename_unlink_or_fsync_leaves_a_working_model(
+    tmp_path: Path, scenario: str, every: bool
+) -> None:
+    """Killed at a rename, unlink or fsync (at each in turn with ``every``; in the default
+    run at the first of each step, see :func:`kill_points`), the destination always loads in
     onnxruntime and computes the original's outputs; the next run leaves no trace of it."""
     template, expected = _setup(tmp_path / "template")
     if scenario == "overwrite":
@@ -109,16 +135,19 @@ def test_a_kill_at_any_rename_unlink_or_fsync_leaves_a_working_model(tmp_path: P
         "overwrite": lambda d: [str(d / "m.onnx"), str(d / "o.onnx"), "--extended-conv1x1"],
     }[scenario]
     destination_name = "m.onnx" if scenario == "inplace" else "o.onnx"
-    kill_at, total = 1, None
-    while total is None or kill_at <= total:
+    clean = tmp_path / "clean"
+    shutil.copytree(tmp_path / "template", clean)
+    finished = _cli(*args_for(clean), "-q")
+    assert finished.returncode == 0, finished.stderr
+    calls = _calls(finished.stderr)
+    _assert_computes(clean / destination_name, expected)
+    shutil.rmtree(clean)
+    assert len(calls) >= 6 and {"fsync", "rename", "unlink"} <= set(calls), calls  # every step reached
+    for kill_at in kill_points(calls, every):
         work = tmp_path / f"kill{kill_at}"
         shutil.copytree(tmp_path / "template", work)
         result = _cli(*args_for(work), "-q", kill_at=kill_at)
-        if result.returncode == 0:
-            total = int(result.stderr.split("CALLS")[-1])
-            assert kill_at > total
-        else:
-            assert result.returncode == -9, result.stderr
+        assert result.returncode == -9, f"killed at call {kill_at} of {calls}: {result.stderr}"
         destination = work / destination_name
         _assert_computes(destination, expected)
         # The next run takes over whatever the killed one left.
@@ -129,8 +158,6 @@ def test_a_kill_at_any_rename_unlink_or_fsync_leaves_a_working_model(tmp_path: P
         kept = {"m.onnx"} if scenario == "inplace" else {"m.onnx", "m.onnx.data", "o.onnx"}
         assert {p.name for p in work.iterdir()} == kept | data, f"killed at call {kill_at}"
         shutil.rmtree(work)
-        kill_at += 1
-    assert total is not None and total >= 6  # fsyncs, renames and removals were all reached
 
 
 def test_a_second_writer_is_refused(tmp_path: Path) -> None:

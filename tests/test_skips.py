@@ -685,7 +685,9 @@ def test_every_reason_is_documented() -> None:
     page = (pathlib.Path(__file__).parents[1] / "docs" / "rewrite.md").read_text()
     codes = page.split("## Skip reason codes", 1)[1].split("\n## ", 1)[0]
     for reason in SkipReason:
-        assert f"`{reason.value}`" in codes, f"{reason.value} missing from docs/rewrite.md's skip reason codes"
+        assert f"`{reason.value}`" in codes, (
+            f"{reason.value} missing from docs/rewrite.md's skip reason codes"
+        )
         assert reason.description
 
 
