@@ -14,13 +14,13 @@ import pytest
 from onnx_conv2matmul.verify.check import (
     OutputComparison,
     VerifyOptions,
-    _nonfinite_mismatches,
     compare_arrays,
     compare_outputs,
     compare_sequences,
     element_scales,
     thresholds,
 )
+from onnx_conv2matmul.verify.tally import nonfinite_mismatches
 
 # |ref| has rows of max 2 and 8 and columns of max 4 and 8: the scales are
 # [[min(2, 4), min(2, 8)], [min(8, 4), min(8, 8)]] = [[2, 2], [4, 8]].
@@ -57,9 +57,9 @@ def test_nonfinite_mismatches_count_nan_and_inf_that_differ() -> None:
     inf, nan = float("inf"), float("nan")
     ref = np.array([nan, inf, -inf, 1.0, 2.0, inf, nan])
     out = np.array([nan, inf, inf, nan, 2.0, 3.0, 1.0])
-    assert _nonfinite_mismatches(ref, out) == 4
-    assert _nonfinite_mismatches(out, ref) == 4
-    assert _nonfinite_mismatches(np.array([1.0, 2.0]), np.array([1.0, 3.0])) == 0
+    assert nonfinite_mismatches(ref, out) == 4
+    assert nonfinite_mismatches(out, ref) == 4
+    assert nonfinite_mismatches(np.array([1.0, 2.0]), np.array([1.0, 3.0])) == 0
 
 
 def test_a_float_row_has_every_number_worked_out() -> None:

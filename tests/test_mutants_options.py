@@ -29,7 +29,7 @@ from onnx_conv2matmul.quantize.options import (
     resolve,
     search_below_by_default,
 )
-from onnx_conv2matmul.quantize.search_options import _OTHER_INT8
+from onnx_conv2matmul.quantize.search_options import OTHER_INT8
 from onnx_conv2matmul.speed.choose import DEFAULT_BLOCK_SIZES, DEFAULT_LEVELS
 from onnx_conv2matmul.speed.timing import DEFAULT_ROUNDS
 
@@ -316,7 +316,7 @@ def test_settings_the_search_chooses_from() -> None:
     assert eight.to_dict() == {"bits": 8, "block_size": 32, "symmetric": True}
     assert eight.node_setting() == NodeSetting(8, 32, True)
     assert Setting(4).label == "int4 block 64 asymmetric"
-    assert (_OTHER_INT8.bits, _OTHER_INT8.block_size, _OTHER_INT8.symmetric) == (8, 0, True)
+    assert (OTHER_INT8.bits, OTHER_INT8.block_size, OTHER_INT8.symmetric) == (8, 0, True)
     assert [s.label for s in LADDER[:3]] == [
         "int4 block 128 symmetric",
         "int4 block 128 asymmetric",

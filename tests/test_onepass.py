@@ -20,7 +20,7 @@ from onnx_conv2matmul.quantize import decide as _decide
 from onnx_conv2matmul.quantize.measure import session_options
 from onnx_conv2matmul.quantize.plan import Request, resolve
 from onnx_conv2matmul.quantize.search_options import Setting
-from onnx_conv2matmul.quantize.sensitivity import _Node
+from onnx_conv2matmul.quantize.sensitivity import MatMulNode
 from onnx_conv2matmul.quantize.settings import QuantizeOptions
 
 CONFORMER = Path(__file__).parent / "data" / "conformer_small.onnx"
@@ -109,10 +109,12 @@ def _sensitivity(errors: list[tuple[float, float]]) -> _decide.Sensitivity:
     int4, int8 = Setting(4, 64, False), Setting(8, 64, True)
     nodes = []
     for index, (e4, e8) in enumerate(errors):
-        node = _Node(f"n{index}", None, 64, 64, 1000)
+        node = MatMulNode(f"n{index}", None, 64, 64, 1000)
         node.options = {int4: (e4, 100), int8: (e8, 300)}
         nodes.append(node)
-    return _decide.Sensitivity(nodes, _Node("(other weights)", None, 0, 0, 0), {n.name: int4 for n in nodes})
+    return _decide.Sensitivity(
+        nodes, MatMulNode("(other weights)", None, 0, 0, 0), {n.name: int4 for n in nodes}
+    )
 
 
 def test_the_decision_moves_the_most_sensitive_layers_first_and_more_as_the_loss_grows() -> None:

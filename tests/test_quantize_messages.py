@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from helpers import no_bench
 from onnx_conv2matmul.cli.app import main
 from onnx_conv2matmul.quantize import search as auto
+from onnx_conv2matmul.quantize import search_runs
 
 ENCODER = Path(__file__).parent / "data" / "conformer_small.onnx"
 SCHEMA = Path(__file__).resolve().parent.parent / "schema" / "report.schema.json"
@@ -39,8 +40,8 @@ def test_a_model_run_error_on_real_inputs_names_no_refused_flag(tmp_path: Path) 
 
 def test_unreachable_shows_the_worst_cosine_below_the_minimum(tmp_path: Path) -> None:
     """A worst cosine just under 1 is not printed as 1 when the minimum asked is 1."""
-    assert auto._below(1 - 6e-8, 1.0) == "0.9999999"
-    assert auto._below(0.5, 0.99) == "0.5"
+    assert search_runs.below(1 - 6e-8, 1.0) == "0.9999999"
+    assert search_runs.below(0.5, 0.99) == "0.5"
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(auto.Reference, "worst_cosine", lambda *_args: (1 - 6e-8, ""))
         code, stderr = _invoke(

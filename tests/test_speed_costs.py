@@ -13,7 +13,7 @@ import onnx_ir as ir
 import pytest
 
 from onnx_conv2matmul.quantize.options import Setting
-from onnx_conv2matmul.quantize.sensitivity import _Node
+from onnx_conv2matmul.quantize.sensitivity import MatMulNode
 from onnx_conv2matmul.quantize.speed_objective import SpeedFilter, model_layers, rank_kernels
 from onnx_conv2matmul.rewrite.options import ConvertOptions
 from onnx_conv2matmul.rewrite.passes import rewrite_model
@@ -137,8 +137,8 @@ def test_rank_kernels_takes_the_cheapest_unless_the_gain_is_small() -> None:
     assert winner == 0
 
 
-def _node(name: str = "a") -> _Node:
-    node = _Node(name, None, 64, 128, 64 * 128 * 4)
+def _node(name: str = "a") -> MatMulNode:
+    node = MatMulNode(name, None, 64, 128, 64 * 128 * 4)
     node.options = {
         Setting(4, 128, True): (0.02, 1000),
         Setting(4, 32, False): (0.01, 1500),

@@ -16,7 +16,8 @@ from onnx_conv2matmul.errors import InputError, ModelLoadError, ModelRunError
 from onnx_conv2matmul.files.paths import model_file_bytes
 from onnx_conv2matmul.speed import timing
 from onnx_conv2matmul.speed.timing import Mode, TimingOptions, time_models
-from onnx_conv2matmul.verify.check import VerifyOptions, _InputSpec
+from onnx_conv2matmul.verify.check import VerifyOptions
+from onnx_conv2matmul.verify.roles import InputSpec
 from speed_fakes import FakeClock, FakeInput, Sessions, sequence_matmul_model
 
 COSTS = {"a.onnx": 2.0, "b.onnx": 1.0, "c.onnx": 3.0}  # milliseconds per 100 frames
@@ -164,9 +165,9 @@ def test_bad_options(kwargs: dict[str, object], message: str) -> None:
 
 
 def test_default_lengths_follow_the_inputs() -> None:
-    encoder = [_InputSpec("audio_signal", np.float32, ["B", 128, "T"]), _InputSpec("length", np.int64, ["B"])]
-    image = [_InputSpec("pixels", np.float32, ["N", 3, "H", "W"])]
-    joint = [_InputSpec("enc", np.float32, ["B", 1024, "T"]), _InputSpec("targets", np.int32, ["B", "U"])]
+    encoder = [InputSpec("audio_signal", np.float32, ["B", 128, "T"]), InputSpec("length", np.int64, ["B"])]
+    image = [InputSpec("pixels", np.float32, ["N", 3, "H", "W"])]
+    joint = [InputSpec("enc", np.float32, ["B", 1024, "T"]), InputSpec("targets", np.int32, ["B", "U"])]
     options = VerifyOptions()
     assert timing.default_lengths(encoder, options)[0] == timing.DEFAULT_LENGTHS
     assert timing.default_lengths(image, options)[0] == timing.IMAGE_LENGTHS

@@ -250,3 +250,75 @@ def test_every_module_is_under_500_lines() -> None:
         if _lines(path) >= MAX_LINES
     }
     assert long == {}
+
+
+def private_imports(module: str) -> list[tuple[str, str, bool]]:
+    """Each private name (one leading underscore) ``module`` imports from the package: the module
+    it comes from, the name, and whether it is re-exported (``import _x as _x``)."""
+    found = []
+    for node in ast.walk(ast.parse(MODULES[module].read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(PACKAGE):
+            for alias in node.names:
+                if alias.name.startswith("_") and not alias.name.startswith("__"):
+                    found.append((node.module or "", alias.name, alias.asname == alias.name))
+    return found
+
+
+def _stage(module: str) -> str:
+    return module.split(".")[1] if "." in module else ""
+
+
+def test_private_names_stay_in_their_stage_and_are_never_re_exported() -> None:
+    """A name with a leading underscore is a module's own, shared at most with the modules of
+    its stage folder; one that another stage needs, or that a module passes on, is public."""
+    wrong = [
+        (module, source, name)
+        for module in MODULES
+        for source, name, re_exported in private_imports(module)
+        if re_exported or _stage(source) != _stage(module)
+    ]
+    assert wrong == []
+
+
+def test_the_private_import_check_sees_both_faults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "a.py").write_text(
+        "from onnx_conv2matmul.verify.x import _y as _y\nfrom onnx_conv2matmul.files.z import _w\n"
+    )
+    monkeypatch.setattr(f"{__name__}.MODULES", {f"{PACKAGE}.rewrite.a": tmp_path / "a.py"})
+    assert private_imports(f"{PACKAGE}.rewrite.a") == [
+        (f"{PACKAGE}.verify.x", "_y", True),
+        (f"{PACKAGE}.files.z", "_w", False),
+    ]
+
+
+def option_declarations(source: str) -> list[str]:
+    """The long option names each ``click.option(...)`` call in ``source`` declares."""
+    names = []
+    for node in ast.walk(ast.parse(source)):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "option"
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == "click"
+        ):
+            names += [
+                a.value
+                for a in node.args
+                if isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value.startswith("--")
+            ]
+    return names
+
+
+def test_every_command_line_option_is_declared_once() -> None:
+    """An option several commands take is one declaration (in cli/flags.py) that each command
+    applies, with its own wording where its meaning differs: never a second ``click.option``."""
+    counts: dict[str, list[str]] = {}
+    for path in sorted((SRC / "cli").glob("*.py")):
+        for name in option_declarations(path.read_text()):
+            counts.setdefault(name, []).append(path.name)
+    assert {name: where for name, where in counts.items() if len(where) > 1} == {}
+    assert option_declarations('click.option("-q", "--quiet", is_flag=True)\nclick.option("--x")\n') == [
+        "--quiet",
+        "--x",
+    ]

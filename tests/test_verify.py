@@ -381,18 +381,19 @@ def test_candidate_that_onnxruntime_cannot_load(tmp_path: Path, candidate: str) 
 
 
 def test_input_synthesis_rules() -> None:
-    from onnx_conv2matmul.verify.check import _InputSpec, synthesise_inputs
+    from onnx_conv2matmul.verify.check import synthesise_inputs
+    from onnx_conv2matmul.verify.roles import InputSpec
 
     specs = [
-        _InputSpec("audio", np.float32, ["B", 80, "T"]),
-        _InputSpec("audio_len", np.int64, ["B"]),
-        _InputSpec("state", np.float16, [2, "B", 16]),
-        _InputSpec("mask", np.bool_, [None, "T"]),
-        _InputSpec("ids", np.int32, ["B", "U"]),
-        _InputSpec("pcm", np.int16, ["B", "S"]),
-        _InputSpec("img", np.uint8, ["B", 3, "H", "W"]),
-        _InputSpec("rate", np.int64, []),
-        _InputSpec("x64", np.float64, [4]),
+        InputSpec("audio", np.float32, ["B", 80, "T"]),
+        InputSpec("audio_len", np.int64, ["B"]),
+        InputSpec("state", np.float16, [2, "B", 16]),
+        InputSpec("mask", np.bool_, [None, "T"]),
+        InputSpec("ids", np.int32, ["B", "U"]),
+        InputSpec("pcm", np.int16, ["B", "S"]),
+        InputSpec("img", np.uint8, ["B", 3, "H", "W"]),
+        InputSpec("rate", np.int64, []),
+        InputSpec("x64", np.float64, [4]),
     ]
     options = VerifyOptions(batch=2, inputs={"rate": 16000}, dims={"H": 5, "U": 3})
     feeds, how = synthesise_inputs(specs, 37, options)

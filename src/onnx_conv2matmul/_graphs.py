@@ -1,10 +1,11 @@
-"""Walking an onnx-ir model: every graph with its scope path, names in use."""
+"""Walking a model: every graph of an onnx-ir model with its scope path, names in use; every graph
+of an ONNX protobuf model (:func:`proto_graphs`)."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
-from typing import TypeGuard
+from typing import Any, TypeGuard
 
 import onnx_ir as ir
 
@@ -159,3 +160,15 @@ def count_op(model: ir.Model, op_type: str) -> int:
 
 def count_nodes(model: ir.Model) -> int:
     return sum(len(graph) for graph, _ in walk_graphs(model.graph))
+
+
+def proto_graphs(graph: Any) -> Iterator[Any]:
+    """An ``onnx.GraphProto`` and every subgraph in it (``If``/``Loop``/``Scan`` bodies, at any
+    depth), each before the graphs inside it."""
+    yield graph
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.HasField("g"):
+                yield from proto_graphs(attribute.g)
+            for sub in attribute.graphs:
+                yield from proto_graphs(sub)

@@ -15,6 +15,13 @@ import errno
 import signal
 
 
+def first_line(err: BaseException) -> str:
+    """The first line of ``err``'s message (for a one-line error), or its type's name when the
+    message is empty."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
 class ExitCode(enum.IntEnum):
     """The command line's exit codes, except 128 + signal for an interrupt (:func:`exit_code_for`)."""
 

@@ -16,10 +16,10 @@ from onnx_conv2matmul.cli.common import (
     stderr_console,
 )
 from onnx_conv2matmul.cli.flags import (
-    FiniteFloatRange,
     build_rewrite_options,
     build_verify_options,
     inputs_option,
+    min_cosine_option,
     report_options,
     rewrite_options,
     skip_checker,
@@ -100,12 +100,7 @@ def convert_command(
 @inputs_option
 @verify_options
 @click.option("--cosine", is_flag=True, help="Also print the cosine similarity per output.")
-@click.option(
-    "--min-cosine",
-    type=FiniteFloatRange(-1, 1),
-    default=None,
-    help="Pass when every float output's cosine similarity is at least X (quantized models).",
-)
+@min_cosine_option("Pass when every float output's cosine similarity is at least X (quantized models).")
 @report_options(
     "Write the verification report to this file.",
     "Print the JSON report on stdout only.",

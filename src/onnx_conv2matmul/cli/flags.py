@@ -27,6 +27,8 @@ from onnx_conv2matmul.verify.options import (
 
 _DEFAULTS = QuantizeOptions()
 
+Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
+
 
 class FiniteFloatRange(click.FloatRange):
     """``click.FloatRange`` that also refuses NaN and the infinities (a range lets NaN through:
@@ -190,6 +192,29 @@ no_gemm = click.option(
 )
 
 
+def max_dilation_option(
+    help: str = "With --allow-non-unit-dilation, skip convs whose dilation is above N.",
+) -> Decorator:
+    """``--max-dilation N``; quantize, which rewrites dilated convs by default, words it its way."""
+    return click.option("--max-dilation", type=click.IntRange(min=1), default=None, help=help)
+
+
+def min_cosine_option(help: str) -> Decorator:
+    """``--min-cosine X``: verify's pass criterion, quantize's accuracy floor (each words it)."""
+    return click.option("--min-cosine", type=FiniteFloatRange(-1, 1), default=None, help=help)
+
+
+def json_stdout_option(
+    *aliases: str, help: str = "Print the JSON report on stdout and nothing else."
+) -> Decorator:
+    """``--report-json-stdout`` (inspect also takes it as ``--json``)."""
+    return click.option(*aliases, "--report-json-stdout", "report_json_stdout", is_flag=True, help=help)
+
+
+def quiet_option(help: str = "No tables or progress on stderr.") -> Decorator:
+    return click.option("-q", "--quiet", is_flag=True, help=help)
+
+
 # What the rewrite may do: convert's options, which inspect takes too (ConvertOptions).
 REWRITE_OPTIONS = [
     click.option(
@@ -199,12 +224,7 @@ REWRITE_OPTIONS = [
         help="Also rewrite convs with pads or strides > 1 (emits Pad/Slice), and grouped convs.",
     ),
     click.option("--allow-non-unit-dilation", is_flag=True, help="Also rewrite convs with dilations > 1."),
-    click.option(
-        "--max-dilation",
-        type=click.IntRange(min=1),
-        default=None,
-        help="With --allow-non-unit-dilation, skip convs whose dilation is above N.",
-    ),
+    max_dilation_option(),
     allow_added_transposes,
     no_gemm,
 ]
@@ -262,15 +282,15 @@ def option_group(options: Sequence[Any]) -> Callable[[Callable[..., Any]], Calla
 def report_options(
     report_json: str = "Write the JSON report to this file.",
     stdout: str = "Print the JSON report on stdout and nothing else.",
-    quiet: str = "No tables or progress on stderr.",
+    quiet_help: str = "No tables or progress on stderr.",
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """``--report-json FILE``, ``--report-json-stdout`` and ``-q/--quiet``, with the help every
     command gives them unless it says otherwise."""
     return option_group(
         [
             click.option("--report-json", "report_json", type=click.Path(dir_okay=False), help=report_json),
-            click.option("--report-json-stdout", is_flag=True, help=stdout),
-            click.option("-q", "--quiet", is_flag=True, help=quiet),
+            json_stdout_option(help=stdout),
+            quiet_option(help=quiet_help),
         ]
     )
 

@@ -15,8 +15,10 @@ from onnx_conv2matmul.cli.common import (
 )
 from onnx_conv2matmul.cli.flags import (
     build_rewrite_options,
+    json_stdout_option,
     nbits_given,
     nbits_options,
+    quiet_option,
     rewrite_options,
     skip_checker,
 )
@@ -27,21 +29,15 @@ from onnx_conv2matmul.cli.flags import (
 @rewrite_options
 @nbits_options
 @skip_checker
-@click.option(
-    "--json",
-    "--report-json-stdout",
-    "json_stdout",
-    is_flag=True,
-    help="Print the report as one JSON object on stdout and nothing else.",
-)
-@click.option("-q", "--quiet", is_flag=True, help="No tables on stderr.")
+@json_stdout_option("--json", help="Print the report as one JSON object on stdout and nothing else.")
+@quiet_option("No tables on stderr.")
 def inspect_command(
     input_path: str,
     bits: str | None,
     block_size: int | None,
     symmetric: bool | None,
     skip_checker: bool,
-    json_stdout: bool,
+    report_json_stdout: bool,
     quiet: bool,
     **kwargs: Any,
 ) -> None:
@@ -50,7 +46,7 @@ def inspect_command(
     Takes convert's rewrite options; --bits, --block-size and --symmetric/--asymmetric are
     quantize's settings for the projection.
     """
-    OUTCOME.start(json_stdout, input_path)
+    OUTCOME.start(report_json_stdout, input_path)
     with handled_errors():
         from onnx_conv2matmul import api
         from onnx_conv2matmul.quantize.options import resolve

@@ -26,11 +26,12 @@ from onnx_conv2matmul.cli.common import (
     stderr_console,
 )
 from onnx_conv2matmul.cli.flags import (
-    FiniteFloatRange,
     allow_added_transposes,
     bench_options,
     build_verify_options,
     inputs_option,
+    max_dilation_option,
+    min_cosine_option,
     nbits_given,
     nbits_options,
     no_gemm,
@@ -129,9 +130,7 @@ from onnx_conv2matmul.quantize.options import DEFAULT_MAX_EVALUATIONS, resolve
     help="Rewrite only unit-stride, unpadded, ungrouped convs (extended mode is on by default here).",
 )
 @click.option("--no-dilation", is_flag=True, help="Do not rewrite convs with dilation > 1.")
-@click.option(
-    "--max-dilation", type=click.IntRange(min=1), default=None, help="Skip convs whose dilation is above N."
-)
+@max_dilation_option("Skip convs whose dilation is above N.")
 @allow_added_transposes
 @click.option(
     "--prefer",
@@ -144,10 +143,7 @@ from onnx_conv2matmul.quantize.options import DEFAULT_MAX_EVALUATIONS, resolve
     ),
 )
 @no_gemm
-@click.option(
-    "--min-cosine",
-    type=FiniteFloatRange(-1, 1),
-    default=None,
+@min_cosine_option(
     help=(
         "The accuracy the output must meet: every sample's cosine similarity to the input at least X"
         " (default 0.99, the floor; -1 accepts anything). Below it: with the default settings, the"

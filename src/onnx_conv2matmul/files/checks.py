@@ -122,7 +122,7 @@ def check_report_path(path: str, *, what: str = "report") -> None:
     messages.
     """
     _check_path_text(path, what)
-    if not _written_through(path):
+    if not written_through(path):
         check_output_path(path, what=what)
         return
     if not os.path.exists(path):
@@ -171,7 +171,7 @@ def _check_path_text(path: str, what: str) -> None:
         raise InputError(f"{what} path ends with '/', the name of a directory: {path}")
 
 
-def _written_through(path: str) -> bool:
+def written_through(path: str) -> bool:
     """Whether :func:`write_text_atomic` writes into ``path`` instead of replacing it."""
     if os.path.islink(path):
         return True

@@ -18,7 +18,7 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from onnx_conv2matmul.errors import CheckerError, Hint, InputError
-from onnx_conv2matmul.files.checks import _written_through, check_input_path
+from onnx_conv2matmul.files.checks import check_input_path, written_through
 from onnx_conv2matmul.files.checks import check_paths as check_paths  # imported from here by quantize/
 from onnx_conv2matmul.files.modes import usual_mode
 from onnx_conv2matmul.files.paths import contained_location, model_tensors
@@ -197,7 +197,7 @@ def write_text_atomic(path: str, text: str) -> None:
     replaced): ``/dev/stdout``, ``/dev/null``, a pipe, or a link to the file meant; a FIFO
     waits for a reader.
     """
-    if _written_through(path):
+    if written_through(path):
         with open(path, "w", encoding="utf-8") as handle:
             handle.write(text)
         return

@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from onnx_conv2matmul.quantize.search_options import _OTHER_INT8, AutoOptions, Setting
+from onnx_conv2matmul.quantize.search_options import OTHER_INT8, AutoOptions, Setting
 from onnx_conv2matmul.quantize.search_result import AutoConfig
 from onnx_conv2matmul.quantize.sensitivity import (
+    MatMulNode,
     _breakpoints,
-    _Node,
     _other_weights_error,
     _quantizable,
     _sensitivities,
@@ -71,8 +71,8 @@ class Decision:
 class Sensitivity:
     """Each quantizable MatMul's options and the other weights' (the model of the errors)."""
 
-    nodes: list[_Node]
-    others: _Node
+    nodes: list[MatMulNode]
+    others: MatMulNode
     uniform: dict[str, Setting]
 
     def uniform_error(self) -> float:
@@ -108,12 +108,12 @@ def sensitivity(
             allowed = set(speed_filter.allowed([name], ladder).get(name, tuple(ladder)))
             ladders[name] = [s for s in ladder if s in allowed or s == uniform[name]]
     _sensitivities(model, nodes, [], activations, ladders)
-    others = _Node("(other weights)", None, 0, 0, 0)
+    others = MatMulNode("(other weights)", None, 0, 0, 0)
     measured = _other_weights_error(model)
     if measured is not None:
         error, kept_bytes, int8_bytes = measured
         others.float_bytes = kept_bytes
-        others.options[_OTHER_INT8] = (error, int8_bytes)
+        others.options[OTHER_INT8] = (error, int8_bytes)
     return Sensitivity(nodes, others, uniform)
 
 
@@ -155,7 +155,7 @@ def decide(
             chosen_tradeoff = tradeoff
             break
     nodes = {node.name: node.choose(chosen_tradeoff)[0] for node in sens.nodes}
-    int8_others = bool(sens.others.options) and sens.others.choose(chosen_tradeoff)[0] == _OTHER_INT8
+    int8_others = bool(sens.others.options) and sens.others.choose(chosen_tradeoff)[0] == OTHER_INT8
     config = AutoConfig(nodes, int8_others, options.accuracy_level)
     mix = dataclasses.replace(
         options,

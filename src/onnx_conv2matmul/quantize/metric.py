@@ -34,7 +34,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from onnx_conv2matmul.errors import ValidationError
+from onnx_conv2matmul.errors import ValidationError, first_line
 
 DEFAULT_MAX_DROP = 0.01
 """The default largest drop of the score: 0.01 absolute (NNCF's default too)."""
@@ -140,10 +140,9 @@ def _short(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    first = text.splitlines()[0] if text else ""
-    return f"{type(err).__name__}: {first}" if first else type(err).__name__
+def _named(err: BaseException) -> str:
+    """``err``'s type and first line: a user's function can raise anything."""
+    return f"{type(err).__name__}: {first_line(err)}" if str(err).strip() else type(err).__name__
 
 
 @contextlib.contextmanager
@@ -176,7 +175,7 @@ def fenced(who: str, when: str, *, capture: bool = False) -> Iterator[None]:
     except SystemExit as err:
         failure = f"{who} called sys.exit({err.code!r}) {when}"
     except BaseException as err:  # the user's code: any failure is theirs to fix
-        failure = f"{who} failed {when}: {_first_line(err)}"
+        failure = f"{who} failed {when}: {_named(err)}"
     finally:
         if capture:  # the streams held back are ours: put back whatever the user's code left as is
             if sys.stdout is held:

@@ -15,7 +15,6 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from onnx_conv2matmul.errors import InputError, OptionConflict
-from onnx_conv2matmul.quantize.search_options import _OTHER_INT8 as _OTHER_INT8
 from onnx_conv2matmul.quantize.search_options import CRITERIA as CRITERIA
 from onnx_conv2matmul.quantize.search_options import DEFAULT_MAX_EVALUATIONS as DEFAULT_MAX_EVALUATIONS
 from onnx_conv2matmul.quantize.search_options import FLOAT as FLOAT

@@ -19,7 +19,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from onnx_conv2matmul.errors import Hint, ModelLoadError, ModelRunError, OutOfMemory, is_out_of_memory
+from onnx_conv2matmul.errors import (
+    Hint,
+    ModelLoadError,
+    ModelRunError,
+    OutOfMemory,
+    first_line,
+    is_out_of_memory,
+)
 from onnx_conv2matmul.verify import run as runs
 from onnx_conv2matmul.verify.check import (
     OutputComparison,
@@ -259,10 +266,10 @@ class Reference:
         except Exception as err:  # a candidate that does not load fails the check (memory aside)
             if is_out_of_memory(err):
                 raise OutOfMemory(
-                    f"out of memory loading the candidate model: {_first_line(err)}",
+                    f"out of memory loading the candidate model: {first_line(err)}",
                     hint=Hint.VERIFY_OUT_OF_MEMORY,
                 ) from err
-            failure = ModelLoadError(f"onnxruntime cannot load the candidate model: {_first_line(err)}")
+            failure = ModelLoadError(f"onnxruntime cannot load the candidate model: {first_line(err)}")
             report.results.append(OutputComparison.failure(0, "*", str(failure)))
             return report
         names = [o.name for o in session.get_outputs()]
@@ -287,8 +294,3 @@ class Reference:
         if options.feeds is not None:
             given_inputs_rows(report)
         return report
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__

@@ -57,13 +57,11 @@ from onnx_conv2matmul.quantize.blockwise import (
 )
 from onnx_conv2matmul.quantize.blockwise import block_dequantize as block_dequantize
 from onnx_conv2matmul.quantize.blockwise import block_quantize as block_quantize
-from onnx_conv2matmul.quantize.options import (
-    _OTHER_INT8,
-    AutoOptions,
-)
 from onnx_conv2matmul.quantize.options import FLOAT as FLOAT
+from onnx_conv2matmul.quantize.options import AutoOptions
 from onnx_conv2matmul.quantize.options import Setting as Setting
 from onnx_conv2matmul.quantize.reference import FeedSet, Reference
+from onnx_conv2matmul.quantize.search_options import OTHER_INT8
 from onnx_conv2matmul.quantize.search_result import AutoConfig as AutoConfig
 from onnx_conv2matmul.quantize.search_result import AutoResult as AutoResult
 from onnx_conv2matmul.quantize.search_result import Evaluation as Evaluation
@@ -80,10 +78,9 @@ from onnx_conv2matmul.quantize.search_runs import (
     _Target,
     _unreachable,
 )
-from onnx_conv2matmul.quantize.search_runs import _below as _below
 from onnx_conv2matmul.quantize.sensitivity import (
+    MatMulNode,
     _breakpoints,
-    _Node,
     _other_weights_error,
     _quantizable,
     _sensitivities,
@@ -199,13 +196,13 @@ def search(
         ladder = speed_filter.ladder(ladder)
         ladders = speed_filter.allowed([node.name for node in nodes], ladder)
     _sensitivities(model, nodes, ladder, reference.activations, ladders)
-    others = _Node("(other weights)", None, 0, 0, 0)
+    others = MatMulNode("(other weights)", None, 0, 0, 0)
     if options.other_weights is None:
         measured_others = _other_weights_error(model)
         if measured_others is not None:
             other_error, kept_bytes, int8_bytes = measured_others
             others.float_bytes = kept_bytes
-            others.options[_OTHER_INT8] = (other_error, int8_bytes)
+            others.options[OTHER_INT8] = (other_error, int8_bytes)
     criterion = _criterion(options, feed_set)
     if criterion == "measured":
         say("Measuring each weight's sensitivity on the inputs")
@@ -223,7 +220,7 @@ def search(
         if options.other_weights is not None:
             int8_others = options.other_weights
         else:
-            int8_others = others.choose(tradeoff)[0] == _OTHER_INT8
+            int8_others = others.choose(tradeoff)[0] == OTHER_INT8
         return AutoConfig(chosen, int8_others, options.accuracy_level)
 
     evaluations: list[Evaluation] = []
@@ -261,7 +258,7 @@ def search(
     def bytes_at(index: int) -> int:
         config = config_at(index)
         return _weight_bytes(nodes, config) + (
-            others.options[_OTHER_INT8][1] if config.other_weights and others.options else others.float_bytes
+            others.options[OTHER_INT8][1] if config.other_weights and others.options else others.float_bytes
         )
 
     def small_step(fail: int, good: int, before: int) -> bool:
@@ -323,7 +320,7 @@ def search(
         config=config,
         reached_cosine=reached.cosine,
         choices=choices,
-        other_weights_error=others.options[_OTHER_INT8][0] if others.options else None,
+        other_weights_error=others.options[OTHER_INT8][0] if others.options else None,
         evaluations=evaluations,
         feeds=len(feed_set.feeds),
         sensitivity_seconds=sensitivity_seconds,
@@ -357,7 +354,7 @@ def _criterion(options: AutoOptions, feed_set: FeedSet) -> str:
     return "measured" if real else "predicted"
 
 
-def _rank(criterion: str, model: ir.Model, nodes: Sequence[_Node], reference: Reference) -> None:
+def _rank(criterion: str, model: ir.Model, nodes: Sequence[MatMulNode], reference: Reference) -> None:
     """Each node's errors rescaled by one of NNCF's rankers (:mod:`onnx_conv2matmul.quantize.criteria`)."""
     from onnx_conv2matmul.quantize.criteria import rank
     from onnx_conv2matmul.quantize.projection import quantizable_matmuls

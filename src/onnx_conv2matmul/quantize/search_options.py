@@ -41,7 +41,7 @@ class Setting:
 
 FLOAT = Setting(None)
 # The other weights' one option besides float, in the same allocation as the MatMuls.
-_OTHER_INT8 = Setting(8, 0, True)
+OTHER_INT8 = Setting(8, 0, True)
 
 LADDER: tuple[Setting, ...] = tuple(
     Setting(bits, block, symmetric)

@@ -25,7 +25,7 @@ from onnx_conv2matmul.quantize.metric import MetricTarget
 from onnx_conv2matmul.quantize.reference import Reference
 from onnx_conv2matmul.quantize.search_options import AutoOptions
 from onnx_conv2matmul.quantize.search_result import AutoConfig, apply
-from onnx_conv2matmul.quantize.sensitivity import _Node
+from onnx_conv2matmul.quantize.sensitivity import MatMulNode
 
 
 # --------------------------------------------------------------------------- #
@@ -96,7 +96,7 @@ def _unreachable(target: _Target, measured: _Measured, feeds: int) -> str:
     """Why even the all-float model fails the target."""
     found = []
     if target.min_cosine is not None and measured.cosine is not None and measured.cosine < target.min_cosine:
-        found.append(f"worst cosine {_below(measured.cosine, target.min_cosine)} over {feeds} input(s)")
+        found.append(f"worst cosine {below(measured.cosine, target.min_cosine)} over {feeds} input(s)")
     if target.metric is not None and measured.score is not None:
         found.append(f"score {measured.score:.6g} against the original's {target.original_score:.6g}")
     if measured.note:
@@ -104,7 +104,7 @@ def _unreachable(target: _Target, measured: _Measured, feeds: int) -> str:
     return f"{target.describe()} is not met even with every weight in float ({'; '.join(found)})"
 
 
-def _below(value: float, target: float) -> str:
+def below(value: float, target: float) -> str:
     """``value`` with enough digits to show that it is below ``target`` (0.9999999, not 1)."""
     for digits in range(6, 18):
         text = f"{value:.{digits}g}"
@@ -179,7 +179,7 @@ class Prepared:
 
     path: str
     activations_path: str
-    nodes: list[_Node]
+    nodes: list[MatMulNode]
     output_names: list[str]
     added: list[str]
 

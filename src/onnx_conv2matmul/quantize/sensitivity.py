@@ -31,7 +31,7 @@ from onnx_conv2matmul.quantize.search_result import AutoConfig
 
 
 @dataclasses.dataclass
-class _Node:
+class MatMulNode:
     """A quantizable MatMul: name, the input A's name, and per setting (error, bytes)."""
 
     name: str
@@ -57,7 +57,7 @@ class _Node:
         return best
 
 
-def _breakpoints(items: Sequence[_Node]) -> list[float]:
+def _breakpoints(items: Sequence[MatMulNode]) -> list[float]:
     """The trade-offs at which some item's choice may change, ascending.
 
     An item switches from a smaller option to a larger, more accurate one where
@@ -73,7 +73,7 @@ def _breakpoints(items: Sequence[_Node]) -> list[float]:
     return sorted(points)
 
 
-def _weight_bytes(nodes: Sequence[_Node], config: AutoConfig) -> int:
+def _weight_bytes(nodes: Sequence[MatMulNode], config: AutoConfig) -> int:
     total = 0
     for node in nodes:
         setting = config.nodes[node.name]
@@ -81,9 +81,9 @@ def _weight_bytes(nodes: Sequence[_Node], config: AutoConfig) -> int:
     return total
 
 
-def _quantizable(model: ir.Model, options: AutoOptions) -> list[_Node]:
+def _quantizable(model: ir.Model, options: AutoOptions) -> list[MatMulNode]:
     """The named MatMuls MatMulNBits takes that the options select, in graph order (names unique)."""
-    nodes: dict[str, _Node] = {}
+    nodes: dict[str, MatMulNode] = {}
     for graph, node, b in quantizable_matmuls(model):
         name = node.name or ""
         if not name or name in nodes or not options.selects(name):
@@ -92,13 +92,13 @@ def _quantizable(model: ir.Model, options: AutoOptions) -> list[_Node]:
         in_main = graph is model.graph and a is not None and not a.is_initializer()
         k, n = (int(d) for d in b.const_value.shape.numpy())  # type: ignore[union-attr]
         a_name = a.name if in_main and a is not None else None
-        nodes[name] = _Node(name, a_name, k, n, int(b.const_value.nbytes))  # type: ignore[union-attr]
+        nodes[name] = MatMulNode(name, a_name, k, n, int(b.const_value.nbytes))  # type: ignore[union-attr]
     return list(nodes.values())
 
 
 def _sensitivities(
     model: ir.Model,
-    nodes: Sequence[_Node],
+    nodes: Sequence[MatMulNode],
     ladder: Sequence[Setting],
     activations: Mapping[str, np.ndarray],
     ladders: Mapping[str, Sequence[Setting]] | None = None,

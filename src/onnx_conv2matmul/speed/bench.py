@@ -65,12 +65,12 @@ def quantization_of(path: str) -> Quantization:
     """The quantized ops of the model at ``path`` (subgraphs included), read without its tensors."""
     import onnx
 
-    from onnx_conv2matmul.speed.choose import _nodes
+    from onnx_conv2matmul._graphs import proto_graphs
 
     model = onnx.load(path, load_external_data=False)
     nbits: Counter[tuple[int, int]] = Counter()
     int8: Counter[str] = Counter()
-    for node in _nodes(model.graph):
+    for node in (n for g in proto_graphs(model.graph) for n in g.node):
         if node.op_type == "MatMulNBits" and node.domain == "com.microsoft":
             attrs = {a.name: a.i for a in node.attribute if a.name in ("bits", "accuracy_level")}
             nbits[(int(attrs.get("bits", 4)), int(attrs.get("accuracy_level", 0)))] += 1

@@ -221,13 +221,15 @@ def set_accuracy_level(source: str, level: int, destination: str) -> int:
     """
     import onnx
 
+    from onnx_conv2matmul._graphs import proto_graphs
+
     if os.path.dirname(os.path.abspath(source)) != os.path.dirname(os.path.abspath(destination)):
         raise ValueError("a candidate shares its model's external data: it must sit beside the model")
     if not 0 <= level <= 4:
         raise ValueError(f"accuracy level must be 0-4, got {level}")
     model = onnx.load(source, load_external_data=False)
     count = 0
-    for node in _nodes(model.graph):
+    for node in (n for g in proto_graphs(model.graph) for n in g.node):
         if node.op_type != "MatMulNBits" or node.domain != "com.microsoft":
             continue
         count += 1
@@ -240,23 +242,15 @@ def set_accuracy_level(source: str, level: int, destination: str) -> int:
     return count
 
 
-def _nodes(graph: Any) -> Iterator[Any]:
-    for node in graph.node:
-        yield node
-        for attribute in node.attribute:
-            if attribute.HasField("g"):
-                yield from _nodes(attribute.g)
-            for sub in attribute.graphs:
-                yield from _nodes(sub)
-
-
 def accuracy_levels(path: str) -> set[int]:
     """The accuracy levels the model's MatMulNBits nodes have (empty: no such node)."""
     import onnx
 
+    from onnx_conv2matmul._graphs import proto_graphs
+
     model = onnx.load(path, load_external_data=False)
     levels = set()
-    for node in _nodes(model.graph):
+    for node in (n for g in proto_graphs(model.graph) for n in g.node):
         if node.op_type == "MatMulNBits" and node.domain == "com.microsoft":
             level = next((a.i for a in node.attribute if a.name == "accuracy_level"), 0)
             levels.add(int(level))

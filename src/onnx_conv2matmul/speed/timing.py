@@ -42,7 +42,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from onnx_conv2matmul.errors import InputError, ModelLoadError, ModelRunError
+from onnx_conv2matmul.errors import InputError, ModelLoadError, ModelRunError, first_line
 from onnx_conv2matmul.files.paths import model_file_bytes
 from onnx_conv2matmul.speed.latency import BOOTSTRAP_DRAWS as BOOTSTRAP_DRAWS
 from onnx_conv2matmul.speed.latency import DEFAULT_ROUNDS as DEFAULT_ROUNDS
@@ -64,14 +64,13 @@ from onnx_conv2matmul.speed.machine import cpu_name as cpu_name
 from onnx_conv2matmul.speed.machine import default_budget as default_budget
 from onnx_conv2matmul.verify.feeds import (
     InputSpec,
-    _first_line,
-    _signature,
     check_names,
     dim_roles,
+    inputs_signature,
     synthesise_inputs,
 )
 from onnx_conv2matmul.verify.options import VerifyOptions
-from onnx_conv2matmul.verify.plan import _image_input
+from onnx_conv2matmul.verify.plan import image_input
 from onnx_conv2matmul.verify.run import input_specs
 
 SPINNING_KEY = "session.intra_op.allow_spinning"
@@ -120,7 +119,7 @@ def _default_clock() -> float:
 def default_lengths(specs: Sequence[InputSpec], synthesis: VerifyOptions) -> tuple[tuple[int, ...], str]:
     """The default bench lengths for a model's inputs, and the rule that chose them."""
     roles = dim_roles(specs, synthesis)
-    image = _image_input(specs, roles)
+    image = image_input(specs, roles)
     if image is not None:
         return IMAGE_LENGTHS, f"default for image inputs ({image!r} has a symbolic height and width)"
     names = roles.sequence
@@ -159,7 +158,7 @@ class _Model:
             try:
                 self.session = self._factory(self.path, self._threads)
             except Exception as err:
-                raise ModelLoadError(f"onnxruntime cannot load {self.label}: {_first_line(err)}") from err
+                raise ModelLoadError(f"onnxruntime cannot load {self.label}: {first_line(err)}") from err
         return self.session
 
     def close(self, collect: bool = True) -> None:
@@ -178,7 +177,7 @@ class _Model:
         except Exception as err:
             shapes = ", ".join(f"{k}{list(v.shape)}" for k, v in self.feeds[length].items())
             raise ModelRunError(
-                f"onnxruntime cannot run {self.label} at length {length} ({shapes}): {_first_line(err)}"
+                f"onnxruntime cannot run {self.label} at length {length} ({shapes}): {first_line(err)}"
             ) from err
 
 
@@ -264,7 +263,7 @@ def time_models(
             ratio = float(np.median(mine) / np.median(reference))
             low, high = ratio_interval(reference, mine)
             rows.append(Latency(length, tuple(mine), ratio, low, high))
-        signature = _signature(model.specs)
+        signature = inputs_signature(model.specs)
         timings.append(ModelTiming(model.path, model.label, sizes[which], tuple(rows), signature))
     return TimingReport(tuple(timings), baseline, lengths, rule, options, mode, cpu_name())
 

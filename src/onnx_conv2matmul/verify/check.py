@@ -70,9 +70,7 @@ from onnx_conv2matmul.verify.options import feed_source, format_size
 from onnx_conv2matmul.verify.plan import LengthPlan, Planner, Run, plan_lengths
 from onnx_conv2matmul.verify.ranges import input_value_ranges as input_value_ranges
 from onnx_conv2matmul.verify.roles import DimRole, InputSpec, Role, Roles, dim_roles
-from onnx_conv2matmul.verify.roles import _InputSpec as _InputSpec
 from onnx_conv2matmul.verify.stream import Spill, merge_rows
-from onnx_conv2matmul.verify.tally import _nonfinite_mismatches as _nonfinite_mismatches
 from onnx_conv2matmul.verify.tally import element_scales as element_scales
 
 

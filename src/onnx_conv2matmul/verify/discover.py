@@ -107,24 +107,14 @@ def _integer_constants(graph: Any, into: dict[str, int]) -> None:
                 into[node.output[0]] = int(attribute.ints[0])
 
 
-def _graphs(graph: Any) -> list[Any]:
-    """``graph`` and every subgraph in it, the outer ones first."""
-    found = [graph]
-    for node in graph.node:
-        for attribute in node.attribute:
-            if attribute.g is not None and attribute.g.node:
-                found.extend(_graphs(attribute.g))
-            for sub in attribute.graphs:
-                found.extend(_graphs(sub))
-    return found
-
-
 def compared_values(model: Any, specs: Sequence[InputSpec]) -> dict[str, tuple[int, str]]:
     """Per small integer input: the constant the graph first compares it with, and where."""
     wanted = {spec.name for spec in specs if _small_integer(spec)}
     if not wanted or model is None:
         return {}
-    graphs = _graphs(model.graph)
+    from onnx_conv2matmul._graphs import proto_graphs
+
+    graphs = list(proto_graphs(model.graph))
     constants: dict[str, int] = {}
     for graph in graphs:
         _integer_constants(graph, constants)
@@ -208,9 +198,9 @@ Attempt = Callable[[Mapping[str, int]], "str | None"]
 
 
 def _image(specs: Sequence[InputSpec], roles: Roles) -> bool:
-    from onnx_conv2matmul.verify.plan import _image_input
+    from onnx_conv2matmul.verify.plan import image_input
 
-    return _image_input(specs, roles) is not None
+    return image_input(specs, roles) is not None
 
 
 def settle(slot: Slot, attempt: Attempt, step: int, largest: int) -> tuple[int, str] | None:

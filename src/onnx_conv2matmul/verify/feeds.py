@@ -17,7 +17,6 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 # Imported from here by speed/ and quantize/ (their homes: given and roles).
-from onnx_conv2matmul.verify.given import _first_line as _first_line
 from onnx_conv2matmul.verify.given import check_names as check_names
 from onnx_conv2matmul.verify.options import VerifyOptions
 from onnx_conv2matmul.verify.roles import STATE_NAME
@@ -92,11 +91,11 @@ def _largest_static(roles: Roles, signal: str | None) -> int:
     return max((a for a in row if isinstance(a, int)), default=1)
 
 
-def _signature(specs: Sequence[InputSpec]) -> str:
+def inputs_signature(specs: Sequence[InputSpec]) -> str:
     return ", ".join(f"{s.name}: {np.dtype(s.dtype).name}{s.shape}" for s in specs)
 
 
-def _same_signature(a: Sequence[InputSpec], b: Sequence[InputSpec]) -> bool:
+def same_signature(a: Sequence[InputSpec], b: Sequence[InputSpec]) -> bool:
     """Same names and types; same rank and the same value wherever both dims are static."""
     by_name = {s.name: s for s in b}
     if len(a) != len(b) or set(by_name) != {s.name for s in a}:

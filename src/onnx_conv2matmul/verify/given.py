@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from onnx_conv2matmul.errors import InputError
+from onnx_conv2matmul.errors import InputError, first_line
 from onnx_conv2matmul.verify.options import VerifyOptions, feed_source
 from onnx_conv2matmul.verify.roles import InputSpec
 from onnx_conv2matmul.verify.stream import read_npz, spec_rows
@@ -66,7 +66,7 @@ def _read_npz(path: str) -> Feed:
         # A file that is neither zip nor .npy: numpy would take it for a pickle, zipfile says
         # "File is not a zip file"; either way, say what an .npz file is.
         pickle_guess = isinstance(err, (ValueError, zipfile.BadZipFile)) and not zipfile.is_zipfile(path)
-        why = "not an .npz file (numpy.savez writes a zip archive)" if pickle_guess else _first_line(err)
+        why = "not an .npz file (numpy.savez writes a zip archive)" if pickle_guess else first_line(err)
         raise InputError(f"cannot read inputs file {path}: {why}") from err
     if not arrays:
         raise InputError(f"inputs file holds no arrays: {path}")
@@ -178,11 +178,6 @@ def check_names(specs: Sequence[InputSpec], options: VerifyOptions) -> None:
 def _named(noun: str, names: Sequence[str]) -> str:
     """``input 'a'`` or ``inputs 'a', 'b'``."""
     return f"{noun}{'s' if len(names) > 1 else ''} {', '.join(repr(name) for name in names)}"
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else err.__class__.__name__
 
 
 # pragma: no mutate end

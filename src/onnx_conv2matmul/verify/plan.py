@@ -217,7 +217,7 @@ def plan_lengths(
         runs = [planner.run(n, planner.uniform(n)) for n in options.lengths]
         _refuse_above(runs, budget, "the lengths given")
         return LengthPlan(tuple(runs), (), "given", roles, budget)
-    image = _image_input(specs, roles)
+    image = image_input(specs, roles)
     wanted: tuple[int, ...]
     spares: tuple[int, ...]
     if image is not None:
@@ -356,7 +356,7 @@ def _dims_text(dims: Mapping[str, int]) -> str:
     return ", ".join(f"{k} {v}" for k, v in dims.items()) or "no symbolic dims"
 
 
-def _image_input(specs: Sequence[InputSpec], roles: Roles) -> str | None:
+def image_input(specs: Sequence[InputSpec], roles: Roles) -> str | None:
     """The first input of rank >= 4 with two or more sequence dims, if any."""
     sequence = set(roles.keys(Role.SEQUENCE))
     for spec in specs:

@@ -64,9 +64,6 @@ class InputSpec:
     value_range: tuple[float, float, str] | None = None
 
 
-_InputSpec = InputSpec  # its name before the verify package was split
-
-
 class Role(str, enum.Enum):
     """What a symbolic dim takes in a check."""
 

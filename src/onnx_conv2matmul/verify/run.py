@@ -24,10 +24,11 @@ from onnx_conv2matmul.errors import (
     ModelLoadError,
     ModelRunError,
     OutOfMemory,
+    first_line,
     is_out_of_memory,
 )
-from onnx_conv2matmul.verify.feeds import _same_signature, _signature, synthesise_inputs
-from onnx_conv2matmul.verify.given import _first_line, check_feeds, check_names
+from onnx_conv2matmul.verify.feeds import inputs_signature, same_signature, synthesise_inputs
+from onnx_conv2matmul.verify.given import check_feeds, check_names
 from onnx_conv2matmul.verify.options import VerifyOptions, feed_source, format_size
 from onnx_conv2matmul.verify.plan import LengthPlan, Run, feed_dims, probe_values
 from onnx_conv2matmul.verify.ranges import input_value_ranges
@@ -123,17 +124,18 @@ def open_model(
     except Exception as err:
         if is_out_of_memory(err):
             raise OutOfMemory(
-                f"out of memory loading the {label} model: {_first_line(err)}", hint=Hint.VERIFY_OUT_OF_MEMORY
+                f"out of memory loading the {label} model: {first_line(err)}", hint=Hint.VERIFY_OUT_OF_MEMORY
             ) from err
-        raise ModelLoadError(f"onnxruntime cannot load the {label} model: {_first_line(err)}") from err
+        raise ModelLoadError(f"onnxruntime cannot load the {label} model: {first_line(err)}") from err
     own_specs = input_specs(opened)
     if specs is None:
         ranges = input_value_ranges(path)
         for spec in own_specs:
             spec.value_range = ranges.get(spec.name)
-    if specs is not None and not _same_signature(specs, own_specs):
+    if specs is not None and not same_signature(specs, own_specs):
         raise InputError(
-            f"the two models have different inputs: {_signature(specs)} vs {_signature(own_specs)}"
+            "the two models have different inputs: "
+            f"{inputs_signature(specs)} vs {inputs_signature(own_specs)}"
         )
     use = specs or own_specs
     check_names(use, options)
@@ -168,11 +170,11 @@ def run_feeds(opened: Any, feeds: Mapping[str, np.ndarray], label: str, where: s
     except Exception as err:
         if is_out_of_memory(err):
             raise OutOfMemory(
-                f"out of memory running the {label} model {where} ({shapes}): {_first_line(err)}",
+                f"out of memory running the {label} model {where} ({shapes}): {first_line(err)}",
                 hint=Hint.VERIFY_OUT_OF_MEMORY,
             ) from err
         raise ModelRunError(
-            f"onnxruntime cannot run the {label} model {where} ({shapes}): {_first_line(err)}", hint=hint
+            f"onnxruntime cannot run the {label} model {where} ({shapes}): {first_line(err)}", hint=hint
         ) from err
 
 
@@ -319,7 +321,7 @@ def reference_runs(
                         raise
                     raise ModelRunError(f"{err}; fix input values, dim values or lengths") from err
                 first_error = first_error or err
-                not_run.append((candidate.length, _first_line(err.__cause__ or err)))
+                not_run.append((candidate.length, first_line(err.__cause__ or err)))
                 candidate = _next_spare(spares, candidate, planner_fit, done)
     if not done:
         tried = ", ".join(str(n) for n, _ in not_run)

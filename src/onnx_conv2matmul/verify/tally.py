@@ -128,7 +128,7 @@ def element_scales(magnitude: np.ndarray) -> np.ndarray:
     return slice_scales(magnitude).at(whole, magnitude.shape)
 
 
-def _nonfinite_mismatches(ref: np.ndarray, out: np.ndarray) -> int:
+def nonfinite_mismatches(ref: np.ndarray, out: np.ndarray) -> int:
     """How many elements are NaN or Inf in either array without being the same in both.
 
     NaN matches NaN and an infinity matches the infinity of the same sign; a finite
@@ -186,7 +186,7 @@ def _float_block(ref: np.ndarray, out: np.ndarray, scale: np.ndarray) -> _Tally:
         rf, of, mismatches = r, o, 0
         scale = scale.ravel()
     else:
-        rf, of, mismatches = r[both], o[both], _nonfinite_mismatches(r, o)
+        rf, of, mismatches = r[both], o[both], nonfinite_mismatches(r, o)
         scale = scale.ravel()[both]
         ref_nonfinite = int(np.count_nonzero(~np.isfinite(r)))
     diff = rf - of
