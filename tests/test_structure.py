@@ -322,3 +322,24 @@ def test_every_command_line_option_is_declared_once() -> None:
         "--quiet",
         "--x",
     ]
+
+
+def documented_layout() -> dict[str, set[str]]:
+    """The "may import" column of docs/development.md's layout table, by stage folder."""
+    page = (SRC.parent.parent / "docs" / "development.md").read_text()
+    table = page.split("## The layout", 1)[1].split("\n## ", 1)[0]
+    layout: dict[str, set[str]] = {}
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].startswith("`") and cells[0].endswith("/`"):
+            allowed = set() if cells[2] == "(none)" else {c.strip() for c in cells[2].split(",")}
+            layout[cells[0].strip("`/")] = allowed
+    return layout
+
+
+def test_the_contributors_page_states_the_layout_the_code_has() -> None:
+    """docs/development.md's table names each stage with what it may import: the same as
+    :data:`MAY_IMPORT`, which test_stages_import_only_downward holds the code to."""
+    documented = documented_layout()
+    assert documented.pop("cli") == {"everything; nothing imports it"}
+    assert documented == MAY_IMPORT
