@@ -75,7 +75,7 @@ def test_conformer_conv_module_transposes_cancel() -> None:
         if node.op_type == "Transpose":
             assert _transpose_producer(rewritten, node) != "Transpose"
     # Conv1D pointwise convs add no Transpose. The Conv2D 1x1 of the subsampling front end sit
-    # between depthwise convs (which need channels-first) and add 3 (see README).
+    # between depthwise convs (which need channels-first) and add 3 (see docs/rewrite.md).
     assert report.transposes_after == report.transposes_before + 3
 
 

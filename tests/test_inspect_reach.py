@@ -144,7 +144,7 @@ def test_every_reached_node_converts_exactly() -> None:
 def test_a_trans_a_gemms_transpose_is_in_the_totals_only(
     above: bool, counts: tuple[int, int], tmp_path: Path
 ) -> None:
-    """As the README says: inspect leaves a Gemm's Transpose cost blank; the totals count it."""
+    """As docs/rewrite.md says: inspect leaves a Gemm's Transpose cost blank; the totals count it."""
     model = gemm_model(trans_a=True)
     if above:  # an exporter's Transpose [1, 0] into A: both go
         model.graph.node.insert(0, helper.make_node("Transpose", ["x"], ["a"], perm=[1, 0], name="t"))

@@ -78,7 +78,7 @@ def test_onnx_asr_bundle_transcribes_as_the_float_release(onnx_asr: Any, bundles
 
 
 def test_onnx_asr_needs_the_bundles_quantization(onnx_asr: Any, bundles: dict[str, Path]) -> None:
-    """The bundle is loaded with the quantization the README gives, not by default."""
+    """The bundle is loaded with the quantization docs/bundles.md gives, not by default."""
     with pytest.raises(FileNotFoundError, match="encoder-model"):
         onnx_asr.load_model("nemo-parakeet-tdt-0.6b-v3", path=bundles[layouts.ONNX_ASR])
 

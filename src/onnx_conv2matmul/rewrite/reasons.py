@@ -1,6 +1,6 @@
 """Stable codes for why a convolution was left untouched.
 
-The values are part of the JSON report and are documented in the README: never
+The values are part of the JSON report and are documented in docs/rewrite.md: never
 rename one, only add new members.
 """
 
