@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import click
 import jsonschema
 import numpy as np
 import onnx
@@ -570,6 +571,17 @@ def test_help_shows_converts_usage_and_options_then_the_commands() -> None:
     assert code == 0 and short == stdout
     code, own, _ = invoke("convert", "-h")  # still convert's own help, with -h
     assert code == 0 and own.startswith("Usage: onnx-conv2matmul convert") and "-h, --help" in own
+
+
+@pytest.mark.parametrize("name", ["convert", "verify", "quantize", "inspect", "bundle", "bench"])
+def test_every_command_takes_dash_h_after_being_parsed_on_its_own(name: str) -> None:
+    """click keeps the help option a command is first asked for: a command first parsed in a
+    context of its own (as a caller's code or another test may) must still take -h in the group."""
+    command = main.commands[name]  # type: ignore[attr-defined]
+    with click.Context(command, info_name=name) as ctx:  # --help alone, as click's default
+        command.get_help_option(ctx)
+    code, own, _ = invoke(name, "-h")
+    assert code == 0 and own.startswith(f"Usage: onnx-conv2matmul {name}") and "-h, --help" in own
 
 
 @pytest.mark.parametrize("command", ["convert", "inspect"])

@@ -6,16 +6,12 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
 from onnx_conv2matmul._version import __version__
 from onnx_conv2matmul.cli import signals
-from onnx_conv2matmul.errors import ExitCode
-
-if TYPE_CHECKING:
-    pass
 from onnx_conv2matmul.cli.bench import bench_command
 from onnx_conv2matmul.cli.bundle import bundle_command
 from onnx_conv2matmul.cli.common import (
@@ -25,6 +21,7 @@ from onnx_conv2matmul.cli.common import (
 from onnx_conv2matmul.cli.convert import convert_command, verify_command
 from onnx_conv2matmul.cli.inspect import inspect_command
 from onnx_conv2matmul.cli.quantize import quantize_command
+from onnx_conv2matmul.errors import ExitCode
 
 
 class _DefaultGroup(click.Group):
@@ -89,7 +86,13 @@ class _DefaultGroup(click.Group):
         formatter.write_text(f"Run `{ctx.command_path} COMMAND --help` for a command's options.")
 
 
-@click.group(cls=_DefaultGroup, context_settings={"help_option_names": ["-h", "--help"]})
+# Every command takes -h as well as --help, whichever context it is first parsed in: click keeps
+# the help option a command is first asked for, so it is made here, before a caller's own
+# click.Context (which has --help alone) can ask first.
+_HELP_NAMES = {"help_option_names": ["-h", "--help"]}
+
+
+@click.group(cls=_DefaultGroup, context_settings=_HELP_NAMES)
 @click.version_option(__version__, "--version", prog_name="onnx-conv2matmul")
 def main() -> None:
     """Rewrite pointwise convolutions of an ONNX model into exact MatMul subgraphs.
@@ -122,4 +125,6 @@ for _command in (
     bundle_command,
     bench_command,
 ):
+    _command.context_settings = {**_HELP_NAMES, **_command.context_settings}
+    _command.get_help_option(click.Context(_command, **_HELP_NAMES))  # kept: see _HELP_NAMES
     main.add_command(_command)
