@@ -89,7 +89,7 @@ class _DefaultGroup(click.Group):
 # Every command takes -h as well as --help, whichever context it is first parsed in: click keeps
 # the help option a command is first asked for, so it is made here, before a caller's own
 # click.Context (which has --help alone) can ask first.
-_HELP_NAMES = {"help_option_names": ["-h", "--help"]}
+_HELP_NAMES: dict[str, Any] = {"help_option_names": ["-h", "--help"]}
 
 
 @click.group(cls=_DefaultGroup, context_settings=_HELP_NAMES)
@@ -126,5 +126,7 @@ for _command in (
     bench_command,
 ):
     _command.context_settings = {**_HELP_NAMES, **_command.context_settings}
-    _command.get_help_option(click.Context(_command, **_HELP_NAMES))  # kept: see _HELP_NAMES
+    _command.get_help_option(
+        click.Context(_command, help_option_names=_HELP_NAMES["help_option_names"])
+    )  # kept: see _HELP_NAMES
     main.add_command(_command)

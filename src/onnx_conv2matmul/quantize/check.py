@@ -11,7 +11,6 @@ channel, fetched on the feeds whose activations fit :data:`ACTIVATION_BYTES`.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -20,6 +19,7 @@ import numpy as np
 
 from onnx_conv2matmul.errors import OutOfMemory
 from onnx_conv2matmul.quantize.search_runs import ACTIVATION_BYTES, ChannelEnergy, _run
+from onnx_conv2matmul.verify.run import release_freed_memory
 
 if TYPE_CHECKING:
     from onnx_conv2matmul.quantize.reference import Reference
@@ -83,7 +83,7 @@ def check(
             del extra
         rows.append(reference.compare(index, outputs[: len(names)], verify, indices))
         del outputs
-    gc.collect()
+    release_freed_memory()
     flat = [row for feed_rows in rows for row in feed_rows]
     cosines = [row.worst_cosine for row in flat if row.worst_cosine is not None]
     bad = next((row for row in flat if not row.passed), None)

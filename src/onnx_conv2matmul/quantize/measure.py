@@ -13,7 +13,6 @@ original is timed in a session of its own that does, as a user's session does.
 from __future__ import annotations
 
 import dataclasses
-import gc
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +27,7 @@ from onnx_conv2matmul.errors import (
     is_out_of_memory,
 )
 from onnx_conv2matmul.quantize.reference import Reference, feed_set
+from onnx_conv2matmul.verify.run import release_freed_memory
 
 if TYPE_CHECKING:
     from onnx_conv2matmul.quantize.plan import QuantizePlan
@@ -83,8 +83,6 @@ def open_original(path: str, verify: VerifyOptions) -> Any:
     """
     import onnxruntime as ort
 
-    from onnx_conv2matmul.verify.run import release_freed_memory
-
     release_freed_memory()
     try:
         options = session_options(verify, prepack=False)
@@ -134,7 +132,7 @@ def measure(
 
         timing, rule = _timing(session, specs, timing, plan, reference)
         del session  # the timing's own session prepacks its weights, as a user's does
-        gc.collect()
+        release_freed_memory()
         rule = rule or "given"
         cached_here = (
             plan.speed is not None

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import gc
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -36,6 +35,7 @@ from onnx_conv2matmul.verify.check import (
     feed_samples,
     given_inputs_rows,
 )
+from onnx_conv2matmul.verify.run import release_freed_memory
 
 if TYPE_CHECKING:
     from onnx_conv2matmul.quantize.criteria import InputStats
@@ -116,7 +116,7 @@ def feed_set(path: str, options: VerifyOptions, *, run: bool = False, session: A
         if run:
             for index, (done, _) in enumerate(plan.done):
                 plan.done[index] = (done, [])
-            gc.collect()
+            release_freed_memory()
             runs = [done for done, _ in plan.done]
         else:
             runs = list(plan.plan.runs)
@@ -290,7 +290,7 @@ class Reference:
             report.results.append(OutputComparison.failure(0, "*", str(err)))
         finally:
             del session
-            gc.collect()
+            release_freed_memory()
         if options.feeds is not None:
             given_inputs_rows(report)
         return report

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import gc
 import hashlib
 import math
 import os
@@ -26,6 +25,7 @@ from onnx_conv2matmul.quantize.reference import Reference
 from onnx_conv2matmul.quantize.search_options import AutoOptions
 from onnx_conv2matmul.quantize.search_result import AutoConfig, apply
 from onnx_conv2matmul.quantize.sensitivity import MatMulNode
+from onnx_conv2matmul.verify.run import release_freed_memory
 
 
 # --------------------------------------------------------------------------- #
@@ -194,8 +194,6 @@ class Prepared:
 def _session(path: str, deterministic: bool) -> Any:
     import onnxruntime as ort
 
-    from onnx_conv2matmul.verify.run import release_freed_memory
-
     release_freed_memory()  # the previous candidate's weights, before this one's load
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
@@ -324,7 +322,7 @@ def _reference(
         for index in rest:
             reference.put(index, run(session, index))
         del session
-    gc.collect()
+    release_freed_memory()
     reference.activations = energy.means()
 
 
@@ -405,7 +403,7 @@ def _evaluate(
             except Exception as err:  # a candidate that does not run fails; the search goes on
                 first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
                 measured.cosine, measured.note = -1.0, f"onnxruntime cannot run it: {first}"
-            gc.collect()
+            release_freed_memory()
         if target.metric is not None and target.cosine_passed(measured):
             assert target.original_score is not None
             measured.score = target.metric.score(path, "a candidate model")

@@ -34,7 +34,6 @@ timer and fake sessions: no test depends on how fast anything runs.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import itertools
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -71,7 +70,7 @@ from onnx_conv2matmul.verify.feeds import (
 )
 from onnx_conv2matmul.verify.options import VerifyOptions
 from onnx_conv2matmul.verify.plan import image_input
-from onnx_conv2matmul.verify.run import input_specs
+from onnx_conv2matmul.verify.run import input_specs, release_freed_memory
 
 SPINNING_KEY = "session.intra_op.allow_spinning"
 DEFAULT_LENGTHS = (200, 1000)
@@ -167,7 +166,7 @@ class _Model:
             return
         self.session = None
         if collect:
-            gc.collect()
+            release_freed_memory()
 
     def run(self, length: int) -> None:
         session = self.session
@@ -250,7 +249,7 @@ def time_models(
     finally:
         for model in models:
             model.close(collect=False)
-        gc.collect()
+        release_freed_memory()
     timings = []
     for which, model in enumerate(models):
         rows = []

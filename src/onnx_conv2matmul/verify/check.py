@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import gc
 from collections.abc import Mapping
 from typing import Any
 
@@ -70,6 +69,7 @@ from onnx_conv2matmul.verify.options import feed_source, format_size
 from onnx_conv2matmul.verify.plan import LengthPlan, Planner, Run, plan_lengths
 from onnx_conv2matmul.verify.ranges import input_value_ranges as input_value_ranges
 from onnx_conv2matmul.verify.roles import DimRole, InputSpec, Role, Roles, dim_roles
+from onnx_conv2matmul.verify.run import release_freed_memory
 from onnx_conv2matmul.verify.stream import Spill, merge_rows
 from onnx_conv2matmul.verify.tally import element_scales as element_scales
 
@@ -260,7 +260,7 @@ def _compare(reference: Reference, original: str, candidate: str, candidate_give
     except ModelRunError as err:
         report.results.append(OutputComparison.failure(0, "*", str(err)))
     del opened
-    gc.collect()
+    release_freed_memory()
     return report
 
 
@@ -307,7 +307,7 @@ class Reference:
         if options.lengths is None and options.feeds is None:
             self.done.sort(key=lambda item: (item[0].long, item[0].length))
         del opened
-        gc.collect()
+        release_freed_memory()
 
     def close(self) -> None:
         """Remove the reference outputs kept on disk, if any."""
@@ -373,7 +373,7 @@ def discover_inputs(path: str, options: VerifyOptions) -> VerifyOptions:
         return discover(path, options, specs, functools.partial(runs.probe_run, opened), model)
     finally:
         del opened
-        gc.collect()
+        release_freed_memory()
 
 
 def _no_run(feeds: Mapping[str, np.ndarray]) -> None:  # pragma: no cover - never called

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -83,20 +84,48 @@ def input_specs(session: Any) -> list[InputSpec]:
     return specs
 
 
+# A full collection walks every object of the process: 0.1 s and more in a program with a large
+# heap (a test runner, a notebook, an application), and about 30 ms in the command line, for
+# nothing when little memory is held. So it runs only when the resident memory has grown by
+# _COLLECT_AFTER since the lowest point seen after the last one: only then can it give back an
+# amount that matters.
+_COLLECT_AFTER = 256 << 20
+_low_water: int | None = None
+
+
+def resident_bytes() -> int | None:
+    """The process's resident memory now (Linux), or ``None`` where it cannot be read."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def release_freed_memory() -> None:
     """Give the memory this process freed back to the system before a model is loaded.
 
-    A model's weights are freed when its session or its quantization ends, but the C
-    allocator keeps the freed pages for later use: on the Parakeet-sized encoder that was
-    about 350 MB held while the next model loaded. ``malloc_trim`` (glibc) returns them;
-    elsewhere this only collects garbage.
+    A model's weights are freed when its session or its quantization ends, but a reference
+    cycle can hold them until the next full collection, and the C allocator keeps the freed
+    pages for later use: on the Parakeet-sized encoder that was about 350 MB held while the
+    next model loaded. ``gc.collect`` and ``malloc_trim`` (glibc) return them, when the resident
+    memory has grown by 256 MiB or more since the lowest point seen since the last time (see
+    ``_COLLECT_AFTER``); where the resident memory cannot be read, every time.
     """
+    global _low_water
+    resident = resident_bytes()
+    if resident is not None and _low_water is not None:
+        _low_water = min(_low_water, resident)
+        if resident < _low_water + _COLLECT_AFTER:
+            return
     gc.collect()
     try:
         trim = ctypes.CDLL(None).malloc_trim
     except (AttributeError, OSError):
-        return
-    trim(0)
+        trim = None
+    if trim is not None:
+        trim(0)
+    _low_water = resident_bytes() if resident is not None else None
 
 
 def open_model(
@@ -187,7 +216,7 @@ def probe_run(opened: Any, feeds: Mapping[str, np.ndarray]) -> None:
         OutOfMemory: memory ran out.
     """
     run_feeds(opened, feeds, "original", "probing the sizes it takes", None)
-    gc.collect()
+    release_freed_memory()
 
 
 def run_at(
@@ -245,7 +274,7 @@ def measure_outputs(
             except ModelRunError:
                 continue  # the dim cannot be doubled: its size is taken as it is at the base
             finally:
-                gc.collect()
+                release_freed_memory()
         sizes.measured = measure(base_values, base, varied)
         sizes.how = f"measured at length {length} and with each dim doubled"
         return sizes
@@ -370,7 +399,7 @@ def candidate_runs(
         outputs = run_at(opened, specs, run, options, "candidate", roles)
         yield run, reference, outputs
         del reference, outputs
-        gc.collect()
+        release_freed_memory()
 
 
 def budget_text(options: VerifyOptions) -> str:
