@@ -35,15 +35,22 @@ def stack(tmp_path: Path) -> Path:
     return path
 
 
-def test_quantize_on_nan_inputs_fails(stack: Path, tmp_path: Path) -> None:
-    """One NaN input element: every output row of that sample is NaN; the check used to pass at cosine 1."""
+def test_quantize_compares_the_finite_places_and_refuses_a_sample_of_nan(stack: Path, tmp_path: Path) -> None:
+    """One NaN input element makes one time step of that sample NaN in both models: the rest is
+    compared (issue 43); a sample NaN everywhere compares nothing there, and is refused (exit 2)."""
     x = _rng().standard_normal((2, 20, 64)).astype(np.float32)
     x[0, 0, 0] = np.nan
     np.savez(tmp_path / "nan.npz", x=x)
     out = tmp_path / "out.onnx"
-    code, text = _invoke("quantize", stack, out, "--inputs", tmp_path / "nan.npz", "--min-cosine", "0.99999")
+    code, text = _invoke("quantize", stack, out, "--inputs", tmp_path / "nan.npz", "--min-cosine", "0.99")
+    assert code == 0, text
+    assert out.exists()
+    x[1, :, :] = np.nan
+    np.savez(tmp_path / "nan.npz", x=x)
+    out = tmp_path / "out2.onnx"
+    code, text = _invoke("quantize", stack, out, "--inputs", tmp_path / "nan.npz", "--min-cosine", "0.99")
     assert code == 2, text
-    assert "NaN or Inf" in text
+    assert "NaN or Inf at every element of sample 1 (of 2)" in text
     assert not out.exists()
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -16,7 +17,7 @@ from onnx_conv2matmul import ConvertOptions, convert, convert_file
 from onnx_conv2matmul.cli.app import main
 from onnx_conv2matmul.errors import ModelLoadError
 from onnx_conv2matmul.rewrite import apply as rewrite_mod
-from onnx_conv2matmul.verify.check import VerifyOptions, verify_models
+from onnx_conv2matmul.verify.check import VerifyOptions, VerifyReport, verify_models
 
 RNG = np.random.default_rng(5)
 EXTENDED = ConvertOptions(allow_added_transposes=True, extended=True)
@@ -465,12 +466,66 @@ def _verify_scales(tmp_path: Path, reference: list[float], candidate: list[float
     return verify_models(ref, cand, VerifyOptions(lengths=(16,), batch=2)).passed
 
 
-def test_nan_and_inf_in_the_original_fail_even_at_the_same_places(tmp_path: Path) -> None:
-    """Where the original gives NaN or Inf the check compares nothing: it cannot pass (issue 32)."""
+def _verify_scales_with(
+    tmp_path: Path, reference: list[float], candidate: list[float], **options: Any
+) -> VerifyReport:
+    ref = _save(_channel_scale_model(reference), tmp_path / "ref.onnx")
+    cand = _save(_channel_scale_model(candidate), tmp_path / "cand.onnx")
+    return verify_models(ref, cand, VerifyOptions(lengths=(16,), batch=2, **options))
+
+
+CRITERIA: dict[str, dict[str, Any]] = {
+    "exact": {},
+    "cosine": {"min_cosine": 0.99},
+    "report-only": {"report_only": True},
+}
+
+
+@pytest.mark.parametrize("criterion", list(CRITERIA))
+def test_nan_and_inf_at_the_same_places_pass_and_the_finite_rest_decides(
+    tmp_path: Path, criterion: str
+) -> None:
+    """Masked frames or padding give NaN or Inf in both models at the same places: the finite
+    elements are compared, and the row says how many of each (issue 43, rule 1)."""
     nan, inf = float("nan"), float("inf")
-    assert not _verify_scales(tmp_path, [1.0, nan, 2.0], [1.0, nan, 2.0])
-    assert not _verify_scales(tmp_path, [1.0, inf, nan], [1.0, inf, nan])
-    assert _verify_scales(tmp_path, [1.0, 3.0, 2.0], [1.0, 3.0, 2.0])
+    options = CRITERIA[criterion]
+    report = _verify_scales_with(tmp_path, [1.0, nan, 2.0], [1.0, nan, 2.0], **options)
+    assert report.passed
+    assert all("NaN/Inf at the same 32 places in both; the 64 finite elements compared" in r.note
+               for r in report.results)  # fmt: skip
+    assert _verify_scales_with(tmp_path, [1.0, inf, nan], [1.0, inf, nan], **options).passed
+    # Nothing finite left: nothing was compared, so it cannot pass, whatever the criterion.
+    report = _verify_scales_with(tmp_path, [nan, inf, nan], [nan, inf, nan], **options)
+    assert not report.passed and "no element is finite in both models" in report.results[0].note
+    if criterion != "report-only":  # the finite part still decides
+        assert not _verify_scales_with(tmp_path, [1.0, nan, 2.0], [1.0, nan, -2.0], **options).passed
+    # Places that differ fail in every criterion.
+    assert not _verify_scales_with(tmp_path, [1.0, nan, 2.0], [1.0, 1.0, 2.0], **options).passed
+
+
+@pytest.mark.parametrize("scale", [1e-6, 1e-3, 0.5])
+def test_outputs_of_tiny_values_are_judged_against_their_own_size(tmp_path: Path, scale: float) -> None:
+    """An output whose values are all small (around 1e-6) that doubles or flips its sign is not
+    exact: the tolerance scales with the output (issue 43, rule 1)."""
+    base = [scale, scale / 2, scale * 2]
+    assert _verify_scales_with(tmp_path, base, base).passed
+    assert _verify_scales_with(tmp_path, base, [float(np.float32(f) * (1 + 2**-22)) for f in base]).passed
+    for wrong in ([2 * f for f in base], [-f for f in base], [f * 1.01 for f in base]):
+        report = _verify_scales_with(tmp_path, base, wrong)
+        assert not report.passed, wrong
+        assert "above the limits" in report.results[0].note
+
+
+def test_verify_command_passes_nan_at_the_same_places_and_fails_where_they_differ(tmp_path: Path) -> None:
+    nan = float("nan")
+    ref = _save(_channel_scale_model([1.0, nan, 2.0]), tmp_path / "ref.onnx")
+    same = _save(_channel_scale_model([1.0, nan, 2.0]), tmp_path / "same.onnx")
+    moved = _save(_channel_scale_model([nan, 1.0, 2.0]), tmp_path / "moved.onnx")
+    for extra in ((), ("--min-cosine", "0.99")):
+        code, _, stderr = _invoke("verify", str(ref), str(same), "--verify-lengths", "16", *extra)
+        assert code == 0, stderr
+        code, _, stderr = _invoke("verify", str(ref), str(moved), "--verify-lengths", "16", *extra)
+        assert code == 1 and "NaN/Inf in one model and not the same in the other" in stderr
 
 
 def test_nan_or_inf_that_differ_fail(tmp_path: Path) -> None:

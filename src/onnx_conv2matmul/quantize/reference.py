@@ -169,7 +169,7 @@ class Reference:
         """Keep the fp32 outputs of one feed: numeric tensors on disk, anything else in memory.
 
         Raises:
-            ModelRunError: a float output is empty or holds NaN or Inf: no candidate can be
+            ModelRunError: a float output is empty or NaN or Inf everywhere: no candidate can be
                 judged against it (see :func:`onnx_conv2matmul.verify.compare.cannot_compare`).
         """
         for index, value in enumerate(outputs):
@@ -183,12 +183,21 @@ class Reference:
     def _comparable(self, feed: int, index: int, value: Any) -> None:
         if not isinstance(value, np.ndarray) or not np.issubdtype(value.dtype, np.floating):
             return
+        from onnx_conv2matmul.verify.compare import samples_without_finite
+
         bad = int(value.size - np.count_nonzero(np.isfinite(value)))
-        if value.size and not bad:
-            return
+        samples = self.feeds.samples[feed]
+        blank = samples_without_finite(value, value, samples) if bad else []
+        if value.size and bad < value.size and not blank:
+            return  # NaN or Inf at some places only: the candidate must have them there too
         files = any(how == "from the input files" for how in self.feeds.how.values())
         where = f"input file {feed + 1}" if files else f"the inputs of length {self.feeds.lengths[feed]}"
-        what = "an empty output" if not value.size else f"NaN or Inf at {bad} of {value.size} elements"
+        if not value.size:
+            what = "an empty output"
+        elif blank:
+            what = f"NaN or Inf at every element of sample {blank[0]} (of {samples})"
+        else:
+            what = f"NaN or Inf at every one of its {value.size} elements"
         raise ModelRunError(
             f"the original model gives {what} in {self.names[index]!r} on {where}: the accuracy"
             " check cannot compare anything there",

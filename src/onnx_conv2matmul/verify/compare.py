@@ -7,9 +7,11 @@ same places with the same values in both models; integer, bool and string output
 match exactly; a sequence output must hold as many tensors as the reference's, each
 passing on its own.
 
-A comparison counts only when it compared numbers: an output the original gives NaN or Inf
-in (the inputs broke it, or it overflowed), or that holds no element (an empty batch), fails
-in every criterion, report-only included, with a note that says so. A cosine cannot judge an
+A comparison counts only when it compared numbers: an output with no element finite in both
+models (the original gives NaN or Inf everywhere: the inputs broke it, or it overflowed), or
+that holds no element (an empty batch), fails in every criterion, report-only included, with a
+note that says so. NaN and Inf at some places only are compared by place (the same in both)
+and the finite elements by value; the row's note says how many of each. A cosine cannot judge an
 output of fewer than :data:`TINY_ELEMENTS` elements per sample (of one element it only sees
 the sign): there a minimum cosine ``c`` also bounds each sample's relative error
 ``|ref - out| / |ref|`` by ``sqrt(1/c^2 - 1)``, the relative error of an error orthogonal to
@@ -32,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from onnx_conv2matmul.verify.options import Criterion, VerifyOptions
-from onnx_conv2matmul.verify.tally import CHUNK_ELEMENTS, _Tally, _tally, cannot_compare
+from onnx_conv2matmul.verify.tally import CHUNK_ELEMENTS, _Tally, _tally, cannot_compare, nonfinite_note
 
 TINY_ELEMENTS = 8
 """Float outputs with fewer elements per sample than this are judged by relative error too
@@ -229,6 +231,8 @@ def _comparison(
         passed = tally.max_diff <= max_limit and mean_abs <= mean_limit
         if not passed:
             note = f"above the limits for {dtype}: max_abs {max_limit:.3g}, mean_abs {mean_limit:.3g}"
+    if passed and not note:
+        note = nonfinite_note(tally)
     return OutputComparison(
         length,
         name,
@@ -332,10 +336,38 @@ def compare_arrays(
         sample_cosines=per_sample,
         sample_rel_errs=rel_errs,
     )
+    if row.passed and np.issubdtype(ref.dtype, np.floating):
+        blank = samples_without_finite(ref, out, samples)
+        if blank:
+            row.passed = False
+            row.note = (
+                f"{len(blank)} of {samples} samples (first: {blank[0]}) have no element finite in both"
+                " models: nothing compared in them (inputs on which the original gives finite numbers"
+                " are needed)"
+            )
     flips = label_flips(ref, out, samples)
     if flips is not None:
         row.labels, row.label_flips = flips
     return row
+
+
+def samples_without_finite(ref: np.ndarray, out: np.ndarray, samples: int) -> list[int]:
+    """The samples (as :func:`sample_cosines` cuts them) with no element finite in both arrays,
+    read in blocks of at most :data:`CHUNK_ELEMENTS`."""
+    if not (samples > 1 and ref.ndim >= 1 and ref.shape[0] == samples):
+        return []
+    blank = []
+    for index in range(samples):
+        r, o = ref[index].reshape(-1), out[index].reshape(-1)
+        if not any(
+            np.any(
+                np.isfinite(r[start : start + CHUNK_ELEMENTS])
+                & np.isfinite(o[start : start + CHUNK_ELEMENTS])
+            )
+            for start in range(0, r.size, CHUNK_ELEMENTS)
+        ):
+            blank.append(index)
+    return blank
 
 
 def compare_sequences(

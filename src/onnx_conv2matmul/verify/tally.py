@@ -63,10 +63,12 @@ def _magnitude(ref: np.ndarray) -> np.ndarray:
 
 @dataclasses.dataclass
 class SliceScales:
-    """Per axis, each slice's scale ``max(1, max magnitude in the slice)``; see :func:`element_scales`.
+    """Per axis, each slice's scale ``max(floor, max magnitude in the slice)``; see
+    :func:`element_scales`.
 
     ``per_axis[a]`` is None for an axis shorter than 2 (it makes no slices); ``whole`` is
-    ``max(1, peak)``, where ``peak`` is the largest magnitude of the output (0 without elements).
+    ``max(floor, peak)``, where ``peak`` is the largest magnitude of the output (0 without
+    elements) and ``floor`` is 1, or the peak when that is below 1.
     """
 
     peak: float
@@ -74,7 +76,13 @@ class SliceScales:
 
     @property
     def whole(self) -> float:
-        return max(1.0, self.peak)
+        return max(self.floor, self.peak)
+
+    @property
+    def floor(self) -> float:
+        """The least a slice's scale can be: 1, or the output's peak when it is below 1 (an
+        output of values around 1e-6 is judged against its own size, not against 1)."""
+        return min(1.0, self.peak) if self.peak > 0 else 1.0
 
     def at(self, index: tuple[slice, ...], shape: tuple[int, ...]) -> np.ndarray:
         """The element scales of the block ``index`` (of ``shape``): its smallest slice scale."""
@@ -101,7 +109,8 @@ def slice_scales(ref: np.ndarray, chunk: int = CHUNK_ELEMENTS) -> SliceScales:
             others = tuple(a for a in range(ref.ndim) if a != axis)
             part = found[index[axis]]
             np.maximum(part, magnitude.max(axis=others, initial=0.0), out=part)
-    per_axis = [None if m is None else np.maximum(1.0, m) for m in maxima]
+    floor = SliceScales(peak, []).floor
+    per_axis = [None if m is None else np.maximum(floor, m) for m in maxima]
     return SliceScales(peak, per_axis)
 
 
@@ -110,13 +119,15 @@ def element_scales(magnitude: np.ndarray) -> np.ndarray:
 
     ``magnitude`` is ``|ref|`` with non-finite values set to 0. Along each axis of length
     > 1, slice ``i`` (every element whose index on that axis is ``i``) has the scale
-    ``max(1, max magnitude in the slice)``; an element's scale is the smallest scale among
-    the slices that contain it (``max(1, max magnitude)`` when no axis is longer than 1).
+    ``max(floor, max magnitude in the slice)``; an element's scale is the smallest scale
+    among the slices that contain it (``max(floor, max magnitude)`` when no axis is longer
+    than 1). ``floor`` is 1, or the output's largest magnitude when that is below 1.
 
     So a difference is judged against the magnitude of the channel, time step or row it
     lives in, whichever is quietest: a loud channel does not hide an error confined to a
     quiet one, while a difference is never judged against less than the largest value of
-    a slice it belongs to, nor against less than 1.
+    a slice it belongs to, nor against less than 1 or the whole output's size, whichever is
+    less: an output of values around 1e-6 that doubles or flips its sign fails.
 
     Limit: an exact rewrite differs by rounding, about one machine epsilon of the terms
     summed into an element. Where those terms are far larger than every value of the
@@ -255,15 +266,27 @@ def _tally(ref: np.ndarray, out: np.ndarray) -> _Tally:
 def cannot_compare(tally: _Tally) -> str | None:
     """Why a tensor's comparison compared nothing that counts, or None when it did.
 
-    An output without elements (an empty batch) and a float output the original gives NaN or
-    Inf in (its inputs broke it, or it overflowed) cannot tell a right candidate from a wrong
-    one there: they fail in every criterion.
+    An output without elements (an empty batch), and a float output with no element finite in
+    both models (the original gives NaN or Inf everywhere: its inputs broke it, or it
+    overflowed), cannot tell a right candidate from a wrong one: they fail in every criterion.
+    NaN and Inf at some places only (masked frames, padding) leave the finite places to judge;
+    where they sit must be the same in both models (a mismatch otherwise).
     """
     if tally.elements == 0:
         return "no element to compare: the output is empty on these inputs"
-    if tally.ref_nonfinite:
+    if tally.count == 0:
         return (
-            f"the original gives NaN or Inf at {tally.ref_nonfinite} of {tally.elements} elements:"
-            " nothing to compare there (inputs on which it gives finite numbers are needed)"
+            f"no element is finite in both models (the original gives NaN or Inf at {tally.ref_nonfinite}"
+            f" of {tally.elements}): nothing to compare (inputs on which it gives finite numbers are needed)"
         )
     return None
+
+
+def nonfinite_note(tally: _Tally) -> str:
+    """What a comparison that passed with NaN or Inf in the original compared, or ``""``."""
+    if tally.exact or not tally.ref_nonfinite or tally.mismatches:
+        return ""
+    return (
+        f"NaN/Inf at the same {tally.ref_nonfinite} places in both; the {tally.count} finite"
+        f" elements compared"
+    )
