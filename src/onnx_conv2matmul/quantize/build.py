@@ -54,7 +54,7 @@ def load_rewritten(plan: QuantizePlan) -> ir.Model:
         plan.src, plan.dst, inplace=False, run_checker=False, progress=NullProgress(), timings={}
     )
     model = loaded.model
-    rewrite_model(model, plan.convert)
+    rewrite_model(model, plan.convert, for_quantization=True)
     return model
 
 

@@ -275,7 +275,7 @@ def quantize_variant(
         src, output.path, inplace=False, run_checker=False, progress=NullProgress(), timings={}
     )
     model = loaded.model
-    rewrite_model(model, convert_options)
+    rewrite_model(model, convert_options, for_quantization=True)
     external = loaded.has_external_data or _io.tensor_bytes(model) > _io.SINGLE_FILE_LIMIT_BYTES
     result = quantize_matmul_nbits(
         model, options, feeds=verify.feeds, scratch_dir=os.path.dirname(os.path.abspath(output.path))

@@ -226,7 +226,7 @@ def _rewrite(run: Run, model: ir.Model) -> ConvertReport:
     plan, report = run.plan, run.report
     report.weights_without_rewrite = weight_stats(model)
     plan.progress.phase("Rewriting")
-    rewrite = rewrite_model(model, plan.convert)
+    rewrite = rewrite_model(model, plan.convert, for_quantization=True)
     report.rewrite = rewrite.totals()
     report.weights_with_rewrite = weight_stats(model)
     speed = plan.speed

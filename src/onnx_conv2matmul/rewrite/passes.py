@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
 import onnx_ir as ir
 
@@ -29,6 +30,7 @@ from onnx_conv2matmul._graphs import (
 from onnx_conv2matmul.rewrite.analysis import analyze
 from onnx_conv2matmul.rewrite.apply import Rewriter
 from onnx_conv2matmul.rewrite.cleanup import cancel_transposes, remove_dead_weights, sink_transposes
+from onnx_conv2matmul.rewrite.constants import MATMUL_WEIGHTS, WEIGHT_INPUTS, lift_weight_constants
 from onnx_conv2matmul.rewrite.options import ConvertOptions
 from onnx_conv2matmul.rewrite.report import ConvertReport
 
@@ -45,6 +47,9 @@ class ConvToMatMulPass(ir.passes.InPlacePass):
 
     The steps, in order:
 
+    0. Lift the weights held in ``Constant`` nodes and read by an input of ``lift`` into
+       initializers (:mod:`~onnx_conv2matmul.rewrite.constants`): exact, and what onnxruntime's
+       quantizers need to see them.
     1. Analyse every Conv-like node (and, with ``options.gemm``, every Gemm) of every graph:
        a plan, or a skip with its reason.
     2. Apply the plans (:class:`~onnx_conv2matmul.rewrite.apply.Rewriter`); each node made is
@@ -59,11 +64,16 @@ class ConvToMatMulPass(ir.passes.InPlacePass):
 
     Args:
         options: What the rewrite may do (the command line's flags).
+        lift: The inputs (op type: indices) whose ``Constant`` weights are lifted: MatMul's B
+            by default; every weight input (``constants.WEIGHT_INPUTS``) before a quantization.
     """
 
-    def __init__(self, options: ConvertOptions | None = None) -> None:
+    def __init__(
+        self, options: ConvertOptions | None = None, *, lift: Mapping[str, tuple[int, ...]] = MATMUL_WEIGHTS
+    ) -> None:
         super().__init__()
         self.options = options or ConvertOptions()
+        self.lift = lift
         self.report: ConvertReport | None = None
 
     def requires(self, model: ir.Model) -> None:
@@ -82,6 +92,7 @@ class ConvToMatMulPass(ir.passes.InPlacePass):
         report = ConvertReport(options=self.options.to_dict(), opset=default_opset(model))
         report.transposes_before = count_op(model, "Transpose")
         report.nodes_before = count_nodes(model)
+        report.constants_lifted = lift_weight_constants(model, self.lift)
         plans, report.entries = analyze(model, self.options)
         rewriter = Rewriter(NameAllocator(used_names(model)))
         for plan in plans:
@@ -91,12 +102,18 @@ class ConvToMatMulPass(ir.passes.InPlacePass):
         report.transposes_after = count_op(model, "Transpose")
         report.nodes_after = count_nodes(model)
         self.report = report
-        return ConvToMatMulResult(model, modified=bool(plans), report=report)
+        return ConvToMatMulResult(model, modified=bool(plans or report.constants_lifted), report=report)
 
 
-def rewrite_model(model: ir.Model, options: ConvertOptions) -> ConvertReport:
-    """Run the pass once on ``model`` (changed in place) and return its report."""
-    rewrite = ConvToMatMulPass(options)
+def rewrite_model(
+    model: ir.Model, options: ConvertOptions, *, for_quantization: bool = False
+) -> ConvertReport:
+    """Run the pass once on ``model`` (changed in place) and return its report.
+
+    ``for_quantization``: lift every weight held in a ``Constant`` node (``constants.WEIGHT_INPUTS``),
+    not only MatMul's, as every quantization path needs.
+    """
+    rewrite = ConvToMatMulPass(options, lift=WEIGHT_INPUTS if for_quantization else MATMUL_WEIGHTS)
     rewrite(model)
     assert rewrite.report is not None
     return rewrite.report

@@ -81,6 +81,7 @@ class ConvertReport(CommandReport):
     transposes_before: int = 0
     transposes_after: int = 0
     tensors_removed: int = 0
+    constants_lifted: int = 0
     nodes_before: int = 0
     nodes_after: int = 0
     input_path: str | None = None
@@ -156,6 +157,7 @@ class ConvertReport(CommandReport):
             "transposes_after": self.transposes_after,
             "transposes_cancelled": self.transposes_cancelled,
             "tensors_removed": self.tensors_removed,
+            "constants_lifted": self.constants_lifted,
             "nodes_before": self.nodes_before,
             "nodes_after": self.nodes_after,
         }
