@@ -183,7 +183,7 @@ def handled_errors(*, click_shows_usage: bool = False) -> Iterator[None]:
     except OptionConflict as err:
         fail(err.template.format(*map(flag_for, err.options)), ExitCode.USAGE)
     except Conv2MatMulError as err:
-        fail(with_hint(str(err), err.hint), exit_code_for(err))
+        fail(with_hint(str(err), err.hint) + _address_space_note(err), exit_code_for(err))
     except KeyboardInterrupt as interrupt:
         fail(signals.interrupted_message(interrupt, OUTCOME.interrupted_detail()), exit_code_for(interrupt))
     except MemoryError as err:
@@ -221,7 +221,24 @@ def _out_of_memory(err: BaseException) -> str:
     """One line for memory that ran out outside the check (the check names its option itself)."""
     text = str(err).strip()
     first = text.splitlines()[0] if text else ""
-    return f"out of memory: {first}" if first and "out of memory" not in first.lower() else "out of memory"
+    line = f"out of memory: {first}" if first and "out of memory" not in first.lower() else "out of memory"
+    return line + _address_space_note(err)
+
+
+def _address_space_note(err: BaseException) -> str:
+    """For memory that ran out under a limit on this process's address space (``ulimit -v``,
+    ``prlimit --as``), the limit, which may be what ran out rather than the memory."""
+    if not is_out_of_memory(err):
+        return ""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    except (ImportError, OSError, ValueError):
+        return ""
+    if soft == resource.RLIM_INFINITY:
+        return ""
+    return f" (this process may use at most {soft / 2**30:.1f} GiB of address space: ulimit -v sets it)"
 
 
 # Hints worded without a flag that this invocation refuses (see :func:`refused_flags`).

@@ -51,6 +51,7 @@ from onnx_conv2matmul.files.ranges import (
     _RangeIndex,
     _whole_file_copies,
     _Write,
+    read_external,
 )
 
 if TYPE_CHECKING:  # imported where used: the copy starts before onnx-ir is imported
@@ -300,8 +301,8 @@ class DataFileWriter:
         for holder, tensor in entries:
             nbytes = int(tensor.nbytes)
             if nbytes <= threshold:
-                if is_external(tensor):
-                    swaps.append((holder, ir.tensor(tensor.numpy(), name=tensor.name)))
+                if is_external(tensor):  # its own bytes, not a mapping of the whole file
+                    swaps.append((holder, ir.tensor(read_external(tensor), name=tensor.name)))
                 continue
             if id(tensor) not in placed:
                 if is_external(tensor):

@@ -17,7 +17,8 @@ import onnx
 from onnx_conv2matmul.files.paths import contained_location
 
 if TYPE_CHECKING:
-    import onnx_ir as ir
+    import numpy as np
+import onnx_ir as ir
 
 # A source file is copied whole when the input model uses this share of its bytes.
 WHOLE_FILE_MIN_USE = 0.99
@@ -35,6 +36,37 @@ def _normalize(path: str) -> str:
 def _range(tensor: ir.ExternalTensor) -> tuple[str, int, int]:
     start = tensor.offset or 0
     return _normalize(tensor.path), start, start + int(tensor.nbytes)
+
+
+def read_external(tensor: ir.ExternalTensor) -> np.ndarray:
+    """A copy of an external tensor's array, read from its own bytes only.
+
+    onnx-ir's ``numpy()`` maps the whole data file for each tensor and keeps the mapping as long
+    as the array lives: a few hundred small tensors of a 2.4 GB file reserve terabytes of
+    address space, which a limit on it (``ulimit -v``) refuses. This reads the tensor's range.
+
+    Raises:
+        InputError: the file holds fewer bytes there than the tensor's shape and type take.
+    """
+    import numpy as np
+
+    from onnx_conv2matmul.errors import InputError
+
+    if tensor.dtype.bitwidth < 8:  # packed sub-byte types: onnx-ir unpacks them
+        array = np.array(tensor.numpy())
+        tensor.release()
+        return array
+    nbytes = int(tensor.nbytes)
+    with open(tensor.path, "rb") as handle:
+        handle.seek(tensor.offset or 0)
+        data = bytearray(handle.read(nbytes))
+    if len(data) != nbytes:
+        raise InputError(
+            f"{tensor.path}: tensor {tensor.name!r} takes {nbytes} bytes at offset {tensor.offset or 0},"
+            f" the file holds {len(data)} there"
+        )
+    dtype = np.dtype(tensor.dtype.numpy()).newbyteorder("<")
+    return np.frombuffer(data, dtype=dtype).reshape([int(d) for d in tensor.shape.numpy()])
 
 
 @dataclasses.dataclass
