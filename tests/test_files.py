@@ -406,3 +406,34 @@ def test_external_data_beyond_its_file_is_the_truncated_error_in_every_command(t
             and "needs 1000000000000000000" in result.stderr
         )
         assert _files(tmp_path) == before
+
+
+@pytest.mark.parametrize("length", [0, 100, 4095, 4097], ids=lambda n: f"length-{n}")
+def test_an_external_length_that_contradicts_the_shape_is_refused_in_every_command(
+    tmp_path: Path, length: int
+) -> None:
+    """The tensor's declared length is checked against its shape and type, not only against the
+    file (issue 43, rule 2): a mismatch is one line naming the tensor, the file and the field."""
+    from click.testing import CliRunner
+
+    from onnx_conv2matmul.cli.app import main
+
+    src = tmp_path / "m.onnx"
+    onnx.save(stack_model(), src, save_as_external_data=True, location="m.onnx.data", size_threshold=0)
+    proto = onnx.load(src, load_external_data=False)
+    weight = proto.graph.initializer[0]
+    assert list(weight.dims) == [32, 32, 1]  # 4096 bytes of float
+    for entry in weight.external_data:
+        if entry.key == "length":
+            entry.value = str(length)
+    onnx.save(proto, src)
+    before = _files(tmp_path)
+    for command in ([], ["quantize"], ["--inplace"], ["inspect"]):
+        other = [str(tmp_path / "o.onnx")] if command in ([], ["quantize"]) else []
+        result = CliRunner().invoke(main, [*command, str(src), *other])
+        assert result.exit_code == 2, (command, result.stderr)
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1, (command, result.stderr)
+        assert f"tensor 'w0' declares a length of {length} bytes in" in lines[0], (command, lines[0])
+        assert "its shape [32, 32, 1] and type FLOAT take 4096" in lines[0]
+        assert _files(tmp_path) == before

@@ -120,11 +120,19 @@ def build_model(proto: onnx.ModelProto, path: str) -> LoadedModel:
             if not os.access(location, os.R_OK):
                 raise InputError(f"external data file is not readable: {location}")
             external[location] = os.path.getsize(location)
-        end = (tensor.offset or 0) + (tensor.length if tensor.length is not None else tensor.nbytes)
+        nbytes = int(tensor.nbytes)
+        end = (tensor.offset or 0) + max(nbytes, tensor.length or 0)
         if end > external[location]:
             raise InputError(
                 f"external data file is truncated: {location} has {external[location]} bytes,"
                 f" tensor {tensor.name!r} needs {end}"
+            )
+        if tensor.length is not None and tensor.length != nbytes:
+            shape = [int(d) for d in tensor.shape.numpy()]
+            raise InputError(
+                f"tensor {tensor.name!r} declares a length of {tensor.length} bytes in {location}"
+                f" (its external_data 'length'), its shape {shape} and type {tensor.dtype.name}"
+                f" take {nbytes}: {path}"
             )
     total = os.path.getsize(path) + sum(external.values())
     return LoadedModel(model=model, path=path, external_files=sorted(external), total_bytes=total)
