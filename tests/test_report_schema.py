@@ -327,3 +327,32 @@ def test_builder_refuses_an_inconsistent_object() -> None:
         envelope("verify", inputs="x", return_code=0, error=None)
     with pytest.raises(ValueError, match="repeats envelope keys"):
         envelope("bundle", inputs="d", return_code=0, error=None, body={"return_code": 0})
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["convert", "{bad}", "{out}"],
+        ["quantize", "{bad}", "{out}"],
+        ["verify", "{bad}", "{bad}"],
+        ["bench", "{bad}"],
+    ],
+    ids=lambda argv: argv[0],
+)
+def test_a_requested_report_file_is_written_when_the_run_fails(tmp_path: Path, argv: list[str]) -> None:
+    """--report-json FILE holds the error object when the run ends in an error, the case where a
+    pipeline most needs it (issue 43, rule 4), as --report-json-stdout prints it."""
+    from click.testing import CliRunner
+
+    from onnx_conv2matmul.cli.app import main
+
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not a model")
+    report = tmp_path / "report.json"
+    words = [w.format(bad=bad, out=tmp_path / "out.onnx") for w in argv]
+    result = CliRunner().invoke(main, [*words, "--report-json", str(report)])
+    assert result.exit_code == 2, result.stderr
+    data = json.loads(report.read_text())
+    assert data["return_code"] == 2 and data["command"] == argv[0]
+    assert "not a valid ONNX" in data["error"] or "cannot load" in data["error"], data["error"]
+    assert data["error"] in result.stderr

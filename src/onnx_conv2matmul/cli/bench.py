@@ -87,6 +87,7 @@ def bench_command(
         if report_json is not None:
             check_report_target(report_json, inputs=list(models), outputs=[])
             OUTCOME.watch(report_json)
+            OUTCOME.report_requested(report_json)
         report = api.bench_models(models, baseline=baseline - 1, options=options)
         print_bench_report(console, report)
         emit_report(report, report_json)

@@ -170,6 +170,7 @@ def _build(src: str, out: str, layout: str, tag: str, kwargs: dict[str, Any]) ->
         sources = [os.path.join(src, name) for name in (SOURCE_ENCODER, SOURCE_DECODER_JOINT)]
         read = files_read(kwargs["inputs"], kwargs.get("validate"), kwargs["config"])
         check_report_target(report_json, inputs=sources, outputs=[], what="report", read=read)
+        OUTCOME.report_requested(report_json)
     OUTCOME.watch(out, report_json)
     encoder = os.path.join(src, SOURCE_ENCODER)
     options = BundleOptions(

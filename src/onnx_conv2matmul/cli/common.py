@@ -78,6 +78,8 @@ class Outcome:
         self.inputs: str | list[str] | None = None
         self.error: str | None = None
         self._printed = False
+        self.report_path: str | None = None
+        self._report_written = False
         self._watched: dict[str, tuple[int, ...] | None] = {}
         self.stdout: TextIO = sys.stdout  # the real one: a command's body may redirect it
 
@@ -111,11 +113,28 @@ class Outcome:
         """Print the error object instead of a report, when asked for and nothing printed yet."""
         self.print_json(json.dumps(ErrorReport(self.command, code, error, self.inputs).to_dict(), indent=2))
 
+    def report_requested(self, path: str | None) -> None:
+        """``--report-json PATH``, checked as a place to write: it gets the error object when the
+        run ends before the command wrote its report there."""
+        self.report_path = path
+
+    def report_written(self) -> None:
+        self._report_written = True
+
     def finish(self, code: int) -> None:
-        """The exit: a failure that printed no report prints the error object instead."""
-        if code != 0:
-            with contextlib.suppress(OSError):  # a closed pipe: nothing more to say
-                self.print_error_json(code, self.error or f"exit code {code}")
+        """The exit: a failure that printed no report prints the error object instead, on stdout
+        (``--report-json-stdout``) and into the ``--report-json`` file."""
+        if code == 0:
+            return
+        error = self.error or f"exit code {code}"
+        with contextlib.suppress(OSError):  # a closed pipe: nothing more to say
+            self.print_error_json(code, error)
+        if self.report_path is not None and not self._report_written:
+            from onnx_conv2matmul.files import load as _io
+
+            text = json.dumps(ErrorReport(self.command, code, error, self.inputs).to_dict(), indent=2)
+            with contextlib.suppress(OSError):  # the error line already says what went wrong
+                _io.write_text_atomic(self.report_path, text + "\n")
 
 
 def fingerprint(path: str) -> tuple[int, ...] | None:
@@ -312,6 +331,7 @@ def emit_report(report: CommandReport, path: str | None, error: str | None = Non
         from onnx_conv2matmul.files import load as _io
 
         _io.write_text_atomic(path, text + "\n")
+        OUTCOME.report_written()
     OUTCOME.print_json(text)
 
 

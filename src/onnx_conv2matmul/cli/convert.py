@@ -77,6 +77,7 @@ def convert_command(
                 inputs=[input_path],
                 outputs=[] if inplace or output_path is None else [output_path],
             )
+            OUTCOME.report_requested(report_json)
         report = api.convert_file(
             input_path,
             None if inplace else output_path,
@@ -129,6 +130,7 @@ def verify_command(
         options = build_verify_options(verify_kwargs, min_cosine, inputs)
         if report_json is not None:
             check_report_target(report_json, inputs=[original, candidate], outputs=[], read=inputs)
+            OUTCOME.report_requested(report_json)
         OUTCOME.watch(report_json)
         report = api.verify_files(original, candidate, options)
         print_verification(console, report.verification, cosine=cosine)

@@ -321,6 +321,7 @@ def quantize_command(
                 " the other"
             )
         OUTCOME.watch(output_path, output_path + ".data", report_json, save_config)
+        OUTCOME.report_requested(report_json)
         from onnx_conv2matmul import api
         from onnx_conv2matmul.files import load as _io
 

@@ -18,7 +18,7 @@ from onnx_conv2matmul.files.paths import contained_location
 
 if TYPE_CHECKING:
     import numpy as np
-import onnx_ir as ir
+    import onnx_ir as ir
 
 # A source file is copied whole when the input model uses this share of its bytes.
 WHOLE_FILE_MIN_USE = 0.99
