@@ -437,3 +437,29 @@ def test_an_external_length_that_contradicts_the_shape_is_refused_in_every_comma
         assert f"tensor 'w0' declares a length of {length} bytes in" in lines[0], (command, lines[0])
         assert "its shape [32, 32, 1] and type FLOAT take 4096" in lines[0]
         assert _files(tmp_path) == before
+
+
+@pytest.mark.parametrize("command", [[], ["quantize"]], ids=["convert", "quantize"])
+def test_outputs_take_the_inputs_permission_bits_without_setuid_or_setgid(
+    tmp_path: Path, command: list[str]
+) -> None:
+    """An input that is setuid, setgid and sticky gives outputs with its rwx bits alone, as
+    ``install`` copies them (issue 43, rule 4)."""
+    import stat
+
+    from click.testing import CliRunner
+
+    from onnx_conv2matmul.cli.app import main
+
+    src = tmp_path / "m.onnx"
+    onnx.save(stack_model(), src, save_as_external_data=True, location="m.onnx.data", size_threshold=1024)
+    for path in (src, tmp_path / "m.onnx.data"):
+        os.chmod(path, 0o7754)
+        if stat.S_IMODE(os.stat(path).st_mode) != 0o7754:
+            pytest.skip("this filesystem does not keep setuid/setgid bits")
+    out = tmp_path / "out" / "o.onnx"
+    out.parent.mkdir()
+    result = CliRunner().invoke(main, [*command, str(src), str(out)])
+    assert result.exit_code == 0, result.stderr
+    for path in out.parent.iterdir():
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o754, (path.name, oct(os.stat(path).st_mode))

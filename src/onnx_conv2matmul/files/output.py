@@ -57,14 +57,19 @@ def save(
         ir.save(model, onnx_path)
 
 
+PERMISSION_BITS = 0o777
+"""The bits an output takes from its input: read, write and execute, never setuid, setgid or sticky."""
+
+
 def file_modes(onnx_path: str, data_files: list[str]) -> tuple[int, int]:
-    """Permission bits for an output's ``.onnx`` and data file: those of the input's.
+    """Permission bits for an output's ``.onnx`` and data file: those of the input's, without
+    setuid, setgid or sticky (as ``install`` copies a file's bits).
 
     The data file takes the bits of the input's first data file (or of its ``.onnx``
     when it had none), so weights kept private stay private.
     """
-    onnx_mode = os.stat(onnx_path).st_mode & 0o7777
-    data_mode = os.stat(data_files[0]).st_mode & 0o7777 if data_files else onnx_mode
+    onnx_mode = os.stat(onnx_path).st_mode & PERMISSION_BITS
+    data_mode = os.stat(data_files[0]).st_mode & PERMISSION_BITS if data_files else onnx_mode
     return onnx_mode, data_mode
 
 

@@ -455,7 +455,7 @@ def set_metadata(path: str, entries: dict[str, str]) -> None:
     os.close(fd)
     try:
         onnx.save_model(proto, tmp)
-        os.chmod(tmp, os.stat(path).st_mode & 0o7777)
+        os.chmod(tmp, os.stat(path).st_mode & 0o777)  # never setuid, setgid or sticky
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
