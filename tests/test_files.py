@@ -463,3 +463,26 @@ def test_outputs_take_the_inputs_permission_bits_without_setuid_or_setgid(
     assert result.exit_code == 0, result.stderr
     for path in out.parent.iterdir():
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o754, (path.name, oct(os.stat(path).st_mode))
+
+
+@pytest.mark.parametrize("name", ["o.onnx.data", "o.onnx.1.data", "o.onnx.12.data"])
+@pytest.mark.parametrize("command", [[], ["quantize"]], ids=["convert", "quantize"])
+def test_a_report_named_like_the_outputs_data_file_is_refused_before_any_work(
+    tmp_path: Path, command: list[str], name: str
+) -> None:
+    """With o.onnx.data taken, the output's weights go to o.onnx.1.data: a report of that name
+    overwrote them at exit 0 (issue 43, rule 4). Every name the data file may take is refused."""
+    from click.testing import CliRunner
+
+    from onnx_conv2matmul.cli.app import main
+
+    src = tmp_path / "m.onnx"
+    onnx.save(stack_model(), src, save_as_external_data=True, location="m.onnx.data", size_threshold=1024)
+    out = tmp_path / "out" / "o.onnx"
+    out.parent.mkdir()
+    (out.parent / "o.onnx.data").write_bytes(b"someone else's weights")
+    before = _files(out.parent)
+    result = CliRunner().invoke(main, [*command, str(src), str(out), "--report-json", str(out.parent / name)])
+    assert result.exit_code == 2, result.stderr
+    assert "would take a name the output's data file may be given" in result.stderr
+    assert _files(out.parent) == before

@@ -225,6 +225,23 @@ def check_not_read(path: str, read: Iterable[str], *, what: str) -> None:
         raise InputError(f"the {what} would overwrite a file this run reads: {path}")
 
 
+def _check_not_a_data_name(path: str, output: str, what: str) -> None:
+    """Refuse ``path`` when it names a data file ``output`` may be given (``<name>.data``, or
+    ``<name>.N.data`` when that name is taken when the output is written): the report would
+    overwrite the weights, or they would overwrite it."""
+    import re
+
+    directory, name = os.path.split(os.path.abspath(path))
+    out_directory, out_name = os.path.split(os.path.abspath(output))
+    if os.path.realpath(directory) != os.path.realpath(out_directory):
+        return
+    if re.fullmatch(rf"{re.escape(out_name)}(\.\d+)?\.data", name):
+        raise InputError(
+            f"the {what} would take a name the output's data file may be given ({out_name}.data,"
+            f" {out_name}.N.data): {path}"
+        )
+
+
 def check_report_target(
     report_path: str,
     *,
@@ -249,6 +266,8 @@ def check_report_target(
     for path in inputs:
         protected.add(os.path.realpath(path + ".data"))
     target = os.path.realpath(report_path)
+    for out in outputs:
+        _check_not_a_data_name(report_path, out, what)
     if target not in protected and os.path.isfile(report_path):
         from onnx_conv2matmul.files.paths import files_read_by
 
