@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 
-from helpers import ALL, conv_model, no_bench
+from helpers import ALL, conv_model, no_bench, stack_model
 from onnx_conv2matmul import ConvertOptions, convert, convert_file
 from onnx_conv2matmul.cli.app import main
 from onnx_conv2matmul.errors import ModelLoadError
@@ -780,3 +780,22 @@ def test_sequence_inputs_keep_the_default_lengths(tmp_path: Path) -> None:
         "rule": "given",
         "not_run": [],
     }
+
+
+@pytest.mark.parametrize("command", ["verify", "quantize"])
+def test_quiet_silences_the_tables_never_the_error_line(tmp_path: Path, command: str) -> None:
+    """-q on a run that fails its criterion (exit 1) printed nothing at all, not even the reason
+    (issue 43, rule 6): it prints the one error line, and nothing on stdout."""
+    ref = _save(_channel_scale_model([1.0, 2.0, 3.0]), tmp_path / "ref.onnx")
+    if command == "verify":
+        cand = _save(_channel_scale_model([1.0, 2.0, 3.5]), tmp_path / "cand.onnx")
+        argv = ["verify", str(ref), str(cand), "--verify-lengths", "16", "-q"]
+    else:
+        argv = ["quantize", str(_save(stack_model(), tmp_path / "s.onnx")), str(tmp_path / "q.onnx")]
+        argv += ["-q", "--min-cosine", "0.99999999", "--bits", "4", "--block-size", "32"]
+    code, stdout, stderr = _invoke(*argv)
+    assert code == 1
+    assert stdout == ""
+    lines = [line for line in stderr.splitlines() if not line.startswith("note:")]
+    assert len(lines) == 1 and lines[0].startswith("error: "), stderr
+    assert "verification failed" in lines[0] or "accuracy below" in lines[0], lines[0]

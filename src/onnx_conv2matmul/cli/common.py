@@ -80,6 +80,8 @@ class Outcome:
         self._printed = False
         self.report_path: str | None = None
         self._report_written = False
+        self.quiet = False
+        self.failure: str | None = None  # a report's failure, which the quiet console did not print
         self._watched: dict[str, tuple[int, ...] | None] = {}
         self.stdout: TextIO = sys.stdout  # the real one: a command's body may redirect it
 
@@ -126,7 +128,10 @@ class Outcome:
         (``--report-json-stdout``) and into the ``--report-json`` file."""
         if code == 0:
             return
-        error = self.error or f"exit code {code}"
+        if self.quiet and self.error is None and self.failure:  # -q silences tables, not the error
+            with contextlib.suppress(OSError):
+                click.echo(f"error: {self.failure}", err=True)
+        error = self.error or self.failure or f"exit code {code}"
         with contextlib.suppress(OSError):  # a closed pipe: nothing more to say
             self.print_error_json(code, error)
         if self.report_path is not None and not self._report_written:
@@ -161,6 +166,7 @@ def quiet_onnxruntime() -> None:
 def stderr_console(quiet: bool) -> Console:
     from rich.console import Console  # imported when needed: convert starts its copy first
 
+    OUTCOME.quiet = quiet
     # Off a terminal (CI logs, pipes) rich would wrap tables at 80 columns.
     return Console(stderr=True, quiet=quiet, width=None if sys.stderr.isatty() else 160)
 
@@ -327,6 +333,8 @@ def emit_report(report: CommandReport, path: str | None, error: str | None = Non
     from onnx_conv2matmul.cli import render
 
     text = render.report_json(report, error=error)
+    if report.return_code != 0:
+        OUTCOME.failure = error or report.failure
     if path is not None:
         from onnx_conv2matmul.files import load as _io
 
