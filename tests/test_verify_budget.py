@@ -463,18 +463,13 @@ def test_memory_that_really_runs_out_is_exit_2(tmp_path: Path) -> None:
 
 
 def _scales_whole(magnitude: np.ndarray) -> np.ndarray:
-    """element_scales on the whole array at once: each slice's scale is its peak, at least the
-    floor (1, or the whole output's peak when that is below 1)."""
-    peak = float(magnitude.max(initial=0.0))
-    floor = min(1.0, peak) if peak > 0 else 1.0
-    scale = np.full(magnitude.shape, max(floor, peak))
+    """element_scales as it was, on the whole array at once."""
+    scale = np.full(magnitude.shape, max(1.0, float(magnitude.max(initial=0.0))))
     for axis, size in enumerate(magnitude.shape):
         if size < 2:
             continue
         others = tuple(a for a in range(magnitude.ndim) if a != axis)
-        np.minimum(
-            scale, np.maximum(floor, magnitude.max(axis=others, keepdims=True, initial=0.0)), out=scale
-        )
+        np.minimum(scale, np.maximum(1.0, magnitude.max(axis=others, keepdims=True, initial=0.0)), out=scale)
     return scale
 
 

@@ -125,9 +125,8 @@ class VerifyReport:
             "candidate": self.candidate,
             "criterion": self.options.criterion_dict(),
             "scaling": (
-                "each difference divided by the smallest max(f, max|reference|) among the"
-                " slices of the output that hold it (one slice per index of every axis longer than 1);"
-                " f is 1, or the output's largest magnitude when that is below 1"
+                "each difference divided by the smallest max(1, max|reference|) among the"
+                " slices of the output that hold it (one slice per index of every axis longer than 1)"
             ),
             "options": self.options.to_dict(),
             "inputs": self.inputs,

@@ -63,12 +63,10 @@ def _magnitude(ref: np.ndarray) -> np.ndarray:
 
 @dataclasses.dataclass
 class SliceScales:
-    """Per axis, each slice's scale ``max(floor, max magnitude in the slice)``; see
-    :func:`element_scales`.
+    """Per axis, each slice's scale ``max(1, max magnitude in the slice)``; see :func:`element_scales`.
 
     ``per_axis[a]`` is None for an axis shorter than 2 (it makes no slices); ``whole`` is
-    ``max(floor, peak)``, where ``peak`` is the largest magnitude of the output (0 without
-    elements) and ``floor`` is 1, or the peak when that is below 1.
+    ``max(1, peak)``, where ``peak`` is the largest magnitude of the output (0 without elements).
     """
 
     peak: float
@@ -76,13 +74,7 @@ class SliceScales:
 
     @property
     def whole(self) -> float:
-        return max(self.floor, self.peak)
-
-    @property
-    def floor(self) -> float:
-        """The least a slice's scale can be: 1, or the output's peak when it is below 1 (an
-        output of values around 1e-6 is judged against its own size, not against 1)."""
-        return min(1.0, self.peak) if self.peak > 0 else 1.0
+        return max(1.0, self.peak)
 
     def at(self, index: tuple[slice, ...], shape: tuple[int, ...]) -> np.ndarray:
         """The element scales of the block ``index`` (of ``shape``): its smallest slice scale."""
@@ -109,8 +101,7 @@ def slice_scales(ref: np.ndarray, chunk: int = CHUNK_ELEMENTS) -> SliceScales:
             others = tuple(a for a in range(ref.ndim) if a != axis)
             part = found[index[axis]]
             np.maximum(part, magnitude.max(axis=others, initial=0.0), out=part)
-    floor = SliceScales(peak, []).floor
-    per_axis = [None if m is None else np.maximum(floor, m) for m in maxima]
+    per_axis = [None if m is None else np.maximum(1.0, m) for m in maxima]
     return SliceScales(peak, per_axis)
 
 
@@ -119,15 +110,14 @@ def element_scales(magnitude: np.ndarray) -> np.ndarray:
 
     ``magnitude`` is ``|ref|`` with non-finite values set to 0. Along each axis of length
     > 1, slice ``i`` (every element whose index on that axis is ``i``) has the scale
-    ``max(floor, max magnitude in the slice)``; an element's scale is the smallest scale
-    among the slices that contain it (``max(floor, max magnitude)`` when no axis is longer
-    than 1). ``floor`` is 1, or the output's largest magnitude when that is below 1.
+    ``max(1, max magnitude in the slice)``; an element's scale is the smallest scale among
+    the slices that contain it (``max(1, max magnitude)`` when no axis is longer than 1).
 
     So a difference is judged against the magnitude of the channel, time step or row it
     lives in, whichever is quietest: a loud channel does not hide an error confined to a
     quiet one, while a difference is never judged against less than the largest value of
-    a slice it belongs to, nor against less than 1 or the whole output's size, whichever is
-    less: an output of values around 1e-6 that doubles or flips its sign fails.
+    a slice it belongs to, nor against less than 1. An output whose values are all below 1 is
+    also held to a relative error (:data:`onnx_conv2matmul.verify.compare.SMALL_OUTPUT_REL_ERR`).
 
     Limit: an exact rewrite differs by rounding, about one machine epsilon of the terms
     summed into an element. Where those terms are far larger than every value of the
