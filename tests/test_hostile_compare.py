@@ -7,6 +7,8 @@ passes, for outputs the original gives NaN in, empty outputs, outputs of one ele
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -142,3 +144,65 @@ def test_sequences_of_nothing_fail(tensors: int, elements: int) -> None:
     rows = [compare_sequences(ref, out, o, length=1, name="s") for o in CRITERIA.values()]
     assert all(r.passed == (elements > 0) for r in rows)
     assert not compare_sequences([], [], FLOOR, length=1, name="s").passed
+
+
+def _argmax_head(tmp_path: Path) -> Path:
+    """x [N, T, 64] -> MatMul (a quantizable 64 x 40 weight) -> logits, and ids = ArgMax(logits):
+    the integer output CTC and classifier heads export beside their scores."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = (_rng().standard_normal((64, 40)) / 8).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["logits"], name="head"),
+            helper.make_node("ArgMax", ["logits"], ["ids"], axis=-1, keepdims=0),
+        ],
+        "argmax_head",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "T", 64])],
+        [
+            helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", "T", 40]),
+            helper.make_tensor_value_info("ids", TensorProto.INT64, ["N", "T"]),
+        ],
+        [numpy_helper.from_array(w, "w")],
+    )
+    path = tmp_path / "head.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("min_cosine", "passes"), [(None, False), ("-1", True), ("0.5", True), ("1", False)], ids=str
+)
+def test_an_argmax_output_is_weighed_by_agreement_not_vetoing_every_setting(
+    tmp_path: Path, min_cosine: str | None, passes: bool
+) -> None:
+    """ids = ArgMax(logits) had to match exactly: with defaults everything stayed float at exit 0,
+    with --min-cosine -1 (accept anything) the run still exited 1 (issue 43, rule 1). Under a
+    minimum cosine c an integer output keeps max(0, c) of its elements, and a miss names the
+    output as the cause in the run's last line."""
+    import json
+
+    from click.testing import CliRunner
+
+    from onnx_conv2matmul.cli.app import main
+
+    src = _argmax_head(tmp_path)
+    out = tmp_path / "q.onnx"
+    argv = ["quantize", str(src), str(out), "--no-bench", "--block-size", "16", "--report-json-stdout"]
+    argv += [] if min_cosine is None else ["--min-cosine", min_cosine]
+    result = CliRunner().invoke(main, argv)
+    data = json.loads(result.stdout)
+    rows = [r for r in data["verification"]["results"] if r["output"] == "ids"]
+    assert rows
+    if passes:
+        assert result.exit_code == 0, result.stderr
+        assert data["quantized_nodes"] == 1  # not left in float for an exact match it cannot keep
+        differ = [r for r in rows if r["mismatches"]]
+        assert all("agreement" in r["note"] for r in differ)
+    else:  # 5 of 64 labels of this random 40-class head move at int4: below 99%
+        assert result.exit_code == 1
+        floor = "99%" if min_cosine is None else "100%"
+        assert any("agreement" in r["note"] and f"below the {floor}" in r["note"] for r in rows), rows
+        if min_cosine is None:  # the logits meet the floor (cosine 0.9975): ids alone decided
+            assert "(output 'ids': 5 of 64 elements differ" in result.stderr.splitlines()[-1]

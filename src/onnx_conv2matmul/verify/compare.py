@@ -51,6 +51,19 @@ under a minimum cosine (a score, a probability, a few logits: the cosine of one 
 sign)."""
 
 
+def agreement_floor(dtype: np.dtype[Any], options: VerifyOptions) -> float | None:
+    """The share of elements an integer or bool output must keep under a minimum cosine ``c``:
+    ``max(0, c)``; None where it must match exactly (no minimum cosine, or strings).
+
+    Quantizing changes float weights only, so an integer output that differs was computed from
+    floats (an ArgMax of logits, TopK indices, a threshold): the share of its elements that agree
+    is the measure a cosine stands for there (issue 43), not an exact match that would veto every
+    setting. A minimum cosine of -1 accepts anything, these outputs included."""
+    if options.min_cosine is None or dtype.kind not in "iub":  # strings and floats: no
+        return None
+    return max(0.0, options.min_cosine)
+
+
 def cosine_rel_err(min_cosine: float) -> float:
     """The relative error a minimum cosine allows a tiny output: ``sqrt(1/c^2 - 1)`` (inf for ``c <= 0``)."""
     if min_cosine <= 0:
@@ -193,6 +206,16 @@ def _comparison(
         rel_err = tally.mismatches / tally.count if tally.count else 0.0
         passed = tally.mismatches == 0 and problem is None
         note = f"{tally.mismatches} elements differ (exact match required)" if tally.mismatches else ""
+        floor = agreement_floor(dtype, options)
+        if floor is not None and tally.mismatches and problem is None:
+            agreement = 1.0 - rel_err
+            passed = agreement >= floor
+            verdict = "meets" if passed else "below"
+            note = (
+                f"{tally.mismatches} of {tally.count} elements differ: agreement {agreement:.2%},"
+                f" {verdict} the {floor:.0%} that a minimum cosine of {options.min_cosine:g} asks of an"
+                " integer output"
+            )
         return OutputComparison(
             length,
             name,

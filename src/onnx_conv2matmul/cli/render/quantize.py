@@ -191,6 +191,10 @@ def quantize_failure(report: QuantizeReport) -> str | None:
     worst = min((c for c in (r.worst_cosine for r in verification.results) if c is not None), default=None)
     floor = report.accuracy.get("min_cosine_source") == "default floor"
     measured = "" if worst is None else f" (worst sample {worst:.4f})"
+    # An integer output judged by agreement (verify.compare.agreement_floor) that decided: named.
+    decided = next((r for r in verification.results if not r.passed and r.cosine is None and r.note), None)
+    if decided is not None and not any(not r.passed and r.cosine is not None for r in verification.results):
+        measured = f" (output {decided.output!r}: {decided.note})"
     what = (
         f"the accuracy floor --min-cosine {verification.options.min_cosine:g}"
         if floor
