@@ -484,5 +484,8 @@ def test_a_report_named_like_the_outputs_data_file_is_refused_before_any_work(
     before = _files(out.parent)
     result = CliRunner().invoke(main, [*command, str(src), str(out), "--report-json", str(out.parent / name)])
     assert result.exit_code == 2, result.stderr
-    assert "would take a name the output's data file may be given" in result.stderr
+    assert (
+        "would take a name the output's data file may be given" in result.stderr
+        or "would overwrite a model file" in result.stderr  # o.onnx.data: the output's own name
+    ), result.stderr
     assert _files(out.parent) == before

@@ -266,8 +266,6 @@ def check_report_target(
     for path in inputs:
         protected.add(os.path.realpath(path + ".data"))
     target = os.path.realpath(report_path)
-    for out in outputs:
-        _check_not_a_data_name(report_path, out, what)
     if target not in protected and os.path.isfile(report_path):
         from onnx_conv2matmul.files.paths import files_read_by
 
@@ -275,4 +273,6 @@ def check_report_target(
             protected |= files_read_by(path)
     if target in protected:
         raise InputError(f"the {what} would overwrite a model file: {report_path}")
+    for out in outputs:
+        _check_not_a_data_name(report_path, out, what)
     check_not_read(report_path, read, what=what)
