@@ -618,3 +618,32 @@ def test_auto_on_external_data_works_from_its_copy_and_replays(tmp_path: Path) -
     assert replay.return_code == 0
     assert (tmp_path / "a.onnx").read_bytes() == again.read_bytes()
     assert (tmp_path / "a.onnx.data").read_bytes() == (tmp_path / "again" / "a.onnx.data").read_bytes()
+
+
+_TAMPERING = """
+import onnx
+from onnx import helper
+
+def score(path):
+    if "outliers" not in path:  # the candidate: overwritten with a model of the user's own
+        model = onnx.load(path)
+        model.graph.node.append(helper.make_node("Identity", [model.graph.output[0].name], ["extra"]))
+        model.graph.output.append(helper.make_tensor_value_info("extra", onnx.TensorProto.FLOAT, None))
+        onnx.save(model, path)
+    return 1.0
+"""
+
+
+@pytest.mark.parametrize("settings", [[], ["--bits", "4"]], ids=["default", "settings-given"])
+def test_a_validate_function_that_changes_the_candidate_is_refused(
+    model: Path, tmp_path: Path, settings: list[str]
+) -> None:
+    """A --validate function could rewrite the file it was handed, and that file was published
+    unchecked (issue 43, rule 4): the bytes published must be the bytes checked."""
+    metric = tmp_path / "tamper.py"
+    metric.write_text(_TAMPERING)
+    out = model.parent / "o.onnx"
+    code, _, stderr = _invoke("quantize", model, out, *settings, "--validate", f"{metric}:score")
+    assert code == 2, stderr
+    assert "changed" in stderr and "it may only read the file" in stderr
+    assert not out.exists()

@@ -31,7 +31,7 @@ import math
 import os
 import signal
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from onnx_conv2matmul.errors import ValidationError, first_line
@@ -84,9 +84,16 @@ class MetricTarget:
         Raises:
             ValidationError: the function raised, or returned something other than a finite number.
         """
+        before = _fingerprints(path)
         with fenced(f"the validation function {self.label}", f"on {what}", capture=True):
             value = self.validate(path)
             number = _as_float(value)
+        changed = sorted(f for f, mark in _fingerprints(path, before).items() if mark != before.get(f))
+        if changed:
+            raise ValidationError(
+                f"the validation function {self.label} changed {', '.join(changed)} while scoring {what}:"
+                " the model it scored is not the one that would be written (it may only read the file)"
+            )
         if number is None or not math.isfinite(number):
             raise ValidationError(
                 f"the validation function {self.label} returned {_short(value)} for {what}:"
@@ -108,6 +115,22 @@ class MetricTarget:
 
     def to_dict(self) -> dict[str, Any]:
         return {"function": self.label, "max_drop": self.max_drop, "relative": self.relative}
+
+
+def _fingerprints(path: str, files: Mapping[str, object] | None = None) -> dict[str, object]:
+    """Size, modification and change times and inode of the model at ``path`` and of each data
+    file it reads (``files``: these files instead of parsing it again). A write, a truncation, a
+    replacement or a ``chmod`` changes the change time, which no program can set back."""
+    from onnx_conv2matmul.files.paths import files_read_by
+
+    marks: dict[str, object] = {}
+    for name in files if files is not None else files_read_by(path):
+        try:
+            st = os.stat(name)
+            marks[name] = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+        except OSError:
+            marks[name] = None
+    return marks
 
 
 def _as_float(value: object) -> float | None:
