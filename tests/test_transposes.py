@@ -195,3 +195,36 @@ def test_the_model_written_is_the_one_the_trade_made(tmp_path: Path, monkeypatch
         output.stat().st_size == with_["bytes"] and data["quantized_nodes"] == with_["quantized_nodes"] == 1
     )
     assert not [p for p in output.parent.iterdir() if p.name.startswith(".")]  # no scratch left
+
+
+@pytest.mark.parametrize("prefer", ["size", None], ids=["size", "default"])
+def test_prefer_size_does_not_choose_the_kernel_for_speed(tmp_path: Path, prefer: str | None) -> None:
+    """On a 2-core AVX2 EPYC the kernel choice took accuracy level 4 for PP-OCRv4's detector; its
+    activation error left every layer in float, and --prefer size wrote the original (1.00x) where
+    level 0 gives 0.44x (issue 42, item 3). --prefer size no longer chooses settings for speed."""
+    from click.testing import CliRunner
+
+    from onnx_conv2matmul.cli.app import main
+
+    source = tmp_path / "block.onnx"
+    onnx.save(mobile_block(channels=64, wide=256), source)
+    out = tmp_path / "out.onnx"
+    argv = [
+        "quantize",
+        str(source),
+        str(out),
+        *(["--prefer", prefer] if prefer else []),
+        "--bench-rounds",
+        "3",
+        "--report-json-stdout",
+    ]
+    result = CliRunner().invoke(main, argv)
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert (data["kernel_costs"] is None) is (prefer == "size")
+    if prefer == "size":
+        levels = {
+            a.i for n in onnx.load(out).graph.node if n.op_type == "MatMulNBits" for a in n.attribute
+            if a.name == "accuracy_level"
+        }  # fmt: skip
+        assert levels <= {0}
