@@ -197,5 +197,4 @@ def test_a_paddle_recognizer_with_every_weight_in_a_constant(tmp_path: Path) -> 
     assert data["quantized_nodes"] >= 8
     assert out.stat().st_size < 0.75 * src.stat().st_size
     code, _, stderr = _invoke("quantize", src, tmp_path / "rec.int8.onnx", "--int8-dynamic")
-    assert code in (0, 1), stderr  # it runs; exit 1 is an honest miss of the floor, never a crash
-    assert "internal error" not in stderr
+    assert code == 0, stderr  # its MatMuls in int8 (0.70x); its convs stay float (no ConvInteger)

@@ -232,14 +232,10 @@ def _rewrite(run: Run, model: ir.Model) -> ConvertReport:
     speed = plan.speed
     # --prefer size: the settings are not chosen for speed (accuracy level 4 quantizes the
     # activations too, and its error leaves more layers in float: PP-OCRv4's detector came out
-    # unchanged, 1.00x, where level 0 gives 0.44x).
-    if (
-        speed is not None
-        and speed.mode == "shapes"
-        and speed.chooses
-        and not plan.int8
-        and not wants_smallest(plan.request)
-    ):
+    # unchanged, 1.00x, where level 0 gives 0.44x). --auto, which asks for the smallest model as
+    # well, keeps the choice: its search measures each setting's accuracy at the level chosen.
+    for_size = wants_smallest(plan.request) and plan.request.auto is None
+    if speed is not None and speed.mode == "shapes" and speed.chooses and not plan.int8 and not for_size:
         from onnx_conv2matmul.quantize import kernel
 
         plan.progress.phase("Kernel choice: timing each weight shape")
