@@ -24,6 +24,7 @@ from onnx_conv2matmul.errors import (
     exit_code_for,
     is_out_of_memory,
 )
+from onnx_conv2matmul.files.checks import fingerprint
 from onnx_conv2matmul.report import CommandReport, ErrorReport
 
 if TYPE_CHECKING:
@@ -111,9 +112,13 @@ class Outcome:
         self.json_stdout = json_stdout
         self.inputs = inputs
 
+    def error_json(self, code: int, error: str) -> str:
+        """The error object a run that ends without its report gives instead."""
+        return json.dumps(ErrorReport(self.command, code, error, self.inputs).to_dict(), indent=2)
+
     def print_error_json(self, code: int, error: str) -> None:
         """Print the error object instead of a report, when asked for and nothing printed yet."""
-        self.print_json(json.dumps(ErrorReport(self.command, code, error, self.inputs).to_dict(), indent=2))
+        self.print_json(self.error_json(code, error))
 
     def report_requested(self, path: str | None) -> None:
         """``--report-json PATH``, checked as a place to write: it gets the error object when the
@@ -137,17 +142,8 @@ class Outcome:
         if self.report_path is not None and not self._report_written:
             from onnx_conv2matmul.files import load as _io
 
-            text = json.dumps(ErrorReport(self.command, code, error, self.inputs).to_dict(), indent=2)
             with contextlib.suppress(OSError):  # the error line already says what went wrong
-                _io.write_text_atomic(self.report_path, text + "\n")
-
-
-def fingerprint(path: str) -> tuple[int, ...] | None:
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+                _io.write_text_atomic(self.report_path, self.error_json(code, error) + "\n")
 
 
 OUTCOME = Outcome()

@@ -225,6 +225,18 @@ def check_not_read(path: str, read: Iterable[str], *, what: str) -> None:
         raise InputError(f"the {what} would overwrite a file this run reads: {path}")
 
 
+def fingerprint(path: str) -> tuple[int, ...] | None:
+    """What tells whether the file at ``path`` (not a link's target) changed: device, inode,
+    size, modification and change times; None when there is nothing there. A write, a
+    truncation, a replacement or a ``chmod`` changes the change time, which no program can set
+    back."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 def _check_not_a_data_name(path: str, output: str, what: str) -> None:
     """Refuse ``path`` when it names a data file ``output`` may be given (``<name>.data``, or
     ``<name>.N.data`` when that name is taken when the output is written): the report would

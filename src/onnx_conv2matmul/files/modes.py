@@ -8,6 +8,9 @@ import shutil
 import stat
 import tempfile
 
+PERMISSION_BITS = 0o777
+"""The bits an output takes from its input: read, write and execute, never setuid, setgid or sticky."""
+
 
 def _umask() -> int:
     """The process's umask, read without setting it (setting it, even back, races with other

@@ -28,7 +28,7 @@ from onnx_conv2matmul.files import datafile as _datafile
 from onnx_conv2matmul.files import owned
 from onnx_conv2matmul.files import publish as _publish
 from onnx_conv2matmul.files.datafile import ProgressCallback
-from onnx_conv2matmul.files.modes import usual_mode
+from onnx_conv2matmul.files.modes import PERMISSION_BITS, usual_mode
 from onnx_conv2matmul.files.ranges import external_ranges
 
 if TYPE_CHECKING:  # imported where used: the copy starts before onnx-ir is imported
@@ -55,10 +55,6 @@ def save(
         import onnx_ir as ir
 
         ir.save(model, onnx_path)
-
-
-PERMISSION_BITS = 0o777
-"""The bits an output takes from its input: read, write and execute, never setuid, setgid or sticky."""
 
 
 def file_modes(onnx_path: str, data_files: list[str]) -> tuple[int, int]:

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING
 
 from onnx_conv2matmul.errors import DestinationBusy, InputError
 from onnx_conv2matmul.files import owned
-from onnx_conv2matmul.files.modes import usual_mode
+from onnx_conv2matmul.files.modes import PERMISSION_BITS, usual_mode
 from onnx_conv2matmul.files.paths import data_files
 
 if TYPE_CHECKING:  # imported where used: the console script's start stays light
@@ -455,7 +455,7 @@ def set_metadata(path: str, entries: dict[str, str]) -> None:
     os.close(fd)
     try:
         onnx.save_model(proto, tmp)
-        os.chmod(tmp, os.stat(path).st_mode & 0o777)  # never setuid, setgid or sticky
+        os.chmod(tmp, os.stat(path).st_mode & PERMISSION_BITS)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

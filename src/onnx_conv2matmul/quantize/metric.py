@@ -31,10 +31,11 @@ import math
 import os
 import signal
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from onnx_conv2matmul.errors import ValidationError, first_line
+from onnx_conv2matmul.files.checks import fingerprint
 
 DEFAULT_MAX_DROP = 0.01
 """The default largest drop of the score: 0.01 absolute (NNCF's default too)."""
@@ -88,7 +89,7 @@ class MetricTarget:
         with fenced(f"the validation function {self.label}", f"on {what}", capture=True):
             value = self.validate(path)
             number = _as_float(value)
-        changed = sorted(f for f, mark in _fingerprints(path, before).items() if mark != before.get(f))
+        changed = sorted(name for name, mark in before.items() if fingerprint(name) != mark)
         if changed:
             raise ValidationError(
                 f"the validation function {self.label} changed {', '.join(changed)} while scoring {what}:"
@@ -117,20 +118,12 @@ class MetricTarget:
         return {"function": self.label, "max_drop": self.max_drop, "relative": self.relative}
 
 
-def _fingerprints(path: str, files: Mapping[str, object] | None = None) -> dict[str, object]:
-    """Size, modification and change times and inode of the model at ``path`` and of each data
-    file it reads (``files``: these files instead of parsing it again). A write, a truncation, a
-    replacement or a ``chmod`` changes the change time, which no program can set back."""
+def _fingerprints(path: str) -> dict[str, tuple[int, ...] | None]:
+    """The :func:`~onnx_conv2matmul.files.checks.fingerprint` of the model at ``path`` and of
+    each data file it reads."""
     from onnx_conv2matmul.files.paths import files_read_by
 
-    marks: dict[str, object] = {}
-    for name in files if files is not None else files_read_by(path):
-        try:
-            st = os.stat(name)
-            marks[name] = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
-        except OSError:
-            marks[name] = None
-    return marks
+    return {name: fingerprint(name) for name in files_read_by(path)}
 
 
 def _as_float(value: object) -> float | None:
