@@ -21,6 +21,7 @@ from collections.abc import Mapping
 import onnx_ir as ir
 
 from onnx_conv2matmul._graphs import walk_graphs
+from onnx_conv2matmul.rewrite.weights import constant_tensor
 
 WEIGHT_INPUTS: dict[str, tuple[int, ...]] = {
     "MatMul": (1,),
@@ -39,17 +40,15 @@ _DEFAULT_DOMAINS = ("", "ai.onnx")
 def _weight_tensor(node: ir.Node, readers: Mapping[str, tuple[int, ...]]) -> ir.TensorProtocol | None:
     """The tensor of a default-domain ``Constant`` node whose output feeds an input of
     ``readers`` and is not a graph output, when it is a float tensor of rank 2 or more."""
-    if node.op_type != "Constant" or node.domain not in _DEFAULT_DOMAINS:
-        return None
     if set(node.attributes) != {"value"} or len(node.outputs) != 1:
         return None
-    attr = node.attributes["value"]
-    if attr.type != ir.AttributeType.TENSOR:
+    output = node.outputs[0]
+    found = constant_tensor(output)  # a default-domain Constant holding a tensor: its own
+    if found is None or found[1] is not node:
         return None
-    tensor = attr.as_tensor()
+    tensor = found[0]
     if not tensor.dtype.is_floating_point() or len(tensor.shape) < 2:
         return None
-    output = node.outputs[0]
     if output.is_graph_output() or output.name is None:
         return None
     reads_weight = any(
