@@ -145,7 +145,11 @@ def test_a_run_that_meets_the_floor_exits_0_without_warning(model: Path, tmp_pat
     assert code == 0
     data = json.loads(stdout)
     assert data["warnings"] == [] and data["accuracy"]["fallback"] is None
-    assert data["verification"]["criterion"] == {"kind": "min_cosine", "min_cosine": DEFAULT_MIN_COSINE}
+    assert data["verification"]["criterion"] == {
+        "kind": "min_cosine",
+        "min_cosine": DEFAULT_MIN_COSINE,
+        "labels": "auto",
+    }
     assert min(_cosines(model, out, FEEDS)) >= DEFAULT_MIN_COSINE
 
 

@@ -175,7 +175,7 @@ def test_cli_auto_writes_config_and_report(tmp_path: Path) -> None:
     assert saved == data["auto"]["config"]
     assert saved["config_version"] == 1 and saved["nodes"]
     assert data["auto"]["full_evaluations"] == len(data["auto"]["evaluations"]) <= 8
-    assert data["verification"]["criterion"] == {"kind": "min_cosine", "min_cosine": 0.995}
+    assert data["verification"]["criterion"] == {"kind": "min_cosine", "min_cosine": 0.995, "labels": "auto"}
     assert len(data["auto"]["nodes"]) == len(saved["nodes"])
     assert data["options"]["quantize"] == saved
 

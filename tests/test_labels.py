@@ -1,66 +1,199 @@
-"""Class scores whose labels change under a met cosine floor: the check says cosine is the wrong
-target and points to --validate (verify/labels.py)."""
+"""Criteria shaped like the output (verify/labels.py): outputs of class scores found in the graph,
+their labels counted per sample or per confident frame, judged over a whole check with what the
+count can promise, in verify, quantize's default run and --auto."""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 from click.testing import CliRunner
-from onnx import helper, numpy_helper
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
 
 from onnx_conv2matmul.cli.app import main
 from onnx_conv2matmul.verify.compare import OutputComparison
-from onnx_conv2matmul.verify.labels import MAX_FLIPPED, advice, class_scores, label_flips
+from onnx_conv2matmul.verify.labels import (
+    FRAMES,
+    LABELS,
+    MIN_AGREEMENT,
+    TaskResult,
+    _at_most,
+    agreement_bound,
+    agreement_floor,
+    count,
+    labels_needed,
+    output_tasks,
+    task_results,
+)
+from onnx_conv2matmul.verify.options import VerifyOptions
 
 K = 64
 
 
-def test_class_scores_are_one_row_of_classes_per_sample() -> None:
-    assert class_scores((8, 2), 8) and class_scores((1, 1000), 1)
-    assert not class_scores((8, 1), 8)  # one score: no label to pick
-    assert not class_scores((8, 4, 2), 8)  # per position, not per sample
-    assert not class_scores((4, 2), 8)
+# --------------------------------------------------------------------------- #
+# Which outputs hold class scores: decided from the graph
+# --------------------------------------------------------------------------- #
+def _head(op: str, rank: int, *, axis: int | None = None, name: str = "y", opset: int = 17) -> onnx.ModelProto:
+    """x -> op -> name, of ``rank`` with 10 classes on the last axis."""
+    shape: list[int | str] = ["N", "T", 10][-rank:] if rank <= 3 else ["N", "T", "U", 10]
+    attrs = {} if axis is None else {"axis": axis}
+    nodes = [helper.make_node(op, ["x"], [name], **attrs)] if op else []
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info(name if op else "x", TensorProto.FLOAT, shape)],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
-def test_label_flips_count_changed_argmax_and_unreadable_rows() -> None:
-    ref = np.array([[1.0, 0.0], [0.0, 1.0], [2.0, 1.0], [1.0, 3.0]], np.float32)
-    out = np.array([[0.9, 0.1], [0.6, 0.4], [2.0, 1.0], [np.nan, 3.0]], np.float32)
-    assert label_flips(ref, out, 4) == (4, 2)
-    assert label_flips(ref[:, :1], out[:, :1], 4) is None
-    assert label_flips(ref.astype(np.int64), np.nan_to_num(out).astype(np.int64), 4) is None
+@pytest.mark.parametrize(
+    ("model", "expected"),
+    [
+        (_head("Softmax", 2), {"y": LABELS}),
+        (_head("Softmax", 3), {"y": FRAMES}),
+        (_head("LogSoftmax", 3, axis=2), {"y": FRAMES}),
+        (_head("Softmax", 4, axis=-1), {"y": FRAMES}),
+        (_head("Softmax", 3, axis=1), {}),  # over the positions, not the classes
+        (_head("Softmax", 3, opset=11), {}),  # opset 11's default axis is 1: a flattened softmax
+        (_head("Softmax", 2, opset=11), {"y": LABELS}),  # ... which is the last of two
+        (_head("Relu", 3), {}),  # features: no evidence
+        (_head("Relu", 2, name="logits"), {"logits": LABELS}),  # named as logits
+        (_head("Relu", 2, name="cls_Logits_out"), {"cls_Logits_out": LABELS}),
+    ],
+)
+def test_the_graph_decides_which_outputs_hold_class_scores(model: onnx.ModelProto, expected: dict) -> None:
+    assert output_tasks(model) == expected
+    assert output_tasks(model, "cosine") == {}
 
 
-def _row(labels: int, flips: int, passed: bool = True) -> OutputComparison:
-    row = OutputComparison(1, "prob", "float32", [labels, 2], 0.0, 0.0, 0.0, 0.999, 1.0, 0, passed)
-    row.labels, row.label_flips = labels, flips
+def test_an_argmax_or_topk_over_the_last_axis_marks_its_input_through_identity() -> None:
+    for op, attrs, marked in (
+        ("ArgMax", {"axis": -1}, True),
+        ("ArgMax", {"axis": 2}, True),
+        ("ArgMax", {}, False),  # ArgMax's default axis is 0
+        ("TopK", {}, True),
+    ):
+        extra = [helper.make_tensor_value_info("ids", TensorProto.INT64, None)]
+        inputs = ["scores"] if op == "ArgMax" else ["scores", "k"]
+        nodes = [
+            helper.make_node("Relu", ["x"], ["r"]),
+            helper.make_node("Identity", ["r"], ["scores"]),
+            helper.make_node(op, inputs, ["ids", "vals"] if op == "TopK" else ["ids"], **attrs),
+        ]
+        graph = helper.make_graph(
+            nodes,
+            "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "T", 30])],
+            [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["N", "T", 30]), *extra],
+            [numpy_helper.from_array(np.array([1], np.int64), "k")],
+        )
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        assert output_tasks(model) == ({"scores": FRAMES} if marked else {}), op
+
+
+def test_forced_labels_take_every_float_output_that_can_hold_classes() -> None:
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Relu", ["x"], ["b"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 5])],
+        [
+            helper.make_tensor_value_info("a", TensorProto.FLOAT, ["N", 5]),
+            helper.make_tensor_value_info("b", TensorProto.FLOAT, ["N", 1]),  # one score: no label
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    assert output_tasks(model) == {}
+    assert output_tasks(model, "labels") == {"a": LABELS}
+
+
+# --------------------------------------------------------------------------- #
+# Counting
+# --------------------------------------------------------------------------- #
+def test_labels_count_every_sample_and_a_non_finite_one_as_changed() -> None:
+    ref = np.array([[1.0, 0.0], [0.0, 1.0], [0.5, 0.4], [2.0, 1.0]], np.float32)
+    out = np.array([[1.0, 0.1], [0.2, 0.1], [0.5, 0.4], [np.nan, 1.0]], np.float32)
+    assert count(ref, out, LABELS) == (4, 2)
+    assert count(ref[:, :1], out[:, :1], LABELS) == (0, 0)  # one class: nothing to pick
+
+
+@pytest.mark.parametrize("form", ["probabilities", "log-probabilities", "logits"])
+def test_frames_count_only_where_fp32_is_confident(form: str) -> None:
+    # Three frames: confident (0.9), unsure (0.4 / 0.35 / 0.25), confident (0.8).
+    probs = np.array([[[0.9, 0.05, 0.05], [0.4, 0.35, 0.25], [0.1, 0.1, 0.8]]], np.float64)
+    moved = probs[:, :, ::-1].copy()  # every frame's top class moves
+    change = {"probabilities": lambda p: p, "log-probabilities": np.log, "logits": lambda p: np.log(p) + 3.0}
+    ref, out = change[form](probs), change[form](moved)
+    assert count(ref.astype(np.float32), out.astype(np.float32), FRAMES) == (2, 2)
+    assert count(ref.astype(np.float32), ref.astype(np.float32), FRAMES) == (2, 0)
+
+
+# --------------------------------------------------------------------------- #
+# What a count promises
+# --------------------------------------------------------------------------- #
+def test_the_rule_of_three_and_the_labels_a_promise_needs() -> None:
+    assert labels_needed(0.99) == 299
+    assert agreement_bound(299, 0) >= 0.99 > agreement_bound(298, 0)
+    assert agreement_bound(30, 0) == pytest.approx(0.05 ** (1 / 30))
+    assert agreement_bound(0, 0) == 0.0 and agreement_bound(5, 5) == 0.0
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 400), st.data())
+def test_the_bound_is_the_binomial_tail_at_five_percent(n: int, data: st.DataObject) -> None:
+    changed = data.draw(st.integers(0, n))
+    bound = agreement_bound(n, changed)
+    assert 0.0 <= bound <= (n - changed) / n
+    if 0 < changed < n:
+        # At the bound, seeing this few changes is a 5% event; a little above it, rarer.
+        assert _at_most(n, changed, 1 - bound) == pytest.approx(0.05, abs=1e-6)
+        assert agreement_bound(n, changed - 1) >= bound
+
+
+def _row(output: str, labels: int, flips: int, task: str = LABELS) -> OutputComparison:
+    row = OutputComparison(1, output, "float32", [labels, 2], 0.0, 0.0, 0.0, 0.999, 1.0, 0, True)
+    row.labels, row.label_flips, row.task = labels, flips, task
     return row
 
 
-def test_advice_beyond_one_percent_of_labels_only() -> None:
-    assert advice([_row(100, 1)], 0.99) == []  # exactly the limit: 99% kept
-    assert MAX_FLIPPED == 0.01
-    found = advice([_row(50, 1), _row(50, 1)], 0.99)  # two files of one output: 2 of 100
-    assert len(found) == 1 and "wrong target" in found[0] and "--validate" in found[0]
-    assert "2 of 100" in found[0]
-    assert advice([_row(100, 5, passed=False)], 0.99) == []  # the floor itself failed
-    assert advice([_row(100, 5)], None) == []  # no cosine floor: nothing to advise against
+def test_a_check_judges_each_outputs_labels_over_all_its_rows() -> None:
+    rows = [_row("p", 50, 1), _row("p", 50, 0), _row("f", 1000, 11, FRAMES), _row("other", 0, 0, "")]
+    found = {r.output: r for r in task_results(rows, 0.99)}
+    assert set(found) == {"p", "f"}
+    assert found["p"].labels == 100 and found["p"].passed  # 99% kept: at the limit
+    assert not found["f"].passed and found["f"].loss == pytest.approx(1.1)
+    assert task_results(rows, None) == [] and task_results(rows, 0.99, report_only=True) == []
+    assert all(r.passed for r in task_results(rows, -1.0))  # -1 accepts anything
+    assert agreement_floor(0.97) == 0.97 and agreement_floor(0.999) == MIN_AGREEMENT
 
 
-def _near_tie_classifier(path: Path) -> np.ndarray:
+def test_the_text_says_what_the_count_can_promise() -> None:
+    text = TaskResult("prob", LABELS, 40, 0, 0.99).text()
+    assert "40 of 40 labels kept" in text and "299 labels" in text and "at least 92.8%" in text
+    assert "below 99%" in TaskResult("ctc", FRAMES, 100, 5, 0.99).text()
+
+
+# --------------------------------------------------------------------------- #
+# verify, quantize and --auto on a classifier whose labels hang on small differences
+# --------------------------------------------------------------------------- #
+def _near_tie_classifier(path: Path, output: str = "logits") -> np.ndarray:
     """x [N, K] -> MatMul W [K, 2] -> logits [N, 2]: both columns nearly the same, so each
     label hangs on a difference far below either score."""
     rng = np.random.default_rng(0)
     first = rng.standard_normal((K, 1)).astype(np.float32)
     w = np.concatenate([first, first + 1e-3 * rng.standard_normal((K, 1)).astype(np.float32)], axis=1)
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "W"], ["logits"], name="head")],
+        [helper.make_node("MatMul", ["x", "W"], [output], name="head")],
         "cls",
         [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", K])],
-        [helper.make_tensor_value_info("logits", onnx.TensorProto.FLOAT, ["N", 2])],
+        [helper.make_tensor_value_info(output, onnx.TensorProto.FLOAT, ["N", 2])],
         [numpy_helper.from_array(w, "W")],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -78,7 +211,12 @@ def _inputs(tmp_path: Path, w: np.ndarray) -> Path:
     return path
 
 
-def test_verify_says_cosine_is_the_wrong_target_when_labels_flip(tmp_path: Path) -> None:
+def _verify(args: list[str], report: Path) -> tuple[int, str, dict]:
+    result = CliRunner().invoke(main, [*args, "--report-json", str(report)])
+    return result.exit_code, " ".join(result.output.split()), json.loads(report.read_text())["verification"]
+
+
+def test_verify_fails_when_labels_move_under_a_met_cosine(tmp_path: Path) -> None:
     original = tmp_path / "cls.onnx"
     w = _near_tie_classifier(original)
     candidate = tmp_path / "swapped.onnx"
@@ -86,67 +224,88 @@ def test_verify_says_cosine_is_the_wrong_target_when_labels_flip(tmp_path: Path)
     model.graph.initializer[0].CopyFrom(numpy_helper.from_array(w[:, ::-1].copy(), "W"))
     onnx.save(model, candidate)
     inputs = _inputs(tmp_path, w)
-    report = tmp_path / "r.json"
-    result = CliRunner().invoke(
-        main,
-        [
-            *("verify", str(original), str(candidate), "--inputs", str(inputs), "--min-cosine", "0.99"),
-            *("--report-json", str(report)),
-        ],
-    )
-    assert result.exit_code == 0, result.output  # the cosine floor is met
-    text = " ".join(result.output.split())
-    assert "wrong target" in text and "--validate" in text
-    verification = json.loads(report.read_text())["verification"]
+    args = ["verify", str(original), str(candidate), "--inputs", str(inputs), "--min-cosine", "0.99"]
+    code, text, verification = _verify(args, tmp_path / "r.json")
+    assert code == 1, text
     (row,) = verification["results"]
-    assert row["labels"] == 200 and row["label_flips"] > 2
-    assert any("wrong target" in w for w in verification["warnings"])
+    assert row["passed"] and row["worst_cosine" if "worst_cosine" in row else "cosine"] >= 0.99
+    (labels,) = verification["labels"]
+    assert labels["output"] == "logits" and labels["labels"] == 200 and not labels["passed"]
+    assert "First failure: output 'logits'" in text and "labels kept" in text
+    assert verification["criterion"]["labels"] == "auto"
+    # --criterion cosine: the cosine alone decides, as before.
+    code, _, verification = _verify([*args, "--criterion", "cosine"], tmp_path / "c.json")
+    assert code == 0 and verification["labels"] == []
 
 
-def test_verify_is_silent_when_labels_hold(tmp_path: Path) -> None:
+def test_verify_passes_and_says_what_the_labels_promise(tmp_path: Path) -> None:
     original = tmp_path / "cls.onnx"
     w = _near_tie_classifier(original)
-    report = tmp_path / "r.json"
-    inputs = _inputs(tmp_path, w)
-    args = ["verify", str(original), str(original), "--inputs", str(inputs), "--min-cosine", "0.99"]
-    result = CliRunner().invoke(main, [*args, "--report-json", str(report)])
-    assert result.exit_code == 0 and "wrong target" not in result.output
-    (row,) = json.loads(report.read_text())["verification"]["results"]
-    assert row["labels"] == 200 and row["label_flips"] == 0
+    args = ["verify", str(original), str(original), "--inputs", str(_inputs(tmp_path, w)), "--min-cosine", "0.99"]
+    code, text, verification = _verify(args, tmp_path / "r.json")
+    assert code == 0, text
+    (labels,) = verification["labels"]
+    assert labels["changed"] == 0 and labels["lower_bound"] == pytest.approx(0.05 ** (1 / 200))
+    assert "Labels ok: output 'logits': 200 of 200 labels kept" in text and "299 labels" in text
 
 
-def test_quantize_writes_and_says_cosine_is_the_wrong_target(tmp_path: Path) -> None:
-    """int4 on the near-tie head keeps every sample above 0.99 and flips labels: the model is
-    written (the floor is met) with the advice on the terminal and in the report; the flips are
-    real in onnxruntime."""
+def test_an_unnamed_head_is_judged_when_labels_are_asked_for(tmp_path: Path) -> None:
+    original = tmp_path / "cls.onnx"
+    w = _near_tie_classifier(original, output="y")
+    candidate = tmp_path / "swapped.onnx"
+    model = onnx.load(original)
+    model.graph.initializer[0].CopyFrom(numpy_helper.from_array(w[:, ::-1].copy(), "W"))
+    onnx.save(model, candidate)
+    args = ["verify", str(original), str(candidate), "--inputs", str(_inputs(tmp_path, w)), "--min-cosine", "0.99"]
+    assert _verify(args, tmp_path / "a.json")[0] == 0  # no evidence in the graph: cosine alone
+    assert _verify([*args, "--criterion", "labels"], tmp_path / "l.json")[0] == 1
+
+
+def _ort_labels(path: Path, x: np.ndarray) -> np.ndarray:
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return np.asarray(session.run(None, {"x": x})[0]).argmax(1)
+
+
+@pytest.mark.parametrize("auto", [False, True], ids=["default", "auto"])
+def test_quantize_keeps_the_labels_or_writes_nothing(tmp_path: Path, auto: bool) -> None:
+    """int4 on the near-tie head keeps every sample above 0.99 and flips labels: the run goes on
+    to settings that keep 99% of them (in onnxruntime, on the inputs), or writes nothing."""
     original = tmp_path / "cls.onnx"
     w = _near_tie_classifier(original)
     inputs = _inputs(tmp_path, w)
     out, report = tmp_path / "q.onnx", tmp_path / "q.json"
-    result = CliRunner().invoke(
-        main,
-        [
-            *(
-                "quantize",
-                str(original),
-                str(out),
-                "--inputs",
-                str(inputs),
-                "--no-bench",
-                "--block-size",
-                "32",
-            ),
-            *("--report-json", str(report)),
-        ],
-    )
-    assert result.exit_code == 0, result.output
-    text = " ".join(result.output.split())
-    assert "wrong target" in text and "--validate" in text
-    verification = json.loads(report.read_text())["verification"]
-    assert any("wrong target" in w for w in verification["warnings"])
-    x = np.load(inputs)["x"]
-    labels = [
-        ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0].argmax(1)
-        for p in (original, out)
+    args = ["quantize", str(original), str(out), "--inputs", str(inputs), "--no-bench"]
+    result = CliRunner().invoke(main, [*args, *(["--auto"] if auto else []), "--report-json", str(report)])
+    data = json.loads(report.read_text())
+    if result.exit_code == 0:
+        assert out.exists()
+        x = np.load(inputs)["x"]
+        changed = float((_ort_labels(original, x) != _ort_labels(out, x)).mean())
+        assert changed <= 1 - MIN_AGREEMENT
+        (labels,) = data["verification"]["labels"]
+        assert labels["passed"] and labels["changed"] == round(changed * 200)
+    else:
+        assert result.exit_code == 1 and not out.exists()
+        assert "labels kept" in result.output
+
+
+def test_uniform_int4_that_moves_labels_is_refused_with_its_reason(tmp_path: Path) -> None:
+    """Settings given (no search below the criterion): the run names the labels that moved."""
+    original = tmp_path / "cls.onnx"
+    w = _near_tie_classifier(original)
+    out, report = tmp_path / "q.onnx", tmp_path / "q.json"
+    args = [
+        *("quantize", str(original), str(out), "--inputs", str(_inputs(tmp_path, w))),
+        *("--no-bench", "--bits", "4", "--block-size", "32", "--min-cosine", "0.99"),
     ]
-    assert (labels[0] != labels[1]).mean() > MAX_FLIPPED
+    result = CliRunner().invoke(main, [*args, "--report-json", str(report)])
+    assert result.exit_code == 1 and not out.exists()
+    text = " ".join(result.output.split())
+    assert "labels kept" in text and "below 99%" in text
+    assert not json.loads(report.read_text())["verification"]["labels"][0]["passed"]
+
+
+def test_the_options_refuse_an_unknown_labels_mode() -> None:
+    with pytest.raises(ValueError, match="labels criterion"):
+        VerifyOptions(labels="top5")
+    assert math.isclose(agreement_bound(1, 0), 0.05)

@@ -156,7 +156,7 @@ def test_verify_min_cosine_criterion(files: dict[str, str], validator: Any) -> N
         files, "verify", "{model}", "{model}", "--verify-lengths", "3", "--min-cosine", "0.5", "-q"
     )
     _validate(validator, data)
-    assert data["verification"]["criterion"] == {"kind": "min_cosine", "min_cosine": 0.5}
+    assert data["verification"]["criterion"] == {"kind": "min_cosine", "min_cosine": 0.5, "labels": "auto"}
 
 
 # ---- quantize ------------------------------------------------------------------------------------
@@ -172,7 +172,7 @@ def test_quantize(files: dict[str, str], validator: Any, extra: list[str], mode:
     _assert_envelope(data, "quantize", 0)
     assert data["mode"] == mode and data["quantized_nodes"] >= 1
     # Without --min-cosine the default floor is the criterion, and the JSON says so.
-    assert data["verification"]["criterion"] == {"kind": Criterion.MIN_COSINE.value, "min_cosine": 0.99}
+    assert data["verification"]["criterion"] == {"kind": Criterion.MIN_COSINE.value, "min_cosine": 0.99, "labels": "auto"}
     assert data["accuracy"]["min_cosine_source"] == "default floor"
     assert data["accuracy"]["inputs"] == "synthesised" and data["accuracy"]["caveat"]
 
@@ -184,7 +184,7 @@ def test_quantize_below_min_cosine(files: dict[str, str], validator: Any) -> Non
     assert code == 1
     _validate(validator, data)
     assert data["output"] is None and "below --min-cosine" in data["error"]
-    assert data["verification"]["criterion"] == {"kind": "min_cosine", "min_cosine": 1.0}
+    assert data["verification"]["criterion"] == {"kind": "min_cosine", "min_cosine": 1.0, "labels": "auto"}
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,7 @@ from onnx_conv2matmul.verify.options import (
     DEFAULT_MEAN_ABS,
     DEFAULT_MEMORY,
     IMAGE_LENGTHS,
+    LABEL_MODES,
     LONG_LENGTH,
     VerifyOptions,
     format_size,
@@ -200,8 +201,25 @@ def max_dilation_option(
 
 
 def min_cosine_option(help: str) -> Decorator:
-    """``--min-cosine X``: verify's pass criterion, quantize's accuracy floor (each words it)."""
-    return click.option("--min-cosine", type=FiniteFloatRange(-1, 1), default=None, help=help)
+    """``--min-cosine X``: verify's pass criterion, quantize's accuracy floor (each words it), and
+    ``--criterion``, what else a minimum cosine judges."""
+    return option_group(
+        [
+            click.option("--min-cosine", type=FiniteFloatRange(-1, 1), default=None, help=help),
+            click.option(
+                "--criterion",
+                type=click.Choice(LABEL_MODES),
+                default="auto",
+                show_default=True,
+                help=(
+                    "With a minimum cosine, outputs of class scores must also keep fp32's labels"
+                    " (99%, or the minimum cosine when lower; per sample, or per confident frame):"
+                    " auto finds them in the graph (Softmax, ArgMax, logits), labels takes every"
+                    " output that can hold them, cosine none."
+                ),
+            ),
+        ]
+    )
 
 
 def json_stdout_option(
@@ -363,6 +381,7 @@ def verify_options_from(
         deterministic=kwargs["verify_deterministic_cpu"],
         feeds=feeds,
         memory=kwargs["verify_memory"],
+        labels=kwargs.get("criterion") or "auto",
     )
 
 

@@ -11,6 +11,7 @@ channel, fetched on the feeds whose activations fit :data:`ACTIVATION_BYTES`.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -19,6 +20,7 @@ import numpy as np
 
 from onnx_conv2matmul.errors import OutOfMemory
 from onnx_conv2matmul.quantize.search_runs import ACTIVATION_BYTES, ChannelEnergy, _run
+from onnx_conv2matmul.verify.labels import TaskResult, failed, task_results
 from onnx_conv2matmul.verify.run import release_freed_memory
 
 if TYPE_CHECKING:
@@ -28,8 +30,9 @@ if TYPE_CHECKING:
 
 @dataclasses.dataclass
 class Checked:
-    """One candidate against the reference: its rows per feed, whether all passed, the worst
-    per-sample cosine, the first failure in words, and (when asked) the activation statistics."""
+    """One candidate against the reference: its rows per feed, whether all passed (the labels of
+    the outputs that hold class scores included), the worst per-sample cosine, the first failure
+    in words, and (when asked) the activation statistics."""
 
     rows: list[list[OutputComparison]]
     passed: bool
@@ -37,9 +40,18 @@ class Checked:
     failure: str
     seconds: float
     activations: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    labels: list[TaskResult] = dataclasses.field(default_factory=list)
 
     def flat_rows(self) -> list[OutputComparison]:
         return [row for rows in self.rows for row in rows]
+
+    def loss(self, floor: float) -> float:
+        """How far the candidate is from the criterion, 1 at its limit: the largest of the worst
+        cosine's ``(1 - cosine) / (1 - floor)`` and each output's labels' share changed over the
+        share allowed; inf when it could not be measured."""
+        if self.worst_cosine is None or floor >= 1:
+            return math.inf
+        return max([(1.0 - self.worst_cosine) / (1.0 - floor), *(t.loss for t in self.labels)])
 
 
 def check(
@@ -87,8 +99,12 @@ def check(
     flat = [row for feed_rows in rows for row in feed_rows]
     cosines = [row.worst_cosine for row in flat if row.worst_cosine is not None]
     bad = next((row for row in flat if not row.passed), None)
+    labels = task_results(flat, verify.min_cosine, verify.report_only)
     if not failure and bad is not None:
         failure = f"{bad.output} at length {bad.length}: {bad.note}" if bad.note else f"{bad.output}"
+    moved = failed(labels)
+    if not failure and moved is not None:
+        failure = moved.text()
     return Checked(
         rows,
         passed=not failure,
@@ -96,4 +112,5 @@ def check(
         failure=failure,
         seconds=time.perf_counter() - started,
         activations=energy.means(),
+        labels=labels,
     )

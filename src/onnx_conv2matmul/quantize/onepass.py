@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -144,6 +143,7 @@ class OnePass:
                 "candidate": label,
                 "settings": _counts(candidate),
                 "worst_cosine": checked.worst_cosine,
+                "labels": [t.to_dict() for t in checked.labels],
                 "passed": checked.passed,
                 "seconds": round(checked.seconds, 3),
             }
@@ -158,9 +158,7 @@ class OnePass:
         progress = plan.progress
         floor = plan.verify.min_cosine
         assert floor is not None
-        loss = math.inf
-        if uniform.worst_cosine is not None and floor < 1:
-            loss = (1.0 - uniform.worst_cosine) / (1.0 - floor)
+        loss = uniform.loss(floor)
         progress.phase("Deciding each layer's setting from predicted sensitivity")
         speed_filter = None
         report = run.report
@@ -181,10 +179,7 @@ class OnePass:
             if checked.passed:
                 self.chosen, self.checked, self.decision = candidate, checked, decision
                 return True
-            mix_loss = math.inf
-            if checked.worst_cosine is not None and floor < 1:
-                mix_loss = (1.0 - checked.worst_cosine) / (1.0 - floor)
-            missed = (decision.predicted_error, mix_loss)
+            missed = (decision.predicted_error, checked.loss(floor))
         return False
 
     def _publish(self, modes: tuple[int, int], scratch: str) -> None:
@@ -205,6 +200,10 @@ class OnePass:
         if self.decision is not None:
             first = self.candidates[0]
             below = f"worst cosine {first['worst_cosine']:.4f} < {plan.verify.min_cosine:g}"
+            if first["worst_cosine"] is not None and first["worst_cosine"] >= plan.verify.min_cosine:
+                below = next(
+                    (_labels_text(t) for t in first["labels"] if not t["passed"]), "the labels moved"
+                )
             report.accuracy["fallback"] = {
                 "reason": below,
                 "settings": report.options["quantize"],
@@ -337,6 +336,13 @@ def latency_section(
         "result": [lat.to_dict() for lat in latencies],
     }
     return section, slower
+
+
+def _labels_text(result: dict[str, Any]) -> str:
+    return (
+        f"output {result['output']!r} keeps {result['agreement']:.2%} of {result['labels']} labels"
+        f" < {result['floor']:.0%}"
+    )
 
 
 def _matmul_inputs(model: Any) -> list[str]:

@@ -33,7 +33,7 @@ from onnx_conv2matmul.verify.check import (
     VerifyReport,
     compare_outputs,
     feed_samples,
-    given_inputs_rows,
+    judge_rows,
 )
 from onnx_conv2matmul.verify.run import release_freed_memory
 
@@ -59,6 +59,8 @@ class FeedSet:
         replan: Set when the synthesised runs were planned without running the model: the
             inputs as the check makes them after running each (spares replacing lengths the
             model cannot run at), for when a planned run fails.
+        tasks: The outputs that hold class scores, and how their labels are counted
+            (:func:`onnx_conv2matmul.verify.labels.output_tasks`).
     """
 
     feeds: Sequence[Mapping[str, np.ndarray]]
@@ -72,6 +74,7 @@ class FeedSet:
     warnings: list[str] = dataclasses.field(default_factory=list)
     output_sizes: str = ""
     replan: Callable[[], FeedSet] | None = dataclasses.field(default=None, repr=False, compare=False)
+    tasks: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.samples:
@@ -140,6 +143,7 @@ def feed_set(path: str, options: VerifyOptions, *, run: bool = False, session: A
         plan.warnings(),
         plan.sizes_how,
         replan,
+        dict(plan.tasks),
     )
 
 
@@ -226,15 +230,19 @@ class Reference:
                 length=self.feeds.lengths[feed],
                 name=self.names[index],
                 samples=self.feeds.samples[feed],
+                task=self.feeds.tasks.get(self.names[index], ""),
             )
             for index in (range(len(self.names)) if indices is None else indices)
         ]
         del reference
         return rows
 
-    def worst_cosine(self, feed: int, outputs: Sequence[Any]) -> tuple[float, str]:
+    def worst_cosine(
+        self, feed: int, outputs: Sequence[Any], labels: dict[str, list[int]] | None = None
+    ) -> tuple[float, str]:
         """The smallest per-sample cosine of one feed's float outputs; -1 and a note when an
-        output that must match exactly differs (or NaN/Inf differ)."""
+        output that must match exactly differs (or NaN/Inf differ). ``labels``: the outputs'
+        label counts ``[labels, changed]`` (see :mod:`onnx_conv2matmul.verify.labels`), added to."""
         worst = 1.0
         for row in self.compare(feed, outputs, VerifyOptions(report_only=True)):
             if not row.passed:
@@ -242,6 +250,10 @@ class Reference:
             cosine = row.worst_cosine
             if cosine is not None:
                 worst = min(worst, cosine)
+            if labels is not None and row.task:
+                counts = labels.setdefault(row.output, [0, 0])
+                counts[0] += row.labels
+                counts[1] += row.label_flips
         return worst, ""
 
     def check(
@@ -267,8 +279,7 @@ class Reference:
         if rows is not None:
             report.results.extend(rows)
             report.warnings.append(note)
-            if options.feeds is not None:
-                given_inputs_rows(report)
+            judge_rows(report)
             return report
         try:
             session = runs.session(candidate, options)
@@ -300,6 +311,5 @@ class Reference:
         finally:
             del session
             release_freed_memory()
-        if options.feeds is not None:
-            given_inputs_rows(report)
+        judge_rows(report)
         return report

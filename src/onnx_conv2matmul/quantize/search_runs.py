@@ -25,6 +25,7 @@ from onnx_conv2matmul.quantize.reference import Reference
 from onnx_conv2matmul.quantize.search_options import AutoOptions
 from onnx_conv2matmul.quantize.search_result import AutoConfig, apply
 from onnx_conv2matmul.quantize.sensitivity import MatMulNode
+from onnx_conv2matmul.verify.labels import TaskResult, agreement_floor, failed
 from onnx_conv2matmul.verify.run import release_freed_memory
 
 
@@ -45,6 +46,8 @@ class _Measured:
     """With the check's options (``_Target.check``): each feed's rows as the check compares them."""
     digest: str = ""
     """With the check's options: the candidate's :func:`model_digest`."""
+    labels: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    """The outputs that hold class scores: ``[labels, changed]`` over the feeds run."""
 
 
 class _Target:
@@ -56,11 +59,18 @@ class _Target:
         self.metric = options.metric
         self.original_score = original_score
 
+    def labels(self, measured: _Measured) -> list[TaskResult]:
+        """The labels of the outputs that hold class scores, judged as the check judges them."""
+        floor = agreement_floor(self.min_cosine)
+        if floor is None:
+            return []
+        return [TaskResult(name, "", n, changed, floor) for name, (n, changed) in measured.labels.items()]
+
     def cosine_passed(self, measured: _Measured) -> bool:
         return self.min_cosine is None or (measured.cosine is not None and measured.cosine >= self.min_cosine)
 
     def passed(self, measured: _Measured) -> bool:
-        if not self.cosine_passed(measured):
+        if not self.cosine_passed(measured) or failed(self.labels(measured)) is not None:
             return False
         if self.metric is not None:
             assert self.original_score is not None
@@ -70,7 +80,7 @@ class _Target:
     def loss(self, measured: _Measured) -> float:
         """The largest of the measured losses, each over its limit: 1 - cosine over 1 - the
         minimum, the drop over the largest drop (an infinite loss where the limit is 0)."""
-        losses = [0.0]
+        losses = [0.0, *(result.loss for result in self.labels(measured))]
         if self.min_cosine is not None and measured.cosine is not None:
             losses.append(_over(1.0 - measured.cosine, 1.0 - self.min_cosine))
         if self.metric is not None and measured.drop is not None:
@@ -386,7 +396,7 @@ def _evaluate(
                 worst = 1.0
                 for index in order:
                     outputs = _run(session, reference.feeds.feeds[index])  # compared as it arrives
-                    cosine, note = reference.worst_cosine(index, outputs)
+                    cosine, note = reference.worst_cosine(index, outputs, measured.labels)
                     if target.check is not None:  # the rows the accuracy check would give
                         measured.rows[index] = reference.compare(index, outputs, target.check, indices)
                     del outputs

@@ -57,6 +57,7 @@ from onnx_conv2matmul.verify.given import check_feeds as check_feeds
 from onnx_conv2matmul.verify.given import check_feeds_for_graph as check_feeds_for_graph
 from onnx_conv2matmul.verify.given import check_names
 from onnx_conv2matmul.verify.given import load_inputs as load_inputs
+from onnx_conv2matmul.verify.labels import TaskResult, failed, output_tasks, task_results
 from onnx_conv2matmul.verify.options import DEFAULT_LENGTHS as DEFAULT_LENGTHS
 from onnx_conv2matmul.verify.options import DEFAULT_MAX_ABS as DEFAULT_MAX_ABS
 from onnx_conv2matmul.verify.options import DEFAULT_MEAN_ABS as DEFAULT_MEAN_ABS
@@ -97,6 +98,7 @@ class VerifyReport:
     runs: list[Run] = dataclasses.field(default_factory=list)
     warnings: list[str] = dataclasses.field(default_factory=list)
     output_sizes: str = ""
+    labels: list[TaskResult] = dataclasses.field(default_factory=list)
 
     @property
     def input_files(self) -> list[dict[str, Any]]:
@@ -108,7 +110,7 @@ class VerifyReport:
 
     @property
     def passed(self) -> bool:
-        return bool(self.results) and all(r.passed for r in self.results)
+        return bool(self.results) and all(r.passed for r in self.results) and failed(self.labels) is None
 
     @property
     def failures(self) -> list[OutputComparison]:
@@ -141,6 +143,7 @@ class VerifyReport:
                 "output_sizes": self.output_sizes,
             },
             "warnings": self.warnings,
+            "labels": [t.to_dict() for t in self.labels],
             "results": [r.to_dict() for r in self.results],
             "failures": [
                 {
@@ -192,19 +195,18 @@ def _verify(original: str, candidate: str, options: VerifyOptions, candidate_giv
         report = _compare(reference, original, candidate, candidate_given)
     finally:
         reference.close()
-    if options.feeds is not None:
-        given_inputs_rows(report)
+    judge_rows(report)
     return report
 
 
-def given_inputs_rows(report: VerifyReport) -> None:
-    """A check on the user's inputs: one row per output and file (:func:`merged_rows`), and the
-    warning of :func:`onnx_conv2matmul.verify.labels.advice` when labels changed under a met
-    cosine floor."""
-    from onnx_conv2matmul.verify.labels import advice
-
-    report.results = merged_rows(report.results)
-    report.warnings.extend(advice(report.results, report.options.min_cosine))
+def judge_rows(report: VerifyReport) -> None:
+    """The check's last step, once every row is in: on the user's inputs one row per output and
+    file (:func:`merged_rows`); then the labels of the outputs that hold class scores, judged
+    over all the rows (:func:`onnx_conv2matmul.verify.labels.task_results`)."""
+    options = report.options
+    if options.feeds is not None:
+        report.results = merged_rows(report.results)
+    report.labels = task_results(report.results, options.min_cosine, options.report_only)
 
 
 def merged_rows(results: list[OutputComparison]) -> list[OutputComparison]:
@@ -254,6 +256,7 @@ def _compare(reference: Reference, original: str, candidate: str, candidate_give
                         length=run.length,
                         name=names[index],
                         samples=samples,
+                        task=reference.tasks.get(names[index], ""),
                     )
                 )
             del ref_outputs, cand_outputs  # before the next run is made
@@ -286,6 +289,7 @@ class Reference:
         opened, self.specs, self.names = runs.open_model(path, "original", options, opened=session)
         options = discover(path, options, self.specs, functools.partial(runs.probe_run, opened))
         self.options = options
+        self.tasks = output_tasks(read_graph(path), options.labels) if options.min_cosine is not None else {}
         roles = dim_roles(self.specs, options)
         sizes = runs.measure_outputs(opened, self.specs, roles, options, runs.output_sizes(opened))
         self.sizes_how = sizes.how
@@ -422,6 +426,7 @@ __all__ = [
     "element_scales",
     "feed_samples",
     "input_value_ranges",
+    "judge_rows",
     "load_inputs",
     "merged_rows",
     "planned_feeds",

@@ -95,9 +95,10 @@ class OutputComparison:
     cosine similarity must hold for every sample. ``sample_rel_err`` is the worst sample's
     relative error for a float output of fewer than :data:`TINY_ELEMENTS` elements per
     sample (None for larger outputs and exact types), which a minimum cosine bounds too.
-    ``labels`` is how many samples the output gives a label (an output that looks like class
-    scores, see :func:`onnx_conv2matmul.verify.labels.class_scores`; 0 otherwise) and
-    ``label_flips`` on how many of them the label (the largest score) differs.
+    ``task`` is how the output's labels are counted when it holds class scores
+    (:func:`onnx_conv2matmul.verify.labels.output_tasks`: ``labels`` or ``frames``; empty
+    otherwise), ``labels`` how many labels fp32 gives there and ``label_flips`` how many of
+    them (the class of the largest score) differ (:func:`onnx_conv2matmul.verify.labels.count`).
     """
 
     length: int
@@ -117,6 +118,7 @@ class OutputComparison:
     sample_rel_err: float | None = None
     labels: int = 0
     label_flips: int = 0
+    task: str = ""
 
     @property
     def worst_cosine(self) -> float | None:
@@ -344,19 +346,25 @@ def sample_rel_errs(ref: np.ndarray, out: np.ndarray, samples: int) -> list[floa
 
 
 def compare_arrays(
-    ref: np.ndarray, out: np.ndarray, options: VerifyOptions, *, length: int, name: str, samples: int = 1
+    ref: np.ndarray,
+    out: np.ndarray,
+    options: VerifyOptions,
+    *,
+    length: int,
+    name: str,
+    samples: int = 1,
+    task: str = "",
 ) -> OutputComparison:
     """Compare one tensor output: floats by the options' criterion, other types exactly.
 
     A shape or type difference fails. ``samples``: the batch rows of the inputs that made the
     outputs; a float output whose first axis has that many (above 1) is judged per sample
-    too (see :func:`sample_cosines`).
+    too (see :func:`sample_cosines`). ``task``: how its labels are counted, when it holds class
+    scores (the row's counts; the check judges them over all its rows).
     """
     problem = _tensor_problem(ref, out)
     if problem is not None:
         return OutputComparison.failure(length, name, problem, _type_name(ref), list(ref.shape))
-    from onnx_conv2matmul.verify.labels import label_flips
-
     per_sample: list[float] = []
     rel_errs = None
     if np.issubdtype(ref.dtype, np.floating):
@@ -383,9 +391,11 @@ def compare_arrays(
                 " models: nothing compared in them (inputs on which the original gives finite numbers"
                 " are needed)"
             )
-    flips = label_flips(ref, out, samples)
-    if flips is not None:
-        row.labels, row.label_flips = flips
+    if task and np.issubdtype(ref.dtype, np.floating):
+        from onnx_conv2matmul.verify.labels import count
+
+        row.task = task
+        row.labels, row.label_flips = count(ref, out, task)
     return row
 
 
@@ -445,16 +455,16 @@ def compare_sequences(
 
 
 def compare_outputs(
-    ref: Any, out: Any, options: VerifyOptions, *, length: int, name: str, samples: int = 1
+    ref: Any, out: Any, options: VerifyOptions, *, length: int, name: str, samples: int = 1, task: str = ""
 ) -> OutputComparison:
     """Compare one output of both models: a tensor, or a sequence of tensors (a list).
 
-    ``samples``: the batch rows of the inputs (see :func:`compare_arrays`).
+    ``samples`` and ``task``: see :func:`compare_arrays`.
     """
     if isinstance(ref, list) and isinstance(out, list):
         return compare_sequences(ref, out, options, length=length, name=name)
     if isinstance(ref, np.ndarray) and isinstance(out, np.ndarray):
-        return compare_arrays(ref, out, options, length=length, name=name, samples=samples)
+        return compare_arrays(ref, out, options, length=length, name=name, samples=samples, task=task)
     ref_kind, out_kind = _value_kind(ref), _value_kind(out)
     if ref_kind == out_kind:
         note = f"cannot compare outputs of type {ref_kind} (tensors and sequences of tensors only)"

@@ -1,78 +1,287 @@
-"""Class scores: where a cosine floor is the wrong target.
+"""Criteria shaped like the output: the labels a classifier or a recognizer reads from its scores.
 
-A classifier's output is one row of class scores per sample (logits or probabilities), and what
-its user reads from it is the label, the class with the largest score. A cosine similarity of
-0.99 between two rows of two scores still lets the label change: a sample near the boundary
-flips with a small error. On the user's own inputs, the check counts the labels that change
-(:func:`label_flips`, per output row of the comparison); when the cosine floor is met but more
-than :data:`MAX_FLIPPED` of the labels of an output changed, :func:`advice` says so, and that
-the user's own metric (``--validate``) is the target for such a model. This module is the one
-place that decides it: the check (``verify``, and ``quantize``'s check) adds its sentence to the
-report's warnings, which the terminal prints.
+A cosine floor of 0.99 on class scores still lets labels move: a sample near a class boundary
+flips with a small error, and a CTC recognizer's frames change characters. So where an output
+holds class scores, a minimum cosine comes with a second criterion on it: the share of fp32's
+labels the candidate keeps (:data:`MIN_AGREEMENT`, or the minimum cosine itself when lower).
+
+This module is the one place that decides it:
+
+- :func:`output_tasks` reads, once per check, which outputs hold class scores, from the graph:
+  the output of a ``Softmax`` or ``LogSoftmax`` over its last axis, the input of an ``ArgMax`` or
+  ``TopK`` over its last axis, or an output named as logits. ``[samples, classes]`` gives one
+  label per sample (:data:`LABELS`); more axes give one per position (:data:`FRAMES`, CTC and
+  tagging heads), counted where fp32 is confident (its top class at least :data:`CONFIDENT`
+  likely), as blank frames and padding flip without meaning. ``--criterion`` overrides it.
+- :func:`count` counts, per compared output, the labels and those that changed;
+- :func:`task_results` judges the counts of a whole check, output by output (:class:`TaskResult`),
+  with what the number of labels can promise (:func:`agreement_bound`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol
+import dataclasses
+import math
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
+LABELS = "labels"
+"""One label per sample: an output ``[samples, classes]``."""
+FRAMES = "frames"
+"""One label per position: an output ``[..., positions, classes]`` (CTC, tagging)."""
 
-class _Row(Protocol):
-    """What :func:`advice` reads of a check's row (``verify.compare.OutputComparison``)."""
+MIN_AGREEMENT = 0.99
+"""The share of fp32's labels a candidate keeps under a minimum cosine of 0.99 or more."""
 
-    output: str
-    passed: bool
-    labels: int
-    label_flips: int
-
-
-MAX_FLIPPED = 0.01
-"""The share of labels that may change before the advice is given (the 99% top-1 of issue 28)."""
+CONFIDENT = 0.5
+"""A position counts when fp32's top class has at least this probability there."""
 
 MAX_CLASSES = 100_000
 """An output wider than this is not read as class scores."""
 
+CONFIDENCE = 0.95
+"""The confidence of the lower bound the report gives for an agreement."""
 
-def class_scores(shape: Sequence[int], samples: int) -> bool:
-    """Whether a float output of ``shape`` looks like class scores: ``[samples, classes]``, one
-    row per sample (batch row of the inputs) with 2 to :data:`MAX_CLASSES` classes."""
-    return len(shape) == 2 and int(shape[0]) == max(1, samples) and 2 <= int(shape[1]) <= MAX_CLASSES
-
-
-def label_flips(ref: np.ndarray, out: np.ndarray, samples: int) -> tuple[int, int] | None:
-    """``(labels, flipped)`` for an output that looks like class scores (None otherwise): the
-    samples, and those whose largest score is at another class in ``out`` than in ``ref``. A
-    sample with a non-finite score counts as flipped (its label cannot be told)."""
-    if ref.shape != out.shape or not np.issubdtype(ref.dtype, np.floating):
-        return None
-    if not class_scores(ref.shape, samples):
-        return None
-    finite = np.isfinite(ref).all(axis=1) & np.isfinite(out).all(axis=1)
-    same = (np.argmax(ref, axis=1) == np.argmax(out, axis=1)) & finite
-    return int(ref.shape[0]), int(ref.shape[0] - int(same.sum()))
+_FLOATS = {1, 10, 11, 16}  # float, float16, double, bfloat16
+_THROUGH = {"Identity", "Cast"}
+_LOGITS = re.compile(r"logit", re.IGNORECASE)
 
 
-def advice(rows: Sequence[_Row], min_cosine: float | None) -> list[str]:
-    """The warnings for outputs whose rows passed a cosine floor while more than
-    :data:`MAX_FLIPPED` of their labels changed (``rows``: the check's rows on real inputs)."""
-    if min_cosine is None:
-        return []
-    totals: dict[str, list[int]] = {}
-    for row in rows:
-        if row.labels and row.passed:
-            entry = totals.setdefault(row.output, [0, 0])
-            entry[0] += row.labels
-            entry[1] += row.label_flips
-    found = []
-    for output, (labels, flipped) in totals.items():
-        if flipped > MAX_FLIPPED * labels:
-            found.append(
-                f"output {output!r} looks like class scores: every sample met the cosine floor"
-                f" {min_cosine:g}, yet {flipped} of {labels} labels ({100 * flipped / labels:.1f}%)"
-                f" changed on the given inputs. Cosine is the wrong target for this model: give"
-                " --validate MODULE:FUNCTION with your task's metric (top-1 accuracy) and"
-                " --max-drop to decide what may be written"
-            )
+def output_tasks(model: Any, mode: str = "auto") -> dict[str, str]:
+    """The outputs of ``model`` (a ModelProto, weights not needed) that hold class scores, and
+    whether per sample (:data:`LABELS`) or per position (:data:`FRAMES`).
+
+    ``mode`` ``cosine``: none; ``labels``: every float output whose last axis can be classes;
+    ``auto``: those the graph shows as class scores (see the module's text)."""
+    if mode == "cosine" or model is None:
+        return {}
+    graph = model.graph
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+    producer: dict[str, Any] = {}
+    consumers: dict[str, list[Any]] = {}
+    for node in graph.node:
+        for name in node.output:
+            producer[name] = node
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    found: dict[str, str] = {}
+    for output in graph.output:
+        tensor = output.type.tensor_type
+        if not output.type.HasField("tensor_type") or tensor.elem_type not in _FLOATS:
+            continue
+        dims = list(tensor.shape.dim) if tensor.HasField("shape") else None
+        rank = len(dims) if dims is not None else None
+        if rank == 0 or (
+            dims and dims[-1].HasField("dim_value") and not 2 <= dims[-1].dim_value <= MAX_CLASSES
+        ):
+            continue
+        if mode == "labels" or _scores(output.name, rank, opset, producer, consumers):
+            found[output.name] = LABELS if rank is not None and rank <= 2 else FRAMES
     return found
+
+
+def _scores(
+    name: str, rank: int | None, opset: int, producer: dict[str, Any], consumers: dict[str, list[Any]]
+) -> bool:
+    """Whether the graph shows ``name`` as class scores over its last axis."""
+    names = [name]
+    node = producer.get(name)
+    while node is not None and node.op_type in _THROUGH and node.input:
+        names.append(node.input[0])
+        node = producer.get(node.input[0])
+    softmax = node is not None and node.op_type in ("Softmax", "LogSoftmax")
+    if softmax and _last_axis(node, -1 if opset >= 13 else 1, rank):
+        return True
+    for value in names:
+        for user in consumers.get(value, ()):
+            if user.op_type == "ArgMax" and _last_axis(user, 0, rank):
+                return True
+            if user.op_type == "TopK" and _last_axis(user, -1, rank):
+                return True
+    return bool(_LOGITS.search(name))
+
+
+def _last_axis(node: Any, default: int, rank: int | None) -> bool:
+    axis = next((a.i for a in node.attribute if a.name == "axis"), default)
+    if axis == -1:
+        return True
+    return rank is not None and axis == rank - 1
+
+
+def count(ref: np.ndarray, out: np.ndarray, kind: str) -> tuple[int, int]:
+    """``(labels, changed)`` of one output: the labels fp32 gives (per sample for :data:`LABELS`,
+    per confident position for :data:`FRAMES`) and those whose top class is another in ``out``.
+    A label whose scores are not finite in both counts as changed. Read in blocks of rows."""
+    if ref.shape != out.shape or ref.ndim == 0 or ref.size == 0 or not 2 <= ref.shape[-1] <= MAX_CLASSES:
+        return 0, 0
+    classes = ref.shape[-1]
+    r, o = ref.reshape(-1, classes), out.reshape(-1, classes)
+    step = max(1, 2**20 // classes)
+    labels = changed = 0
+    for start in range(0, r.shape[0], step):
+        a = np.asarray(r[start : start + step], np.float64)
+        b = np.asarray(o[start : start + step], np.float64)
+        finite = np.isfinite(a).all(axis=1) & np.isfinite(b).all(axis=1)
+        keep = np.ones(a.shape[0], bool) if kind == LABELS else finite & (_top_probability(a) >= CONFIDENT)
+        same = (np.argmax(a, axis=1) == np.argmax(b, axis=1)) & finite
+        labels += int(keep.sum())
+        changed += int((keep & ~same).sum())
+    return labels, changed
+
+
+def _top_probability(scores: np.ndarray) -> np.ndarray:
+    """Each row's top class probability: the scores as they are when they are probabilities,
+    their exponent when log-probabilities, their softmax otherwise (logits)."""
+    top: np.ndarray = scores.max(axis=1)
+    if scores.min() >= 0 and np.allclose(scores.sum(axis=1), 1.0, atol=1e-3):
+        return top
+    spread: np.ndarray = np.log(np.exp(scores - top[:, None]).sum(axis=1))
+    if top.max() <= 1e-6 and np.allclose(top + spread, 0.0, atol=1e-3):
+        return np.asarray(np.exp(top))
+    return np.asarray(np.exp(-spread))
+
+
+def agreement_bound(labels: int, changed: int, confidence: float = CONFIDENCE) -> float:
+    """The agreement that ``labels - changed`` kept of ``labels`` promises with ``confidence``:
+    the one-sided Clopper-Pearson lower bound (0 for no label). Labels are taken as independent;
+    the frames of one sample are not, so for them it says more than they promise."""
+    kept = labels - changed
+    if labels <= 0 or kept <= 0:
+        return 0.0
+    if changed == 0:
+        return float((1.0 - confidence) ** (1.0 / labels))
+    alpha = 1.0 - confidence
+    low, high = 0.0, kept / labels
+    for _ in range(60):  # P(at most `changed` changes | agreement p) = alpha, by bisection
+        p = (low + high) / 2
+        if _at_most(labels, changed, 1.0 - p) > alpha:
+            high = p
+        else:
+            low = p
+    return low
+
+
+def _at_most(n: int, k: int, q: float) -> float:
+    """P(Binomial(n, q) <= k)."""
+    if q <= 0:
+        return 1.0
+    if q >= 1:
+        return 1.0 if k >= n else 0.0
+    log_q, log_p = math.log(q), math.log1p(-q)
+    terms = [
+        math.lgamma(n + 1) - math.lgamma(j + 1) - math.lgamma(n - j + 1) + j * log_q + (n - j) * log_p
+        for j in range(k + 1)
+    ]
+    top = max(terms)
+    return min(1.0, math.exp(top) * sum(math.exp(t - top) for t in terms))
+
+
+def labels_needed(floor: float, confidence: float = CONFIDENCE) -> int:
+    """How many labels, none changed, promise an agreement of ``floor`` with ``confidence``."""
+    if floor <= 0:
+        return 0
+    if floor >= 1:
+        return 0  # no finite count promises it
+    return math.ceil(math.log(1.0 - confidence) / math.log(floor))
+
+
+def agreement_floor(min_cosine: float | None) -> float | None:
+    """The share of labels to keep under a minimum cosine ``c``: ``min(MIN_AGREEMENT, max(0, c))``
+    (a minimum cosine of -1 accepts anything); None without one (exactness is stricter)."""
+    if min_cosine is None:
+        return None
+    return min(MIN_AGREEMENT, max(0.0, min_cosine))
+
+
+class _Row(Protocol):
+    """What :func:`task_results` reads of a check's row (``verify.compare.OutputComparison``)."""
+
+    output: str
+    task: str
+    labels: int
+    label_flips: int
+
+
+@dataclasses.dataclass
+class TaskResult:
+    """One output's labels over a whole check: how many, how many changed, the floor."""
+
+    output: str
+    kind: str
+    labels: int
+    changed: int
+    floor: float
+
+    @property
+    def agreement(self) -> float:
+        return 1.0 - self.changed / self.labels if self.labels else 1.0
+
+    @property
+    def passed(self) -> bool:
+        return self.agreement >= self.floor
+
+    @property
+    def bound(self) -> float:
+        return agreement_bound(self.labels, self.changed)
+
+    @property
+    def loss(self) -> float:
+        """The share changed over the share allowed (1 at the limit; inf where none may change)."""
+        allowed = 1.0 - self.floor
+        if allowed > 0:
+            return (1.0 - self.agreement) / allowed
+        return 0.0 if self.changed == 0 else math.inf
+
+    def text(self) -> str:
+        what = "labels" if self.kind == LABELS else "confident frames' labels"
+        verdict = "meets" if self.passed else "below"
+        line = (
+            f"output {self.output!r}: {self.labels - self.changed} of {self.labels} {what} kept"
+            f" ({self.agreement:.2%}, {verdict} {self.floor:.0%})"
+        )
+        needed = labels_needed(self.floor)
+        if self.labels:
+            line += f"; with {CONFIDENCE:.0%} confidence at least {self.bound:.1%} on inputs like these"
+        if self.changed == 0 and needed > self.labels:
+            line += f" ({needed} labels, none changed, promise {self.floor:.0%})"
+        return line
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "output": self.output,
+            "kind": self.kind,
+            "labels": self.labels,
+            "changed": self.changed,
+            "agreement": self.agreement,
+            "floor": self.floor,
+            "passed": self.passed,
+            "lower_bound": self.bound,
+            "confidence": CONFIDENCE,
+            "labels_needed": labels_needed(self.floor),
+        }
+
+
+def task_results(
+    rows: Iterable[_Row], min_cosine: float | None, report_only: bool = False
+) -> list[TaskResult]:
+    """Each class-score output's labels over the rows of a check, judged against the floor a
+    minimum cosine sets (:func:`agreement_floor`); none without a minimum cosine."""
+    floor = agreement_floor(min_cosine)
+    if floor is None or report_only:
+        return []
+    totals: dict[str, TaskResult] = {}
+    for row in rows:
+        if not row.task:
+            continue
+        entry = totals.setdefault(row.output, TaskResult(row.output, row.task, 0, 0, floor))
+        entry.labels += row.labels
+        entry.changed += row.label_flips
+    return list(totals.values())
+
+
+def failed(results: Sequence[TaskResult]) -> TaskResult | None:
+    """The first result below its floor, or None."""
+    return next((r for r in results if not r.passed), None)

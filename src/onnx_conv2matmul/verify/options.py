@@ -30,6 +30,9 @@ DEFAULT_MEMORY = 64 * 2**20
 """The default budget of one run: its inputs and both models' outputs, 64 MiB (see
 :attr:`VerifyOptions.memory`)."""
 
+LABEL_MODES = ("auto", "cosine", "labels")
+"""``--criterion``: see :attr:`VerifyOptions.labels`."""
+
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)(b?)\s*$", re.IGNORECASE)
 
 
@@ -133,6 +136,9 @@ class VerifyOptions:
             the steps that still synthesise inputs (the latency step).
         found: What :func:`onnx_conv2matmul.verify.discover.discover` found and put into
             ``inputs`` and ``axes``; None: not looked for yet (the check looks).
+        labels: Which outputs a minimum cosine also judges by the labels they give
+            (:mod:`onnx_conv2matmul.verify.labels`): ``auto`` those the graph shows as class
+            scores, ``cosine`` none, ``labels`` every float output that can hold them.
     """
 
     lengths: tuple[int, ...] | None = None
@@ -153,8 +159,11 @@ class VerifyOptions:
     memory: int = DEFAULT_MEMORY
     axes: Mapping[str, int] = dataclasses.field(default_factory=dict)
     found: tuple[Found, ...] | None = None
+    labels: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.labels not in LABEL_MODES:
+            raise ValueError(f"the labels criterion is one of {', '.join(LABEL_MODES)}, not {self.labels!r}")
         if self.feeds is not None:
             if not self.feeds:
                 raise ValueError("verify feeds must hold at least one set of inputs")
@@ -193,7 +202,7 @@ class VerifyOptions:
         """The criterion for the report: its ``kind`` and the limits it uses."""
         criterion = self.criterion
         if criterion is Criterion.MIN_COSINE:
-            return {"kind": criterion.value, "min_cosine": self.min_cosine}
+            return {"kind": criterion.value, "min_cosine": self.min_cosine, "labels": self.labels}
         if criterion is Criterion.SCALED_DIFFERENCE:
             return {"kind": criterion.value, "max_abs": self.max_abs, "mean_abs": self.mean_abs}
         return {"kind": criterion.value}

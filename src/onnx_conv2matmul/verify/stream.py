@@ -334,6 +334,7 @@ def merge_rows(rows: Sequence[OutputComparison], chunk_samples: Sequence[int] = 
         sample_cosine=(min(worst) if worst else None) if samples > 1 else None,
         labels=sum(r.labels for r in rows),
         label_flips=sum(r.label_flips for r in rows),
+        task=first.task,
     )
 
 

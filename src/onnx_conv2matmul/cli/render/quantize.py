@@ -195,6 +195,9 @@ def quantize_failure(report: QuantizeReport) -> str | None:
     decided = next((r for r in verification.results if not r.passed and r.cosine is None and r.note), None)
     if decided is not None and not any(not r.passed and r.cosine is not None for r in verification.results):
         measured = f" (output {decided.output!r}: {decided.note})"
+    moved = next((t for t in verification.labels if not t.passed), None)
+    if moved is not None and all(r.passed for r in verification.results):
+        measured = f" ({moved.text()})"
     what = (
         f"the accuracy floor --min-cosine {verification.options.min_cosine:g}"
         if floor

@@ -130,6 +130,9 @@ def print_verification(console: Console, verification: VerifyReport, *, cosine: 
         console.print(line, highlight=False, soft_wrap=True)
     for warning in verification.warnings:
         console.print(f"[yellow]Warning:[/yellow] {escape(warning)}", highlight=False, soft_wrap=True)
+    for result in verification.labels:
+        mark = "[green]ok[/green]" if result.passed else "[red]FAIL[/red]"
+        console.print(f"Labels {mark}: {escape(result.text())}", highlight=False, soft_wrap=True)
     if verification.options.criterion is Criterion.REPORT_ONLY:
         console.print("Cosine measured only; --min-cosine makes it a pass/fail criterion.")
     elif verification.passed:
@@ -138,6 +141,9 @@ def print_verification(console: Console, verification: VerifyReport, *, cosine: 
         console.print(f"[bold green]Verification PASSED[/bold green]{more}")
     else:
         worst = verification.failures[0] if verification.failures else None
+        moved = next((t for t in verification.labels if not t.passed), None)
+        if worst is None and moved is not None:
+            console.print(f"First failure: {escape(moved.text())}", highlight=False, soft_wrap=True)
         if worst is not None:
             console.print(
                 f"First failure: output {worst.output!r} at length {worst.length}:"
