@@ -37,7 +37,8 @@ COMMANDS: dict[str, click.Command] = {"(main)": main, **main.commands}  # type: 
 NOT_NUMERIC = {
     "--check", "--manifest", "--report-json", "--config", "--save-config", "--inputs", "--validate",
     "--verify-signal-input-name", "--verify-length-input-name", "--exclude", "--include",
-    "--layout", "--quantization", "--algorithm", "--bits", "--other-weights", "--bench", "--prefer", "--criterion",
+    "--layout", "--quantization", "--algorithm", "--bits", "--other-weights", "--bench", "--prefer",
+    "--criterion",
 }  # fmt: skip
 # Options of text type that carry numbers: bad values for each (None: the numeric types' own).
 TEXT_NUMERIC = {

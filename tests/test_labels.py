@@ -40,7 +40,9 @@ K = 64
 # --------------------------------------------------------------------------- #
 # Which outputs hold class scores: decided from the graph
 # --------------------------------------------------------------------------- #
-def _head(op: str, rank: int, *, axis: int | None = None, name: str = "y", opset: int = 17) -> onnx.ModelProto:
+def _head(
+    op: str, rank: int, *, axis: int | None = None, name: str = "y", opset: int = 17
+) -> onnx.ModelProto:
     """x -> op -> name, of ``rank`` with 10 classes on the last axis."""
     shape: list[int | str] = ["N", "T", 10][-rank:] if rank <= 3 else ["N", "T", "U", 10]
     attrs = {} if axis is None else {"axis": axis}
@@ -241,7 +243,15 @@ def test_verify_fails_when_labels_move_under_a_met_cosine(tmp_path: Path) -> Non
 def test_verify_passes_and_says_what_the_labels_promise(tmp_path: Path) -> None:
     original = tmp_path / "cls.onnx"
     w = _near_tie_classifier(original)
-    args = ["verify", str(original), str(original), "--inputs", str(_inputs(tmp_path, w)), "--min-cosine", "0.99"]
+    args = [
+        "verify",
+        str(original),
+        str(original),
+        "--inputs",
+        str(_inputs(tmp_path, w)),
+        "--min-cosine",
+        "0.99",
+    ]
     code, text, verification = _verify(args, tmp_path / "r.json")
     assert code == 0, text
     (labels,) = verification["labels"]
@@ -256,7 +266,15 @@ def test_an_unnamed_head_is_judged_when_labels_are_asked_for(tmp_path: Path) -> 
     model = onnx.load(original)
     model.graph.initializer[0].CopyFrom(numpy_helper.from_array(w[:, ::-1].copy(), "W"))
     onnx.save(model, candidate)
-    args = ["verify", str(original), str(candidate), "--inputs", str(_inputs(tmp_path, w)), "--min-cosine", "0.99"]
+    args = [
+        "verify",
+        str(original),
+        str(candidate),
+        "--inputs",
+        str(_inputs(tmp_path, w)),
+        "--min-cosine",
+        "0.99",
+    ]
     assert _verify(args, tmp_path / "a.json")[0] == 0  # no evidence in the graph: cosine alone
     assert _verify([*args, "--criterion", "labels"], tmp_path / "l.json")[0] == 1
 

@@ -172,7 +172,11 @@ def test_quantize(files: dict[str, str], validator: Any, extra: list[str], mode:
     _assert_envelope(data, "quantize", 0)
     assert data["mode"] == mode and data["quantized_nodes"] >= 1
     # Without --min-cosine the default floor is the criterion, and the JSON says so.
-    assert data["verification"]["criterion"] == {"kind": Criterion.MIN_COSINE.value, "min_cosine": 0.99, "labels": "auto"}
+    assert data["verification"]["criterion"] == {
+        "kind": Criterion.MIN_COSINE.value,
+        "min_cosine": 0.99,
+        "labels": "auto",
+    }
     assert data["accuracy"]["min_cosine_source"] == "default floor"
     assert data["accuracy"]["inputs"] == "synthesised" and data["accuracy"]["caveat"]
 
