@@ -81,10 +81,40 @@ def check_and_publish(
         staged = timed(staged)
         if report.kernel_choice is not None:
             checked(staged)
+    confirm_held_out(run, staged.onnx_path)
     if report.passed:
         plan.progress.phase("Publishing")
         staged.publish(modes)
         report.output_path = plan.dst
+
+
+def confirm_held_out(run: Run, path: str) -> None:
+    """The result that passed on the inputs it was chosen on, checked on the held-out ones (the
+    plan's ``held_out``); the report's ``accuracy.held_out`` says what they gave, and a miss
+    fails the run (nothing is written)."""
+    plan, report = run.plan, run.report
+    if plan.held_out is None or not report.passed:
+        return
+    plan.progress.phase("Checking the held-out inputs")
+    held = verify_models(plan.src, path, plan.held_out)
+    cosines = [c for c in (r.worst_cosine for r in held.results) if c is not None]
+    entry = report.accuracy["held_out"]
+    entry.update(
+        passed=held.passed,
+        worst_cosine=min(cosines) if cosines else None,
+        labels=[t.to_dict() for t in held.labels],
+    )
+    if not held.passed:
+        bad = next((r for r in held.results if not r.passed), None)
+        moved = next((t for t in held.labels if not t.passed), None)
+        if bad is not None:
+            what = f"{bad.output}: {bad.note or 'worst cosine ' + format(bad.worst_cosine or 0.0, '.4f')}"
+        else:
+            what = moved.text() if moved is not None else "the check failed"
+        entry["note"] = (
+            f"met the criterion on the {entry['chosen_on_samples']} samples it was chosen on, not on the"
+            f" {entry['held_out_samples']} held out ({what})"
+        )
 
 
 def speed_step(run: Run, staged: _output.Staged, stack: contextlib.ExitStack) -> _output.Staged:

@@ -36,6 +36,7 @@ from onnx_conv2matmul.quantize import check as _check
 from onnx_conv2matmul.quantize import decide as _decide
 from onnx_conv2matmul.quantize import measure as _measure
 from onnx_conv2matmul.quantize.blockwise import MemoryBlockCache
+from onnx_conv2matmul.quantize.check_publish import confirm_held_out
 from onnx_conv2matmul.quantize.plan import peak_rss_bytes, wants_smallest
 from onnx_conv2matmul.quantize.run_report import nbits_warnings, why_unchanged
 from onnx_conv2matmul.quantize.search_options import Setting
@@ -253,6 +254,7 @@ class OnePass:
                         report.verification = verification
                 else:
                     report.warnings.extend(slower)
+            confirm_held_out(run, staged.onnx_path)
             if report.passed:
                 progress.phase("Publishing")
                 staged.publish(modes)

@@ -73,7 +73,14 @@ PHASES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("save", ("Saving",)),
     (
         "check",
-        ("Checking the output", "Checking the candidate", "Measuring accuracy", "Verifying", "Scoring"),
+        (
+            "Checking the output",
+            "Checking the candidate",
+            "Checking the held-out",
+            "Measuring accuracy",
+            "Verifying",
+            "Scoring",
+        ),
     ),
     ("timing", ("Timing",)),
     ("publish", ("Publishing",)),
@@ -204,6 +211,8 @@ class QuantizePlan:
         run_checker: Whether the ONNX checker runs on the input and the output.
         progress: Where each step is announced (and timed by phase).
         criterion: The report's ``accuracy`` object before any measurement.
+        held_out: The check of the result on the samples of the user's inputs that every choice
+            of the run was made without (``verify`` holds the others); None: not split.
     """
 
     src: str
@@ -221,6 +230,7 @@ class QuantizePlan:
     run_checker: bool
     progress: PhaseTimer
     criterion: Mapping[str, Any]
+    held_out: VerifyOptions | None = None
 
 
 def resolve(
@@ -274,10 +284,12 @@ def resolve(
         check_available(quantize.algorithm, has_calibration=bool(verify.feeds))
     # Once: the check, the search and the latency step all feed these sizes and values.
     verify = discover_inputs(src, verify)
+    held_out = None
     if verify.feeds is not None:
         # The latency step still synthesises its inputs: at the sizes the model takes.
         found = discover_inputs(src, dataclasses.replace(verify, feeds=None))
         verify = dataclasses.replace(verify, axes=found.axes)
+        verify, held_out = _hold_out(src, verify, criterion)
     return QuantizePlan(
         src=src,
         dst=dst,
@@ -294,7 +306,34 @@ def resolve(
         run_checker=request.run_checker,
         progress=progress,
         criterion=criterion,
+        held_out=held_out,
     )
+
+
+def _hold_out(
+    src: str, verify: VerifyOptions, criterion: dict[str, Any]
+) -> tuple[VerifyOptions, VerifyOptions | None]:
+    """With a minimum cosine on the user's inputs: the options the run chooses on (70% of the
+    samples) and those that confirm the result (the other 30%, see
+    :func:`onnx_conv2matmul.verify.given.split_feeds`), recorded in ``criterion['held_out']``;
+    too few samples to split: all of them, and a note that says so."""
+    if verify.feeds is None or verify.min_cosine is None or verify.report_only:
+        return verify, None
+    from onnx_conv2matmul.verify.discover import graph_specs, read_graph
+    from onnx_conv2matmul.verify.given import MIN_SPLIT, split_feeds
+
+    model = read_graph(src)
+    split = split_feeds(verify.feeds, graph_specs(model) if model is not None else None)
+    entry = {**split.to_dict(), "passed": None, "worst_cosine": None, "labels": [], "note": None}
+    criterion["held_out"] = entry
+    if not split.held:
+        entry["note"] = (
+            f"{split.chosen_samples} samples are too few to hold some out ({MIN_SPLIT} needed): the"
+            " result is checked on the inputs it was chosen on"
+        )
+        return verify, None
+    held = dataclasses.replace(verify, feeds=tuple(split.held))
+    return dataclasses.replace(verify, feeds=tuple(split.chosen_on)), held
 
 
 def _criterion(verify: VerifyOptions, metric: MetricTarget | None, *, given: bool) -> dict[str, Any]:

@@ -70,7 +70,8 @@ class QuantizeReport(CommandReport):
     @property
     def passed(self) -> bool:
         metric = self.accuracy.get("metric") or {}
-        if metric.get("passed") is False:
+        held = self.accuracy.get("held_out") or {}
+        if metric.get("passed") is False or held.get("passed") is False:
             return False
         return self.verification is None or self.verification.passed
 
@@ -89,6 +90,9 @@ class QuantizeReport(CommandReport):
                 f" {metric['score']:.6g}, more than {metric['max_drop']:g}"
                 f"{' (relative)' if metric['relative'] else ''}; nothing was written"
             )
+        held = self.accuracy.get("held_out") or {}
+        if held.get("passed") is False:
+            return f"{held['note']}; nothing was written"
         assert self.verification is not None
         min_cosine = self.verification.options.min_cosine
         if min_cosine is not None:

@@ -4,6 +4,7 @@ and the names the options give (inputs, dims, axes) checked against those the mo
 # pragma: no mutate start
 from __future__ import annotations
 
+import dataclasses
 import os
 import zipfile
 from collections.abc import Mapping, Sequence
@@ -181,3 +182,85 @@ def _named(noun: str, names: Sequence[str]) -> str:
 
 
 # pragma: no mutate end
+
+
+# --------------------------------------------------------------------------- #
+# Held-out inputs: the part of the user's samples a choice made on the rest never sees
+# --------------------------------------------------------------------------- #
+HELD_OUT = (3, 6, 9)
+"""Of every ten samples (or blocks of samples) in order, those held out: 30%, spread over the files."""
+MIN_SPLIT = 10
+"""Fewer samples than this are not split: every one serves the choice, and the report says so."""
+
+
+@dataclasses.dataclass
+class Split:
+    """The user's feeds in two: ``chosen_on`` (what a choice sees), ``held`` (what confirms it,
+    empty when the samples were too few), and how many samples each holds."""
+
+    chosen_on: list[Feed]
+    held: list[Feed]
+    chosen_samples: int
+    held_samples: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"chosen_on_samples": self.chosen_samples, "held_out_samples": self.held_samples}
+
+
+def split_feeds(feeds: Sequence[Mapping[str, np.ndarray]], specs: Sequence[InputSpec] | None) -> Split:
+    """Hold out 30% of the samples, deterministically (:data:`HELD_OUT`), from the choice.
+
+    A file of several samples (inputs the model cuts along a free batch axis, see
+    :func:`onnx_conv2matmul.verify.stream.cut_inputs`) is cut into ten blocks of consecutive
+    samples, and blocks 3, 6 and 9 are held out; views of the arrays, nothing copied. Files of
+    one sample (or whose samples cannot be cut) are held out whole, every tenth file at 3, 6 and
+    9. Fewer than :data:`MIN_SPLIT` samples in all: nothing is held out."""
+    from onnx_conv2matmul.verify.stream import cut_inputs
+
+    chosen: list[Feed] = []
+    held: list[Feed] = []
+    counts = [0, 0]
+    singles = 0
+    cuts = [cut_inputs(specs, feed) if specs else {} for feed in feeds]
+    total = sum(spec_rows(specs, f) if cut and specs else 1 for f, cut in zip(feeds, cuts, strict=True))
+    if total < MIN_SPLIT:
+        return Split([_as_feed(f, i) for i, f in enumerate(feeds)], [], total, 0)
+    for index, (feed, cut) in enumerate(zip(feeds, cuts, strict=True)):
+        source = feed_source(feed, index)
+        rows = spec_rows(specs, feed) if cut and specs else 1
+        if rows < 2:
+            into = held if singles % 10 in HELD_OUT else chosen
+            into.append(_as_feed(feed, index))
+            counts[into is held] += 1
+            singles += 1
+            continue
+        edges = [round(rows * k / 10) for k in range(11)]
+        for keep_held in (False, True):
+            start = None
+            for block in range(10):
+                wanted = (block in HELD_OUT) == keep_held and edges[block] < edges[block + 1]
+                if wanted and start is None:
+                    start = edges[block]
+                if start is not None and (not wanted or block == 9):
+                    stop = edges[block + 1] if wanted else edges[block]
+                    part = Feed(_rows(feed, cut, start, stop), f"{source} samples {start + 1}-{stop}")
+                    (held if keep_held else chosen).append(part)
+                    counts[keep_held] += stop - start
+                    start = None
+    if not chosen or not held:
+        return Split([_as_feed(f, i) for i, f in enumerate(feeds)], [], total, 0)
+    return Split(chosen, held, counts[0], counts[1])
+
+
+def _rows(
+    feed: Mapping[str, np.ndarray], cut: Mapping[str, int], start: int, stop: int
+) -> dict[str, np.ndarray]:
+    """Samples ``start:stop`` of the inputs in ``cut`` as views along their axis, the rest as they are."""
+    return {
+        name: array[(slice(None),) * cut[name] + (slice(start, stop),)] if name in cut else array
+        for name, array in feed.items()
+    }
+
+
+def _as_feed(feed: Mapping[str, np.ndarray], index: int) -> Feed:
+    return feed if isinstance(feed, Feed) else Feed(feed, feed_source(feed, index))

@@ -178,6 +178,12 @@ def quantize_failure(report: QuantizeReport) -> str | None:
     verification = report.verification
     if report.passed or verification is None:
         return None
+    held = report.accuracy.get("held_out") or {}
+    if held.get("passed") is False:
+        return (
+            f"{held['note']}; nothing was written (more --inputs, or a higher --min-cosine, leaves a margin"
+            " for inputs the choice did not see)"
+        )
     metric = report.accuracy.get("metric") or {}
     if metric.get("passed") is False:
         return (
@@ -234,6 +240,19 @@ def _accuracy_lines(report: QuantizeReport) -> list[str]:
             f"Score of {escape(metric['function'])}: {metric['original_score']:.6g} -> {metric['score']:.6g},"
             f" drop {metric['drop']:.4g}{relative}, at most {metric['max_drop']:g}: {verdict}"
         )
+    held = accuracy.get("held_out")
+    if held and held.get("passed") is not None:
+        verdict = "[green]ok[/green]" if held["passed"] else "[red]FAIL[/red]"
+        worst = "" if held["worst_cosine"] is None else f", worst cosine {held['worst_cosine']:.4f}"
+        kept = "".join(
+            f", {t['output']!r} kept {t['agreement']:.2%} of {t['labels']} labels" for t in held["labels"]
+        )
+        lines.append(
+            f"Held out: chosen on {held['chosen_on_samples']} samples of --inputs, confirmed on the other"
+            f" {held['held_out_samples']}{worst}{escape(kept)}: {verdict}"
+        )
+    elif held and held.get("note"):
+        lines.append(f"[yellow]note:[/yellow] {escape(held['note'])}")
     if accuracy.get("inputs") == "synthesised":
         lines.append(
             "[yellow]note:[/yellow] measured on synthesised inputs, which can overstate accuracy"

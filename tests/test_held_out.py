@@ -1,0 +1,122 @@
+"""Held-out confirmation (issue 41, item 2): with --inputs, every choice of a quantize run is made
+on 70% of the samples and the result must meet the criterion on the other 30% too."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from onnx_conv2matmul.cli.app import main
+from onnx_conv2matmul.verify.given import MIN_SPLIT, Feed, split_feeds
+from onnx_conv2matmul.verify.roles import InputSpec
+from test_labels import K, _near_tie_classifier
+
+SPECS = [InputSpec("x", np.dtype(np.float32), ["N", 4])]
+
+
+def test_a_file_of_many_samples_is_cut_into_views_and_blocks_3_6_9_are_held() -> None:
+    x = np.arange(50 * 4, dtype=np.float32).reshape(50, 4)
+    split = split_feeds([Feed({"x": x}, "a.npz")], SPECS)
+    assert (split.chosen_samples, split.held_samples) == (35, 15)
+    held = np.concatenate([f["x"] for f in split.held])[:, 0] // 4
+    assert list(held) == [*range(15, 20), *range(30, 35), *range(45, 50)]
+    chosen = np.concatenate([f["x"] for f in split.chosen_on])[:, 0] // 4
+    assert sorted([*held, *chosen]) == list(range(50))  # every sample once
+    assert all(np.shares_memory(f["x"], x) for f in [*split.held, *split.chosen_on])  # nothing copied
+    assert [f.source for f in split.held] == [
+        "a.npz samples 16-20",
+        "a.npz samples 31-35",
+        "a.npz samples 46-50",
+    ]
+
+
+def test_files_of_one_sample_are_held_out_whole() -> None:
+    feeds = [Feed({"x": np.full((1, 4), i, np.float32)}, f"{i}.npz") for i in range(20)]
+    split = split_feeds(feeds, SPECS)
+    assert [f.source for f in split.held] == ["3.npz", "6.npz", "9.npz", "13.npz", "16.npz", "19.npz"]
+    assert len(split.chosen_on) == 14 and split.to_dict() == {"chosen_on_samples": 14, "held_out_samples": 6}
+
+
+@pytest.mark.parametrize("count", [1, MIN_SPLIT - 1])
+def test_too_few_samples_are_not_split(count: int) -> None:
+    split = split_feeds([Feed({"x": np.zeros((count, 4), np.float32)}, "a.npz")], SPECS)
+    assert split.held == [] and split.chosen_samples == count
+    # Without the model's inputs, samples cannot be cut: the file is one sample.
+    assert split_feeds([Feed({"x": np.zeros((50, 4), np.float32)}, "a.npz")], None).held == []
+
+
+def _inputs(tmp_path: Path, w: np.ndarray) -> Path:
+    """100 samples: the held-out blocks near the class boundary, the others far from it."""
+    rng = np.random.default_rng(1)
+    along = w[:, 0] / np.linalg.norm(w[:, 0])
+    apart = (w[:, 1] - w[:, 0]) / np.linalg.norm(w[:, 1] - w[:, 0])
+    x = np.zeros((100, K), np.float32)
+    for i in range(100):
+        if i // 10 in (3, 6, 9):
+            x[i] = 4 * along + 0.3 * rng.standard_normal(K)
+        else:
+            x[i] = 4 * along + (1 if i % 2 else -1) * 30 * apart + 0.05 * rng.standard_normal(K)
+    path = tmp_path / "x.npz"
+    np.savez(path, x=x)
+    return path
+
+
+@pytest.mark.parametrize(
+    "settings", [[], ["--bits", "4", "--block-size", "32", "--min-cosine", "0.9"]], ids=["default", "given"]
+)
+def test_a_result_that_misses_on_the_held_out_samples_is_not_written(tmp_path: Path, settings: list) -> None:
+    original = tmp_path / "cls.onnx"
+    w = _near_tie_classifier(original)
+    out, report = tmp_path / "q.onnx", tmp_path / "r.json"
+    args = ["quantize", str(original), str(out), "--inputs", str(_inputs(tmp_path, w)), "--no-bench"]
+    result = CliRunner().invoke(main, [*args, *settings, "--report-json", str(report)])
+    assert result.exit_code == 1 and not out.exists()
+    held = json.loads(report.read_text())["accuracy"]["held_out"]
+    assert held["passed"] is False and (held["chosen_on_samples"], held["held_out_samples"]) == (70, 30)
+    assert not held["labels"][0]["passed"]
+    text = " ".join(result.output.split())
+    assert "not on the 30 held out" in text and "nothing was written" in text
+    # Every choice saw the 70 only: the check of the inputs it was chosen on passed.
+    assert json.loads(report.read_text())["verification"]["passed"]
+
+
+def test_a_result_that_holds_on_the_held_out_samples_says_both(tmp_path: Path) -> None:
+    original = tmp_path / "cls.onnx"
+    w = _near_tie_classifier(original)
+    x = np.random.default_rng(2).standard_normal((40, K)).astype(np.float32) + 10 * w[:, 0]
+    np.savez(tmp_path / "x.npz", x=x)
+    out, report = tmp_path / "q.onnx", tmp_path / "r.json"
+    args = ["quantize", str(original), str(out), "--inputs", str(tmp_path / "x.npz"), "--bits", "8"]
+    result = CliRunner().invoke(main, [*args, "--no-bench", "--report-json", str(report)])
+    assert result.exit_code == 0, result.output
+    held = json.loads(report.read_text())["accuracy"]["held_out"]
+    assert held["passed"] is True and held["held_out_samples"] == 12 and held["labels"][0]["labels"] == 12
+    assert "Held out: chosen on 28 samples of --inputs, confirmed on the other 12" in " ".join(
+        result.output.split()
+    )
+
+
+def test_too_few_samples_say_so(tmp_path: Path) -> None:
+    original = tmp_path / "cls.onnx"
+    w = _near_tie_classifier(original)
+    np.savez(tmp_path / "x.npz", x=np.tile(w[:, 0], (5, 1)).astype(np.float32))
+    out, report = tmp_path / "q.onnx", tmp_path / "r.json"
+    args = [
+        "quantize",
+        str(original),
+        str(out),
+        "--inputs",
+        str(tmp_path / "x.npz"),
+        "--bits",
+        "8",
+        "--no-bench",
+    ]
+    result = CliRunner().invoke(main, [*args, "--report-json", str(report)])
+    assert result.exit_code == 0, result.output
+    held = json.loads(report.read_text())["accuracy"]["held_out"]
+    assert held["passed"] is None and "5 samples are too few" in held["note"]
+    assert "too few to hold some out" in " ".join(result.output.split())
