@@ -28,3 +28,10 @@ DET = Packaged(
     "d2a7720d45a54257208b1e13e36a8479894cb74155a5efe29462512d42f49da9",
 )
 """PP-OCRv4 text detector: x [N, 3, H, W] (multiples of 32), a probability map [N, 1, H, W]."""
+MAGIKA = Packaged(
+    "magika==0.6.2",
+    "magika/models/standard_v3_3/model.onnx",
+    "fe2d2eb49c5f88a9e0a6c048e15d6ffdf86235519c2afc535044de433169ec8c",
+)
+"""Magika's file-type classifier (jax2tf): bytes int32 [N, 2048] (the first and last 1024 bytes of
+a file, whitespace stripped, padded with 256) -> target_label [N, 214], a softmax spelt out."""

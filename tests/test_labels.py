@@ -76,6 +76,30 @@ def test_the_graph_decides_which_outputs_hold_class_scores(model: onnx.ModelProt
     assert output_tasks(model, "cosine") == {}
 
 
+def test_a_softmax_spelt_out_marks_its_output_and_a_name_alone_no_map() -> None:
+    nodes = [
+        helper.make_node("Exp", ["x"], ["e"]),
+        helper.make_node("ReduceSum", ["e", "axes"], ["s"], keepdims=1),
+        helper.make_node("Div", ["e", "s"], ["target_label"]),
+        helper.make_node("Relu", ["m"], ["logits_map"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 214]),
+            helper.make_tensor_value_info("m", TensorProto.FLOAT, ["N", 1, "H", "W"]),
+        ],
+        [
+            helper.make_tensor_value_info("target_label", TensorProto.FLOAT, ["N", 214]),
+            helper.make_tensor_value_info("logits_map", TensorProto.FLOAT, ["N", 1, "H", "W"]),
+        ],
+        [numpy_helper.from_array(np.array([-1], np.int64), "axes")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    assert output_tasks(model) == {"target_label": LABELS}
+
+
 def test_an_argmax_or_topk_over_the_last_axis_marks_its_input_through_identity() -> None:
     for op, attrs, marked in (
         ("ArgMax", {"axis": -1}, True),
@@ -327,3 +351,28 @@ def test_the_options_refuse_an_unknown_labels_mode() -> None:
     with pytest.raises(ValueError, match="labels criterion"):
         VerifyOptions(labels="top5")
     assert math.isclose(agreement_bound(1, 0), 0.05)
+
+
+@pytest.mark.parametrize("command", ["verify", "quantize"])
+def test_a_classifier_on_synthesised_inputs_is_refused_before_any_work(tmp_path: Path, command: str) -> None:
+    """The labels of random inputs tell nothing of real ones: exit 2 naming the output and the
+    two ways on (--inputs, --criterion cosine); a minimum cosine of -1 asks nothing of them."""
+    original = tmp_path / "cls.onnx"
+    _near_tie_classifier(original)
+    second = str(original) if command == "verify" else str(tmp_path / "q.onnx")
+    args = [
+        command,
+        str(original),
+        second,
+        "--min-cosine",
+        "0.99",
+        *(["--no-bench"] if command == "quantize" else []),
+    ]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output
+    text = " ".join(result.output.split())
+    assert "output 'logits' holds a classifier's scores" in text and "--inputs" in text
+    assert "--criterion cosine" in text and not (tmp_path / "q.onnx").exists()
+    assert CliRunner().invoke(main, [*args, "--criterion", "cosine"]).exit_code == 0
+    minus = [a if a != "0.99" else "-1" for a in args]
+    assert CliRunner().invoke(main, minus).exit_code == 0

@@ -55,6 +55,9 @@ class Hint(enum.Enum):
     KEPT_PATH = "remove what is at the path where a failed output is kept"
     CALIBRATION_INPUTS = "give real inputs of the model (VerifyOptions.feeds, load_inputs)"
     SYNTHESISED_SHAPES = "give real inputs (VerifyOptions.feeds), or the dims' values (VerifyOptions.dims)"
+    CLASSIFIER_INPUTS = (
+        "give real inputs (VerifyOptions.feeds), or judge by the cosine alone (VerifyOptions.labels='cosine')"
+    )
     INPUT_FILES = "fix the real inputs given (VerifyOptions.feeds): the model cannot run on them"
     VERIFY_BUDGET = "raise the check's memory budget (VerifyOptions.memory), or give shorter lengths"
     VERIFY_OUT_OF_MEMORY = "lower the check's memory budget (VerifyOptions.memory), or give shorter lengths"

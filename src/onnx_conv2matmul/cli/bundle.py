@@ -49,6 +49,7 @@ _ENCODER_OPTIONS = (
     "allow_added_transposes",
     "no_gemm",
     "min_cosine",
+    "criterion",
     "other_weights",
     "auto",
     "max_evaluations",

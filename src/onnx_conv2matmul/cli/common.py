@@ -48,6 +48,10 @@ HINTS: dict[Hint, tuple[str, str]] = {
     Hint.KEPT_PATH: ("keep_on_failure", "--keep-on-failure moves a failed output there"),
     Hint.CALIBRATION_INPUTS: ("inputs", "--inputs FILE.npz gives them"),
     Hint.SYNTHESISED_SHAPES: ("inputs", "--inputs FILE.npz gives real inputs; or --verify-dim NAME=SIZE"),
+    Hint.CLASSIFIER_INPUTS: (
+        "inputs",
+        "--inputs with real samples (about 100), or --criterion cosine to judge by the cosine alone",
+    ),
     Hint.INPUT_FILES: ("inputs", "check the --inputs files: the model cannot run on them"),
     Hint.VERIFY_BUDGET: (
         "verify_memory",

@@ -282,6 +282,11 @@ def resolve(
         from onnx_conv2matmul.quantize.weight_only import check_available
 
         check_available(quantize.algorithm, has_calibration=bool(verify.feeds))
+    if verify.feeds is None and verify.min_cosine is not None:
+        from onnx_conv2matmul.verify.discover import read_graph
+        from onnx_conv2matmul.verify.labels import output_tasks, refuse_synthesised
+
+        refuse_synthesised(output_tasks(read_graph(src), verify.labels), verify)
     # Once: the check, the search and the latency step all feed these sizes and values.
     verify = discover_inputs(src, verify)
     held_out = None

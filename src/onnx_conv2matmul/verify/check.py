@@ -57,7 +57,7 @@ from onnx_conv2matmul.verify.given import check_feeds as check_feeds
 from onnx_conv2matmul.verify.given import check_feeds_for_graph as check_feeds_for_graph
 from onnx_conv2matmul.verify.given import check_names
 from onnx_conv2matmul.verify.given import load_inputs as load_inputs
-from onnx_conv2matmul.verify.labels import TaskResult, failed, output_tasks, task_results
+from onnx_conv2matmul.verify.labels import TaskResult, failed, output_tasks, refuse_synthesised, task_results
 from onnx_conv2matmul.verify.options import DEFAULT_LENGTHS as DEFAULT_LENGTHS
 from onnx_conv2matmul.verify.options import DEFAULT_MAX_ABS as DEFAULT_MAX_ABS
 from onnx_conv2matmul.verify.options import DEFAULT_MEAN_ABS as DEFAULT_MEAN_ABS
@@ -290,6 +290,7 @@ class Reference:
         options = discover(path, options, self.specs, functools.partial(runs.probe_run, opened))
         self.options = options
         self.tasks = output_tasks(read_graph(path), options.labels) if options.min_cosine is not None else {}
+        refuse_synthesised(self.tasks, options)
         roles = dim_roles(self.specs, options)
         sizes = runs.measure_outputs(opened, self.specs, roles, options, runs.output_sizes(opened))
         self.sizes_how = sizes.how

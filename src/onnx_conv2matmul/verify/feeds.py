@@ -81,7 +81,8 @@ def synthesise_inputs(
 
 def feed_samples(feed: Mapping[str, np.ndarray]) -> int:
     """How many samples one run's inputs hold: the first dim of its float inputs of rank 2 or
-    more when they all agree on it (a batch), else 1."""
+    more when they all agree on it (a batch; integer ids when no float input has rank 2, see
+    :func:`onnx_conv2matmul.verify.stream.feed_rows`), else 1."""
     return feed_rows(feed)
 
 

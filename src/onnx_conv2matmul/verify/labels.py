@@ -8,8 +8,9 @@ labels the candidate keeps (:data:`MIN_AGREEMENT`, or the minimum cosine itself 
 This module is the one place that decides it:
 
 - :func:`output_tasks` reads, once per check, which outputs hold class scores, from the graph:
-  the output of a ``Softmax`` or ``LogSoftmax`` over its last axis, the input of an ``ArgMax`` or
-  ``TopK`` over its last axis, or an output named as logits. ``[samples, classes]`` gives one
+  the output of a ``Softmax`` or ``LogSoftmax`` over its last axis (or of ``exp(x) / sum``, a
+  softmax spelt out), the input of an ``ArgMax`` or ``TopK`` over its last axis, or an output of
+  rank 2 or 3 named as logits. ``[samples, classes]`` gives one
   label per sample (:data:`LABELS`); more axes give one per position (:data:`FRAMES`, CTC and
   tagging heads), counted where fp32 is confident (its top class at least :data:`CONFIDENT`
   likely), as blank frames and padding flip without meaning. ``--criterion`` overrides it.
@@ -23,10 +24,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Iterable, Sequence
-from typing import Any, Protocol
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from onnx_conv2matmul.verify.options import VerifyOptions
 
 LABELS = "labels"
 """One label per sample: an output ``[samples, classes]``."""
@@ -95,13 +99,18 @@ def _scores(
     softmax = node is not None and node.op_type in ("Softmax", "LogSoftmax")
     if softmax and _last_axis(node, -1 if opset >= 13 else 1, rank):
         return True
+    if node is not None and node.op_type == "Div" and node.input:
+        numerator = producer.get(node.input[0])  # exp(x) / sum(exp(x)): a softmax spelt out
+        if numerator is not None and numerator.op_type == "Exp":
+            return True
     for value in names:
         for user in consumers.get(value, ()):
             if user.op_type == "ArgMax" and _last_axis(user, 0, rank):
                 return True
             if user.op_type == "TopK" and _last_axis(user, -1, rank):
                 return True
-    return bool(_LOGITS.search(name))
+    # A name alone: class scores per sample or per position, not maps whose last axis is a width.
+    return bool(_LOGITS.search(name)) and rank in (None, 2, 3)
 
 
 def _last_axis(node: Any, default: int, rank: int | None) -> bool:
@@ -194,6 +203,30 @@ def agreement_floor(min_cosine: float | None) -> float | None:
     if min_cosine is None:
         return None
     return min(MIN_AGREEMENT, max(0.0, min_cosine))
+
+
+def refuse_synthesised(tasks: Mapping[str, str], options: VerifyOptions) -> None:
+    """Refuse, before any work, a check that would judge a classifier's labels on synthesised
+    inputs: the labels of random inputs tell nothing of real ones (a file-type classifier kept
+    every label of its synthesised sample and 97% of 400 real files' labels).
+
+    Raises:
+        InputError: an output holds one label per sample (:data:`LABELS`), the inputs are
+            synthesised, and the minimum cosine asks labels to be kept (above 0).
+    """
+    floor = agreement_floor(options.min_cosine)
+    if options.feeds is not None or options.report_only or not floor:
+        return
+    judged = [name for name, kind in tasks.items() if kind == LABELS]
+    if judged:
+        from onnx_conv2matmul.errors import Hint, InputError
+
+        raise InputError(
+            f"output {judged[0]!r} holds a classifier's scores, whose labels must keep {floor:.0%} of"
+            " the original's: synthesised inputs cannot show that (their labels tell nothing of real"
+            f" ones; {labels_needed(floor)} real samples, none changed, promise it)",
+            hint=Hint.CLASSIFIER_INPUTS,
+        )
 
 
 class _Row(Protocol):

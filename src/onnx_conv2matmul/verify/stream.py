@@ -6,8 +6,9 @@ A user's ``--inputs`` file is never refused for its size. The memory budget
 - **Reading.** An ``.npz`` member that numpy stored uncompressed (``numpy.savez``) is
   memory-mapped where it lies in the archive (:func:`map_member`), so a 700 MB file costs
   nothing until rows are read; a compressed member (``savez_compressed``) is read whole.
-- **Samples.** A feed whose float inputs of rank 2 or more share their first dim ``B``
-  holds ``B`` samples (batch rows); every input whose first axis has ``B`` rows is cut
+- **Samples.** A feed whose float inputs of rank 2 or more (integer ones, ids, when it has
+  no such float input) share their first dim ``B`` holds ``B`` samples (batch rows); every
+  input whose first axis has ``B`` rows is cut
   along it (:func:`sample_rows`), and so is a state whose samples lie on another axis
   (``[layers, batch, size]``, :func:`cut_inputs`); the others (scalars, tables) are fed
   whole with each chunk. A model whose sample axis is a static 1 takes them one at a time.
@@ -92,12 +93,12 @@ def read_npz(path: str) -> dict[str, np.ndarray]:
 
 
 def feed_rows(feed: Mapping[str, np.ndarray]) -> int:
-    """The samples a feed holds: the first dim its float inputs of rank 2 or more share, else 1."""
-    firsts = {
-        int(array.shape[0])
-        for array in feed.values()
-        if isinstance(array, np.ndarray) and array.ndim >= 2 and np.issubdtype(array.dtype, np.floating)
-    }
+    """The samples a feed holds: the first dim its float inputs of rank 2 or more share (its
+    integer ones, token or byte ids, when it has no such float input), else 1."""
+    arrays = [a for a in feed.values() if isinstance(a, np.ndarray) and a.ndim >= 2]
+    floats = [a for a in arrays if np.issubdtype(a.dtype, np.floating)]
+    ids = [a for a in arrays if np.issubdtype(a.dtype, np.integer)]
+    firsts = {int(array.shape[0]) for array in (floats or ids)}
     return firsts.pop() if len(firsts) == 1 else 1
 
 
@@ -112,8 +113,8 @@ class SpecLike(Protocol):
 
 
 def spec_rows(specs: Sequence[SpecLike], feed: Mapping[str, np.ndarray]) -> int:
-    """The samples a feed holds for a model: the first dim its float inputs of rank 2 or more
-    share, among those whose first axis the model leaves free (or fixes at 1); else 1."""
+    """The samples a feed holds for a model: :func:`feed_rows` of the inputs whose first axis the
+    model leaves free (or fixes at 1); else 1."""
     free = {
         spec.name
         for spec in specs
