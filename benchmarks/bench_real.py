@@ -1,22 +1,32 @@
-"""Trained models on rendered real-looking inputs: size, task metric, wall time and peak memory.
+"""Trained models on real or realistic held-out inputs: size, task metric, labels kept, time, memory.
 
-For the PP-OCRv4 text recognizer and the PP-OCR direction classifier (rapidocr-onnxruntime
-1.4.4, fetched into the test-model cache), text lines are rendered with a system TrueType font
-(DejaVu) and the models' own preprocessing: 50 calibration lines (one ``.npz`` of
-``x [50, 3, 48, W]``, as a user would hand to ``--inputs``) and held-out lines that score each
-output. Each command is run as a user types it, in its own process, and timed; its peak memory is
-that process's (``wait4``). Rows:
+Three trained models from registry packages (fetched into the test-model cache):
 
-- ``fp32``: the original (the baseline of the task metric);
+- the PP-OCRv4 text recognizer (CTC) and the PP-OCR direction classifier (rapidocr-onnxruntime
+  1.4.4), on text lines rendered with a system TrueType font (DejaVu) and the models' own
+  preprocessing: 50 calibration lines (one ``.npz`` of ``x [50, 3, 48, W]``, as a user would
+  hand to ``--inputs``) and 100 held-out lines that score each output;
+- Magika's file-type classifier (magika 0.6.2), on the files of this machine: 100 as the
+  calibration file, 400 others held out.
+
+Each command is run as a user types it, in its own process, and timed; its peak memory is that
+process's (``wait4``). Rows:
+
+- ``fp32``: the original (the baseline of the task metric), with Y: what a careful user spends
+  by hand (the plain rewrite, onnxruntime's MatMulNBitsQuantizer 4 bits block 64, one ``verify``);
 - ``defaults``: ``quantize MODEL OUT`` (synthesised inputs, the default accuracy floor);
-- ``--auto``: ``--auto --min-cosine 0.99 --inputs calib.npz``;
-- ``--validate``: ``--auto --validate metric.py:score --max-drop D --inputs calib.npz``, the
+- ``--inputs``: the same with ``--inputs calib.npz``;
+- ``--auto --inputs``: ``--auto --inputs calib.npz``;
+- ``--int8-dynamic --inputs``: onnxruntime's dynamic int8 through the tool, checked on the inputs;
+- with ``--validate``: ``--auto --validate metric.py:score --max-drop D --inputs calib.npz``, the
   score being the task metric on 60 scored lines (others than the held-out ones).
 
-The recognizer's metric is the character error rate (CTC greedy decoding with the alphabet in
-the model's ``character`` metadata); the classifier's is top-1 accuracy on lines of which half
-are turned by 180 degrees. A fourth run checks 2,000 lines of 3x48x597 (687 MB) against the
-default 64 MiB budget with ``verify --inputs`` (``--big``).
+``metric`` is the recognizer's character error rate (CTC greedy decoding with the alphabet in
+the model's ``character`` metadata) or the direction classifier's top-1 accuracy (half the lines
+turned by 180 degrees); ``agree`` the share of fp32's labels the output keeps on the held-out
+inputs, counted as the check counts them (per sample; per frame where fp32 is confident for the
+recognizer). A last run checks 2,000 lines of 3x48x597 (687 MB) against the default 64 MiB
+budget with ``verify --inputs`` (``--big``).
 
 Needs Pillow (to render the lines): ``pip install pillow``.
 
@@ -25,7 +35,8 @@ ranking the MatMuls (``AutoOptions(criterion=...)``: measured, predicted and NNC
 see quantize/criteria.py) through the library, every conv rewritten and nothing timed, and prints
 each one's size and task metric.
 
-    python benchmarks/bench_real.py [--workdir DIR] [--big] [--rankers [A,B]]
+    python benchmarks/bench_real.py [--workdir DIR] [--only rec|cls|magika] [--validate] [--big]
+    python benchmarks/bench_real.py --rankers [A,B]
 """
 
 from __future__ import annotations
@@ -47,8 +58,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
 from _process import run_measured  # noqa: E402
+from bench_onepass import RECIPE  # noqa: E402
 from model_cache import FETCHER  # noqa: E402
-from real_packages import CLS, REC  # noqa: E402
+from real_packages import CLS, MAGIKA, REC  # noqa: E402
 
 FONTS = (
     "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
@@ -206,59 +218,121 @@ def _inputs(kind: str, work: Path) -> None:
     (work / "metric.py").write_text(METRIC)
 
 
-def bench(kind: str, model: str, work: Path, max_drop: str, extra: list[str]) -> list[tuple[str, ...]]:
-    _inputs(kind, work)
+def _agreement(model: str, candidate: str, x: np.ndarray, name: str, kind: str) -> str:
+    """The share of fp32's labels ``candidate`` keeps on ``x``, counted as the check counts them
+    (:func:`onnx_conv2matmul.verify.labels.count`: per sample for a classifier, per frame where
+    fp32 is confident for a recognizer)."""
+    from onnx_conv2matmul.verify.labels import FRAMES, LABELS, count
+
+    def outputs(path: str) -> np.ndarray:
+        options = ort.SessionOptions()
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+        step = 1 if kind == "rec" else 100
+        return np.concatenate([session.run(None, {name: x[i : i + step]})[0] for i in range(0, len(x), step)])
+
+    labels, changed = count(outputs(model), outputs(candidate), FRAMES if kind == "rec" else LABELS)
+    return f"{100 * (labels - changed) / labels:.2f}% of {labels}"
+
+
+def _yardstick(model: str, work: Path) -> float:
+    """Y: the plain rewrite, onnxruntime's MatMulNBitsQuantizer (4 bits, block 64) and one
+    ``verify`` with its defaults, each a process of its own, in seconds."""
+    tool = [sys.executable, "-m", "onnx_conv2matmul"]
+    rewritten, recipe = work / "y-rewritten.onnx", work / "y-recipe.onnx"
+    seconds = 0.0
+    for argv in (
+        [*tool, str(model), str(rewritten)],
+        [sys.executable, "-c", RECIPE, str(rewritten), str(recipe)],
+        [*tool, "verify", str(model), str(recipe)],
+    ):
+        seconds += _run(argv, dict(os.environ))[1]
+    return seconds
+
+
+def bench(
+    kind: str, model: str, work: Path, max_drop: str, extra: list[str], validate: bool = False
+) -> list[tuple[str, ...]]:
+    name = "bytes" if kind == "magika" else "x"
+    if kind == "magika":
+        x = _magika_inputs(work)
+    else:
+        _inputs(kind, work)
+        x = np.load(work / "held" / "lines.npz")["x"]
     env = dict(os.environ, BENCH_REAL_LINES=str(work / "scored"), BENCH_REAL_KIND=kind)
     tool = [sys.executable, "-m", "onnx_conv2matmul"]
+    calib = str(work / "calib.npz")
     runs = {
         "defaults": [],
-        "--auto": ["--auto", "--min-cosine", "0.99", "--inputs", str(work / "calib.npz")],
-        "--validate": [
-            "--auto",
-            "--validate",
-            f"{work / 'metric.py'}:score",
-            "--max-drop",
-            max_drop,
-            "--inputs",
-            str(work / "calib.npz"),
-        ],
+        "--inputs": ["--inputs", calib],
+        "--auto --inputs": ["--auto", "--inputs", calib],
+        "--int8-dynamic --inputs": ["--int8-dynamic", "--inputs", calib],
     }
+    if validate and kind != "magika":
+        runs["--validate"] = ["--auto", "--validate", f"{work / 'metric.py'}:score", "--max-drop", max_drop]
+        runs["--validate"] += ["--inputs", calib]
     size = os.path.getsize(model)
-    label = "CER" if kind == "rec" else "top-1"
 
-    def shown(value: float) -> str:
+    def shown(value: float | None) -> str:
+        if value is None:
+            return "-"
         return f"{100 * (1 - value):.2f}%" if kind == "rec" else f"{100 * value:.1f}%"
 
-    rows = [
-        (kind, "fp32", f"{size / 2**20:.2f}", "1.000", shown(_metric(model, work / "held", kind)), "", "", "")
-    ]
-    for name, more in runs.items():
-        out = work / f"{name.strip('-')}.onnx"
+    fp32 = None if kind == "magika" else _metric(model, work / "held", kind)
+    y = _yardstick(model, work)
+    rows = [(kind, "fp32", f"{size / 2**20:.2f}", "1.000", shown(fp32), "", f"Y {y:.1f}", "", "")]
+    for run, more in runs.items():
+        out = work / f"{run.strip('-').replace(' --', '-').replace(' ', '')}.onnx"
         code, seconds, peak, stderr = _run([*tool, "quantize", model, str(out), *more, *extra], env)
         if not out.exists():
             last = stderr.strip().splitlines()[-1] if stderr.strip() else ""
             rows.append(
-                (kind, name, "-", "-", "-", f"{seconds:.1f}", f"{peak / 2**20:.0f}", f"exit {code}: {last}")
+                (
+                    kind,
+                    run,
+                    "-",
+                    "-",
+                    "-",
+                    "-",
+                    f"{seconds:.1f}",
+                    f"{peak / 2**20:.0f}",
+                    f"exit {code}: {last[:160]}",
+                )
             )
             continue
         written = os.path.getsize(out) + sum(
             os.path.getsize(p) for p in work.glob(f"{out.name}.data") if p.is_file()
         )
-        value = _metric(str(out), work / "held", kind)
+        value = None if kind == "magika" else _metric(str(out), work / "held", kind)
         rows.append(
             (
                 kind,
-                name,
+                run,
                 f"{written / 2**20:.2f}",
                 f"{written / size:.3f}",
                 shown(value),
+                _agreement(model, str(out), x, name, kind),
                 f"{seconds:.1f}",
                 f"{peak / 2**20:.0f}",
                 f"exit {code}",
             )
         )
-    rows.append(("", f"({label} on 100 held-out lines)", "", "", "", "", "", ""))
+    what = {
+        "rec": "CER on 100 held-out lines",
+        "cls": "top-1 on 100 held-out lines",
+        "magika": "400 other files",
+    }
+    rows.append(("", f"({what[kind]}; agree: fp32's labels kept)", "", "", "", "", "", "", ""))
     return rows
+
+
+def _magika_inputs(work: Path) -> np.ndarray:
+    """100 files of this machine as the calibration file, 400 others held out."""
+    from file_features import file_features
+
+    x = file_features(500)
+    np.savez(work / "calib.npz", bytes=x[:100])
+    return x[100:]
 
 
 RANKER = """
@@ -294,7 +368,7 @@ def rankers(kind: str, model: str, work: Path, which: str = "all") -> list[tuple
         if not out.exists():
             last = stderr.strip().splitlines()[-1] if stderr.strip() else ""
             failed = f"exit {code}: {last}"
-            rows.append((kind, f"ranker {criterion}", "-", "-", "-", f"{seconds:.1f}", "", failed))
+            rows.append((kind, f"ranker {criterion}", "-", "-", "-", "", f"{seconds:.1f}", "", failed))
             continue
         written = os.path.getsize(out) + sum(p.stat().st_size for p in work.glob(f"{out.name}.data"))
         value = _metric(str(out), work / "held", kind)
@@ -306,6 +380,7 @@ def rankers(kind: str, model: str, work: Path, which: str = "all") -> list[tuple
                 f"{written / 2**20:.2f}",
                 f"{written / size:.3f}",
                 shown,
+                "",
                 f"{seconds:.1f}",
                 f"{peak / 2**20:.0f}",
                 f"exit {code}",
@@ -341,6 +416,7 @@ def big(model: str, work: Path) -> tuple[str, ...]:
         f"{path.stat().st_size / 2**20:.0f} MiB file",
         "",
         "",
+        "",
         f"{seconds:.1f}",
         f"{peak / 2**20:.0f}",
         f"exit {code}; {chunks[:90]}",
@@ -351,16 +427,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--big", action="store_true", help="also check 2,000 lines in the default budget")
-    parser.add_argument("--only", choices=("rec", "cls"), help="one model only")
+    parser.add_argument("--only", choices=("rec", "cls", "magika"), help="one model only")
+    parser.add_argument("--validate", action="store_true", help="also --auto --validate with the task metric")
     parser.add_argument("--allow-added-transposes", action="store_true", help="pass it to every quantize run")
     parser.add_argument(
         "--rankers", nargs="?", const="all", default=None, help="only --auto per ranking criterion (or: a,b)"
     )
     args = parser.parse_args()
     root = args.workdir or Path(tempfile.mkdtemp(prefix="bench-real-"))
-    header = ("model", "run", "MiB", "x fp32", "metric", "wall s", "peak MiB", "result")
+    header = ("model", "run", "MiB", "x fp32", "metric", "agree", "wall s", "peak MiB", "result")
     rows = [header]
-    for kind, packaged, drop in (("rec", REC, "0.01"), ("cls", CLS, "0.01")):
+    for kind, packaged, drop in (("rec", REC, "0.01"), ("cls", CLS, "0.01"), ("magika", MAGIKA, "0.01")):
         if args.only not in (None, kind):
             continue
         work = root / kind
@@ -370,7 +447,7 @@ def main() -> None:
             _inputs(kind, work)
             rows.extend(rankers(kind, str(FETCHER.fetch(packaged)), work, args.rankers))
             continue
-        rows.extend(bench(kind, str(FETCHER.fetch(packaged)), work, drop, extra))
+        rows.extend(bench(kind, str(FETCHER.fetch(packaged)), work, drop, extra, args.validate))
         if kind == "rec" and args.big:
             rows.append(big(str(FETCHER.fetch(packaged)), work))
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(header))]
