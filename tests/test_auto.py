@@ -18,6 +18,7 @@ from helpers import examples, no_bench, run
 from onnx_conv2matmul.api import quantize_file
 from onnx_conv2matmul.cli.app import main
 from onnx_conv2matmul.quantize import search as auto
+from onnx_conv2matmul.quantize import workflow
 from onnx_conv2matmul.quantize.options import LADDER, AutoOptions, QuantizeOptions, Setting
 from onnx_conv2matmul.quantize.search import AutoConfig, block_dequantize, block_quantize
 from onnx_conv2matmul.verify.check import VerifyOptions
@@ -131,6 +132,7 @@ def test_unreachable_minimum_raises_after_trying_float(tmp_path: Path) -> None:
 def test_cli_unreachable_exits_1_and_writes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every candidate, float included, below the minimum: exit 1, one line, nothing written."""
     monkeypatch.setattr(auto.Reference, "worst_cosine", lambda *_args: (0.5, ""))
+    monkeypatch.setattr(workflow, "_weighs_default", lambda plan: False)  # the search alone
     out = tmp_path / "q.onnx"
     code, stdout, stderr = _invoke(
         "quantize",
@@ -305,3 +307,48 @@ def test_cli_auto_searches_on_given_inputs(tmp_path: Path) -> None:
     assert [f["file"] for f in data["verification"]["input_files"]] == files
     cosines = [r["cosine"] for r in data["verification"]["results"] if r["cosine"] is not None]
     assert len(cosines) == 2 and min(cosines) >= 0.995
+
+
+def test_auto_is_never_bigger_than_the_default_run(tmp_path: Path) -> None:
+    """--auto weighs its search's model against the default run's (issue 41, item 3): with two
+    evaluations at a minimum cosine of 0.999 the search ends in float, the default run's one pass
+    meets it with a per-layer mix, and that smaller model is what is written."""
+    args = ["--min-cosine", "0.999", "--no-bench"]
+    auto_out, default_out = tmp_path / "auto.onnx", tmp_path / "default.onnx"
+    searched = CliRunner().invoke(
+        main,
+        [
+            "quantize",
+            str(ENCODER),
+            str(auto_out),
+            "--auto",
+            "--max-evaluations",
+            "2",
+            *args,
+            "--report-json-stdout",
+        ],
+    )
+    assert searched.exit_code == 0, searched.output
+    default = CliRunner().invoke(main, ["quantize", str(ENCODER), str(default_out), *args])
+    assert default.exit_code == 0, default.output
+    assert auto_out.stat().st_size == default_out.stat().st_size < 0.6 * ENCODER.stat().st_size
+    report = json.loads(searched.stdout)
+    assert any("the default run's model" in w and "is kept" in w for w in report["warnings"])
+    assert report["verification"]["passed"] and not list(tmp_path.glob(".*"))  # no scratch left
+
+
+def test_a_search_that_meets_nothing_leaves_the_default_runs_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every candidate of the search below the minimum while the default run's one pass meets it:
+    the default run's model is written, and the warning says the search found none."""
+    monkeypatch.setattr(auto.Reference, "worst_cosine", lambda *_args: (0.5, ""))
+    out = tmp_path / "q.onnx"
+    code, stdout, _ = _invoke(
+        "quantize", str(ENCODER), str(out), "--auto", "--verify-lengths", "64", "--max-evaluations", "2",
+        "--report-json-stdout",
+    )  # fmt: skip
+    assert code == 0 and out.exists()
+    report = json.loads(stdout)
+    assert any("what the search found (no model that meets it): it is kept" in w for w in report["warnings"])
+    assert report["verification"]["passed"] and report["one_pass"] is not None

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from helpers import no_bench
 from onnx_conv2matmul.cli.app import main
 from onnx_conv2matmul.quantize import search as auto
-from onnx_conv2matmul.quantize import search_runs
+from onnx_conv2matmul.quantize import search_runs, workflow
 
 ENCODER = Path(__file__).parent / "data" / "conformer_small.onnx"
 SCHEMA = Path(__file__).resolve().parent.parent / "schema" / "report.schema.json"
@@ -44,6 +44,7 @@ def test_unreachable_shows_the_worst_cosine_below_the_minimum(tmp_path: Path) ->
     assert search_runs.below(0.5, 0.99) == "0.5"
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(auto.Reference, "worst_cosine", lambda *_args: (1 - 6e-8, ""))
+        patch.setattr(workflow, "_weighs_default", lambda plan: False)  # the search alone
         code, stderr = _invoke(
             "quantize", ENCODER, tmp_path / "q.onnx", "--auto", "--min-cosine", "1", "--verify-lengths", "64",
             "--max-evaluations", "2",
@@ -135,6 +136,7 @@ def test_reports_of_the_other_algorithms_and_of_refusals_validate(tmp_path: Path
         with pytest.MonkeyPatch.context() as patch:
             if "--auto" in args:  # every candidate below the minimum, float included
                 patch.setattr(auto.Reference, "worst_cosine", lambda *_args: (0.5, ""))
+                patch.setattr(workflow, "_weighs_default", lambda plan: False)  # the search alone
             result = CliRunner().invoke(
                 main, ["quantize", str(ENCODER), str(out), *map(str, args), "--report-json-stdout", "-q"]
             )

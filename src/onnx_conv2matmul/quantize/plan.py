@@ -161,6 +161,10 @@ class Request:
     transposes: TransposeOptions | None = None
     smallest: bool = False
     """The smallest model is wanted (``--prefer size``), see :func:`wants_smallest`."""
+    candidate: bool = False
+    """This run makes one candidate of another (``--auto`` weighed against the default run): the
+    default run stops after the one pass, without the search below it, and ``auto`` is not
+    weighed again."""
     shared: Any = dataclasses.field(default=None, compare=False, repr=False)
     """The original's measurement shared by the runs of one Transposes' trade (a
     :class:`onnx_conv2matmul.quantize.onepass.Shared`): measured by the first, read by the second."""

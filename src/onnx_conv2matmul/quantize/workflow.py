@@ -92,13 +92,16 @@ def quantize_file(
     try:
         with _output.Output(plan.dst, source=plan.src) as output:
             made = None
-            if plan.transposes is not None and not plan.int8 and not plan.convert.allow_added_transposes:
+            if _weighs_default(plan):
+                with output.scratch("candidates") as scratch:
+                    report = _auto_or_default(plan, output, scratch)
+            elif plan.transposes is not None and not plan.int8 and not plan.convert.allow_added_transposes:
                 with output.scratch("transposes") as scratch:
                     plan, trade, made = _weigh(plan, scratch)
                     if made is not None:  # published as it was made, sized and timed
                         report = publish_made(plan, output, made)
                     report.transposes = trade
-            if made is None:
+            if made is None and not _weighs_default(plan):
                 transposes = report.transposes
                 report = new_report(plan)
                 report.transposes = transposes
@@ -114,6 +117,70 @@ def quantize_file(
     report.seconds = time.perf_counter() - started
     report.seconds_by_phase = plan.progress.by_phase()
     report.peak_rss_bytes = peak_rss_bytes()
+    return report
+
+
+def _weighs_default(plan: QuantizePlan) -> bool:
+    """Whether this ``--auto`` run weighs its search's model against the default run's: a cosine
+    criterion (a metric is the user's to weigh), MatMulNBits by the default algorithm, and not a
+    candidate of another run."""
+    auto = plan.auto
+    return (
+        auto is not None
+        and auto.metric is None
+        and plan.verify.min_cosine is not None
+        and plan.quantize.algorithm == "default"
+        and not plan.request.candidate
+    )
+
+
+def _auto_or_default(plan: QuantizePlan, output: _output.Output, scratch: str) -> QuantizeReport:
+    """``--auto`` is never bigger than the default: the default run's model (the one pass, no
+    search below it) and the search's, each made in ``scratch``; the smaller that meets the
+    criterion is published as it was made (the search's on a tie), with a warning when it is the
+    default's."""
+    from onnx_conv2matmul.errors import TargetUnreachable
+    from onnx_conv2matmul.files.paths import model_file_bytes
+    from onnx_conv2matmul.quantize.transposes import Made
+
+    name = os.path.basename(plan.dst)
+    request = plan.request
+    verify = dataclasses.replace(request.verify or plan.verify, min_cosine=plan.verify.min_cosine)
+    made: dict[str, Made] = {}
+    for folder in ("default", "auto"):
+        os.makedirs(os.path.join(scratch, folder), exist_ok=True)
+    plan.progress.phase("Quantizing with the default settings (a candidate of --auto)")
+    default_request = dataclasses.replace(
+        request, auto=None, verify=verify, metric=None, progress=None, candidate=True, search_below=True
+    )
+    default = quantize_file(plan.src, os.path.join(scratch, "default", name), default_request)
+    if default.output_path is not None:
+        made["default"] = Made(default.output_path, default)
+    plan.progress.phase("Below the accuracy criterion: searching (--auto)")
+    try:
+        searched = quantize_file(
+            plan.src,
+            os.path.join(scratch, "auto", name),
+            dataclasses.replace(request, progress=None, candidate=True),
+        )
+    except TargetUnreachable:
+        if "default" not in made:
+            raise
+        searched = None
+    if searched is not None and searched.output_path is not None:
+        made["auto"] = Made(searched.output_path, searched)
+    if not made:
+        assert searched is not None
+        return searched
+    sizes = {key: model_file_bytes(m.path) for key, m in made.items()}
+    kept = "auto" if "auto" in made and sizes["auto"] <= sizes.get("default", sizes["auto"]) else "default"
+    report = publish_made(plan, output, made[kept])
+    if kept == "default":
+        found = f"{sizes['auto']} bytes" if "auto" in sizes else "no model that meets it"
+        report.warnings.append(
+            f"the default run's model ({sizes['default']} bytes) meets the criterion and is smaller than"
+            f" what the search found ({found}): it is kept"
+        )
     return report
 
 
@@ -198,7 +265,7 @@ def _quantize_to(run: Run) -> None:
     external = loaded.has_external_data or _io.tensor_bytes(loaded.model) > _io.SINGLE_FILE_LIMIT_BYTES
     if onepass.applies(run):
         del loaded  # each candidate is loaded again, its weights memory-mapped
-        if onepass.OnePass(run, rewrite, external).execute(modes):
+        if onepass.OnePass(run, rewrite, external).execute(modes) or plan.request.candidate:
             return
         # No candidate of the pass met the criterion: the search decides (as --auto does).
         run.report.warnings.append(

@@ -1,0 +1,80 @@
+"""Task accuracy on a trained CTC recognizer from the registry (issue 41): PP-OCRv4's text
+recognizer on text lines drawn in a bitmap font. Its output holds one label per frame; the text a
+quantized model reads must stay within a point of fp32's character error rate, with the defaults
+and with --auto on given inputs, on lines no choice of the run saw."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from click.testing import CliRunner
+
+from bitmap_text import lines
+from model_cache import FETCHER
+from onnx_conv2matmul.cli.app import main
+from real_packages import REC
+
+
+def _edits(a: str, b: str) -> int:
+    row = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        prev, row[0] = row[0], i
+        for j, cb in enumerate(b, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (ca != cb))
+    return row[-1]
+
+
+def _read(path: Path, x: np.ndarray, chars: list[str]) -> list[str]:
+    options = ort.SessionOptions()
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    texts = []
+    for i in range(len(x)):
+        best = session.run(None, {"x": x[i : i + 1]})[0][0].argmax(-1)
+        keep = (best != 0) & np.r_[True, best[1:] != best[:-1]]
+        texts.append("".join(chars[k] for k in best[keep]))
+    return texts
+
+
+def _cer(read: list[str], truth: list[str]) -> float:
+    return sum(_edits(a, b) for a, b in zip(read, truth, strict=True)) / sum(len(t) for t in truth)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, np.ndarray, list[str], list[str]]:
+    model = Path(FETCHER.fetch(REC))
+    folder = tmp_path_factory.mktemp("rec")
+    np.savez(folder / "calibration.npz", x=lines(20, seed=1))
+    held = lines(40, seed=2)
+    meta = {p.key: p.value for p in onnx.load(model, load_external_data=False).metadata_props}
+    chars = ["", *meta["character"].split("\n"), " "]
+    return model, folder, held, chars, _read(model, held, chars)
+
+
+@pytest.mark.network
+@pytest.mark.parametrize("how", ["defaults", "inputs", "auto"])
+def test_the_text_read_stays_within_a_point_of_fp32(data: tuple, how: str) -> None:
+    model, folder, held, chars, fp32 = data
+    out = folder / f"{how}.onnx"
+    extra = {"defaults": [], "inputs": ["--inputs"], "auto": ["--auto", "--inputs"]}[how]
+    if extra:
+        extra = [*extra, str(folder / "calibration.npz")]
+    report = out.with_suffix(".json")
+    result = CliRunner().invoke(
+        main, ["quantize", str(model), str(out), "--no-bench", *extra, "--report-json", str(report)]
+    )
+    assert result.exit_code == 0, result.output
+    data_ = json.loads(report.read_text())
+    (frames,) = data_["verification"]["labels"]
+    assert frames["kind"] == "frames" and frames["passed"] and frames["labels"] > 0
+    assert _cer(_read(out, held, chars), fp32) <= 0.01
+    assert out.stat().st_size < model.stat().st_size
+    if how != "defaults":
+        assert data_["accuracy"]["held_out"]["passed"] is True
+    if how == "auto":  # never bigger than the default run on the same inputs
+        assert out.stat().st_size <= (folder / "inputs.onnx").stat().st_size
