@@ -68,11 +68,12 @@ def draw(text: str, height: int = 48, width: int = 320) -> np.ndarray:
     return line
 
 
-def lines(count: int, seed: int, height: int = 48, width: int = 320) -> np.ndarray:
-    """``x [count, 3, height, width]`` of short lines of words and numbers, drawn in a fixed order."""
+def lines(count: int, seed: int, height: int = 48, width: int = 320) -> tuple[np.ndarray, list[str]]:
+    """``x [count, 3, height, width]`` of short lines of words and numbers drawn in a fixed
+    order, and their texts."""
     rng = random.Random(seed)
     texts = []
     for _ in range(count):
         parts = [rng.choice(WORDS) if rng.random() < 0.6 else str(rng.randint(0, 9999)) for _ in range(2)]
         texts.append(" ".join(parts))
-    return np.stack([draw(text, height, width) for text in texts])
+    return np.stack([draw(text, height, width) for text in texts]), texts

@@ -152,8 +152,10 @@ def test_labels_count_every_sample_and_a_non_finite_one_as_changed() -> None:
 
 @pytest.mark.parametrize("form", ["probabilities", "log-probabilities", "logits"])
 def test_frames_count_only_where_fp32_is_confident(form: str) -> None:
-    # Three frames: confident (0.9), unsure (0.4 / 0.35 / 0.25), confident (0.8).
-    probs = np.array([[[0.9, 0.05, 0.05], [0.4, 0.35, 0.25], [0.1, 0.1, 0.8]]], np.float64)
+    # Four frames: confident (0.96), unsure (0.4 / 0.35 / 0.25), unsure (0.8), confident (0.92).
+    probs = np.array(
+        [[[0.96, 0.02, 0.02], [0.4, 0.35, 0.25], [0.1, 0.1, 0.8], [0.04, 0.04, 0.92]]], np.float64
+    )
     moved = probs[:, :, ::-1].copy()  # every frame's top class moves
     change = {"probabilities": lambda p: p, "log-probabilities": np.log, "logits": lambda p: np.log(p) + 3.0}
     ref, out = change[form](probs), change[form](moved)

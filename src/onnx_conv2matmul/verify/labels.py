@@ -13,7 +13,7 @@ This module is the one place that decides it:
   rank 2 or 3 named as logits. ``[samples, classes]`` gives one
   label per sample (:data:`LABELS`); more axes give one per position (:data:`FRAMES`, CTC and
   tagging heads), counted where fp32 is confident (its top class at least :data:`CONFIDENT`
-  likely), as blank frames and padding flip without meaning. ``--criterion`` overrides it.
+  likely): frames where it hesitates flip without changing what is read. ``--criterion`` overrides it.
 - :func:`count` counts, per compared output, the labels and those that changed;
 - :func:`task_results` judges the counts of a whole check, output by output (:class:`TaskResult`),
   with what the number of labels can promise (:func:`agreement_bound`).
@@ -40,8 +40,11 @@ FRAMES = "frames"
 MIN_AGREEMENT = 0.99
 """The share of fp32's labels a candidate keeps under a minimum cosine of 0.99 or more."""
 
-CONFIDENT = 0.5
-"""A position counts when fp32's top class has at least this probability there."""
+CONFIDENT = 0.9
+"""A position counts when fp32's top class has at least this probability there. On PP-OCRv4's
+recognizer and 100 held-out lines, the default run's model (its error rate fp32's) kept 98.8% of
+the frames above 0.5 and 99.5% above 0.9; a model 1 point worse kept 96.7% and 98.4%: frames
+where fp32 hesitates flip without changing the text."""
 
 MAX_CLASSES = 100_000
 """An output wider than this is not read as class scores."""
