@@ -378,3 +378,18 @@ def test_a_classifier_on_synthesised_inputs_is_refused_before_any_work(tmp_path:
     assert CliRunner().invoke(main, [*args, "--criterion", "cosine"]).exit_code == 0
     minus = [a if a != "0.99" else "-1" for a in args]
     assert CliRunner().invoke(main, minus).exit_code == 0
+
+
+def test_the_search_steers_by_the_labels_too() -> None:
+    """The search's target (--auto, the search below the floor) judges the labels as the check
+    does: a candidate whose cosine meets the minimum but moves 5% of the labels misses, at five
+    times the allowed share, and the unreachable message names the output."""
+    from onnx_conv2matmul.quantize.search_options import AutoOptions
+    from onnx_conv2matmul.quantize.search_runs import _Measured, _Target, _unreachable
+
+    target = _Target(AutoOptions(min_cosine=0.99), None)
+    measured = _Measured(cosine=0.999, labels={("prob", LABELS): [100, 5]})
+    assert not target.passed(measured) and target.loss(measured) == pytest.approx(5.0)
+    assert "output 'prob': 95 of 100 labels kept" in _unreachable(target, measured, 1)
+    kept = _Measured(cosine=0.999, labels={("prob", LABELS): [100, 1]})
+    assert target.passed(kept) and target.loss(kept) == pytest.approx(1.0)

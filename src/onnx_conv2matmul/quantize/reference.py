@@ -238,11 +238,12 @@ class Reference:
         return rows
 
     def worst_cosine(
-        self, feed: int, outputs: Sequence[Any], labels: dict[str, list[int]] | None = None
+        self, feed: int, outputs: Sequence[Any], labels: dict[tuple[str, str], list[int]] | None = None
     ) -> tuple[float, str]:
         """The smallest per-sample cosine of one feed's float outputs; -1 and a note when an
-        output that must match exactly differs (or NaN/Inf differ). ``labels``: the outputs'
-        label counts ``[labels, changed]`` (see :mod:`onnx_conv2matmul.verify.labels`), added to."""
+        output that must match exactly differs (or NaN/Inf differ). ``labels``: by output and how
+        its labels are counted, ``[labels, changed]`` (see :mod:`onnx_conv2matmul.verify.labels`),
+        added to."""
         worst = 1.0
         for row in self.compare(feed, outputs, VerifyOptions(report_only=True)):
             if not row.passed:
@@ -251,7 +252,7 @@ class Reference:
             if cosine is not None:
                 worst = min(worst, cosine)
             if labels is not None and row.task:
-                counts = labels.setdefault(row.output, [0, 0])
+                counts = labels.setdefault((row.output, row.task), [0, 0])
                 counts[0] += row.labels
                 counts[1] += row.label_flips
         return worst, ""

@@ -46,8 +46,9 @@ class _Measured:
     """With the check's options (``_Target.check``): each feed's rows as the check compares them."""
     digest: str = ""
     """With the check's options: the candidate's :func:`model_digest`."""
-    labels: dict[str, list[int]] = dataclasses.field(default_factory=dict)
-    """The outputs that hold class scores: ``[labels, changed]`` over the feeds run."""
+    labels: dict[tuple[str, str], list[int]] = dataclasses.field(default_factory=dict)
+    """The outputs that hold class scores, by name and how their labels are counted:
+    ``[labels, changed]`` over the feeds run."""
 
 
 class _Target:
@@ -64,7 +65,10 @@ class _Target:
         floor = agreement_floor(self.min_cosine)
         if floor is None:
             return []
-        return [TaskResult(name, "", n, changed, floor) for name, (n, changed) in measured.labels.items()]
+        return [
+            TaskResult(name, kind, n, changed, floor)
+            for (name, kind), (n, changed) in measured.labels.items()
+        ]
 
     def cosine_passed(self, measured: _Measured) -> bool:
         return self.min_cosine is None or (measured.cosine is not None and measured.cosine >= self.min_cosine)
@@ -109,6 +113,9 @@ def _unreachable(target: _Target, measured: _Measured, feeds: int) -> str:
         found.append(f"worst cosine {below(measured.cosine, target.min_cosine)} over {feeds} input(s)")
     if target.metric is not None and measured.score is not None:
         found.append(f"score {measured.score:.6g} against the original's {target.original_score:.6g}")
+    moved = failed(target.labels(measured))
+    if moved is not None:
+        found.append(moved.text())
     if measured.note:
         found.append(measured.note)
     return f"{target.describe()} is not met even with every weight in float ({'; '.join(found)})"

@@ -106,7 +106,7 @@ def quantize_file(
                 report = new_report(plan)
                 report.transposes = transposes
                 _quantize_to(Run(plan, output, report))
-                if not report.passed and plan.search_below and not plan.int8:
+                if not report.passed and plan.search_below and not plan.int8 and not plan.request.candidate:
                     report = _search_below(plan, output, report)
     finally:
         plan.progress.close()
