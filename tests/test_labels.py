@@ -244,15 +244,21 @@ def _verify(args: list[str], report: Path) -> tuple[int, str, dict]:
     return result.exit_code, " ".join(result.output.split()), json.loads(report.read_text())["verification"]
 
 
-def test_verify_fails_when_labels_move_under_a_met_cosine(tmp_path: Path) -> None:
+def _swapped_verify(tmp_path: Path, output: str = "logits") -> list[str]:
+    """``verify`` of the near-tie classifier against itself with its two columns swapped (every
+    label moves, the cosine stays), on inputs along the first column, at a minimum cosine of 0.99."""
     original = tmp_path / "cls.onnx"
-    w = _near_tie_classifier(original)
+    w = _near_tie_classifier(original, output)
     candidate = tmp_path / "swapped.onnx"
     model = onnx.load(original)
     model.graph.initializer[0].CopyFrom(numpy_helper.from_array(w[:, ::-1].copy(), "W"))
     onnx.save(model, candidate)
     inputs = _inputs(tmp_path, w)
-    args = ["verify", str(original), str(candidate), "--inputs", str(inputs), "--min-cosine", "0.99"]
+    return ["verify", str(original), str(candidate), "--inputs", str(inputs), "--min-cosine", "0.99"]
+
+
+def test_verify_fails_when_labels_move_under_a_met_cosine(tmp_path: Path) -> None:
+    args = _swapped_verify(tmp_path)
     code, text, verification = _verify(args, tmp_path / "r.json")
     assert code == 1, text
     (row,) = verification["results"]
@@ -267,17 +273,8 @@ def test_verify_fails_when_labels_move_under_a_met_cosine(tmp_path: Path) -> Non
 
 
 def test_verify_passes_and_says_what_the_labels_promise(tmp_path: Path) -> None:
-    original = tmp_path / "cls.onnx"
-    w = _near_tie_classifier(original)
-    args = [
-        "verify",
-        str(original),
-        str(original),
-        "--inputs",
-        str(_inputs(tmp_path, w)),
-        "--min-cosine",
-        "0.99",
-    ]
+    args = _swapped_verify(tmp_path)
+    args[2] = args[1]  # the original against itself
     code, text, verification = _verify(args, tmp_path / "r.json")
     assert code == 0, text
     (labels,) = verification["labels"]
@@ -286,21 +283,7 @@ def test_verify_passes_and_says_what_the_labels_promise(tmp_path: Path) -> None:
 
 
 def test_an_unnamed_head_is_judged_when_labels_are_asked_for(tmp_path: Path) -> None:
-    original = tmp_path / "cls.onnx"
-    w = _near_tie_classifier(original, output="y")
-    candidate = tmp_path / "swapped.onnx"
-    model = onnx.load(original)
-    model.graph.initializer[0].CopyFrom(numpy_helper.from_array(w[:, ::-1].copy(), "W"))
-    onnx.save(model, candidate)
-    args = [
-        "verify",
-        str(original),
-        str(candidate),
-        "--inputs",
-        str(_inputs(tmp_path, w)),
-        "--min-cosine",
-        "0.99",
-    ]
+    args = _swapped_verify(tmp_path, "y")
     assert _verify(args, tmp_path / "a.json")[0] == 0  # no evidence in the graph: cosine alone
     assert _verify([*args, "--criterion", "labels"], tmp_path / "l.json")[0] == 1
 
