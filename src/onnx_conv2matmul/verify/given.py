@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import stat
 import zipfile
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -47,13 +48,53 @@ def load_inputs(paths: Sequence[str | os.PathLike[str]]) -> list[Feed]:
             if not found:
                 raise InputError(f"no .npz files in the inputs directory {path}")
             files.extend(found)
-        elif os.path.isfile(path):
+        elif os.path.isfile(path) or _stream(path):
             files.append(path)
+        elif os.path.exists(path):
+            raise InputError(f"inputs path is neither a file, a directory nor a pipe: {path}")
         else:
             raise InputError(f"inputs file not found: {path}")
     if not files:
         raise InputError("no inputs files given")
-    return [_read_npz(path) for path in files]
+    return [_read_pipe(path) if _stream(path) else _read_npz(path) for path in files]
+
+
+PIPE_LIMIT = 1 << 30
+"""The most a pipe given as inputs may hold (it is read into memory: a zip archive is read by
+seeking, which a pipe cannot do)."""
+
+
+def _stream(path: str) -> bool:
+    """Whether ``path`` is a pipe or a character device (``--inputs <(...)``, ``/dev/stdin``)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)
+
+
+def _read_pipe(path: str) -> Feed:
+    """An ``.npz`` archive read from a pipe, into memory, up to :data:`PIPE_LIMIT` bytes."""
+    import io
+
+    with open(path, "rb") as handle:
+        data = handle.read(PIPE_LIMIT + 1)
+    if len(data) > PIPE_LIMIT:
+        raise InputError(
+            f"inputs pipe {path} holds more than 1 GiB: write it to a file, which is read as needed"
+        )
+    if not zipfile.is_zipfile(io.BytesIO(data)):
+        raise InputError(
+            f"cannot read inputs pipe {path}: not an .npz file (numpy.savez writes a zip archive)"
+        )
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as archive:
+            arrays = {name: archive[name] for name in archive.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
+        raise InputError(f"cannot read inputs pipe {path}: {first_line(err)}") from err
+    if not arrays:
+        raise InputError(f"inputs pipe holds no arrays: {path}")
+    return Feed(arrays, path)
 
 
 def _read_npz(path: str) -> Feed:
