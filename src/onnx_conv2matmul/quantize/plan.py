@@ -60,6 +60,7 @@ PHASES: tuple[tuple[str, tuple[str, ...]], ...] = (
         "search",
         (
             "Below the accuracy criterion",
+            "Searching",
             "Saving the fp32 model for the search",
             "Measuring activations",
             "Measuring each weight",

@@ -156,7 +156,7 @@ def _auto_or_default(plan: QuantizePlan, output: _output.Output, scratch: str) -
     default = quantize_file(plan.src, os.path.join(scratch, "default", name), default_request)
     if default.output_path is not None:
         made["default"] = Made(default.output_path, default)
-    plan.progress.phase("Below the accuracy criterion: searching (--auto)")
+    plan.progress.phase("Searching for the smallest settings that meet the criterion (--auto)")
     try:
         searched = quantize_file(
             plan.src,
