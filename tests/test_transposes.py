@@ -228,3 +228,39 @@ def test_prefer_size_does_not_choose_the_kernel_for_speed(tmp_path: Path, prefer
             if a.name == "accuracy_level"
         }  # fmt: skip
         assert levels <= {0}
+
+
+def test_auto_searches_only_the_layout_the_default_run_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--auto weighs the two layouts with the default run's models (one pass each) and runs its
+    search once, on the layout kept, not once per layout; the report keeps the trade."""
+    from click.testing import CliRunner
+
+    from onnx_conv2matmul.cli.app import main
+    from onnx_conv2matmul.quantize import search as auto_search
+
+    source = tmp_path / "block.onnx"
+    onnx.save(mobile_block(channels=64, wide=256), source)
+    searches: list[int] = []
+    real = auto_search.run_search
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        searches.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(auto_search, "run_search", counted)
+    args = [
+        "quantize",
+        str(source),
+        str(tmp_path / "q.onnx"),
+        "--auto",
+        "--no-bench",
+        "--verify-lengths",
+        "16,32",
+    ]
+    result = CliRunner().invoke(main, [*args, "--report-json-stdout"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert len(searches) == 1
+    assert report["transposes"]["kept"] in ("with them", "without them") and report["verification"]["passed"]

@@ -157,12 +157,15 @@ def _auto_or_default(plan: QuantizePlan, output: _output.Output, scratch: str) -
     if default.output_path is not None:
         made["default"] = Made(default.output_path, default)
     plan.progress.phase("Searching for the smallest settings that meet the criterion (--auto)")
+    search_request = dataclasses.replace(request, progress=None, candidate=True)
+    trade = default.transposes
+    if trade is not None and "default" in made:
+        # The layout of the convs that add Transposes was weighed by the default run's models:
+        # the search runs on the one kept, not once per layout.
+        convert = dataclasses.replace(plan.convert, allow_added_transposes=trade.chosen.with_transposes)
+        search_request = dataclasses.replace(search_request, convert=convert, transposes=None)
     try:
-        searched = quantize_file(
-            plan.src,
-            os.path.join(scratch, "auto", name),
-            dataclasses.replace(request, progress=None, candidate=True),
-        )
+        searched = quantize_file(plan.src, os.path.join(scratch, "auto", name), search_request)
     except TargetUnreachable:
         if "default" not in made:
             raise
@@ -175,6 +178,8 @@ def _auto_or_default(plan: QuantizePlan, output: _output.Output, scratch: str) -
     sizes = {key: model_file_bytes(m.path) for key, m in made.items()}
     kept = "auto" if "auto" in made and sizes["auto"] <= sizes.get("default", sizes["auto"]) else "default"
     report = publish_made(plan, output, made[kept])
+    if report.transposes is None:
+        report.transposes = trade  # the layouts weighed by the default run's models
     if kept == "default":
         found = f"{sizes['auto']} bytes" if "auto" in sizes else "no model that meets it"
         report.warnings.append(
