@@ -20,6 +20,7 @@ import numpy as np
 
 from onnx_conv2matmul.errors import OutOfMemory
 from onnx_conv2matmul.quantize.search_runs import ACTIVATION_BYTES, ChannelEnergy, _run
+from onnx_conv2matmul.verify.compare import worst_cosine
 from onnx_conv2matmul.verify.labels import TaskResult, failed, task_results
 from onnx_conv2matmul.verify.run import release_freed_memory
 
@@ -97,7 +98,6 @@ def check(
         del outputs
     release_freed_memory()
     flat = [row for feed_rows in rows for row in feed_rows]
-    cosines = [row.worst_cosine for row in flat if row.worst_cosine is not None]
     bad = next((row for row in flat if not row.passed), None)
     labels = task_results(flat, verify.min_cosine, verify.report_only)
     if not failure and bad is not None:
@@ -108,7 +108,7 @@ def check(
     return Checked(
         rows,
         passed=not failure,
-        worst_cosine=min(cosines) if cosines else None,
+        worst_cosine=worst_cosine(flat),
         failure=failure,
         seconds=time.perf_counter() - started,
         activations=energy.means(),

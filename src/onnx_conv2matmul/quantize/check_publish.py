@@ -97,11 +97,10 @@ def confirm_held_out(run: Run, path: str) -> None:
         return
     plan.progress.phase("Checking the held-out inputs")
     held = verify_models(plan.src, path, plan.held_out)
-    cosines = [c for c in (r.worst_cosine for r in held.results) if c is not None]
     entry = report.accuracy["held_out"]
     entry.update(
         passed=held.passed,
-        worst_cosine=min(cosines) if cosines else None,
+        worst_cosine=held.worst_cosine,
         labels=[t.to_dict() for t in held.labels],
     )
     if not held.passed:

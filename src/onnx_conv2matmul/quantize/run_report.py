@@ -42,9 +42,7 @@ def new_report(plan: QuantizePlan) -> QuantizeReport:
 
 def worst_cosine(report: QuantizeReport) -> float | None:
     """The lowest cosine the accuracy check measured (None: it measured none)."""
-    rows = report.verification.results if report.verification is not None else []
-    cosines = [c for c in (r.worst_cosine for r in rows) if c is not None]
-    return min(cosines) if cosines else None
+    return report.verification.worst_cosine if report.verification is not None else None
 
 
 def below_text(report: QuantizeReport) -> str:

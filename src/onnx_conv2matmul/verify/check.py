@@ -49,6 +49,7 @@ from onnx_conv2matmul.verify.compare import (
 from onnx_conv2matmul.verify.compare import (
     thresholds as thresholds,
 )
+from onnx_conv2matmul.verify.compare import worst_cosine
 from onnx_conv2matmul.verify.discover import discover, graph_specs, needs_probes, read_graph
 from onnx_conv2matmul.verify.feeds import feed_samples as feed_samples
 from onnx_conv2matmul.verify.feeds import synthesise_inputs as synthesise_inputs
@@ -111,6 +112,11 @@ class VerifyReport:
     @property
     def passed(self) -> bool:
         return bool(self.results) and all(r.passed for r in self.results) and failed(self.labels) is None
+
+    @property
+    def worst_cosine(self) -> float | None:
+        """The lowest cosine the check measured (None: it measured none)."""
+        return worst_cosine(self.results)
 
     @property
     def failures(self) -> list[OutputComparison]:

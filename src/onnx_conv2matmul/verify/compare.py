@@ -143,6 +143,11 @@ class OutputComparison:
         return cls(length, name, dtype, shape or [], inf, inf, inf, None, 0.0, -1, False, note)
 
 
+def worst_cosine(rows: Sequence[OutputComparison]) -> float | None:
+    """The lowest :attr:`OutputComparison.worst_cosine` of ``rows`` (None: they measured none)."""
+    return min((c for c in (row.worst_cosine for row in rows) if c is not None), default=None)
+
+
 # pragma: no mutate end
 def thresholds(dtype: np.dtype[Any], options: VerifyOptions, elements: int = 0) -> tuple[float, float]:
     """(max_abs, mean_abs) limits for an output type and size: the options, raised to what the

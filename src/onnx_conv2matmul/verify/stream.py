@@ -39,7 +39,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from onnx_conv2matmul.verify.compare import OutputComparison
+from onnx_conv2matmul.verify.compare import OutputComparison, worst_cosine
 
 CHUNK_SHARE = 3
 """A chunk holds at most ``memory // CHUNK_SHARE`` of inputs plus one model's outputs."""
@@ -312,7 +312,6 @@ def merge_rows(rows: Sequence[OutputComparison], chunk_samples: Sequence[int] = 
     elements = [max(1, math.prod(r.shape)) for r in rows]
     mean = sum(r.mean_abs * n for r, n in zip(rows, elements, strict=True)) / sum(elements)
     cosines = [r.cosine for r in rows if r.cosine is not None]
-    worst = [c for c in (r.worst_cosine for r in rows) if c is not None]
     shape = list(first.shape)
     if shape:
         axis = _sample_axis(rows, chunk_samples or [r.samples for r in rows])
@@ -332,7 +331,7 @@ def merge_rows(rows: Sequence[OutputComparison], chunk_samples: Sequence[int] = 
         passed=not failed,
         note=failed[0].note if failed else first.note,
         samples=samples,
-        sample_cosine=(min(worst) if worst else None) if samples > 1 else None,
+        sample_cosine=worst_cosine(rows) if samples > 1 else None,
         labels=sum(r.labels for r in rows),
         label_flips=sum(r.label_flips for r in rows),
         task=first.task,

@@ -194,7 +194,7 @@ def quantize_failure(report: QuantizeReport) -> str | None:
         )
     if verification.options.criterion is not Criterion.MIN_COSINE:
         return None
-    worst = min((c for c in (r.worst_cosine for r in verification.results) if c is not None), default=None)
+    worst = verification.worst_cosine
     floor = report.accuracy.get("min_cosine_source") == "default floor"
     measured = "" if worst is None else f" (worst sample {worst:.4f})"
     # An integer output judged by agreement (verify.compare.agreement_floor) that decided: named.
