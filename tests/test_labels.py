@@ -371,8 +371,8 @@ def test_the_search_steers_by_the_labels_too() -> None:
     from onnx_conv2matmul.quantize.search_runs import _Measured, _Target, _unreachable
 
     target = _Target(AutoOptions(min_cosine=0.99), None)
-    measured = _Measured(cosine=0.999, labels={("prob", LABELS): [100, 5]})
+    measured = _Measured(cosine=0.999, labels={"prob": TaskResult("prob", LABELS, 100, 5, 0.0)})
     assert not target.passed(measured) and target.loss(measured) == pytest.approx(5.0)
     assert "output 'prob': 95 of 100 labels kept" in _unreachable(target, measured, 1)
-    kept = _Measured(cosine=0.999, labels={("prob", LABELS): [100, 1]})
+    kept = _Measured(cosine=0.999, labels={"prob": TaskResult("prob", LABELS, 100, 1, 0.0)})
     assert target.passed(kept) and target.loss(kept) == pytest.approx(1.0)

@@ -35,6 +35,7 @@ from onnx_conv2matmul.verify.check import (
     feed_samples,
     judge_rows,
 )
+from onnx_conv2matmul.verify.labels import TaskResult, add_labels
 from onnx_conv2matmul.verify.run import release_freed_memory
 
 if TYPE_CHECKING:
@@ -238,12 +239,12 @@ class Reference:
         return rows
 
     def worst_cosine(
-        self, feed: int, outputs: Sequence[Any], labels: dict[tuple[str, str], list[int]] | None = None
+        self, feed: int, outputs: Sequence[Any], labels: dict[str, TaskResult] | None = None
     ) -> tuple[float, str]:
         """The smallest per-sample cosine of one feed's float outputs; -1 and a note when an
-        output that must match exactly differs (or NaN/Inf differ). ``labels``: by output and how
-        its labels are counted, ``[labels, changed]`` (see :mod:`onnx_conv2matmul.verify.labels`),
-        added to."""
+        output that must match exactly differs (or NaN/Inf differ). ``labels``: the labels of the
+        outputs that hold class scores, by output, added to (see
+        :func:`~onnx_conv2matmul.verify.labels.add_labels`)."""
         worst = 1.0
         for row in self.compare(feed, outputs, VerifyOptions(report_only=True)):
             if not row.passed:
@@ -251,10 +252,8 @@ class Reference:
             cosine = row.worst_cosine
             if cosine is not None:
                 worst = min(worst, cosine)
-            if labels is not None and row.task:
-                counts = labels.setdefault((row.output, row.task), [0, 0])
-                counts[0] += row.labels
-                counts[1] += row.label_flips
+            if labels is not None:
+                add_labels(labels, (row,))
         return worst, ""
 
     def check(

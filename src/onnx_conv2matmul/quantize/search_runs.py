@@ -46,9 +46,8 @@ class _Measured:
     """With the check's options (``_Target.check``): each feed's rows as the check compares them."""
     digest: str = ""
     """With the check's options: the candidate's :func:`model_digest`."""
-    labels: dict[tuple[str, str], list[int]] = dataclasses.field(default_factory=dict)
-    """The outputs that hold class scores, by name and how their labels are counted:
-    ``[labels, changed]`` over the feeds run."""
+    labels: dict[str, TaskResult] = dataclasses.field(default_factory=dict)
+    """The labels of the outputs that hold class scores over the feeds run, by output."""
 
 
 class _Target:
@@ -65,10 +64,7 @@ class _Target:
         floor = agreement_floor(self.min_cosine)
         if floor is None:
             return []
-        return [
-            TaskResult(name, kind, n, changed, floor)
-            for (name, kind), (n, changed) in measured.labels.items()
-        ]
+        return [dataclasses.replace(result, floor=floor) for result in measured.labels.values()]
 
     def cosine_passed(self, measured: _Measured) -> bool:
         return self.min_cosine is None or (measured.cosine is not None and measured.cosine >= self.min_cosine)

@@ -309,13 +309,18 @@ def task_results(
     if floor is None or report_only:
         return []
     totals: dict[str, TaskResult] = {}
-    for row in rows:
-        if not row.task:
-            continue
-        entry = totals.setdefault(row.output, TaskResult(row.output, row.task, 0, 0, floor))
-        entry.labels += row.labels
-        entry.changed += row.label_flips
+    add_labels(totals, rows, floor)
     return list(totals.values())
+
+
+def add_labels(totals: dict[str, TaskResult], rows: Iterable[_Row], floor: float = 0.0) -> None:
+    """Add the labels of ``rows`` (the outputs that hold class scores) to ``totals``, by output;
+    a new output's result takes ``floor``."""
+    for row in rows:
+        if row.task:
+            entry = totals.setdefault(row.output, TaskResult(row.output, row.task, 0, 0, floor))
+            entry.labels += row.labels
+            entry.changed += row.label_flips
 
 
 def failed(results: Sequence[TaskResult]) -> TaskResult | None:
