@@ -256,51 +256,42 @@ def split_feeds(feeds: Sequence[Mapping[str, np.ndarray]], specs: Sequence[Input
     samples, and blocks 3, 6 and 9 are held out; views of the arrays, nothing copied. Files of
     one sample (or whose samples cannot be cut) are held out whole, every tenth file at 3, 6 and
     9. Fewer than :data:`MIN_SPLIT` samples in all: nothing is held out."""
-    from onnx_conv2matmul.verify.stream import cut_inputs
+    from onnx_conv2matmul.verify.stream import cut_inputs, sample_views
 
-    chosen: list[Feed] = []
-    held: list[Feed] = []
+    parts: tuple[list[Feed], list[Feed]] = ([], [])  # chosen on, held out
     counts = [0, 0]
     singles = 0
     cuts = [cut_inputs(specs, feed) if specs else {} for feed in feeds]
-    total = sum(spec_rows(specs, f) if cut and specs else 1 for f, cut in zip(feeds, cuts, strict=True))
-    if total < MIN_SPLIT:
-        return Split([_as_feed(f, i) for i, f in enumerate(feeds)], [], total, 0)
-    for index, (feed, cut) in enumerate(zip(feeds, cuts, strict=True)):
-        source = feed_source(feed, index)
-        rows = spec_rows(specs, feed) if cut and specs else 1
-        if rows < 2:
-            into = held if singles % 10 in HELD_OUT else chosen
-            into.append(_as_feed(feed, index))
-            counts[into is held] += 1
+    rows = [spec_rows(specs, f) if cut and specs else 1 for f, cut in zip(feeds, cuts, strict=True)]
+    if sum(rows) < MIN_SPLIT:
+        return Split([_as_feed(f, i) for i, f in enumerate(feeds)], [], sum(rows), 0)
+    for index, (feed, cut, samples) in enumerate(zip(feeds, cuts, rows, strict=True)):
+        if samples < 2:
+            held = singles % 10 in HELD_OUT
+            parts[held].append(_as_feed(feed, index))
+            counts[held] += 1
             singles += 1
             continue
-        edges = [round(rows * k / 10) for k in range(11)]
-        for keep_held in (False, True):
-            start = None
-            for block in range(10):
-                wanted = (block in HELD_OUT) == keep_held and edges[block] < edges[block + 1]
-                if wanted and start is None:
-                    start = edges[block]
-                if start is not None and (not wanted or block == 9):
-                    stop = edges[block + 1] if wanted else edges[block]
-                    part = Feed(_rows(feed, cut, start, stop), f"{source} samples {start + 1}-{stop}")
-                    (held if keep_held else chosen).append(part)
-                    counts[keep_held] += stop - start
-                    start = None
-    if not chosen or not held:
-        return Split([_as_feed(f, i) for i, f in enumerate(feeds)], [], total, 0)
-    return Split(chosen, held, counts[0], counts[1])
-
-
-def _rows(
-    feed: Mapping[str, np.ndarray], cut: Mapping[str, int], start: int, stop: int
-) -> dict[str, np.ndarray]:
-    """Samples ``start:stop`` of the inputs in ``cut`` as views along their axis, the rest as they are."""
-    return {
-        name: array[(slice(None),) * cut[name] + (slice(start, stop),)] if name in cut else array
-        for name, array in feed.items()
-    }
+        # Runs of consecutive samples on the same side: blocks 0-2, 3, 4-5, 6, 7-8, 9.
+        runs: list[tuple[bool, int, int]] = []
+        edges = [round(samples * k / 10) for k in range(11)]
+        for block in range(10):
+            start, stop, held = edges[block], edges[block + 1], block in HELD_OUT
+            if start == stop:
+                continue
+            if runs and runs[-1][0] == held and runs[-1][2] == start:
+                runs[-1] = (held, runs[-1][1], stop)
+            else:
+                runs.append((held, start, stop))
+        source = feed_source(feed, index)
+        for held, start, stop in runs:
+            part = Feed(sample_views(feed, cut, start, stop), f"{source} samples {start + 1}-{stop}")
+            parts[held].append(part)
+            counts[held] += stop - start
+    chosen, held_out = parts
+    if not chosen or not held_out:
+        return Split([_as_feed(f, i) for i, f in enumerate(feeds)], [], sum(rows), 0)
+    return Split(chosen, held_out, counts[0], counts[1])
 
 
 def _as_feed(feed: Mapping[str, np.ndarray], index: int) -> Feed:

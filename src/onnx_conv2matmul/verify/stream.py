@@ -183,14 +183,24 @@ def sample_rows(
     file's, and would otherwise count in the process's memory until the whole file was read.
     """
     rows = {}
-    for name, array in feed.items():
+    for name, view in sample_views(feed, cut, start, stop).items():
         if name in cut:
-            index = (slice(None),) * cut[name] + (slice(start, stop),)
-            rows[name] = np.array(array[index], order="C")
-            _drop_pages(array)
+            rows[name] = np.array(view, order="C")
+            _drop_pages(feed[name])
         else:
-            rows[name] = np.asarray(array)
+            rows[name] = np.asarray(view)
     return rows
+
+
+def sample_views(
+    feed: Mapping[str, np.ndarray], cut: Mapping[str, int], start: int, stop: int
+) -> dict[str, np.ndarray]:
+    """Samples ``start:stop`` of the inputs in ``cut``, as views along their axis (nothing read),
+    the others as they are."""
+    return {
+        name: array[(slice(None),) * cut[name] + (slice(start, stop),)] if name in cut else array
+        for name, array in feed.items()
+    }
 
 
 def _drop_pages(array: np.ndarray) -> None:
