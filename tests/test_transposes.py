@@ -85,15 +85,20 @@ def _count_quantizations(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """A list that gets an item for every MatMulNBits quantization the workflow makes."""
     from onnx_conv2matmul.quantize import workflow
 
-    passes: list[int] = []
-    real = workflow.quantize_matmul_nbits
+    return _count_calls(monkeypatch, workflow, "quantize_matmul_nbits")
+
+
+def _count_calls(monkeypatch: pytest.MonkeyPatch, module: Any, name: str) -> list[int]:
+    """A list that gets an item for every call of ``module.name``, which still runs."""
+    calls: list[int] = []
+    real = getattr(module, name)
 
     def counted(*args: Any, **kwargs: Any) -> Any:
-        passes.append(1)
+        calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(workflow, "quantize_matmul_nbits", counted)
-    return passes
+    monkeypatch.setattr(module, name, counted)
+    return calls
 
 
 def test_the_default_keeps_the_smaller_model_within_the_margin(tmp_path: Path) -> None:
@@ -242,14 +247,7 @@ def test_auto_searches_only_the_layout_the_default_run_kept(
 
     source = tmp_path / "block.onnx"
     onnx.save(mobile_block(channels=64, wide=256), source)
-    searches: list[int] = []
-    real = auto_search.run_search
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        searches.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(auto_search, "run_search", counted)
+    searches = _count_calls(monkeypatch, auto_search, "run_search")
     args = [
         "quantize",
         str(source),
