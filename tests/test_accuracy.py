@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -651,3 +652,27 @@ def test_a_validate_function_that_changes_the_candidate_is_refused(
     assert code == 2, stderr
     assert "changed" in stderr and "it may only read the file" in stderr
     assert not out.exists()
+
+
+def test_a_decided_mix_that_keeps_every_layer_in_float_names_the_criterion(
+    model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one pass's decision expresses float for every layer by excluding '*': the report's
+    reason is the accuracy criterion, not the include and exclude patterns (PP-OCRv4 rec on 50
+    real lines said 'the include and exclude patterns ('*') left all 30 ... in float')."""
+    import math
+
+    from onnx_conv2matmul.quantize import onepass
+
+    real = onepass._decide.decide
+
+    def all_float(sens: Any, options: Any, uniform_loss: float, **kwargs: Any) -> Any:
+        return real(sens, options, math.inf, **kwargs)  # no error allowed: every layer in float
+
+    monkeypatch.setattr(onepass._decide, "decide", all_float)
+    out = tmp_path / "out.onnx"
+    code, stdout, _ = _invoke("quantize", model, out, "--min-cosine", "0.999", "--report-json-stdout")
+    assert code == 0
+    data = json.loads(stdout)
+    assert data["quantized_nodes"] == 0 and data["one_pass"]["decision"] is not None
+    assert data["unchanged"]["cause"] == "accuracy_floor", data["unchanged"]

@@ -196,7 +196,9 @@ class OnePass:
         report.excluded = result.excluded
         report.settings = result.settings
         report.other_weights = chosen.other_weights
-        report.unchanged = why_unchanged(self.rewrite, report, result, chosen.options, plan.verify)
+        report.unchanged = why_unchanged(
+            self.rewrite, report, result, chosen.options, plan.verify, decided=self.decision is not None
+        )
         report.warnings.extend(nbits_warnings(result, chosen.options))
         if self.decision is not None:
             first = self.candidates[0]

@@ -67,8 +67,11 @@ def why_unchanged(
     result: NBitsResult,
     options: QuantizeOptions,
     verify: VerifyOptions,
+    *,
+    decided: bool = False,
 ) -> Unchanged | None:
-    """Why nothing was quantized (see :mod:`onnx_conv2matmul.quantize.unchanged`)."""
+    """Why nothing was quantized (see :mod:`onnx_conv2matmul.quantize.unchanged`); ``decided``:
+    the settings are the one pass's per-layer decision for the criterion, as the search's are."""
     from onnx_conv2matmul.quantize import unchanged
 
     assert report.weights_without_rewrite is not None and report.weights_with_rewrite is not None
@@ -78,7 +81,7 @@ def why_unchanged(
         report.weights_with_rewrite,
         result,
         options,
-        searched=report.auto is not None,
+        searched=decided or report.auto is not None,
         min_cosine=verify.min_cosine,
     )
 
