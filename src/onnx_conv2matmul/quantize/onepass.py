@@ -196,9 +196,6 @@ class OnePass:
         report.excluded = result.excluded
         report.settings = result.settings
         report.other_weights = chosen.other_weights
-        report.unchanged = why_unchanged(
-            self.rewrite, report, result, chosen.options, plan.verify, decided=self.decision is not None
-        )
         report.warnings.extend(nbits_warnings(result, chosen.options))
         if self.decision is not None:
             first = self.candidates[0]
@@ -220,6 +217,7 @@ class OnePass:
             )
             run.quantize = chosen.options
             report.options["quantize"] = chosen.options.to_dict()
+        report.unchanged = why_unchanged(self.rewrite, report, result, chosen.options, plan.verify)
         report.one_pass = {
             "candidates": self.candidates,
             "decision": None if self.decision is None else self.decision.to_dict(),

@@ -67,11 +67,10 @@ def why_unchanged(
     result: NBitsResult,
     options: QuantizeOptions,
     verify: VerifyOptions,
-    *,
-    decided: bool = False,
 ) -> Unchanged | None:
-    """Why nothing was quantized (see :mod:`onnx_conv2matmul.quantize.unchanged`); ``decided``:
-    the settings are the one pass's per-layer decision for the criterion, as the search's are."""
+    """Why nothing was quantized (see :mod:`onnx_conv2matmul.quantize.unchanged`). Settings chosen
+    for the criterion (by the search, or the one pass's per-layer decision: the report's
+    ``accuracy.fallback``) that keep everything in float are the criterion's doing."""
     from onnx_conv2matmul.quantize import unchanged
 
     assert report.weights_without_rewrite is not None and report.weights_with_rewrite is not None
@@ -81,7 +80,7 @@ def why_unchanged(
         report.weights_with_rewrite,
         result,
         options,
-        searched=decided or report.auto is not None,
+        searched=report.auto is not None or report.accuracy.get("fallback") is not None,
         min_cosine=verify.min_cosine,
     )
 
