@@ -89,6 +89,7 @@ class KernelPlan:
             "cache": self.costs.path,
             "measured": self.costs.measured,
             "from_cache": self.costs.from_cache,
+            "cpu_wait": None if self.costs.waited is None else round(self.costs.waited, 4),
             "float_ms": list(self.floats),
             "candidates": [r.to_dict() for r in self.ranked],
             "winner": self.winner,
@@ -136,6 +137,14 @@ def plan_kernels(
         costs, layers, speed.block_sizes, speed.levels, bits=bits, min_gain=speed.min_gain
     )
     costs.save()
+    busy = ""
+    if costs.busy and winner != 0:
+        from onnx_conv2matmul.speed.machine import busy_text
+
+        # Timings on a busy machine do not trade accuracy: the most accurate setting is kept.
+        assert costs.waited is not None
+        busy = f"; {busy_text(costs.waited)}: the most accurate setting is kept, not the fastest timed"
+        winner = 0
     best = ranked[winner]
     chosen = dataclasses.replace(
         options, block_size=best.kernel.block_size, accuracy_level=best.kernel.accuracy_level
@@ -149,6 +158,7 @@ def plan_kernels(
         f"block {best.kernel.block_size}, accuracy level {best.kernel.accuracy_level}: its MatMuls cost"
         f" {best.relative:.2f}x the float ones' at the model's weight shapes on this CPU{rows}"
         + (f" (against {others}; a later setting must be {speed.min_gain:.0%} faster)" if others else "")
+        + busy
     )
     return KernelPlan(
         chosen, costs, layers, lengths, ranked, winner, floats, reason, time.perf_counter() - started

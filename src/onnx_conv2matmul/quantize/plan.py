@@ -169,6 +169,10 @@ class Request:
     shared: Any = dataclasses.field(default=None, compare=False, repr=False)
     """The original's measurement shared by the runs of one Transposes' trade (a
     :class:`onnx_conv2matmul.quantize.onepass.Shared`): measured by the first, read by the second."""
+    step_back: float | None = None
+    """After a held-out miss: the minimum cosine every choice of the run must meet on the samples
+    it is made on, above the criterion's (the held-out samples are still judged by the criterion);
+    None: the criterion's own (see :func:`onnx_conv2matmul.quantize.workflow.quantize_file`)."""
 
     def again(
         self, convert: ConvertOptions, *, speed: SpeedOptions | None = None, shared: Any = None
@@ -300,6 +304,13 @@ def resolve(
         found = discover_inputs(src, dataclasses.replace(verify, feeds=None))
         verify = dataclasses.replace(verify, axes=found.axes)
         verify, held_out = _hold_out(src, verify, criterion)
+        if request.step_back is not None and held_out is not None:
+            # A step back: the choices aim above the criterion on the samples they see, so that
+            # the result meets it on those they do not.
+            verify = dataclasses.replace(verify, min_cosine=request.step_back)
+            if auto is not None and auto.min_cosine is not None:
+                auto = dataclasses.replace(auto, min_cosine=request.step_back)
+            criterion["held_out"]["chosen_with_min_cosine"] = request.step_back
     return QuantizePlan(
         src=src,
         dst=dst,
@@ -334,7 +345,15 @@ def _hold_out(
 
     model = read_graph(src)
     split = split_feeds(verify.feeds, graph_specs(model) if model is not None else None)
-    entry = {**split.to_dict(), "passed": None, "worst_cosine": None, "labels": [], "note": None}
+    entry = {
+        **split.to_dict(),
+        "passed": None,
+        "worst_cosine": None,
+        "labels": [],
+        "note": None,
+        "chosen_with_min_cosine": None,
+        "steps": [],
+    }
     criterion["held_out"] = entry
     if not split.held:
         entry["note"] = (

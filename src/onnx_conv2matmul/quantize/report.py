@@ -70,10 +70,16 @@ class QuantizeReport(CommandReport):
     @property
     def passed(self) -> bool:
         metric = self.accuracy.get("metric") or {}
-        held = self.accuracy.get("held_out") or {}
-        if metric.get("passed") is False or held.get("passed") is False:
+        if metric.get("passed") is False or self.held_out_missed:
             return False
         return self.verification is None or self.verification.passed
+
+    @property
+    def held_out_missed(self) -> bool:
+        """Whether the result met the criterion on the samples it was chosen on and missed it on
+        the held-out ones."""
+        held = self.accuracy.get("held_out") or {}
+        return held.get("passed") is False
 
     @property
     def return_code(self) -> int:
@@ -90,14 +96,25 @@ class QuantizeReport(CommandReport):
                 f" {metric['score']:.6g}, more than {metric['max_drop']:g}"
                 f"{' (relative)' if metric['relative'] else ''}; nothing was written"
             )
-        held = self.accuracy.get("held_out") or {}
-        if held.get("passed") is False:
-            return f"{held['note']}; nothing was written"
+        if self.held_out_missed:
+            return self.held_out_failure()
         assert self.verification is not None
         min_cosine = self.verification.options.min_cosine
         if min_cosine is not None:
             return f"accuracy below the minimum cosine similarity {min_cosine:g}; nothing was written"
         return "the outputs differ where they must match; nothing was written"
+
+    def held_out_failure(self, hint: str = "") -> str:
+        """What the held-out samples missed, after which steps back; ``hint`` ends it."""
+        held = self.accuracy["held_out"]
+        steps = held.get("steps") or []
+        if not steps:
+            return f"{held['note']}; nothing was written{hint}"
+        aimed = ", then ".join(f"{step['chosen_with_min_cosine']:g}" for step in steps)
+        return (
+            f"{held['note']}, after {len(steps)} step(s) back (chosen with a minimum cosine of {aimed},"
+            f" then {held['chosen_with_min_cosine']:g} on those samples); nothing was written{hint}"
+        )
 
     @property
     def inputs(self) -> str:

@@ -237,6 +237,8 @@ class SpeedFilter:
     """Per setting label: the layers it was dropped from."""
     to_float: list[str] = dataclasses.field(default_factory=list)
     """Layers where even the smallest setting is slower than float: float only."""
+    busy: bool = False
+    """The kernels were timed on a busy machine: every setting was offered."""
 
     def kernel(self, setting: Any) -> Kernel:
         if setting.bits is None:
@@ -261,6 +263,9 @@ class SpeedFilter:
         known = [self.layers[name] for name in names if name in self.layers]
         kernels = [FLOAT_KERNEL, *sorted({self.kernel(s) for s in ladder}, key=lambda k: k.key)]
         self.costs.prefetch(known, kernels)
+        if self.costs.busy:  # timings on a busy machine drop nothing (see KernelCosts.busy)
+            self.busy = True
+            return {name: tuple(ladder) for name in names}
         found: dict[str, tuple[Any, ...]] = {}
         for name in names:
             layer = self.layers.get(name)
@@ -296,10 +301,15 @@ class SpeedFilter:
             "block_sizes": list(self.block_sizes),
             "dropped": {label: len(names) for label, names in sorted(self.dropped.items())},
             "float_only": list(self.to_float),
+            "busy": self.busy,
         }
 
     def summary(self) -> str:
         """What the search was kept from trading, and why, in a sentence."""
+        if self.busy and self.costs.waited is not None:
+            from onnx_conv2matmul.speed.machine import busy_text
+
+            return f"every setting offered to the search: {busy_text(self.costs.waited)}"
         if not self.dropped:
             return (
                 "every setting the search may choose runs no slower than float"

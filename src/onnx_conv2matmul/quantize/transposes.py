@@ -196,11 +196,12 @@ def decide(
     if size_first:
         layouts.reverse()
         made.reverse()
-    timed_on = ""
+    timed_on = busy = ""
     measured = None
     timed = [i for i, m in enumerate(made) if m is not None]
     if timing is not None and timed:
         from onnx_conv2matmul.speed.inputs import timing_inputs
+        from onnx_conv2matmul.speed.machine import BUSY_WAIT_SHARE, busy_text
         from onnx_conv2matmul.speed.timing import time_models
 
         progress("Timing both against the original")
@@ -213,14 +214,21 @@ def decide(
             session_factory=options.session_factory,
         )
         timed_on = result.lengths_rule
-        for row, i in zip(result.models[1:], timed, strict=True):
-            ratios = tuple(lat.ratio for lat in row.latencies if lat.ratio is not None)
-            layouts[i] = dataclasses.replace(layouts[i], ratios=ratios)
+        if result.cpu_wait is not None and result.cpu_wait >= BUSY_WAIT_SHARE:
+            # Timed on a busy machine: the layouts are weighed as if not timed (the choice would
+            # flip with the load).
+            busy = f"; {busy_text(result.cpu_wait)}: the timings were not used"
+            timed_on += busy
+        else:
+            for row, i in zip(result.models[1:], timed, strict=True):
+                ratios = tuple(lat.ratio for lat in row.latencies if lat.ratio is not None)
+                layouts[i] = dataclasses.replace(layouts[i], ratios=ratios)
     original = model_file_bytes(src)
     for i, layout in enumerate(layouts):
         if not layout.passed and not layout.not_made:
             layouts[i] = dataclasses.replace(layout, bytes=layout.bytes or original)
     kept, reason = choose(layouts, options.prefer, options.margin)
+    reason += busy
     trade = TransposeTrade(
         convs,
         share,

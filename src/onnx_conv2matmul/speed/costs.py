@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from onnx_conv2matmul.speed.machine import BUSY_WAIT_SHARE, CpuWait
 from onnx_conv2matmul.speed.timing import Clock, SessionFactory, _default_clock, cpu_name, timed_session
 
 CACHE_VERSION = 1
@@ -122,6 +123,11 @@ class KernelCosts:
         self.table: dict[str, float] = {}
         self.measured = 0
         """Kernel timings made by this object (the others came from the cache)."""
+        self.waited: float | None = None
+        """The largest share of time this process waited for a CPU while it timed a shape (see
+        :class:`~onnx_conv2matmul.speed.machine.CpuWait`); None: nothing timed, or not known."""
+        self._unsaved: set[str] = set()
+        """Timings taken on a busy machine: used by this run, never written to the cache."""
         self.from_cache = 0
         if path is not None and read_cache:
             self.table.update(_read(path))
@@ -163,25 +169,48 @@ class KernelCosts:
                     file.write(kernel_model(k, n, kernel).SerializeToString())
                 session = self.session_factory(path, self.threads)
                 sessions.append((kernel, session, session.get_inputs()[0].name))
-            rng = np.random.default_rng(0)
-            for count in counts:
-                x = rng.standard_normal((count, k)).astype(np.float32)
-                samples: dict[Kernel, list[float]] = {kernel: [] for kernel in todo}
-                for _ in range(self.warmup):
-                    for _, session, name in sessions:
-                        session.run(None, {name: x})
-                for round_index in range(self.runs):
-                    shift = round_index % len(sessions)
-                    for kernel, session, name in sessions[shift:] + sessions[:shift]:
-                        start = self.clock()
-                        session.run(None, {name: x})
-                        samples[kernel].append((self.clock() - start) * 1000)
-                for kernel in todo:
-                    key = self.entry(k, n, kernel, count)
-                    if key not in self.table:
-                        self.table[key] = float(min(samples[kernel]))
-                        self.measured += 1
+            wait = CpuWait(enabled=self.clock is _default_clock)
+            with wait:
+                measured = self._time_rounds(todo, sessions, counts, (k, n))
+            if wait.share is not None:
+                self.waited = max(self.waited or 0.0, wait.share)
+            for key, value in measured.items():
+                if key not in self.table:
+                    self.table[key] = value
+                    self.measured += 1
+                    if wait.busy:
+                        self._unsaved.add(key)
             del sessions
+
+    @property
+    def busy(self) -> bool:
+        """Whether some timing of this object was taken on a busy machine (see
+        :data:`~onnx_conv2matmul.speed.machine.BUSY_WAIT_SHARE`): its timings choose nothing."""
+        return self.waited is not None and self.waited >= BUSY_WAIT_SHARE
+
+    def _time_rounds(
+        self, todo: Sequence[Kernel], sessions: Sequence[Any], counts: Sequence[int], shape: tuple[int, int]
+    ) -> dict[str, float]:
+        """The fastest run of each kernel at each row count, the kernels' runs interleaved round
+        by round in a rotating order; keyed as :meth:`entry`."""
+        k, n = shape
+        rng = np.random.default_rng(0)
+        found: dict[str, float] = {}
+        for count in counts:
+            x = rng.standard_normal((count, k)).astype(np.float32)
+            samples: dict[Kernel, list[float]] = {kernel: [] for kernel in todo}
+            for _ in range(self.warmup):
+                for _, session, name in sessions:
+                    session.run(None, {name: x})
+            for round_index in range(self.runs):
+                shift = round_index % len(sessions)
+                for kernel, session, name in [*sessions[shift:], *sessions[:shift]]:
+                    start = self.clock()
+                    session.run(None, {name: x})
+                    samples[kernel].append((self.clock() - start) * 1000)
+            for kernel in todo:
+                found[self.entry(k, n, kernel, count)] = float(min(samples[kernel]))
+        return found
 
     def prefetch(self, layers: Iterable[Layer], kernels: Sequence[Kernel]) -> None:
         """Measure every kernel at every shape and row count of ``layers`` not known yet, the
@@ -196,7 +225,8 @@ class KernelCosts:
         """Write the table to the cache file (no error when it cannot be written: a cache)."""
         if self.path is None:
             return
-        keep_cached(self.path, {"version": CACHE_VERSION, "costs": self.table}, indent=0, sort_keys=True)
+        table = {key: value for key, value in self.table.items() if key not in self._unsaved}
+        keep_cached(self.path, {"version": CACHE_VERSION, "costs": table}, indent=0, sort_keys=True)
 
 
 def keep_cached(path: str, data: Any, **dump: Any) -> None:

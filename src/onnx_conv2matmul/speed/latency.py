@@ -191,6 +191,9 @@ class TimingReport:
     options: TimingOptions
     mode: Mode
     cpu: str
+    cpu_wait: float | None = None
+    """The share of time this process waited for a CPU while it timed (see
+    :class:`onnx_conv2matmul.speed.machine.CpuWait`); None: not known."""
 
     def header(self) -> dict[str, Any]:
         """How the models were timed: the CPU, the options, the lengths and their rule, the mode

@@ -68,3 +68,68 @@ def choose_mode(file_bytes: Sequence[int], budget_bytes: int | None) -> Mode:
         return Mode.TOGETHER
     needed = SESSION_BYTES_PER_FILE_BYTE * sum(file_bytes)
     return Mode.TOGETHER if needed <= budget_bytes else Mode.ONE_AT_A_TIME
+
+
+BUSY_WAIT_SHARE = 0.2
+"""Timings during which this process's threads waited for a CPU this share of their time or more
+were taken on a busy machine: they do not choose anything (see :class:`CpuWait`). A quiet 2-core
+machine measured 0-1% while one timed kernels; two busy loops beside it, 47-59%. Under such load a
+kernel that uses fewer threads looks faster than it is on a quiet machine (PP-OCRv4 rec's MatMuls
+measured 1.04-1.08x float's at block 128 level 4 instead of 1.52x), and a choice made on it flips
+with the load."""
+
+
+def _thread_times() -> dict[str, tuple[int, int]] | None:
+    """Per thread of this process: nanoseconds it ran and waited on a run queue so far (Linux's
+    ``/proc/self/task/*/schedstat``); None where the system does not say."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    found: dict[str, tuple[int, int]] = {}
+    for task in tasks:
+        with contextlib.suppress(OSError, ValueError), open(f"/proc/self/task/{task}/schedstat") as stat:
+            ran, waited, *_ = stat.read().split()
+            found[task] = (int(ran), int(waited))
+    return found or None
+
+
+class CpuWait:
+    """The share of time this process's threads spent waiting for a CPU while the block ran, from
+    the scheduler's own statistics: near 0 on a quiet machine, whatever this process does, and
+    high when other processes take the CPUs. :attr:`share` is None where the system does not say
+    (then the timing is trusted, as before)."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.share: float | None = None
+        self.enabled = enabled
+        """False: nothing is measured (a timing on a fake clock says nothing of the machine)."""
+        self._start: dict[str, tuple[int, int]] | None = None
+
+    def __enter__(self) -> CpuWait:
+        self._start = _thread_times() if self.enabled else None
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        end = _thread_times()
+        if self._start is None or end is None:
+            return
+        ran = waited = 0
+        for task, (run_ns, wait_ns) in end.items():
+            before = self._start.get(task, (0, 0))
+            ran += max(0, run_ns - before[0])
+            waited += max(0, wait_ns - before[1])
+        if ran + waited > 0:
+            self.share = waited / (ran + waited)
+
+    @property
+    def busy(self) -> bool:
+        return self.share is not None and self.share >= BUSY_WAIT_SHARE
+
+
+def busy_text(share: float) -> str:
+    """Why timings were not trusted, in words (``share``: :attr:`CpuWait.share`)."""
+    return (
+        f"the machine was busy while it timed (this process waited for a CPU {share:.0%} of the time,"
+        f" {BUSY_WAIT_SHARE:.0%} or more is busy)"
+    )

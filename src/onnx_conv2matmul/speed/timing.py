@@ -57,6 +57,7 @@ from onnx_conv2matmul.speed.machine import LARGEST_SHARE as LARGEST_SHARE
 from onnx_conv2matmul.speed.machine import MEMORY_SHARE as MEMORY_SHARE
 from onnx_conv2matmul.speed.machine import SESSION_BYTES_PER_FILE_BYTE as SESSION_BYTES_PER_FILE_BYTE
 from onnx_conv2matmul.speed.machine import SMALL_BUDGET_BYTES as SMALL_BUDGET_BYTES
+from onnx_conv2matmul.speed.machine import CpuWait
 from onnx_conv2matmul.speed.machine import available_memory_bytes as available_memory_bytes
 from onnx_conv2matmul.speed.machine import choose_mode as choose_mode
 from onnx_conv2matmul.speed.machine import cpu_name as cpu_name
@@ -224,28 +225,30 @@ def time_models(
     models = [_Model(p, label, factory, options.threads) for p, label in zip(names, labels, strict=True)]
     lengths, rule = _prepare(models, baseline, options, synthesis, mode)
     samples: list[dict[int, list[float]]] = [{n: [] for n in lengths} for _ in models]
+    wait = CpuWait(enabled=clock is _default_clock)
     try:
-        if mode is Mode.TOGETHER:
-            _warm_up(models, lengths, options.warmup)
-            for index in range(options.rounds):
-                for length in lengths:
+        with wait:
+            if mode is Mode.TOGETHER:
+                _warm_up(models, lengths, options.warmup)
+                for index in range(options.rounds):
+                    for length in lengths:
+                        for which in run_order(index, len(models)):
+                            samples[which][length].append(_timed(models[which], length, clock))
+                    if _settled(samples, baseline, index + 1, options):
+                        break
+            else:
+                for index in range(options.rounds):
+                    if index and _settled(samples, baseline, index, options):
+                        break
                     for which in run_order(index, len(models)):
-                        samples[which][length].append(_timed(models[which], length, clock))
-                if _settled(samples, baseline, index + 1, options):
-                    break
-        else:
-            for index in range(options.rounds):
-                if index and _settled(samples, baseline, index, options):
-                    break
-                for which in run_order(index, len(models)):
-                    model = models[which]
-                    model.open()
-                    try:
-                        _warm_up([model], lengths, max(1, options.warmup))
-                        for length in lengths:
-                            samples[which][length].append(_timed(model, length, clock))
-                    finally:
-                        model.close()
+                        model = models[which]
+                        model.open()
+                        try:
+                            _warm_up([model], lengths, max(1, options.warmup))
+                            for length in lengths:
+                                samples[which][length].append(_timed(model, length, clock))
+                        finally:
+                            model.close()
     finally:
         for model in models:
             model.close(collect=False)
@@ -264,7 +267,7 @@ def time_models(
             rows.append(Latency(length, tuple(mine), ratio, low, high))
         signature = inputs_signature(model.specs)
         timings.append(ModelTiming(model.path, model.label, sizes[which], tuple(rows), signature))
-    return TimingReport(tuple(timings), baseline, lengths, rule, options, mode, cpu_name())
+    return TimingReport(tuple(timings), baseline, lengths, rule, options, mode, cpu_name(), wait.share)
 
 
 def _settled(

@@ -178,11 +178,9 @@ def quantize_failure(report: QuantizeReport) -> str | None:
     verification = report.verification
     if report.passed or verification is None:
         return None
-    held = report.accuracy.get("held_out") or {}
-    if held.get("passed") is False:
-        return (
-            f"{held['note']}; nothing was written (more --inputs, or a higher --min-cosine, leaves a margin"
-            " for inputs the choice did not see)"
+    if report.held_out_missed:
+        return report.held_out_failure(
+            " (more --inputs, or a higher --min-cosine, leaves a margin for inputs the choice did not see)"
         )
     metric = report.accuracy.get("metric") or {}
     if metric.get("passed") is False:
@@ -247,9 +245,11 @@ def _accuracy_lines(report: QuantizeReport) -> list[str]:
         kept = "".join(
             f", {t['output']!r} kept {t['agreement']:.2%} of {t['labels']} labels" for t in held["labels"]
         )
+        aimed = held.get("chosen_with_min_cosine")
+        margin = "" if aimed is None else f" (with a minimum cosine of {aimed:g} there, a step back)"
         lines.append(
-            f"Held out: chosen on {held['chosen_on_samples']} samples of --inputs, confirmed on the other"
-            f" {held['held_out_samples']}{worst}{escape(kept)}: {verdict}"
+            f"Held out: chosen on {held['chosen_on_samples']} samples of --inputs{margin}, confirmed on the"
+            f" other {held['held_out_samples']}{worst}{escape(kept)}: {verdict}"
         )
     elif held and held.get("note"):
         lines.append(f"[yellow]note:[/yellow] {escape(held['note'])}")
