@@ -111,8 +111,10 @@ class CpuWait:
         return self
 
     def __exit__(self, *_: object) -> None:
+        if self._start is None:
+            return
         end = _thread_times()
-        if self._start is None or end is None:
+        if end is None:
             return
         ran = waited = 0
         for task, (run_ns, wait_ns) in end.items():

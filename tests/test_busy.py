@@ -1,0 +1,126 @@
+"""Timings on a busy machine choose nothing (issue 42, item 3): the share of time this process's
+threads wait for a CPU is measured while anything is timed (speed/machine.CpuWait); from 20% the
+kernel choice keeps the most accurate setting, the search is offered every setting, the
+Transposes' trade weighs the layouts as untimed, and no timing is cached. The load is faked here
+(the scheduler's statistics stubbed), so no test depends on the machine's own load."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from onnx_conv2matmul.quantize.speed_objective import SpeedFilter
+from onnx_conv2matmul.speed import costs as costs_module
+from onnx_conv2matmul.speed import machine
+from onnx_conv2matmul.speed import timing as timing_module
+from onnx_conv2matmul.speed.costs import Kernel, KernelCosts
+from onnx_conv2matmul.speed.machine import BUSY_WAIT_SHARE, CpuWait
+from speed_fakes import FakeClock, KernelMachine, int8_machine
+from test_speed_costs import LAYERS, _node
+from test_transposes import Prefer, _run
+
+
+class _Loaded(CpuWait):
+    """A meter that reads a busy machine (``share``), whatever the clock."""
+
+    share_seen = 0.5
+
+    def __exit__(self, *_: object) -> None:
+        self.share = self.share_seen
+
+
+def test_the_wait_share_is_the_run_queue_time_over_all_the_threads_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    stats = iter([{"1": (100, 10), "2": (0, 0)}, {"1": (400, 110), "2": (100, 0), "3": (100, 100)}])
+    monkeypatch.setattr(machine, "_thread_times", lambda: next(stats))
+    with CpuWait() as wait:
+        pass
+    # Ran 300 + 100 + 100 ns, waited 100 + 0 + 100 (thread 3 started inside): 200 / 700.
+    assert wait.share == pytest.approx(200 / 700) and wait.busy
+    with CpuWait(enabled=False) as off:
+        pass
+    assert off.share is None and not off.busy
+
+
+def test_the_wait_share_of_this_process_is_measured_where_the_system_says() -> None:
+    with CpuWait() as wait:
+        sum(i * i for i in range(200_000))
+    if machine._thread_times() is None:
+        pytest.skip("this system does not give the scheduler's statistics")
+    assert wait.share is not None and 0.0 <= wait.share <= 1.0
+
+
+def _busy_costs(monkeypatch: pytest.MonkeyPatch, path: Path) -> KernelCosts:
+    monkeypatch.setattr(costs_module, "CpuWait", _Loaded)
+    clock = FakeClock()
+    return KernelCosts(str(path), clock=clock, session_factory=KernelMachine(clock, int8_machine(3.0)))
+
+
+def test_timings_on_a_busy_machine_are_used_but_not_cached(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    cache = tmp_path / "costs.json"
+    costs = _busy_costs(monkeypatch, cache)
+    assert costs.cost(64, 128, Kernel(4, 64, 0), 25) > 0 and costs.measured == 1
+    assert costs.busy and costs.waited == pytest.approx(0.5)
+    costs.save()
+    assert json.loads(cache.read_text())["costs"] == {}
+
+
+def test_a_busy_machine_drops_no_setting_from_the_search(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    costs = _busy_costs(monkeypatch, tmp_path / "costs.json")
+    node = _node()
+    ladder = list(node.options)
+    hook = SpeedFilter(costs, {layer.name: layer for layer in LAYERS}, accuracy_level=0)
+    hook([node])
+    assert list(node.options) == ladder and hook.busy and not hook.dropped
+    assert "busy" in hook.summary() and hook.to_dict()["busy"] is True
+
+
+def test_a_busy_machine_keeps_the_most_accurate_kernel_setting(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """On this fake machine block 128 is the cheaper; timed on a busy machine, block 32 is kept."""
+    import onnx_ir as ir
+
+    from onnx_conv2matmul.quantize.kernel_plan import plan_kernels
+    from onnx_conv2matmul.quantize.options import QuantizeOptions
+    from onnx_conv2matmul.speed.choose import SpeedOptions
+    from onnx_conv2matmul.speed.timing import TimingOptions
+    from onnx_conv2matmul.verify.check import VerifyOptions
+
+    source = Path(__file__).parent / "data" / "conformer_small.onnx"
+    speed = SpeedOptions(TimingOptions(lengths=(16,)), levels=(0,), block_sizes=(32, 128), cache=False)
+
+    def planned(costs: KernelCosts) -> Any:
+        model = ir.load(str(source))
+        return plan_kernels(str(source), model, QuantizeOptions(), speed, VerifyOptions(), costs=costs)
+
+    clock = FakeClock()
+    cheap_blocks = KernelMachine(clock, int8_machine(3.0))  # larger blocks a little cheaper
+    quiet = planned(KernelCosts(None, clock=clock, session_factory=cheap_blocks))
+    assert quiet.options.block_size == 128 and "busy" not in quiet.reason
+    monkeypatch.setattr(costs_module, "CpuWait", _Loaded)
+    busy = planned(KernelCosts(None, clock=clock, session_factory=cheap_blocks))
+    assert busy.options.block_size == 32 and "the machine was busy" in busy.reason
+    assert busy.to_dict()["cpu_wait"] == pytest.approx(0.5)
+
+
+def test_a_busy_machine_weighs_the_layouts_as_untimed(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Quiet, the model with the Transposes (1.05x, smaller) is kept; busy, the one without them
+    (adds no Transposes), and the reason says why."""
+    monkeypatch.setattr(timing_module, "CpuWait", _Loaded)
+    data = _run(tmp_path, Prefer.BALANCED, 1.05)
+    trade = data["transposes"]
+    assert isinstance(trade, dict) and trade["kept"] == "without them"
+    assert "the machine was busy" in trade["reason"] and "not used" in trade["timed_on"]
+    assert all(model["latency_ratios"] is None for model in trade["models"])
+    assert _Loaded.share_seen >= BUSY_WAIT_SHARE
