@@ -63,3 +63,18 @@ def kernel_cost_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pyt
     folder = tmp_path_factory.getbasetemp() / "xdg-cache"
     monkeypatch.setenv("XDG_CACHE_HOME", str(folder))
     return folder
+
+
+@pytest.fixture
+def quiet_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The machine reads as quiet while anything is timed (see speed/machine.CpuWait): a test of
+    what a quiet machine does (the kernel costs cached, a timing that decides) does not depend on
+    the load the other tests put on it."""
+    from onnx_conv2matmul.speed import costs, machine, timing
+
+    class Quiet(machine.CpuWait):
+        def __exit__(self, *_: object) -> None:
+            self.share = 0.0
+
+    monkeypatch.setattr(costs, "CpuWait", Quiet)
+    monkeypatch.setattr(timing, "CpuWait", Quiet)

@@ -89,7 +89,7 @@ def test_quantize_keeps_the_winner_and_says_so(tmp_path: Path) -> None:
 
 
 def test_default_chooses_from_kernel_costs_and_quantizes_once(
-    tmp_path: Path, kernel_cost_cache: Path
+    tmp_path: Path, kernel_cost_cache: Path, quiet_machine: None
 ) -> None:
     """--bench shapes (the default): the block size and level come from the kernels' costs at the
     model's weight shapes, the written model has them, the result is timed once against the
