@@ -87,6 +87,17 @@ def test_a_busy_machine_keeps_the_most_accurate_kernel_setting(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """On this fake machine block 128 is the cheaper; timed on a busy machine, block 32 is kept."""
+    clock = FakeClock()
+    cheap_blocks = KernelMachine(clock, int8_machine(3.0))  # larger blocks a little cheaper
+    quiet = _planned(KernelCosts(None, clock=clock, session_factory=cheap_blocks))
+    assert quiet.options.block_size == 128 and "busy" not in quiet.reason
+    monkeypatch.setattr(costs_module, "CpuWait", _Loaded)
+    busy = _planned(KernelCosts(None, clock=clock, session_factory=cheap_blocks))
+    assert busy.options.block_size == 32 and "the machine was busy" in busy.reason
+    assert busy.to_dict()["cpu_wait"] == pytest.approx(0.5)
+
+
+def _planned(costs: KernelCosts) -> Any:
     import onnx_ir as ir
 
     from onnx_conv2matmul.quantize.kernel_plan import plan_kernels
@@ -97,19 +108,27 @@ def test_a_busy_machine_keeps_the_most_accurate_kernel_setting(
 
     source = Path(__file__).parent / "data" / "conformer_small.onnx"
     speed = SpeedOptions(TimingOptions(lengths=(16,)), levels=(0,), block_sizes=(32, 128), cache=False)
+    return plan_kernels(
+        str(source), ir.load(str(source)), QuantizeOptions(), speed, VerifyOptions(), costs=costs
+    )
 
-    def planned(costs: KernelCosts) -> Any:
-        model = ir.load(str(source))
-        return plan_kernels(str(source), model, QuantizeOptions(), speed, VerifyOptions(), costs=costs)
 
+@pytest.mark.parametrize("holds", [True, False], ids=["confirmed", "not-confirmed"])
+def test_a_faster_but_less_accurate_setting_must_win_twice(holds: bool) -> None:
+    """Block 128 is timed cheaper than block 32; timed again (fresh sessions), it is kept only when
+    it is cheaper again, else block 32, the most accurate, is."""
     clock = FakeClock()
-    cheap_blocks = KernelMachine(clock, int8_machine(3.0))  # larger blocks a little cheaper
-    quiet = planned(KernelCosts(None, clock=clock, session_factory=cheap_blocks))
-    assert quiet.options.block_size == 128 and "busy" not in quiet.reason
-    monkeypatch.setattr(costs_module, "CpuWait", _Loaded)
-    busy = planned(KernelCosts(None, clock=clock, session_factory=cheap_blocks))
-    assert busy.options.block_size == 32 and "the machine was busy" in busy.reason
-    assert busy.to_dict()["cpu_wait"] == pytest.approx(0.5)
+    base = int8_machine(3.0)
+
+    def cost(key: str, k: int, n: int, rows: int) -> float:
+        again = machine.opened.count(f"{key}-{k}x{n}.onnx") > 1
+        return base(key, k, n, rows) * (1.5 if key.startswith("int4-b128") and again and not holds else 1.0)
+
+    machine = KernelMachine(clock, cost)
+    plan = _planned(KernelCosts(None, clock=clock, session_factory=machine))
+    assert plan.options.block_size == (128 if holds else 32)
+    assert (": confirmed" if holds else ": not confirmed, the most accurate setting is kept") in plan.reason
+    assert "timed again" in plan.reason
 
 
 def test_a_busy_machine_weighs_the_layouts_as_untimed(

@@ -145,6 +145,11 @@ def plan_kernels(
         assert costs.waited is not None
         busy = f"; {busy_text(costs.waited)}: the most accurate setting is kept, not the fastest timed"
         winner = 0
+    elif winner != 0 and costs.measured:
+        confirmed, again = confirm_gain(costs, layers, ranked[0], ranked[winner], speed.min_gain)
+        busy = f"; {again}"
+        if not confirmed:
+            winner = 0
     best = ranked[winner]
     chosen = dataclasses.replace(
         options, block_size=best.kernel.block_size, accuracy_level=best.kernel.accuracy_level
@@ -163,6 +168,37 @@ def plan_kernels(
     return KernelPlan(
         chosen, costs, layers, lengths, ranked, winner, floats, reason, time.perf_counter() - started
     )
+
+
+def confirm_gain(
+    costs: KernelCosts, layers: Sequence[Layer], accurate: RankedKernel, faster: RankedKernel, min_gain: float
+) -> tuple[bool, str]:
+    """Whether a less accurate setting's gain, timed in this run, holds when both settings are
+    timed again (fresh sessions, not cached), and what that timing gave in words. A setting that
+    trades accuracy for speed must win twice: once is noise as often as not on a shared machine."""
+    from onnx_conv2matmul.speed.costs import FLOAT_KERNEL, KernelCosts, model_cost, relative
+
+    again = KernelCosts(
+        None,
+        read_cache=False,
+        runs=costs.runs,
+        warmup=costs.warmup,
+        threads=costs.threads,
+        clock=costs.clock,
+        session_factory=costs.session_factory,
+    )
+    kernels = [FLOAT_KERNEL, accurate.kernel, faster.kernel]
+    again.prefetch(layers, kernels)
+    floats = model_cost(again, layers, FLOAT_KERNEL)
+    first = relative(model_cost(again, layers, accurate.kernel), floats)
+    second = relative(model_cost(again, layers, faster.kernel), floats)
+    label = f"block {faster.kernel.block_size} level {faster.kernel.accuracy_level}"
+    timed = f"timed again: {second:.2f}x against {first:.2f}x"
+    if again.busy:
+        return False, f"{label} {timed}, on a busy machine: not confirmed, the most accurate setting is kept"
+    if second < first * (1 - min_gain):
+        return True, f"{label} {timed}: confirmed"
+    return False, f"{label} {timed}: not confirmed, the most accurate setting is kept"
 
 
 def _bench_lengths(src: str, speed: SpeedOptions, verify: VerifyOptions) -> tuple[int, ...]:
