@@ -140,6 +140,7 @@ def test_a_busy_machine_weighs_the_layouts_as_untimed(
     data = _run(tmp_path, Prefer.BALANCED, 1.05)
     trade = data["transposes"]
     assert isinstance(trade, dict) and trade["kept"] == "without them"
-    assert "the machine was busy" in trade["reason"] and "not used" in trade["timed_on"]
-    assert all(model["latency_ratios"] is None for model in trade["models"])
+    assert trade["reason"].startswith("timed on a busy machine, not used (the machine was busy")
+    assert "not used" in trade["timed_on"]
+    assert all(model["latency_ratios"] for model in trade["models"])  # shown, not used
     assert _Loaded.share_seen >= BUSY_WAIT_SHARE

@@ -55,8 +55,11 @@ def _size(count: int) -> str:
     return f"{count / 2**20:.2f} MiB" if count >= 2**20 else f"{count / 2**10:.1f} KiB"
 
 
-def choose(layouts: Sequence[Layout], prefer: Prefer, margin: float) -> tuple[int, str]:
-    """The index of the layout kept, and why (see the module's description).
+def choose(
+    layouts: Sequence[Layout], prefer: Prefer, margin: float, untimed: str = "not timed"
+) -> tuple[int, str]:
+    """The index of the layout kept, and why (see the module's description); ``untimed`` says
+    why the layouts have no timings.
 
     A layout that misses the accuracy criterion is never kept while another meets it."""
     if not layouts:
@@ -85,14 +88,14 @@ def choose(layouts: Sequence[Layout], prefer: Prefer, margin: float) -> tuple[in
     if prefer is Prefer.SPEED:
         if not timed:
             best = eligible[0]
-            return best, f"--prefer speed, nothing timed: {described(best)} adds no Transposes{why_not}"
+            return best, f"--prefer speed, {untimed}: {described(best)} adds no Transposes{why_not}"
         best = min(timed, key=speed)
         return best, f"--prefer speed: {described(best)} is the fastest{why_not}"
     if not timed:
         best = eligible[0]
         return (
             best,
-            f"not timed: {described(best)} adds no Transposes (--prefer size keeps the smaller){why_not}",
+            f"{untimed}: {described(best)} adds no Transposes (--prefer size keeps the smaller){why_not}",
         )
     within = [i for i in timed if (layouts[i].speed or math.inf) <= 1 + margin]
     if within:
@@ -214,21 +217,20 @@ def decide(
             session_factory=options.session_factory,
         )
         timed_on = result.lengths_rule
+        for row, i in zip(result.models[1:], timed, strict=True):
+            ratios = tuple(lat.ratio for lat in row.latencies if lat.ratio is not None)
+            layouts[i] = dataclasses.replace(layouts[i], ratios=ratios)
         if result.cpu_wait is not None and result.cpu_wait >= BUSY_WAIT_SHARE:
-            # Timed on a busy machine: the layouts are weighed as if not timed (the choice would
-            # flip with the load).
-            busy = f"; {busy_text(result.cpu_wait)}: the timings were not used"
-            timed_on += busy
-        else:
-            for row, i in zip(result.models[1:], timed, strict=True):
-                ratios = tuple(lat.ratio for lat in row.latencies if lat.ratio is not None)
-                layouts[i] = dataclasses.replace(layouts[i], ratios=ratios)
+            # Timed on a busy machine: shown, but the layouts are weighed as if not timed (the
+            # choice would flip with the load).
+            busy = f"timed on a busy machine, not used ({busy_text(result.cpu_wait)})"
+            timed_on += f"; {busy}"
     original = model_file_bytes(src)
     for i, layout in enumerate(layouts):
         if not layout.passed and not layout.not_made:
             layouts[i] = dataclasses.replace(layout, bytes=layout.bytes or original)
-    kept, reason = choose(layouts, options.prefer, options.margin)
-    reason += busy
+    weighed = [dataclasses.replace(layout, ratios=None) for layout in layouts] if busy else layouts
+    kept, reason = choose(weighed, options.prefer, options.margin, busy or "not timed")
     trade = TransposeTrade(
         convs,
         share,
