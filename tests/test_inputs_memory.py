@@ -11,6 +11,7 @@ the baseline.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from onnx import helper, numpy_helper
 
 from onnx_conv2matmul.verify.options import DEFAULT_MEMORY
@@ -45,8 +47,8 @@ def _model(path: Path) -> int:
     return path.stat().st_size
 
 
-def _inputs(path: Path, samples: int) -> None:
-    """An uncompressed .npz (as numpy.savez writes it), written in slices of 100 samples."""
+def _inputs(path: Path, samples: int, compression: int = zipfile.ZIP_STORED) -> None:
+    """An .npz (uncompressed, as numpy.savez writes it, by default), written in slices of 100 samples."""
     npy = path.with_suffix(".npy")
     x = np.lib.format.open_memmap(npy, mode="w+", dtype=np.float32, shape=(samples, ROWS, WIDTH))
     rng = np.random.default_rng(1)
@@ -55,7 +57,7 @@ def _inputs(path: Path, samples: int) -> None:
         x[start:stop] = rng.standard_normal((stop - start, ROWS, WIDTH), dtype=np.float32)
     x.flush()
     del x
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
+    with zipfile.ZipFile(path, "w", compression, allowZip64=True) as archive:
         archive.write(npy, "x.npy")
     npy.unlink()
 
@@ -72,10 +74,15 @@ def _run(args: list[str]) -> tuple[int, int, dict]:  # type: ignore[type-arg]
     return os.waitstatus_to_exitcode(status), usage.ru_maxrss * 1024, json.loads(out)
 
 
-def test_two_thousand_samples_fit_the_default_budget_plus_one_model(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "compression", [zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED], ids=["stored", "compressed"]
+)
+def test_two_thousand_samples_fit_the_default_budget_plus_one_model(tmp_path: Path, compression: int) -> None:
+    """Whatever the compression (issue 43, rule 5): a compressed array is inflated into a mapped
+    temporary file, not into memory."""
     model_bytes = _model(tmp_path / "m.onnx")
     _inputs(tmp_path / "few.npz", 2)
-    _inputs(tmp_path / "many.npz", SAMPLES)
+    _inputs(tmp_path / "many.npz", SAMPLES, compression)
     common = ["--no-bench", "--block-size", "32"]
     model = str(tmp_path / "m.onnx")
     code, base, _ = _run([model, str(tmp_path / "a.onnx"), "--inputs", str(tmp_path / "few.npz"), *common])
@@ -93,3 +100,57 @@ def test_two_thousand_samples_fit_the_default_budget_plus_one_model(tmp_path: Pa
     held_at_once = 3 * SAMPLES * ROWS * WIDTH * 4
     assert held_at_once > DEFAULT_MEMORY + model_bytes  # a whole-file check would not fit the bound
     assert peak - base <= DEFAULT_MEMORY + model_bytes, (peak - base) / 2**20
+
+
+def _declaring(path: Path, shape: tuple[int, ...], data: bytes, compression: int) -> None:
+    """An .npz whose one member's header declares ``shape`` (float32) and holds ``data``."""
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": shape})
+    with zipfile.ZipFile(path, "w", compression) as archive:
+        archive.writestr("x.npy", header.getvalue() + data)
+
+
+@pytest.mark.parametrize(
+    "compression", [zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED], ids=["stored", "compressed"]
+)
+def test_an_array_that_holds_other_than_its_header_declares_is_refused(
+    tmp_path: Path, compression: int
+) -> None:
+    """Rule 2 on inputs: the size comes from the member's header, checked against the archive,
+    before any of it is read: a one-line error that names the file, the array and both sizes."""
+    _model(tmp_path / "m.onnx")
+    inputs = tmp_path / "lie.npz"
+    _declaring(inputs, (2_000_000, ROWS, WIDTH), bytes(4 * ROWS * WIDTH), compression)
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    argv = [
+        sys.executable,
+        "-m",
+        "onnx_conv2matmul",
+        "quantize",
+        str(tmp_path / "m.onnx"),
+        str(tmp_path / "q.onnx"),
+    ]
+    result = subprocess.run(
+        [*argv, "--inputs", str(inputs)], capture_output=True, text=True, env=env, check=False
+    )
+    assert result.returncode == 2, result.stderr
+    [line] = [line for line in result.stderr.splitlines() if line.strip()]
+    assert str(inputs) in line and "array 'x' declares shape (2000000, 8, 640)" in line
+    assert "but the archive holds 20608 bytes for it" in line
+    assert not (tmp_path / "q.onnx").exists()
+
+
+def test_a_large_compressed_array_is_mapped_from_a_temporary_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from onnx_conv2matmul.verify import stream
+
+    monkeypatch.setattr(stream, "INFLATE_IN_MEMORY_BYTES", 1024)
+    x = np.arange(3 * ROWS * WIDTH, dtype=np.float32).reshape(3, ROWS, WIDTH)
+    _declaring(tmp_path / "x.npz", x.shape, x.tobytes(), zipfile.ZIP_DEFLATED)
+    read = stream.read_npz(str(tmp_path / "x.npz"))["x"]
+    assert isinstance(read, np.memmap) and np.array_equal(read, x)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.npz"]  # the scratch has no name
+    small = tmp_path / "small.npz"
+    np.savez_compressed(small, x=x[:1, :1, :8])
+    assert not isinstance(stream.read_npz(str(small))["x"], np.memmap)

@@ -75,20 +75,91 @@ def map_member(path: str, info: zipfile.ZipInfo) -> np.ndarray | None:
     return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape, order="F" if fortran else "C")
 
 
-def read_npz(path: str) -> dict[str, np.ndarray]:
-    """The arrays of an ``.npz`` file, memory-mapped where stored uncompressed.
+INFLATE_IN_MEMORY_BYTES = 16 * 2**20
+"""A compressed array up to this size is read into memory; a larger one is inflated into an
+anonymous temporary file (the system removes it however the process ends) and memory-mapped, so
+a small archive that declares a large array never has to fit in memory at once."""
+
+
+def _member_header(
+    archive: zipfile.ZipFile, info: zipfile.ZipInfo
+) -> tuple[tuple[int, ...], np.dtype, bool, int]:
+    """The shape, dtype and order an ``.npy`` member declares, and its header's length in bytes,
+    read from the member's first bytes (inflating only those when it is compressed).
 
     Raises:
-        OSError, ValueError, EOFError, zipfile.BadZipFile: as ``numpy.load`` does.
+        ValueError: not a plain ``.npy`` array.
+    """
+    with archive.open(info) as member:
+        version = np.lib.format.read_magic(member)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(member)
+        elif version == (2, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(member)
+        else:
+            raise ValueError(f"member {info.filename!r}: unsupported .npy version {version}")
+        return tuple(int(d) for d in shape), dtype, bool(fortran), member.tell()
+
+
+def _inflated(
+    archive: zipfile.ZipFile,
+    info: zipfile.ZipInfo,
+    header: int,
+    shape: tuple[int, ...],
+    dtype: np.dtype,
+    fortran: bool,
+) -> np.ndarray:
+    """A compressed member inflated into an anonymous temporary file, chunk by chunk, and mapped.
+
+    Raises:
+        ValueError: the array is larger than the space free where temporary files go.
+    """
+    folder = tempfile.gettempdir()
+    size = math.prod(shape) * dtype.itemsize
+    free = shutil.disk_usage(folder).free
+    if size > free:
+        raise ValueError(
+            f"compressed array {info.filename!r} inflates to {size / 2**30:.1f} GiB, more than the"
+            f" {free / 2**30:.1f} GiB free in {folder} (TMPDIR sets where it goes)"
+        )
+    with tempfile.TemporaryFile(prefix="onnx-conv2matmul-inputs-") as scratch, archive.open(info) as member:
+        member.read(header)
+        shutil.copyfileobj(member, scratch, 1 << 22)
+        scratch.flush()
+        return np.memmap(scratch, dtype=dtype, mode="r", shape=shape, order="F" if fortran else "C")
+
+
+def read_npz(path: str) -> dict[str, np.ndarray]:
+    """The arrays of an ``.npz`` file: each member's size is read from its own header first and
+    checked against what the archive says the member holds; an array is memory-mapped where it
+    is stored uncompressed, inflated into a mapped temporary file when compressed and larger than
+    :data:`INFLATE_IN_MEMORY_BYTES`, read into memory otherwise.
+
+    Raises:
+        OSError, ValueError, EOFError, zipfile.BadZipFile: as ``numpy.load`` does; ValueError also
+            when a member's header and the archive disagree on its size.
     """
     arrays: dict[str, np.ndarray] = {}
     with zipfile.ZipFile(path) as archive:
-        infos = {info.filename: info for info in archive.infolist()}
-    with np.load(path, allow_pickle=False) as data:
-        for name in data.files:
-            info = infos.get(f"{name}.npy")
-            mapped = map_member(path, info) if info is not None else None
-            arrays[name] = mapped if mapped is not None else np.asarray(data[name])
+        for info in archive.infolist():
+            name = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
+            shape, dtype, fortran, header = _member_header(archive, info)
+            if dtype.hasobject:
+                raise ValueError(f"array {name!r} holds Python objects, which are not read (no pickles)")
+            declared = header + math.prod(shape) * dtype.itemsize
+            if info.file_size != declared:
+                raise ValueError(
+                    f"array {name!r} declares shape {shape} of {dtype} ({declared} bytes with its"
+                    f" header), but the archive holds {info.file_size} bytes for it"
+                )
+            mapped = map_member(path, info)
+            if mapped is not None:
+                arrays[name] = mapped
+            elif info.compress_type != zipfile.ZIP_STORED and declared > INFLATE_IN_MEMORY_BYTES:
+                arrays[name] = _inflated(archive, info, header, shape, dtype, fortran)
+            else:
+                with archive.open(info) as member:
+                    arrays[name] = np.lib.format.read_array(member, allow_pickle=False)
     return arrays
 
 
