@@ -88,8 +88,9 @@ def _read_pipe(path: str) -> Feed:
             f"cannot read inputs pipe {path}: not an .npz file (numpy.savez writes a zip archive)"
         )
     try:
-        with np.load(io.BytesIO(data), allow_pickle=False) as archive:
-            arrays = {name: archive[name] for name in archive.files}
+        arrays = read_npz(
+            io.BytesIO(data)
+        )  # sizes from the headers: a compressed array is not inflated in memory
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
         raise InputError(f"cannot read inputs pipe {path}: {first_line(err)}") from err
     if not arrays:

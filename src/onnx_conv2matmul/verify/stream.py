@@ -35,7 +35,7 @@ import tempfile
 import weakref
 import zipfile
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 
 import numpy as np
 
@@ -129,7 +129,7 @@ def _inflated(
         return np.memmap(scratch, dtype=dtype, mode="r", shape=shape, order="F" if fortran else "C")
 
 
-def read_npz(path: str) -> dict[str, np.ndarray]:
+def read_npz(path: str | BinaryIO) -> dict[str, np.ndarray]:
     """The arrays of an ``.npz`` file: each member's size is read from its own header first and
     checked against what the archive says the member holds; an array is memory-mapped where it
     is stored uncompressed, inflated into a mapped temporary file when compressed and larger than
@@ -152,7 +152,7 @@ def read_npz(path: str) -> dict[str, np.ndarray]:
                     f"array {name!r} declares shape {shape} of {dtype} ({declared} bytes with its"
                     f" header), but the archive holds {info.file_size} bytes for it"
                 )
-            mapped = map_member(path, info)
+            mapped = map_member(path, info) if isinstance(path, str) else None  # a pipe's bytes: read
             if mapped is not None:
                 arrays[name] = mapped
             elif info.compress_type != zipfile.ZIP_STORED and declared > INFLATE_IN_MEMORY_BYTES:
