@@ -43,6 +43,8 @@ class _DefaultGroup(click.Group):
             code = exit_.code
             OUTCOME.finish(code if isinstance(code, int) else 0 if code is None else ExitCode.FAILED)
             raise
+        finally:
+            OUTCOME.restore()
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):

@@ -53,7 +53,7 @@ def bench_command(
     slower than a float baseline. Inputs are made as for verify (--verify-input, --verify-dim,
     ...); --verify-lengths and --verify-batch do not apply: --bench-lengths, batch 1.
     """
-    OUTCOME.start(report_json_stdout, list(models))
+    OUTCOME.start(report_json_stdout, list(models), quiet=quiet)
     with handled_errors():
         quiet_onnxruntime()
         from onnx_conv2matmul import api

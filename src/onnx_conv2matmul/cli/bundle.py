@@ -114,7 +114,7 @@ def bundle_command(
     if check_dir is not None:
         _check(check_dir, paths, manifest, bool(kwargs["report_json_stdout"]))
         return
-    OUTCOME.start(bool(kwargs["report_json_stdout"]), paths[0] if paths else "")
+    OUTCOME.start(bool(kwargs["report_json_stdout"]), paths[0] if paths else "", quiet=bool(kwargs["quiet"]))
     with handled_errors():
         quiet_onnxruntime()
         if len(paths) != 2:

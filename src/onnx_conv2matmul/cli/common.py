@@ -10,12 +10,13 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, NoReturn, TextIO
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 import click
 
 from onnx_conv2matmul._version import __version__
 from onnx_conv2matmul.cli import signals
+from onnx_conv2matmul.cli.streams import Tolerant
 from onnx_conv2matmul.errors import (
     Conv2MatMulError,
     ExitCode,
@@ -74,6 +75,7 @@ class Outcome:
     """
 
     def __init__(self) -> None:
+        self._diverted: tuple[Any, Any, int | None, TextIO] | None = None
         self.reset(json_stdout=False)
 
     def reset(self, *, json_stdout: bool) -> None:
@@ -88,6 +90,7 @@ class Outcome:
         self.quiet = False
         self.failure: str | None = None  # a report's failure, which the quiet console did not print
         self._watched: dict[str, tuple[int, ...] | None] = {}
+        self.restore()
         self.stdout: TextIO = sys.stdout  # the real one: a command's body may redirect it
 
     def watch(self, *paths: str | None) -> None:
@@ -111,10 +114,68 @@ class Outcome:
             self._printed = True
             click.echo(text, file=self.stdout)
 
-    def start(self, json_stdout: bool, inputs: str | list[str]) -> None:
-        """A command starts: whether it prints its JSON on stdout, and its input(s) for the error object."""
+    def start(self, json_stdout: bool, inputs: str | list[str], *, quiet: bool = False) -> None:
+        """A command starts: whether it prints its JSON on stdout, its input(s) for the error
+        object, and ``-q``; from here on stdout is this tool's alone (see :meth:`divert`)."""
         self.json_stdout = json_stdout
         self.inputs = inputs
+        self.quiet = quiet
+        self.divert()
+
+    def divert(self) -> None:
+        """While the command works, what anything else writes to stdout goes to stderr, or nowhere
+        with ``-q``: a dependency's progress bars (onnxruntime's k_quant prints them), a
+        ``--validate`` function's prints and, where stdout is the process's descriptor 1, what a
+        process it starts writes there. The tool's own JSON goes to the real stdout, through a
+        descriptor of its own. :meth:`restore` undoes it."""
+        if self._diverted is not None:
+            return
+        real: int | None = None
+        before = self.stdout
+        with contextlib.suppress(AttributeError, OSError, ValueError):
+            if self.stdout.fileno() == 1:
+                self.stdout.flush()
+                own = os.fdopen(os.dup(1), "w", encoding=getattr(self.stdout, "encoding", None) or "utf-8")
+                real = os.dup(1)
+                os.dup2(2, 1)
+                self.stdout = Tolerant(own)  # type: ignore[assignment]
+        elsewhere = _Elsewhere(self)
+        self._diverted = (sys.stdout, elsewhere, real, before)
+        sys.stdout = elsewhere  # type: ignore[assignment]
+
+    @contextmanager
+    def undiverted(self) -> Iterator[None]:
+        """Descriptor 1 as it was before :meth:`divert`, for a write to a path the user named
+        that may be it (``--report-json /dev/stdout``)."""
+        real = self._diverted[2] if self._diverted is not None else None
+        if real is None:
+            yield
+            return
+        with contextlib.suppress(OSError, ValueError):
+            self.stdout.flush()
+        os.dup2(real, 1)
+        try:
+            yield
+        finally:
+            os.dup2(2, 1)
+
+    def restore(self) -> None:
+        """Stdout as it was before :meth:`divert`."""
+        if self._diverted is None:
+            return
+        previous, elsewhere, real, before = self._diverted
+        self._diverted = None
+        with contextlib.suppress(OSError, ValueError):
+            self.stdout.flush()
+        if sys.stdout is elsewhere:
+            sys.stdout = previous
+        if real is not None:
+            with contextlib.suppress(OSError):
+                os.dup2(real, 1)
+            os.close(real)
+            with contextlib.suppress(OSError, ValueError):
+                self.stdout.close()  # the tool's own descriptor: fd 1 is stdout again
+            self.stdout = before
 
     def error_json(self, code: int, error: str) -> str:
         """The error object a run that ends without its report gives instead."""
@@ -146,8 +207,32 @@ class Outcome:
         if self.report_path is not None and not self._report_written:
             from onnx_conv2matmul.files import load as _io
 
-            with contextlib.suppress(OSError):  # the error line already says what went wrong
+            # A closed or broken path: the error line already says what went wrong.
+            with contextlib.suppress(OSError), self.undiverted():
                 _io.write_text_atomic(self.report_path, self.error_json(code, error) + "\n")
+
+
+class _Elsewhere:
+    """``sys.stdout`` while a command works (see :meth:`Outcome.divert`): stderr, or nothing with ``-q``."""
+
+    def __init__(self, outcome: Outcome) -> None:
+        self._outcome = outcome
+
+    def write(self, text: str) -> int:
+        if not self._outcome.quiet:
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        return 2
 
 
 OUTCOME = Outcome()
@@ -338,7 +423,8 @@ def emit_report(report: CommandReport, path: str | None, error: str | None = Non
     if path is not None:
         from onnx_conv2matmul.files import load as _io
 
-        _io.write_text_atomic(path, text + "\n")
+        with OUTCOME.undiverted():
+            _io.write_text_atomic(path, text + "\n")
         OUTCOME.report_written()
     OUTCOME.print_json(text)
 

@@ -62,7 +62,7 @@ def convert_command(
     from onnx_conv2matmul import api  # imported when a command runs: --help stays light
 
     # Off a terminal the console is made after the rewrite: importing rich would delay its start.
-    OUTCOME.start(report_json_stdout, input_path)
+    OUTCOME.start(report_json_stdout, input_path, quiet=quiet)
     console = stderr_console(quiet) if sys.stderr.isatty() else None
     with handled_errors():
         options = build_rewrite_options(kwargs)
@@ -121,7 +121,7 @@ def verify_command(
     """Compare two models with the same inputs and outputs in onnxruntime."""
     from onnx_conv2matmul import api  # imported when a command runs: --help stays light
 
-    OUTCOME.start(report_json_stdout, [original, candidate])
+    OUTCOME.start(report_json_stdout, [original, candidate], quiet=quiet)
     with handled_errors():
         quiet_onnxruntime()
         console = stderr_console(quiet)

@@ -46,7 +46,7 @@ def inspect_command(
     Takes convert's rewrite options; --bits, --block-size and --symmetric/--asymmetric are
     quantize's settings for the projection.
     """
-    OUTCOME.start(report_json_stdout, input_path)
+    OUTCOME.start(report_json_stdout, input_path, quiet=quiet)
     with handled_errors():
         from onnx_conv2matmul import api
         from onnx_conv2matmul.quantize.options import resolve

@@ -249,7 +249,7 @@ def quantize_command(
     least --min-cosine (0.99 by default); when the default settings fall below it, the search
     of --auto finds settings that meet it. With --auto: the smallest model that meets it.
     """
-    OUTCOME.start(report_json_stdout, input_path)
+    OUTCOME.start(report_json_stdout, input_path, quiet=quiet)
     with handled_errors():
         quiet_onnxruntime()
         console = stderr_console(quiet)
@@ -342,7 +342,9 @@ def quantize_command(
         )
         print_quantize_report(console, report)
         if save_config is not None and report.auto is not None:
-            _io.write_text_atomic(save_config, json.dumps(report.auto.config.to_config(), indent=2) + "\n")
+            config = json.dumps(report.auto.config.to_config(), indent=2) + "\n"
+            with OUTCOME.undiverted():  # a path the user named: /dev/stdout is stdout
+                _io.write_text_atomic(save_config, config)
         emit_report(report, report_json, _quantize_error(report))
     sys.exit(report.return_code)
 
