@@ -214,8 +214,28 @@ def check_names(specs: Sequence[InputSpec], options: VerifyOptions) -> None:
     for role, name in (("signal", options.signal_input), ("length", options.length_input)):
         if name is not None and name not in inputs:
             problems.append(f"unknown {role} input {name!r} {known_inputs}")
+    by_name = {spec.name: spec for spec in specs}
+    signal = by_name.get(options.signal_input or "")
+    if signal is not None and not (np.issubdtype(signal.dtype, np.floating) and len(signal.shape) >= 1):
+        floats = [spec.name for spec in specs if np.issubdtype(spec.dtype, np.floating) and spec.shape]
+        problems.append(
+            f"signal input {signal.name!r} is {_kind(signal)}: the signal is a float tensor"
+            f" (the model's float inputs: {', '.join(floats) or 'none'})"
+        )
+    length = by_name.get(options.length_input or "")
+    if length is not None and not (np.issubdtype(length.dtype, np.number) and len(length.shape) <= 1):
+        fits = [spec.name for spec in specs if np.issubdtype(spec.dtype, np.integer) and len(spec.shape) <= 1]
+        problems.append(
+            f"length input {length.name!r} is {_kind(length)}: lengths are one number per batch row, a"
+            f" tensor of rank 0 or 1 (the model's integer inputs of that rank: {', '.join(fits) or 'none'})"
+        )
     if problems:
         raise InputError("; ".join(problems))
+
+
+def _kind(spec: InputSpec) -> str:
+    """``int64 of rank 1``: what an option naming ``spec`` must agree with."""
+    return f"{np.dtype(spec.dtype).name} of rank {len(spec.shape)}"
 
 
 def _named(noun: str, names: Sequence[str]) -> str:
