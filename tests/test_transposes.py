@@ -120,6 +120,10 @@ def test_the_default_leaves_them_when_they_cost_more_than_the_margin(tmp_path: P
     trade = data["transposes"]
     assert isinstance(trade, dict) and trade["kept"] == "without them"
     assert data["quantized_nodes"] == 0
+    # The model made with no quantized node says why, in the trade (issue 42, item 3).
+    without, with_ = trade["models"]
+    assert without["quantized_nodes"] == 0 and "Transposes" in without["none_quantized"]
+    assert with_["quantized_nodes"] == 1 and with_["none_quantized"] is None
     unchanged = data["unchanged"]
     assert isinstance(unchanged, dict) and unchanged["cause"] == "adds_transposes"
     assert "1.50x" in unchanged["message"] and "--prefer size" in unchanged["message"]

@@ -54,6 +54,8 @@ class Layout:
     quantized_nodes: int = 0
     not_made: str = ""
     """Why the model was not made (it could not be the one kept); empty when it was."""
+    none_quantized: str = ""
+    """Why a model made with no quantized node has none (its run's own reason); empty otherwise."""
 
     @property
     def speed(self) -> float | None:
@@ -73,6 +75,7 @@ class Layout:
             "latency_ratios": None if self.ratios is None else [round(r, 4) for r in self.ratios],
             "latency_ratio": None if self.speed is None else round(self.speed, 4),
             "not_made": self.not_made or None,
+            "none_quantized": self.none_quantized or None,
         }
 
 

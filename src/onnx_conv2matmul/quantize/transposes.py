@@ -194,7 +194,11 @@ def decide(
                 raise
             report, passed, quantized, path = None, False, 0, ""
         ok = passed and bool(path) and os.path.exists(path)
-        layouts.append(Layout(name, flag, model_file_bytes(path) if ok else 0, ok, None, quantized))
+        unchanged = getattr(report, "unchanged", None) if ok and not quantized else None
+        why = unchanged.message if unchanged is not None else ""
+        layouts.append(
+            Layout(name, flag, model_file_bytes(path) if ok else 0, ok, None, quantized, none_quantized=why)
+        )
         made.append(Made(path, report) if ok else None)
     if size_first:
         layouts.reverse()

@@ -36,6 +36,13 @@ def print_transpose_trade(console: Console, trade: dict[str, Any]) -> None:
             size, latency, meets = "not made", "-", "-"
         table.add_row(model["name"], size, latency, meets, kept)
     console.print(table)
+    for model in trade["models"]:
+        if model.get("none_quantized"):
+            console.print(
+                f"{escape(model['name'])}: nothing quantized: {escape(model['none_quantized'])}",
+                highlight=False,
+                soft_wrap=True,
+            )
     console.print(f"Kept: {escape(trade['reason'])}", highlight=False, soft_wrap=True)
 
 
