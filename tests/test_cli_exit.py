@@ -157,7 +157,7 @@ def test_checker_rejecting_the_output_exits_1(files: dict[str, str], monkeypatch
     assert code == 1 and "checker rejected" in stderr
 
 
-def test_what_a_library_prints_on_stdout_goes_to_stderr_with_json_on_stdout(
+def test_what_a_library_prints_on_stdout_goes_to_stderr(
     files: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """onnxruntime's quantizers print progress bars; stdout still carries exactly one object."""
@@ -174,5 +174,6 @@ def test_what_a_library_prints_on_stdout_goes_to_stderr_with_json_on_stdout(
     assert code == 0
     assert _json(stdout)["return_code"] == 0
     assert "Progress: [#####" in stderr
-    code, stdout, _ = invoke(files["model"], files["out"] + "2")
-    assert code == 0 and "Progress: [#####" in stdout  # without JSON, stdout is the user's
+    code, stdout, stderr = invoke(files["model"], files["out"] + "2")
+    # Without JSON too: stdout is the tool's (issue 43, rule 6), a library's prints go to stderr.
+    assert code == 0 and "Progress: [#####" not in stdout and "Progress: [#####" in stderr

@@ -10,13 +10,13 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, NoReturn, TextIO
+from typing import TYPE_CHECKING, NoReturn, TextIO
 
 import click
 
 from onnx_conv2matmul._version import __version__
 from onnx_conv2matmul.cli import signals
-from onnx_conv2matmul.cli.streams import Tolerant
+from onnx_conv2matmul.cli.streams import Diversion
 from onnx_conv2matmul.errors import (
     Conv2MatMulError,
     ExitCode,
@@ -75,7 +75,8 @@ class Outcome:
     """
 
     def __init__(self) -> None:
-        self._diverted: tuple[Any, Any, int | None, TextIO] | None = None
+        self._diversion = Diversion()
+        self.stdout: TextIO = sys.stdout
         self.reset(json_stdout=False)
 
     def reset(self, *, json_stdout: bool) -> None:
@@ -91,7 +92,7 @@ class Outcome:
         self.failure: str | None = None  # a report's failure, which the quiet console did not print
         self._watched: dict[str, tuple[int, ...] | None] = {}
         self.restore()
-        self.stdout: TextIO = sys.stdout  # the real one: a command's body may redirect it
+        self.stdout = sys.stdout  # the real one: a command's body may redirect it
 
     def watch(self, *paths: str | None) -> None:
         """Remember the state of ``paths`` (those the command may write) from now on."""
@@ -123,59 +124,17 @@ class Outcome:
         self.divert()
 
     def divert(self) -> None:
-        """While the command works, what anything else writes to stdout goes to stderr, or nowhere
-        with ``-q``: a dependency's progress bars (onnxruntime's k_quant prints them), a
-        ``--validate`` function's prints and, where stdout is the process's descriptor 1, what a
-        process it starts writes there. The tool's own JSON goes to the real stdout, through a
-        descriptor of its own. :meth:`restore` undoes it."""
-        if self._diverted is not None:
-            return
-        real: int | None = None
-        before = self.stdout
-        with contextlib.suppress(AttributeError, OSError, ValueError):
-            if self.stdout.fileno() == 1:
-                self.stdout.flush()
-                own = os.fdopen(os.dup(1), "w", encoding=getattr(self.stdout, "encoding", None) or "utf-8")
-                real = os.dup(1)
-                os.dup2(2, 1)
-                self.stdout = Tolerant(own)  # type: ignore[assignment]
-        elsewhere = _Elsewhere(self)
-        self._diverted = (sys.stdout, elsewhere, real, before)
-        sys.stdout = elsewhere  # type: ignore[assignment]
+        """From here on stdout is the tool's alone (see :class:`~onnx_conv2matmul.cli.streams.Diversion`);
+        the JSON goes through :attr:`stdout`, the real one."""
+        self.stdout = self._diversion.divert(self.stdout, lambda: self.quiet)
 
-    @contextmanager
-    def undiverted(self) -> Iterator[None]:
-        """Descriptor 1 as it was before :meth:`divert`, for a write to a path the user named
-        that may be it (``--report-json /dev/stdout``)."""
-        real = self._diverted[2] if self._diverted is not None else None
-        if real is None:
-            yield
-            return
-        with contextlib.suppress(OSError, ValueError):
-            self.stdout.flush()
-        os.dup2(real, 1)
-        try:
-            yield
-        finally:
-            os.dup2(2, 1)
+    def undiverted(self) -> contextlib.AbstractContextManager[None]:
+        """Descriptor 1 as it was, for a write to a path the user named (``/dev/stdout``)."""
+        return self._diversion.undiverted(self.stdout)
 
     def restore(self) -> None:
         """Stdout as it was before :meth:`divert`."""
-        if self._diverted is None:
-            return
-        previous, elsewhere, real, before = self._diverted
-        self._diverted = None
-        with contextlib.suppress(OSError, ValueError):
-            self.stdout.flush()
-        if sys.stdout is elsewhere:
-            sys.stdout = previous
-        if real is not None:
-            with contextlib.suppress(OSError):
-                os.dup2(real, 1)
-            os.close(real)
-            with contextlib.suppress(OSError, ValueError):
-                self.stdout.close()  # the tool's own descriptor: fd 1 is stdout again
-            self.stdout = before
+        self.stdout = self._diversion.restore(self.stdout)
 
     def error_json(self, code: int, error: str) -> str:
         """The error object a run that ends without its report gives instead."""
@@ -210,29 +169,6 @@ class Outcome:
             # A closed or broken path: the error line already says what went wrong.
             with contextlib.suppress(OSError), self.undiverted():
                 _io.write_text_atomic(self.report_path, self.error_json(code, error) + "\n")
-
-
-class _Elsewhere:
-    """``sys.stdout`` while a command works (see :meth:`Outcome.divert`): stderr, or nothing with ``-q``."""
-
-    def __init__(self, outcome: Outcome) -> None:
-        self._outcome = outcome
-
-    def write(self, text: str) -> int:
-        if not self._outcome.quiet:
-            with contextlib.suppress(OSError, ValueError):
-                sys.stderr.write(text)
-        return len(text)
-
-    def flush(self) -> None:
-        with contextlib.suppress(OSError, ValueError):
-            sys.stderr.flush()
-
-    def isatty(self) -> bool:
-        return False
-
-    def fileno(self) -> int:
-        return 2
 
 
 OUTCOME = Outcome()
