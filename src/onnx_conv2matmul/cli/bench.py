@@ -62,6 +62,10 @@ def bench_command(
         from onnx_conv2matmul.speed.timing import DEFAULT_ROUNDS, TimingOptions
 
         console = stderr_console(quiet)
+        if report_json is not None:  # first: every error from here on ends in the report too
+            check_report_target(report_json, inputs=list(models), outputs=[])
+            OUTCOME.watch(report_json)
+            OUTCOME.report_requested(report_json)
         for path in models:
             check_input_path(path)
         if baseline > len(models):
@@ -84,10 +88,6 @@ def bench_command(
             )
         except ValueError as err:
             raise InputError(str(err)) from err
-        if report_json is not None:
-            check_report_target(report_json, inputs=list(models), outputs=[])
-            OUTCOME.watch(report_json)
-            OUTCOME.report_requested(report_json)
         report = api.bench_models(models, baseline=baseline - 1, options=options)
         print_bench_report(console, report)
         emit_report(report, report_json)

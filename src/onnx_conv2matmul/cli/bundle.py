@@ -132,6 +132,12 @@ def _build(src: str, out: str, layout: str, tag: str, kwargs: dict[str, Any]) ->
 
     quiet = bool(kwargs["quiet"])
     console = stderr_console(quiet)
+    report_json = kwargs["report_json"]
+    if report_json is not None:  # first: every error from here on ends in the report too
+        sources = [os.path.join(src, name) for name in (SOURCE_ENCODER, SOURCE_DECODER_JOINT)]
+        read = files_read(kwargs["inputs"], kwargs.get("validate"), kwargs["config"])
+        check_report_target(report_json, inputs=sources, outputs=[], what="report", read=read)
+        OUTCOME.report_requested(report_json)
     given = nbits_given(
         bits=kwargs["bits"],
         block_size=kwargs["block_size"],
@@ -166,12 +172,6 @@ def _build(src: str, out: str, layout: str, tag: str, kwargs: dict[str, Any]) ->
     except ValueError as err:
         raise InputError(str(err)) from err
     verify = build_verify_options(kwargs, kwargs["min_cosine"], kwargs["inputs"])
-    report_json = kwargs["report_json"]
-    if report_json is not None:
-        sources = [os.path.join(src, name) for name in (SOURCE_ENCODER, SOURCE_DECODER_JOINT)]
-        read = files_read(kwargs["inputs"], kwargs.get("validate"), kwargs["config"])
-        check_report_target(report_json, inputs=sources, outputs=[], what="report", read=read)
-        OUTCOME.report_requested(report_json)
     OUTCOME.watch(out, report_json)
     encoder = os.path.join(src, SOURCE_ENCODER)
     options = BundleOptions(

@@ -65,19 +65,20 @@ def convert_command(
     OUTCOME.start(report_json_stdout, input_path, quiet=quiet)
     console = stderr_console(quiet) if sys.stderr.isatty() else None
     with handled_errors():
-        options = build_rewrite_options(kwargs)
-        verify_opts = build_verify_options(kwargs) if verify else None
-        if verify:
-            quiet_onnxruntime()
-        output = check_paths(input_path, output_path, inplace=inplace)
-        OUTCOME.watch(output, output + ".data", output + api.FAILED_SUFFIX, report_json)
-        if report_json is not None:
+        if report_json is not None:  # first: every error from here on ends in the report too
             check_report_target(
                 report_json,
                 inputs=[input_path],
                 outputs=[] if inplace or output_path is None else [output_path],
             )
+            OUTCOME.watch(report_json)
             OUTCOME.report_requested(report_json)
+        options = build_rewrite_options(kwargs)
+        verify_opts = build_verify_options(kwargs) if verify else None
+        if verify:
+            quiet_onnxruntime()
+        output = check_paths(input_path, output_path, inplace=inplace)
+        OUTCOME.watch(output, output + ".data", output + api.FAILED_SUFFIX)
         report = api.convert_file(
             input_path,
             None if inplace else output_path,
@@ -127,11 +128,11 @@ def verify_command(
         console = stderr_console(quiet)
         from onnx_conv2matmul.cli.render.verify import print_verification
 
-        options = build_verify_options(verify_kwargs, min_cosine, inputs)
-        if report_json is not None:
+        if report_json is not None:  # first: every error from here on ends in the report too
             check_report_target(report_json, inputs=[original, candidate], outputs=[], read=inputs)
             OUTCOME.report_requested(report_json)
         OUTCOME.watch(report_json)
+        options = build_verify_options(verify_kwargs, min_cosine, inputs)
         report = api.verify_files(original, candidate, options)
         print_verification(console, report.verification, cosine=cosine)
         emit_report(report, report_json)

@@ -251,6 +251,19 @@ def quantize_command(
     """
     OUTCOME.start(report_json_stdout, input_path, quiet=quiet)
     with handled_errors():
+        # The report's place first: from here on every error, a missing input or a bad option
+        # included, ends in the report file too.
+        read = files_read(inputs, validate, config)
+        for path, what in ((report_json, "report"), (save_config, "settings file")):
+            if path is not None:
+                check_report_target(path, inputs=[input_path], outputs=[output_path], what=what, read=read)
+        if report_json is not None and save_config is not None and _same_file(report_json, save_config):
+            raise click.UsageError(
+                f"--report-json and --save-config name the same file ({save_config}): one would overwrite"
+                " the other"
+            )
+        OUTCOME.watch(output_path, output_path + ".data", report_json, save_config)
+        OUTCOME.report_requested(report_json)
         quiet_onnxruntime()
         console = stderr_console(quiet)
         from onnx_conv2matmul.cli.render.quantize import print_quantize_report
@@ -309,19 +322,8 @@ def quantize_command(
             transposes = TransposeOptions(Prefer(prefer or ("size" if auto else "balanced")))
         check_input_path(input_path)
         v_options = build_verify_options(verify_kwargs, min_cosine, inputs)
-        read = files_read(inputs, validate, config)
         for written in (output_path, output_path + ".data"):
             check_not_read(written, read, what="output")
-        for path, what in ((report_json, "report"), (save_config, "settings file")):
-            if path is not None:
-                check_report_target(path, inputs=[input_path], outputs=[output_path], what=what, read=read)
-        if report_json is not None and save_config is not None and _same_file(report_json, save_config):
-            raise click.UsageError(
-                f"--report-json and --save-config name the same file ({save_config}): one would overwrite"
-                " the other"
-            )
-        OUTCOME.watch(output_path, output_path + ".data", report_json, save_config)
-        OUTCOME.report_requested(report_json)
         from onnx_conv2matmul import api
         from onnx_conv2matmul.files import load as _io
 

@@ -1,0 +1,56 @@
+"""A requested report is written on every exit path that can write one, errors included (issue 43,
+rule 4): the report's place is checked first, so a missing input, a missing ``--inputs`` file or an
+option that names nothing in the model still leaves the error object in the ``--report-json``
+file, by every command. (A value click cannot parse ends the run before the report's place is
+known: the error line alone says it.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from onnx_conv2matmul.cli.app import main
+
+DATA = Path(__file__).parent / "data"
+ENCODER = str(DATA / "conformer_small.onnx")
+
+
+def _args(command: str, model: str, tmp: Path) -> list[str]:
+    out = str(tmp / "o.onnx")
+    return {
+        "convert": ["convert", model, out, "--verify"],
+        "quantize": ["quantize", model, out, "--no-bench"],
+        "verify": ["verify", model, ENCODER],
+        "bench": ["bench", model],
+        "bundle": ["bundle", str(DATA / "parakeet_small") if model == ENCODER else model, str(tmp / "b")],
+    }[command]
+
+
+ERRORS = {
+    "a missing input": (lambda tmp: str(tmp / "missing.onnx"), [], "not"),
+    "a missing --inputs file": (lambda tmp: ENCODER, ["--inputs", "nowhere.npz"], "inputs file not found"),
+    "an option naming nothing in the model": (
+        lambda tmp: ENCODER,
+        ["--verify-dim", "nosuch=3"],
+        "unknown dim",
+    ),
+}
+
+
+@pytest.mark.parametrize("error", list(ERRORS))
+@pytest.mark.parametrize("command", ["convert", "quantize", "verify", "bench", "bundle"])
+def test_the_report_file_gets_the_error(tmp_path: Path, command: str, error: str) -> None:
+    model, extra, said = ERRORS[error]
+    if command in ("convert", "bench") and extra and extra[0] == "--inputs":
+        pytest.skip(f"{command} takes no --inputs")
+    report = tmp_path / "report.json"
+    result = CliRunner().invoke(
+        main, [*_args(command, model(tmp_path), tmp_path), *extra, "--report-json", str(report)]
+    )
+    assert result.exit_code == 2, result.output
+    data = json.loads(report.read_text())
+    assert data["return_code"] == 2 and data["command"] == command
+    assert said in data["error"], data["error"]
