@@ -12,7 +12,7 @@ import os
 import tempfile
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import onnx
 from google.protobuf.message import DecodeError
@@ -49,6 +49,21 @@ class LoadedModel:
     path: str
     external_files: list[str]
     total_bytes: int
+    linked_files: list[str] = dataclasses.field(default_factory=list)
+    """External data files named beside the model that are links into the store the model file
+    itself links into (a Hugging Face cache): read where they land (see :func:`build_model`).
+    The ONNX checker refuses such data, so :func:`load_input` does not run it on the input."""
+
+    @property
+    def linked_note(self) -> str | None:
+        """What the report says of linked data (None: there is none)."""
+        if not self.linked_files:
+            return None
+        return (
+            f"{len(self.linked_files)} external data file(s) of the input are links into the store"
+            " its .onnx links into (a Hugging Face cache): read where they land; the ONNX checker,"
+            " which refuses linked data, ran on the output only"
+        )
 
     @property
     def has_external_data(self) -> bool:
@@ -95,7 +110,9 @@ def build_model(proto: onnx.ModelProto, path: str) -> LoadedModel:
     base_dir = os.path.dirname(os.path.abspath(path))
     import onnx_ir as ir
 
-    from onnx_conv2matmul._graphs import is_external
+    from onnx_conv2matmul._graphs import is_external, tensor_holders
+
+    home = os.path.dirname(os.path.realpath(path)) if os.path.islink(path) else None
 
     _check_tensor_data(proto, path)
     try:
@@ -104,11 +121,19 @@ def build_model(proto: onnx.ModelProto, path: str) -> LoadedModel:
         raise InputError(f"not a valid ONNX model ({err.__class__.__name__}: {err}): {path}") from err
     del proto
     external: dict[str, int] = {}
-    for tensor in _iter_tensors(model):
+    linked: set[str] = set()
+    for holder in tensor_holders(model):
+        tensor = holder.get()
         if not is_external(tensor):
             continue
         tensor.base_dir = base_dir  # what ir.external_data.set_base_dir does, without its slow type checks
-        location = contained_location(base_dir, str(tensor.location))
+        location = contained_location(base_dir, str(tensor.location), home)
+        if location is not None and home is not None and os.path.dirname(location) == home != base_dir:
+            # A link into the model's store: read where it lands (onnx-ir reads no link that
+            # leaves the directory it is given).
+            linked.add(os.path.join(base_dir, str(tensor.location)))
+            tensor = _rehomed(tensor, location)
+            holder.set(tensor)
         if location is None:
             raise InputError(
                 f"external data location {str(tensor.location)!r} of tensor {tensor.name!r}"
@@ -135,7 +160,29 @@ def build_model(proto: onnx.ModelProto, path: str) -> LoadedModel:
                 f" take {nbytes}: {path}"
             )
     total = os.path.getsize(path) + sum(external.values())
-    return LoadedModel(model=model, path=path, external_files=sorted(external), total_bytes=total)
+    return LoadedModel(
+        model=model,
+        path=path,
+        external_files=sorted(external),
+        total_bytes=total,
+        linked_files=sorted(linked),
+    )
+
+
+def _rehomed(tensor: Any, real: str) -> Any:
+    """``tensor`` (an onnx-ir external tensor) read from the file ``real`` it reaches by a link."""
+    import onnx_ir as ir
+
+    return ir.ExternalTensor(
+        os.path.basename(real),
+        tensor.offset,
+        tensor.length,
+        tensor.dtype,
+        shape=tensor.shape,
+        name=tensor.name,
+        doc_string=tensor.doc_string,
+        base_dir=os.path.dirname(real),
+    )
 
 
 def _check_tensor_data(proto: onnx.ModelProto, path: str) -> None:
@@ -257,7 +304,10 @@ def load_input(
         if output is not None:
             output.protect(loaded.external_files)
     timings["load"] = time.perf_counter() - start
-    if run_checker:
+    # The ONNX checker refuses external data behind a link, wherever it lands: for such an input
+    # the loader's own checks (where each link lands, every tensor's bytes) stand, and the output
+    # is checked (see LoadedModel.linked_note).
+    if run_checker and not loaded.linked_files:
         progress.phase("Checking the input")
         start = time.perf_counter()
         try:

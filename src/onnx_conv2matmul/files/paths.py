@@ -21,8 +21,13 @@ def _normalize(path: str) -> str:
 
 
 @functools.lru_cache(maxsize=4096)
-def contained_location(base_dir: str, location: str) -> str | None:
+def contained_location(base_dir: str, location: str, home: str | None = None) -> str | None:
     """The normalized path of external data ``location`` if it lies inside ``base_dir``.
+
+    ``home``: the directory the model file itself lies in once its links are followed (None
+    when it is no link). A location that is a link there, landing in ``home`` too, gives the
+    real path it lands on: the model and its data are links into one store, as a Hugging Face
+    cache keeps them (``snapshots/REV/model.onnx`` -> ``../../blobs/HASH``).
 
     A location that is absolute or climbs out of the model's directory gives ``None``:
     copying it would put a file that is not the model's into the output. So does one
@@ -42,9 +47,14 @@ def contained_location(base_dir: str, location: str) -> str | None:
         return real if _inside(_realpath(base), real) else None
     if os.path.dirname(path) == base and not os.path.islink(path):
         return path  # a plain file in the model's directory (one lstat, not a realpath)
-    if not _inside(_realpath(base), os.path.realpath(path)):
-        return None
-    return path
+    real = os.path.realpath(path)
+    if _inside(_realpath(base), real):
+        return path
+    if home is not None and os.path.dirname(real) == _normalize(home) and os.path.islink(path):
+        # A link beside the model that lands beside the file the model's own link lands on: a
+        # store of content-addressed files (a Hugging Face cache's snapshots and blobs).
+        return real
+    return None
 
 
 @functools.lru_cache(maxsize=64)

@@ -87,11 +87,16 @@ def open_in_memory(
     values: list[Any] = []
     swapped: list[tuple[ir.Value, ir.TensorProtocol]] = []
     outputs = list(model.graph.outputs)
+    here = os.path.realpath(folder)
     try:
         for name, value in model.graph.initializers.items():
             tensor = value.const_value
-            if tensor is None or isinstance(tensor, ir.ExternalTensor) or tensor.nbytes < IN_MEMORY_MIN_BYTES:
+            if tensor is None or tensor.nbytes < IN_MEMORY_MIN_BYTES:
                 continue
+            if isinstance(tensor, ir.ExternalTensor) and os.path.realpath(str(tensor.base_dir)) == here:
+                continue  # read by onnxruntime from its file in ``folder``
+            # Made in memory, or in a file elsewhere (a link of the input's, read where it lands:
+            # memory-mapped, handed over as it lies).
             array = tensor.numpy()
             names.append(name)
             values.append(ort.OrtValue.ortvalue_from_numpy(array))

@@ -377,6 +377,8 @@ def _quantize_to(run: Run) -> None:
         plan.src, plan.dst, inplace=False, run_checker=plan.run_checker, progress=plan.progress, timings={}
     )
     run.output.protect(loaded.external_files)
+    if loaded.linked_note and loaded.linked_note not in report.warnings:
+        report.warnings.append(loaded.linked_note)
     modes = _output.file_modes(loaded.path, loaded.external_files)
     report.input_bytes = loaded.total_bytes
     if plan.verify.feeds is not None:
