@@ -77,3 +77,11 @@ def test_a_data_link_that_lands_outside_the_store_is_refused(tmp_path: Path) -> 
     result = CliRunner().invoke(main, [str(src), str(tmp_path / "out.onnx")])
     assert result.exit_code == 2 and "outside the model's directory" in result.output
     assert not (tmp_path / "out.onnx").exists()
+
+
+def test_inspect_reads_a_cache_snapshot(tmp_path: Path) -> None:
+    src = _store(tmp_path)
+    result = CliRunner().invoke(main, ["inspect", str(src), "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output[result.output.index("{") :])
+    assert data["checker"] == "skipped" and data["files"]["external_data"] is True

@@ -55,6 +55,11 @@ class LoadedModel:
     The ONNX checker refuses such data, so :func:`load_input` does not run it on the input."""
 
     @property
+    def checker_applies(self) -> bool:
+        """Whether the ONNX checker can check the input (it refuses linked data, wherever it lands)."""
+        return not self.linked_files
+
+    @property
     def linked_note(self) -> str | None:
         """What the report says of linked data (None: there is none)."""
         if not self.linked_files:
@@ -307,7 +312,7 @@ def load_input(
     # The ONNX checker refuses external data behind a link, wherever it lands: for such an input
     # the loader's own checks (where each link lands, every tensor's bytes) stand, and the output
     # is checked (see LoadedModel.linked_note).
-    if run_checker and not loaded.linked_files:
+    if run_checker and loaded.checker_applies:
         progress.phase("Checking the input")
         start = time.perf_counter()
         try:

@@ -68,7 +68,7 @@ def inspect_file(
     before = ir.serde.deserialize_model(proto)  # shares the tensors of ``proto``: no copy
     del proto
     checker = "skipped"
-    if run_checker:
+    if run_checker and loaded.checker_applies:
         try:
             _io.run_checker(src, "the input")
         except CheckerError as err:
