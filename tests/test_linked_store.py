@@ -85,3 +85,20 @@ def test_inspect_reads_a_cache_snapshot(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     data = json.loads(result.output[result.output.index("{") :])
     assert data["checker"] == "skipped" and data["files"]["external_data"] is True
+
+
+def test_bundle_reads_a_release_folder_kept_as_links(tmp_path: Path) -> None:
+    """The speech release folder as a cache snapshot: every file a link into blobs/."""
+    blobs, snapshot = tmp_path / "blobs", tmp_path / "snapshot"
+    blobs.mkdir()
+    snapshot.mkdir()
+    for source in sorted((Path(__file__).parent / "data" / "parakeet_small").iterdir()):
+        data = source.read_bytes()
+        blob = blobs / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        (snapshot / source.name).symlink_to(Path("../blobs") / blob.name)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["bundle", str(snapshot), str(out), "-q"])
+    assert result.exit_code == 0, result.output
+    assert (out / "encoder-model.int4.onnx").is_file() and (out / "vocab.txt").is_file()
+    assert not any(p.is_symlink() for p in out.iterdir())

@@ -91,10 +91,13 @@ def open_in_memory(
     try:
         for name, value in model.graph.initializers.items():
             tensor = value.const_value
-            if tensor is None or tensor.nbytes < IN_MEMORY_MIN_BYTES:
+            if tensor is None:
                 continue
-            if isinstance(tensor, ir.ExternalTensor) and os.path.realpath(str(tensor.base_dir)) == here:
-                continue  # read by onnxruntime from its file in ``folder``
+            if isinstance(tensor, ir.ExternalTensor):
+                if os.path.realpath(str(tensor.base_dir)) == here:
+                    continue  # read by onnxruntime from its file in ``folder``
+            elif tensor.nbytes < IN_MEMORY_MIN_BYTES:
+                continue  # small: serialized with the graph
             # Made in memory, or in a file elsewhere (a link of the input's, read where it lands:
             # memory-mapped, handed over as it lies).
             array = tensor.numpy()
