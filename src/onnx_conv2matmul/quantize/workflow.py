@@ -21,7 +21,6 @@ from onnx_conv2matmul.quantize import onepass
 from onnx_conv2matmul.quantize.check_publish import check_and_publish, publish_made
 from onnx_conv2matmul.quantize.int8_step import check_int8_dynamic, int8_staged
 from onnx_conv2matmul.quantize.nbits import quantize_matmul_nbits
-from onnx_conv2matmul.quantize.options import search_below_by_default
 from onnx_conv2matmul.quantize.plan import DEFAULT_MIN_COSINE as DEFAULT_MIN_COSINE
 from onnx_conv2matmul.quantize.plan import QuantizePlan, Request, Run, peak_rss_bytes, resolve, wants_smallest
 from onnx_conv2matmul.quantize.projection import weight_stats
@@ -34,13 +33,13 @@ from onnx_conv2matmul.quantize.run_report import (
     worst_cosine,
 )
 from onnx_conv2matmul.quantize.search_options import AutoOptions
+from onnx_conv2matmul.quantize.step_back import KeptOpen, chooses, record_step, step_back_cosine
 from onnx_conv2matmul.rewrite.passes import rewrite_model
 from onnx_conv2matmul.verify.check import check_feeds_for_graph
 
 if TYPE_CHECKING:
     import onnx_ir as ir
 
-    from onnx_conv2matmul.files.progress import Progress
     from onnx_conv2matmul.quantize.trade import TransposeTrade
     from onnx_conv2matmul.quantize.transposes import Made
     from onnx_conv2matmul.rewrite.options import ConvertOptions
@@ -91,11 +90,11 @@ def quantize_file(
     request = request or Request()
     progress, top = request.progress, not request.candidate
     if top and progress is not None:  # one progress for every attempt, closed once
-        request = dataclasses.replace(request, progress=_KeptOpen(progress))
+        request = dataclasses.replace(request, progress=KeptOpen(progress))
     try:
         report = _quantize_once(input_path, output_path, request)
         by_phase = dict(report.seconds_by_phase)
-        while top and _chooses(request) and (cosine := step_back_cosine(report)) is not None:
+        while top and chooses(request) and (cosine := step_back_cosine(report)) is not None:
             from onnx_conv2matmul.errors import TargetUnreachable
 
             missed = report
@@ -107,99 +106,13 @@ def quantize_file(
                 break
             for phase, seconds in report.seconds_by_phase.items():
                 by_phase[phase] = round(by_phase.get(phase, 0.0) + seconds, 3)
-            _record_step(report, missed)
+            record_step(report, missed)
     finally:
         if top and progress is not None:
             progress.close()
     report.seconds = time.perf_counter() - started
     report.seconds_by_phase = by_phase
     return report
-
-
-MAX_STEP_BACKS = 2
-"""Runs made again after a held-out miss, each choosing with a stricter minimum cosine."""
-STEP_BACK_SHARE = 0.9
-"""A step back aims the held-out samples' loss at this share of one that passes (a margin)."""
-MIN_STEP_BACK_LOSS = 1e-6
-"""A step back that would allow less cosine loss than this asks for float: the run fails instead."""
-
-
-def step_back_cosine(report: QuantizeReport) -> float | None:
-    """The minimum cosine the next run's choices must meet on the samples they see, after the
-    result met the criterion there and missed it on the held-out ones; None: no step back (the
-    held-out samples passed or were not checked, :data:`MAX_STEP_BACKS` were made, or only float
-    would do).
-
-    The held-out samples' loss (one minus their worst cosine) is aimed at a share
-    (:data:`STEP_BACK_SHARE`) of one that would have passed: the criterion's, or, when their labels
-    moved, the loss at which they moved. The samples the run chooses on are asked for that aim
-    times the ratio of their loss to the held-out samples' in the result that missed, and at least
-    half the loss allowed before."""
-    held = report.accuracy.get("held_out") or {}
-    criterion = report.accuracy.get("min_cosine")
-    if held.get("passed") is not False or criterion is None or len(held.get("steps") or []) >= MAX_STEP_BACKS:
-        return None
-    verification = report.verification
-    chosen = verification.worst_cosine if verification is not None else None
-    asked = held.get("chosen_with_min_cosine") or criterion
-    allowed = (1.0 - asked) / 2
-    worst = held.get("worst_cosine")
-    if worst is not None and chosen is not None and worst < 1.0:
-        aim = 1.0 - criterion
-        if any(not t["passed"] for t in held.get("labels") or []):
-            aim = min(aim, 1.0 - worst)
-        allowed = min(allowed, STEP_BACK_SHARE * aim * (1.0 - chosen) / (1.0 - worst))
-    if allowed <= MIN_STEP_BACK_LOSS:
-        return None
-    return round(1.0 - float(allowed), 8)
-
-
-def _chooses(request: Request) -> bool:
-    """Whether the run chooses its settings against the criterion (``--auto``, or the one pass and
-    the search below it): only then can a stricter aim give another model."""
-    if request.auto is not None:
-        return True
-    if request.search_below is not None:
-        return request.search_below and not request.int8
-    return search_below_by_default(
-        settings_given=request.quantize is not None, auto=False, int8_dynamic=request.int8
-    )
-
-
-def _record_step(report: QuantizeReport, missed: QuantizeReport) -> None:
-    """The held-out miss of ``missed`` as a step of ``report``'s, and a warning that says so."""
-    held, before = report.accuracy.get("held_out"), missed.accuracy.get("held_out") or {}
-    if not held:
-        return
-    step = {
-        "chosen_with_min_cosine": before.get("chosen_with_min_cosine") or missed.accuracy.get("min_cosine"),
-        "worst_cosine": before.get("worst_cosine"),
-        "labels": before.get("labels") or [],
-        "note": before.get("note"),
-    }
-    held["steps"] = [*(before.get("steps") or []), step]
-    if report.passed:
-        report.warnings.append(
-            f"the result chosen with a minimum cosine of {step['chosen_with_min_cosine']:g}"
-            f" {before.get('note')}: the run stepped back and chose with"
-            f" {held['chosen_with_min_cosine']:g} on those samples, which the held-out ones meet"
-        )
-
-
-class _KeptOpen:
-    """A progress whose ``close`` waits for the last attempt of a run (the step backs reuse it)."""
-
-    def __init__(self, inner: Progress) -> None:
-        self.inner = inner
-
-    def phase(self, name: str) -> None:
-        self.inner.phase(name)
-
-    def advance(self, done: int, total: int) -> None:
-        self.inner.advance(done, total)
-
-    def close(self) -> None:
-        pass
 
 
 def _quantize_once(
