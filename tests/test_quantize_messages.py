@@ -163,3 +163,34 @@ def test_a_model_onnxruntime_cannot_load_gets_no_hint_about_inputs(tmp_path: Pat
     code, stderr = _invoke("verify", path, path)
     assert code == 2 and "onnxruntime cannot load the original model" in stderr, stderr
     assert "--verify" not in stderr, stderr
+
+
+def test_an_integer_output_that_decides_is_named(tmp_path: Path) -> None:
+    """Ids computed from floats (``ArgMax`` of a MatMul's logits) as the only output: before, the
+    default run ended as an internal error (exit 3) formatting a cosine there was none of; the
+    summary now names the output and the agreement that kept every layer in float, and does not
+    blame include or exclude patterns nobody gave."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.random.default_rng(0).standard_normal((64, 256)).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["logits"]),
+            helper.make_node("ArgMax", ["logits"], ["ids"], axis=-1, keepdims=0),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "T", 64])],
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["N", "T"])],
+        [numpy_helper.from_array(w, "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "ids.onnx")
+    code, stderr = _invoke("quantize", tmp_path / "ids.onnx", tmp_path / "q.onnx", "--no-bench")
+    assert code == 0, stderr
+    first = next(line for line in stderr.splitlines() if line.strip())
+    assert (
+        first.startswith("nothing quantized: the accuracy criterion (ids at length") and "agreement" in first
+    )
+    assert "include and exclude patterns" not in stderr and "every layer in float" in " ".join(stderr.split())

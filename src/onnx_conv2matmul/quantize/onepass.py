@@ -92,6 +92,8 @@ class OnePass:
     chosen: _build.Candidate | None = None
     checked: _check.Checked | None = None
     decision: _decide.Decision | None = None
+    first_failure: str = ""
+    """The first candidate's failure in words (the uniform settings'), when it missed."""
 
     def execute(self, modes: tuple[int, int]) -> bool:
         """Run the stages into ``run.output``; False when the criterion was not met by any
@@ -140,6 +142,8 @@ class OnePass:
             checked = _check.check(session, self.measurement.reference, plan.verify, statistics)
         finally:
             del session
+        if not self.candidates:
+            self.first_failure = checked.failure
         self.candidates.append(
             {
                 "candidate": label,
@@ -227,13 +231,16 @@ class OnePass:
         report.excluded = result.excluded
         report.settings = result.settings
         report.other_weights = chosen.other_weights
-        report.warnings.extend(nbits_warnings(result, chosen.options))
+        report.warnings.extend(nbits_warnings(result, chosen.options, decided=self.decision is not None))
         if self.decision is not None:
             first = self.candidates[0]
-            below = f"worst cosine {first['worst_cosine']:.4f} < {plan.verify.min_cosine:g}"
-            if first["worst_cosine"] is not None and first["worst_cosine"] >= plan.verify.min_cosine:
+            worst, floor = first["worst_cosine"], plan.verify.min_cosine
+            if worst is not None and floor is not None and worst < floor:
+                below = f"worst cosine {worst:.4f} < {floor:g}"
+            else:  # the labels, or an output judged another way (integer ids: agreement)
                 below = next(
-                    (_labels_text(t) for t in first["labels"] if not t["passed"]), "the labels moved"
+                    (_labels_text(t) for t in first["labels"] if not t["passed"]),
+                    self.first_failure or "the check failed",
                 )
             report.accuracy["fallback"] = {
                 "reason": below,
@@ -242,6 +249,7 @@ class OnePass:
                 "score": None,
             }
             counts = ", ".join(f"{n} {label}" for label, n in self.decision.counts.items())
+            counts = counts or "every layer in float"
             report.warnings.append(
                 f"the settings asked for fell below the accuracy criterion ({below}): per-layer"
                 f" settings chosen from predicted sensitivity meet it instead ({counts})"

@@ -82,14 +82,16 @@ def why_unchanged(
         options,
         searched=report.auto is not None or report.accuracy.get("fallback") is not None,
         min_cosine=verify.min_cosine,
+        missed=(report.accuracy.get("fallback") or {}).get("reason"),
     )
 
 
-def nbits_warnings(result: NBitsResult, options: QuantizeOptions) -> list[str]:
+def nbits_warnings(result: NBitsResult, options: QuantizeOptions, *, decided: bool = False) -> list[str]:
     """What the user should know from the quantizer's record: patterns or node names that matched
-    nothing, MatMuls left in float and why."""
+    nothing, MatMuls left in float and why. ``decided``: the settings were chosen for the accuracy
+    criterion (their patterns are the tool's, not the user's)."""
     warnings = []
-    if result.quantized == 0 and (options.include or options.exclude) and not options.nodes:
+    if result.quantized == 0 and (options.include or options.exclude) and not options.nodes and not decided:
         warnings.append(
             "no MatMul was quantized: check the include and exclude patterns against the node names"
         )

@@ -88,6 +88,7 @@ def why_unchanged(
     *,
     searched: bool,
     min_cosine: float | None,
+    missed: str | None = None,
 ) -> Unchanged | None:
     """The reason ``result`` quantized nothing (None when it quantized something).
 
@@ -99,6 +100,8 @@ def why_unchanged(
         options: The settings it had (their include and exclude patterns).
         searched: Whether the settings came from the search for the accuracy criterion.
         min_cosine: That criterion, for the message.
+        missed: What the settings asked for missed, when known (the output and the figure that
+            decided), for the message.
     """
     if result.quantized:
         return None
@@ -106,6 +109,8 @@ def why_unchanged(
     quantizable = rewritten.quantizable_matmuls
     if searched and quantizable:
         floor = f" (every sample's cosine >= {min_cosine:g})" if min_cosine is not None else ""
+        if missed:
+            floor = f" ({missed})"
         return Unchanged(
             Cause.ACCURACY_FLOOR,
             rewritten.share,
