@@ -31,6 +31,7 @@ CASES = [
         " of rank 0 or 1 (the model's integer inputs of that rank: length)",
     ),
     ("--verify-signal-input-name", "nosuch", "unknown signal input 'nosuch'"),
+    ("--verify-input", "length=1.5", "input 'length' is int64 of rank 1: 1.5 is not a whole number"),
 ]
 
 

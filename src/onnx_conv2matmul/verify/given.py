@@ -215,6 +215,10 @@ def check_names(specs: Sequence[InputSpec], options: VerifyOptions) -> None:
         if name is not None and name not in inputs:
             problems.append(f"unknown {role} input {name!r} {known_inputs}")
     by_name = {spec.name: spec for spec in specs}
+    for name, value in options.inputs.items():
+        spec = by_name.get(name)
+        if spec is not None and np.issubdtype(spec.dtype, np.integer) and float(value) != int(float(value)):
+            problems.append(f"input {name!r} is {_kind(spec)}: {value:g} is not a whole number")
     signal = by_name.get(options.signal_input or "")
     if signal is not None and not (np.issubdtype(signal.dtype, np.floating) and len(signal.shape) >= 1):
         floats = [spec.name for spec in specs if np.issubdtype(spec.dtype, np.floating) and spec.shape]
