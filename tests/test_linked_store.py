@@ -102,3 +102,15 @@ def test_bundle_reads_a_release_folder_kept_as_links(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert (out / "encoder-model.int4.onnx").is_file() and (out / "vocab.txt").is_file()
     assert not any(p.is_symlink() for p in out.iterdir())
+
+
+@pytest.mark.parametrize("command", ["verify", "bench"])
+def test_verify_and_bench_read_a_cache_snapshot(tmp_path: Path, command: str) -> None:
+    src = str(_store(tmp_path))
+    args = (
+        ["verify", src, src]
+        if command == "verify"
+        else ["bench", src, "--bench-rounds", "3", "--bench-lengths", "16"]
+    )
+    result = CliRunner().invoke(main, [*args, "-q"])
+    assert result.exit_code == 0, result.output

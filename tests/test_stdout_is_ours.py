@@ -58,10 +58,11 @@ def _commands(tmp: Path) -> dict[str, list[str]]:
         "quantize": ["quantize", ENCODER, str(tmp / "q.onnx"), "--no-bench"],
         "inspect": ["inspect", ENCODER],
         "bench": ["bench", ENCODER, "--bench-rounds", "3", "--bench-lengths", "16"],
+        "bundle": ["bundle", str(DATA / "parakeet_small"), str(tmp / "b"), "--no-bench"],
     }
 
 
-@pytest.mark.parametrize("command", ["convert", "verify", "quantize", "inspect", "bench"])
+@pytest.mark.parametrize("command", ["convert", "verify", "quantize", "inspect", "bench", "bundle"])
 def test_stdout_holds_one_json_object_whatever_else_writes_there(tmp_path: Path, command: str) -> None:
     result = _run(*_commands(tmp_path)[command], "--report-json-stdout")
     assert result.returncode == 0, result.stderr
@@ -71,7 +72,7 @@ def test_stdout_holds_one_json_object_whatever_else_writes_there(tmp_path: Path,
     assert "noise: straight to descriptor 1" in result.stderr
 
 
-@pytest.mark.parametrize("command", ["convert", "verify", "quantize", "inspect", "bench"])
+@pytest.mark.parametrize("command", ["convert", "verify", "quantize", "inspect", "bench", "bundle"])
 def test_quiet_leaves_stdout_empty(tmp_path: Path, command: str) -> None:
     result = _run(*_commands(tmp_path)[command], "-q")
     assert result.returncode == 0, result.stderr
