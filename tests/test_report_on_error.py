@@ -1,8 +1,9 @@
 """A requested report is written on every exit path that can write one, errors included (issue 43,
 rule 4): the report's place is checked first, so a missing input, a missing ``--inputs`` file or an
 option that names nothing in the model still leaves the error object in the ``--report-json``
-file, by every command. (A value click cannot parse ends the run before the report's place is
-known: the error line alone says it.)"""
+file, by every command. A value the command line cannot parse ends the run before the report's
+place could be checked: the error object is written there only where that cannot hurt (no file
+yet, or one of this tool's reports) and no other argument names the path."""
 
 from __future__ import annotations
 
@@ -54,3 +55,17 @@ def test_the_report_file_gets_the_error(tmp_path: Path, command: str, error: str
     data = json.loads(report.read_text())
     assert data["return_code"] == 2 and data["command"] == command
     assert said in data["error"], data["error"]
+
+
+def test_a_parse_error_never_writes_over_a_file_that_is_not_a_report(tmp_path: Path) -> None:
+    model = tmp_path / "m.onnx"
+    model.write_bytes(Path(ENCODER).read_bytes())
+    before = model.read_bytes()
+    # The report path is the model itself, or the output: nothing is written there.
+    for args in (
+        ["quantize", ENCODER, str(tmp_path / "o.onnx"), "--report-json", str(model)],
+        ["quantize", ENCODER, str(tmp_path / "o.json"), "--report-json", str(tmp_path / "o.json")],
+    ):
+        result = CliRunner().invoke(main, [*args, "--bits", "3"])
+        assert result.exit_code == 2
+    assert model.read_bytes() == before and not (tmp_path / "o.json").exists()

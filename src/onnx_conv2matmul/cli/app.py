@@ -35,7 +35,8 @@ class _DefaultGroup(click.Group):
     def main(self, args: Sequence[str] | None = None, *rest: Any, **kwargs: Any) -> Any:
         from onnx_conv2matmul.files.publish import interruptions_deferred_by
 
-        OUTCOME.reset(json_stdout=signals.asks_for_json(sys.argv[1:] if args is None else list(args)))
+        argv = sys.argv[1:] if args is None else list(args)
+        OUTCOME.reset(json_stdout=signals.asks_for_json(argv), argv=argv)
         try:
             with interruptions_deferred_by(signals.held):
                 return super().main(args, *rest, **kwargs)

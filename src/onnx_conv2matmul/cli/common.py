@@ -8,7 +8,7 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, NoReturn, TextIO
 
@@ -79,9 +79,11 @@ class Outcome:
         self.stdout: TextIO = sys.stdout
         self.reset(json_stdout=False)
 
-    def reset(self, *, json_stdout: bool) -> None:
+    def reset(self, *, json_stdout: bool, argv: Sequence[str] = ()) -> None:
         """Start a run (``main`` may be called more than once in one process, as tests do)."""
         self.json_stdout = json_stdout
+        self.argv = list(argv)
+        self.unparsed = False  # the command line could not be parsed (click's usage error)
         self.command: str | None = None
         self.inputs: str | list[str] | None = None
         self.error: str | None = None
@@ -163,12 +165,40 @@ class Outcome:
         error = self.error or self.failure or f"exit code {code}"
         with contextlib.suppress(OSError):  # a closed pipe: nothing more to say
             self.print_error_json(code, error)
-        if self.report_path is not None and not self._report_written:
+        path = self.report_path if self.report_path is not None else self._unparsed_report(code)
+        if path is not None and not self._report_written:
             from onnx_conv2matmul.files import load as _io
 
             # A closed or broken path: the error line already says what went wrong.
             with contextlib.suppress(OSError), self.undiverted():
-                _io.write_text_atomic(self.report_path, self.error_json(code, error) + "\n")
+                _io.write_text_atomic(path, self.error_json(code, error) + "\n")
+
+    def _unparsed_report(self, code: int) -> str | None:
+        """On a usage error the command line was not parsed, so the report's place was never
+        checked: the ``--report-json`` path given, only where writing cannot hurt (no file there
+        yet, or one of this tool's reports) and no other argument names it."""
+        if code != ExitCode.USAGE or not self.unparsed:
+            return None
+        argv = self.argv[: self.argv.index("--")] if "--" in self.argv else self.argv
+        path = None
+        for index, token in enumerate(argv):
+            if token == "--report-json" and index + 1 < len(argv):
+                path = argv[index + 1]
+            elif token.startswith("--report-json="):
+                path = token.split("=", 1)[1]
+        if not path or path.startswith("-") or argv.count(path) > 1:
+            return None
+        if os.path.lexists(path):
+            try:
+                if os.path.islink(path) or not os.path.isfile(path) or os.path.getsize(path) > 2**20:
+                    return None
+                with open(path, encoding="utf-8") as handle:
+                    previous = json.load(handle)
+            except (OSError, ValueError):
+                return None
+            if not isinstance(previous, dict) or previous.get("tool") != "onnx-conv2matmul":
+                return None
+        return path
 
 
 OUTCOME = Outcome()
@@ -224,6 +254,7 @@ def handled_errors(*, click_shows_usage: bool = False) -> Iterator[None]:
     except click.ClickException as err:
         if click_shows_usage:
             OUTCOME.error = err.format_message()
+            OUTCOME.unparsed = True
             raise
         fail(err.format_message(), ExitCode.USAGE)
     except OptionConflict as err:
