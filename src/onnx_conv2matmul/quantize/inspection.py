@@ -96,6 +96,10 @@ def inspect_model(
     ``projection.model_bytes`` is left to the caller (the files' size); until it is set,
     it is the tensors' bytes.
     """
+    from onnx_conv2matmul.quantize.coverage import coverage, weight_kinds
+    from onnx_conv2matmul.quantize.projection import quantizable_matmuls
+
+    kinds = weight_kinds(before)
     index = _nodes_by_key(before)
     rewrite = ConvToMatMulPass(options)
     rewrite(model)
@@ -106,7 +110,9 @@ def inspect_model(
     _fill_transposes(nodes, [node for _, node in found])
     projection = nbits_projection(before, model, quantize_options)
     projection.model_bytes = projection.tensor_bytes
-    return InspectReport(input_path="", rewrite=report, nodes=nodes, projection=projection)
+    takes = [node.name for _, node, _ in quantizable_matmuls(model) if node.name]
+    could = coverage(kinds, report.entries, takes)
+    return InspectReport(input_path="", rewrite=report, nodes=nodes, projection=projection, coverage=could)
 
 
 def _nodes_by_key(model: ir.Model) -> dict[_Key, list[ir.Node]]:

@@ -42,6 +42,11 @@ class QuantizeReport(CommandReport):
     settings: dict[str, NodeSetting] = dataclasses.field(default_factory=dict)
     weights_without_rewrite: WeightStats | None = None
     weights_with_rewrite: WeightStats | None = None
+    weight_kinds: Any = None
+    """The original's float weights by kind (``quantize.coverage.WeightKinds``), read before the rewrite."""
+    coverage: dict[str, Any] | None = None
+    """The share of the original's float weight bytes stored quantized, by kind (see
+    :mod:`onnx_conv2matmul.quantize.coverage`); None for int8 dynamic quantization."""
     input_bytes: int = 0
     output_bytes: int = 0
     external_data: bool = False
@@ -160,6 +165,7 @@ class QuantizeReport(CommandReport):
             "accuracy": self.accuracy or None,
             "unchanged": None if self.unchanged is None else self.unchanged.to_dict(),
             "transposes": None if self.transposes is None else self.transposes.to_dict(),
+            "coverage": self.coverage,
         }
 
 
@@ -270,6 +276,9 @@ class InspectReport(CommandReport):
     projection: NBitsProjection
     external_data: bool = False
     checker: str | None = None
+    coverage: dict[str, Any] | None = None
+    """The share of the float weight bytes MatMulNBits could take after the rewrite, by kind (see
+    :mod:`onnx_conv2matmul.quantize.coverage`): what ``quantize`` reports as stored quantized."""
 
     @property
     def return_code(self) -> int:
@@ -292,4 +301,5 @@ class InspectReport(CommandReport):
             "totals": self.rewrite.totals(),
             "convs": [node.to_dict() for node in self.nodes],
             "projection": self.projection.to_dict(),
+            "coverage": self.coverage,
         }

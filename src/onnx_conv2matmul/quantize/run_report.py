@@ -4,7 +4,8 @@ measured in a few words, and the warnings and reasons the MatMulNBits quantizer'
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from onnx_conv2matmul.quantize.report import QuantizeReport
 
@@ -108,3 +109,15 @@ def nbits_warnings(result: NBitsResult, options: QuantizeOptions, *, decided: bo
     for why, left in reasons.items():
         warnings.append(f"{len(left)} MatMul(s) left in float ({why}): {', '.join(left[:5])}")
     return warnings
+
+
+def coverage_of(report: QuantizeReport, entries: Sequence[Any]) -> dict[str, Any] | None:
+    """The report's ``coverage`` (see :mod:`onnx_conv2matmul.quantize.coverage`) from what the run
+    quantized: the MatMuls it made MatMulNBits and the other weights it stored as int8."""
+    from onnx_conv2matmul.quantize.coverage import coverage
+
+    if report.weight_kinds is None:
+        return None
+    quantized = [name for name, setting in report.settings.items() if setting.bits is not None]
+    stored = report.other_weights.stored if report.other_weights is not None else []
+    return coverage(report.weight_kinds, entries, quantized, {t.name: t.bytes_before for t in stored})

@@ -19,6 +19,7 @@ from onnx_conv2matmul.files import output as _output
 from onnx_conv2matmul.files.load import LoadedModel, load_input
 from onnx_conv2matmul.quantize import onepass
 from onnx_conv2matmul.quantize.check_publish import check_and_publish, publish_made
+from onnx_conv2matmul.quantize.coverage import weight_kinds
 from onnx_conv2matmul.quantize.int8_step import check_int8_dynamic, int8_staged
 from onnx_conv2matmul.quantize.nbits import quantize_matmul_nbits
 from onnx_conv2matmul.quantize.plan import DEFAULT_MIN_COSINE as DEFAULT_MIN_COSINE
@@ -27,6 +28,7 @@ from onnx_conv2matmul.quantize.projection import weight_stats
 from onnx_conv2matmul.quantize.report import QuantizeReport as QuantizeReport  # its home before report.py
 from onnx_conv2matmul.quantize.run_report import (
     below_text,
+    coverage_of,
     nbits_warnings,
     new_report,
     why_unchanged,
@@ -309,6 +311,7 @@ def _quantize_to(run: Run) -> None:
     if onepass.applies(run):
         del loaded  # each candidate is loaded again, its weights memory-mapped
         if onepass.OnePass(run, rewrite, external).execute(modes) or plan.request.candidate:
+            run.report.coverage = coverage_of(run.report, rewrite.entries)
             return
         # No candidate of the pass met the criterion: the search decides (as --auto does).
         run.report.warnings.append(
@@ -329,12 +332,15 @@ def _quantize_to(run: Run) -> None:
             del loaded
             report.peak_rss_quantize_bytes = peak_rss_bytes()
             check_and_publish(run, staged, stack, modes)
+    if not plan.int8:
+        run.report.coverage = coverage_of(run.report, rewrite.entries)
 
 
 def _rewrite(run: Run, model: ir.Model) -> ConvertReport:
     """Rewrite ``model`` in place; with kernel costs to choose from, choose the settings from them."""
     plan, report = run.plan, run.report
     report.weights_without_rewrite = weight_stats(model)
+    report.weight_kinds = weight_kinds(model)
     plan.progress.phase("Rewriting")
     rewrite = rewrite_model(model, plan.convert, for_quantization=True)
     report.rewrite = rewrite.totals()

@@ -71,6 +71,10 @@ def print_quantize_report(console: Console, report: QuantizeReport) -> None:
         if before and after:
             table.add_row("quantizable weight share without the rewrite", f"{before.share:.1%}")
             table.add_row("quantizable weight share with the rewrite", f"{after.share:.1%}")
+        if report.coverage is not None:
+            from onnx_conv2matmul.quantize.coverage import coverage_text
+
+            table.add_row("weights stored quantized, by kind", coverage_text(report.coverage))
     else:
         table.add_row("int8 dynamic nodes", str(report.quantized_nodes))
     if report.other_weights is not None:
