@@ -76,8 +76,9 @@ def weight_kinds(model: ir.Model) -> WeightKinds:
     for graph, _ in walk_graphs(model.graph):
         for node in graph:
             for index, value in enumerate(node.inputs):
-                if value is None or value.is_graph_input():
-                    continue
+                if value is None or (value.is_graph_input() and not value.is_initializer()):
+                    continue  # an input the caller feeds (an initializer listed as an input, as
+                    # exports of IR version 3 do, is a weight)
                 tensor = _constant(value)
                 if tensor is None:
                     continue
