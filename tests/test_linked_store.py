@@ -102,6 +102,14 @@ def test_bundle_reads_a_release_folder_kept_as_links(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert (out / "encoder-model.int4.onnx").is_file() and (out / "vocab.txt").is_file()
     assert not any(p.is_symlink() for p in out.iterdir())
+    # Reports name what the user named (issue 43, rule 4): the folder published, not the hidden
+    # staging folder the bundle was written in.
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["input"] == str(out)
+    for report in out.glob("*.report.json"):
+        data = json.loads(report.read_text())
+        assert data["output"] == str(out / report.name.replace(".report.json", ".onnx"))
+        assert ".tmp" not in json.dumps(data), report.name
 
 
 @pytest.mark.parametrize("command", ["verify", "bench"])

@@ -191,8 +191,20 @@ def _min_cosine(report: QuantizeReport) -> float | None:
     return min(cosines) if cosines else None
 
 
-def _write_report(model_path: str, report: QuantizeReport) -> None:
-    _io.write_text_atomic(report_path_for(model_path), json.dumps(report.to_dict(), indent=2) + "\n")
+def _write_report(model_path: str, report: QuantizeReport, published: str, origin: str | None = None) -> None:
+    """The model's report beside it, naming where the model is published (``published``), not
+    the staging directory it was written in; ``origin``: the user's file it was made from, when
+    the input quantized was a part split from it in a scratch folder."""
+    data = report.to_dict()
+    shown = os.path.join(published, os.path.basename(model_path))
+    if data.get("output") is not None:
+        data["output"] = shown
+    verification = data.get("verification") or {}
+    if verification.get("candidate") is not None:
+        verification["candidate"] = shown
+    if origin is not None:
+        data["input"] = origin
+    _io.write_text_atomic(report_path_for(model_path), json.dumps(data, indent=2) + "\n")
 
 
 def _check_output_dir(path: str, source: str) -> None:
@@ -248,7 +260,7 @@ def build_bundle(
     logger.debug("bundle %s -> %s (%s), inputs %s", src, out, options.layout, used)
     with _publish.Destination(out) as destination:
         staging = destination.staging_dir()
-        _build_into(staging, destination.staging_dir(), source, facts, options, report, progress)
+        _build_into(staging, destination.staging_dir(), source, facts, options, report, progress, out)
         if report.passed:
             if os.path.isdir(out) and not os.path.islink(out):
                 record.refuse_unless_ours(out)  # again: the folder may have changed meanwhile
@@ -266,7 +278,10 @@ def _build_into(
     options: BundleOptions,
     report: BundleBuildReport,
     progress: Progress | None,
+    published: str,
 ) -> None:
+    """Build the bundle into ``staging``; ``published``: the folder it becomes (the reports and
+    the manifest name it)."""
     layout = options.layout
     bits = (options.quantize or QuantizeOptions()).bits
     roles = {role.name: role for role in layouts.ROLES[layout]}
@@ -288,21 +303,22 @@ def _build_into(
     report.models.append(_result("encoder", encoder_name, staging, encoder_report))
     if encoder_report.output_path is None:
         return
-    _write_report(os.path.join(staging, encoder_name), encoder_report)
+    _write_report(os.path.join(staging, encoder_name), encoder_report, published)
     if layout == layouts.ONNX_ASR:
         name = layouts.file_name(layout, roles["decoder_joint"], options.tag, bits)
-        _int8(source.decoder_joint, staging, name, "decoder_joint", options, report)
+        _int8(source.decoder_joint, staging, name, "decoder_joint", options, report, published)
         report.config = layouts.onnx_asr_config(source.config, facts)
         config_text = json.dumps(report.config, indent=4) + "\n"
         _io.write_text_atomic(os.path.join(staging, layouts.SOURCE_CONFIG), config_text)
     else:
         report.metadata = layouts.sherpa_metadata(facts)
         _publish.set_metadata(os.path.join(staging, encoder_name), report.metadata)
-        _split_and_quantize(source, staging, scratch, roles, options, report)
+        _split_and_quantize(source, staging, scratch, roles, options, report, published)
     _io.write_text_atomic(os.path.join(staging, layouts.vocab_file(layout)), source.vocab.text())
     if not report.passed:
         return
     listing = bundle_report(staging, manifest=True)
+    listing.directory = published  # the folder the user named, not the staging one
     manifest = json.dumps({**listing.to_dict(), record.KEY: record.record(staging)}, indent=2) + "\n"
     _io.write_text_atomic(os.path.join(staging, layouts.MANIFEST), manifest)
     owners = {}
@@ -331,7 +347,14 @@ def _result(role: str, name: str, staging: str, quantized: QuantizeReport) -> Bu
 
 
 def _int8(
-    source_path: str, staging: str, name: str, role: str, options: BundleOptions, report: BundleBuildReport
+    source_path: str,
+    staging: str,
+    name: str,
+    role: str,
+    options: BundleOptions,
+    report: BundleBuildReport,
+    published: str,
+    origin: str | None = None,
 ) -> None:
     quantized = quantize_file(
         source_path,
@@ -340,7 +363,7 @@ def _int8(
     )
     report.models.append(_result(role, name, staging, quantized))
     if quantized.output_path is not None:
-        _write_report(os.path.join(staging, name), quantized)
+        _write_report(os.path.join(staging, name), quantized, published, origin)
 
 
 def _split_and_quantize(
@@ -350,6 +373,7 @@ def _split_and_quantize(
     roles: dict[str, Role],
     options: BundleOptions,
     report: BundleBuildReport,
+    published: str,
 ) -> None:
     """Split decoder_joint into float models in ``scratch``, check them, quantize into ``staging``.
 
@@ -372,4 +396,4 @@ def _split_and_quantize(
         return
     for role in ("decoder", "joiner"):
         name = layouts.file_name(options.layout, roles[role], options.tag)
-        _int8(paths[role], staging, name, role, options, report)
+        _int8(paths[role], staging, name, role, options, report, published, origin=source.decoder_joint)
