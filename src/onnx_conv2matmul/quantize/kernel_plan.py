@@ -137,17 +137,17 @@ def plan_kernels(
         costs, layers, speed.block_sizes, speed.levels, bits=bits, min_gain=speed.min_gain
     )
     costs.save()
-    busy = ""
+    note = ""  # why the winner was not taken as timed, or how its second timing went
     if costs.busy and winner != 0:
         from onnx_conv2matmul.speed.machine import busy_text
 
         # Timings on a busy machine do not trade accuracy: the most accurate setting is kept.
         assert costs.waited is not None
-        busy = f"; {busy_text(costs.waited)}: the most accurate setting is kept, not the fastest timed"
+        note = f"; {busy_text(costs.waited)}: the most accurate setting is kept, not the fastest timed"
         winner = 0
     elif winner != 0 and costs.measured:
         confirmed, again = confirm_gain(costs, layers, ranked[0], ranked[winner], speed.min_gain)
-        busy = f"; {again}"
+        note = f"; {again}"
         if not confirmed:
             winner = 0
     best = ranked[winner]
@@ -163,7 +163,7 @@ def plan_kernels(
         f"block {best.kernel.block_size}, accuracy level {best.kernel.accuracy_level}: its MatMuls cost"
         f" {best.relative:.2f}x the float ones' at the model's weight shapes on this CPU{rows}"
         + (f" (against {others}; a later setting must be {speed.min_gain:.0%} faster)" if others else "")
-        + busy
+        + note
     )
     return KernelPlan(
         chosen, costs, layers, lengths, ranked, winner, floats, reason, time.perf_counter() - started

@@ -208,7 +208,7 @@ def decide(
     timed = [i for i, m in enumerate(made) if m is not None]
     if timing is not None and timed:
         from onnx_conv2matmul.speed.inputs import timing_inputs
-        from onnx_conv2matmul.speed.machine import BUSY_WAIT_SHARE, busy_text
+        from onnx_conv2matmul.speed.machine import busy_text, is_busy
         from onnx_conv2matmul.speed.timing import time_models
 
         progress("Timing both against the original")
@@ -224,7 +224,7 @@ def decide(
         for row, i in zip(result.models[1:], timed, strict=True):
             ratios = tuple(lat.ratio for lat in row.latencies if lat.ratio is not None)
             layouts[i] = dataclasses.replace(layouts[i], ratios=ratios)
-        if result.cpu_wait is not None and result.cpu_wait >= BUSY_WAIT_SHARE:
+        if result.cpu_wait is not None and is_busy(result.cpu_wait):
             # Timed on a busy machine: shown, but the layouts are weighed as if not timed (the
             # choice would flip with the load).
             busy = f"timed on a busy machine, not used ({busy_text(result.cpu_wait)})"

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from onnx_conv2matmul.speed.machine import BUSY_WAIT_SHARE, CpuWait
+from onnx_conv2matmul.speed.machine import CpuWait, is_busy
 from onnx_conv2matmul.speed.timing import Clock, SessionFactory, _default_clock, cpu_name, timed_session
 
 CACHE_VERSION = 1
@@ -186,7 +186,7 @@ class KernelCosts:
     def busy(self) -> bool:
         """Whether some timing of this object was taken on a busy machine (see
         :data:`~onnx_conv2matmul.speed.machine.BUSY_WAIT_SHARE`): its timings choose nothing."""
-        return self.waited is not None and self.waited >= BUSY_WAIT_SHARE
+        return is_busy(self.waited)
 
     def _time_rounds(
         self, todo: Sequence[Kernel], sessions: Sequence[Any], counts: Sequence[int], shape: tuple[int, int]

@@ -126,7 +126,13 @@ class CpuWait:
 
     @property
     def busy(self) -> bool:
-        return self.share is not None and self.share >= BUSY_WAIT_SHARE
+        return is_busy(self.share)
+
+
+def is_busy(share: float | None) -> bool:
+    """Whether timings taken while this process waited for a CPU ``share`` of its time were taken
+    on a busy machine (:data:`BUSY_WAIT_SHARE`; None: not known, so not busy). The rule's one place."""
+    return share is not None and share >= BUSY_WAIT_SHARE
 
 
 def busy_text(share: float) -> str:
