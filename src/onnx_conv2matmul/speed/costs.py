@@ -29,7 +29,14 @@ from typing import Any
 import numpy as np
 
 from onnx_conv2matmul.speed.machine import CpuWait, is_busy
-from onnx_conv2matmul.speed.timing import Clock, SessionFactory, _default_clock, cpu_name, timed_session
+from onnx_conv2matmul.speed.timing import (
+    REAL_CLOCK,
+    Clock,
+    SessionFactory,
+    _default_clock,
+    cpu_name,
+    timed_session,
+)
 
 CACHE_VERSION = 1
 DEFAULT_RUNS = 9
@@ -169,7 +176,7 @@ class KernelCosts:
                     file.write(kernel_model(k, n, kernel).SerializeToString())
                 session = self.session_factory(path, self.threads)
                 sessions.append((kernel, session, session.get_inputs()[0].name))
-            wait = CpuWait(enabled=self.clock is _default_clock)
+            wait = CpuWait(enabled=self.clock is REAL_CLOCK)
             with wait:
                 measured = self._time_rounds(todo, sessions, counts, (k, n))
             if wait.share is not None:

@@ -116,6 +116,12 @@ def _default_clock() -> float:
     return time.perf_counter()
 
 
+REAL_CLOCK = _default_clock
+"""The machine's clock as this module defines it, kept apart from ``_default_clock`` (which tests
+replace with fake clocks): only a timing on it says anything of the machine's load (see
+:class:`onnx_conv2matmul.speed.machine.CpuWait`)."""
+
+
 def default_lengths(specs: Sequence[InputSpec], synthesis: VerifyOptions) -> tuple[tuple[int, ...], str]:
     """The default bench lengths for a model's inputs, and the rule that chose them."""
     roles = dim_roles(specs, synthesis)
@@ -225,7 +231,7 @@ def time_models(
     models = [_Model(p, label, factory, options.threads) for p, label in zip(names, labels, strict=True)]
     lengths, rule = _prepare(models, baseline, options, synthesis, mode)
     samples: list[dict[int, list[float]]] = [{n: [] for n in lengths} for _ in models]
-    wait = CpuWait(enabled=clock is _default_clock)
+    wait = CpuWait(enabled=clock is REAL_CLOCK)
     try:
         with wait:
             if mode is Mode.TOGETHER:
