@@ -144,3 +144,31 @@ def test_a_busy_machine_weighs_the_layouts_as_untimed(
     assert "not used" in trade["timed_on"]
     assert all(model["latency_ratios"] for model in trade["models"])  # shown, not used
     assert _Loaded.share_seen >= BUSY_WAIT_SHARE
+
+
+def test_a_latency_timed_on_a_busy_machine_says_so_and_decides_nothing(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from click.testing import CliRunner
+
+    from onnx_conv2matmul.cli.app import main
+
+    monkeypatch.setattr(timing_module, "CpuWait", _Loaded)
+    encoder = Path(__file__).parent / "data" / "conformer_small.onnx"
+    report = tmp_path / "r.json"
+    args = [
+        "quantize",
+        str(encoder),
+        str(tmp_path / "q.onnx"),
+        "--bench-rounds",
+        "3",
+        "--report-json",
+        str(report),
+    ]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    data = json.loads(report.read_text())
+    assert data["latency"] is not None
+    busy = [w for w in data["warnings"] if "the latency was measured on a busy machine" in w]
+    assert busy and not any("the result is slower than the original" in w for w in data["warnings"])
+    assert data["kernel_choice"] is None  # no other level timed because of it

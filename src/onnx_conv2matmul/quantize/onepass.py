@@ -301,17 +301,25 @@ class OnePass:
 
     def _time(self, path: str) -> list[str]:
         """The result timed as the original was (same inputs and rounds) into the report's latency;
-        a warning per length it is measurably slower at."""
+        a warning per length it is measurably slower at. Timed on a busy machine, the latency is
+        kept with a warning that says so, and decides nothing (no other level is tried for it)."""
+        from onnx_conv2matmul.speed.machine import busy_text, is_busy
         from onnx_conv2matmul.speed.timing import time_models
 
         measurement = self.measurement
         assert measurement is not None and measurement.timing is not None
         assert measurement.timing_options is not None
-        result = time_models([path], measurement.timing_options, labels=["result"]).models[0]
+        timed = time_models([path], measurement.timing_options, labels=["result"])
         latency, slower = latency_section(
-            measurement.timing, result, measurement.timing_options, measurement.timing_rule
+            measurement.timing, timed.models[0], measurement.timing_options, measurement.timing_rule
         )
         self.run.report.latency = latency
+        if timed.cpu_wait is not None and is_busy(timed.cpu_wait):
+            self.run.report.warnings.append(
+                f"the latency was measured on a busy machine ({busy_text(timed.cpu_wait)}): its ratio"
+                " may not hold on a quiet one, and decided nothing"
+            )
+            return []
         return slower
 
 
