@@ -74,7 +74,7 @@ def quiet_machine(monkeypatch: pytest.MonkeyPatch) -> None:
 
     class Quiet(machine.CpuWait):
         def __exit__(self, *_: object) -> None:
-            self.share = 0.0
+            self.share, self.capacity = 0.0, 1.0
 
     monkeypatch.setattr(costs, "CpuWait", Quiet)
     monkeypatch.setattr(timing, "CpuWait", Quiet)

@@ -93,6 +93,9 @@ def test_coverage_follows_the_rewrite_to_the_matmul_it_made() -> None:
     assert by_kind["Gather"]["share"] == 1.0 and by_kind["other Conv"]["share"] == 0.0
     total = section["total"]
     assert total["quantized_bytes"] == 16384 + 2048 + 8192 + 6400
+    # mm1 and mm_shared read the same weight: quantized by both, it counts once.
+    shared = coverage(kinds, [], ["mm1", "mm_shared"])["by_kind"]["MatMul"]
+    assert shared["quantized_bytes"] == 16384 and shared["share"] == 0.5
     assert coverage_text(section).startswith(f"{total['share']:.0%} of ")
 
 

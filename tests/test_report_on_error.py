@@ -69,3 +69,14 @@ def test_a_parse_error_never_writes_over_a_file_that_is_not_a_report(tmp_path: P
         result = CliRunner().invoke(main, [*args, "--bits", "3"])
         assert result.exit_code == 2
     assert model.read_bytes() == before and not (tmp_path / "o.json").exists()
+
+
+def test_a_parse_error_never_writes_over_a_json_file_that_is_not_a_report(tmp_path: Path) -> None:
+    """The mark a bundle folder carries is JSON naming the tool too; it is not a report."""
+    mark = tmp_path / "mark.json"
+    mark.write_text('{"tool": "onnx-conv2matmul", "owned": true}')
+    before = mark.read_text()
+    result = CliRunner().invoke(
+        main, ["quantize", ENCODER, str(tmp_path / "o.onnx"), "--report-json", str(mark), "--bits", "3"]
+    )
+    assert result.exit_code == 2 and mark.read_text() == before

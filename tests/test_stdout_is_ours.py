@@ -104,3 +104,10 @@ def test_k_quant_progress_bars_stay_off_stdout_and_quiet_silences_them(tmp_path:
     shown = _run(*args, "--report-json-stdout")
     assert shown.returncode == 0 and json.loads(shown.stdout)["return_code"] == 0
     assert "Progress" in shown.stderr
+
+
+def test_quiet_silences_a_dependency_with_json_on_stdout_too(tmp_path: Path) -> None:
+    result = _run(*_commands(tmp_path)["quantize"], "-q", "--report-json-stdout")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["return_code"] == 0
+    assert "noise: a dependency prints" not in result.stderr

@@ -196,8 +196,9 @@ class Outcome:
                     previous = json.load(handle)
             except (OSError, ValueError):
                 return None
-            if not isinstance(previous, dict) or previous.get("tool") != "onnx-conv2matmul":
-                return None
+            report = isinstance(previous, dict) and previous.get("tool") == "onnx-conv2matmul"
+            if not report or "schema_version" not in previous or "return_code" not in previous:
+                return None  # not one of this tool's reports (its folder mark is JSON too)
         return path
 
 
@@ -245,10 +246,9 @@ def handled_errors(*, click_shows_usage: bool = False) -> Iterator[None]:
     prints the usage too.
     """
     try:
-        # With the JSON on stdout, whatever else a library prints there (onnxruntime's progress
-        # bars) goes to stderr: stdout carries the one object.
-        with contextlib.redirect_stdout(sys.stderr) if OUTCOME.json_stdout else contextlib.nullcontext():
-            yield
+        # Stdout is diverted while a command works (Outcome.divert): what a library prints there
+        # goes to stderr, or nowhere with -q.
+        yield
     except (click.exceptions.Exit, click.Abort):
         raise  # --help, --version: click ends the run
     except click.ClickException as err:

@@ -36,6 +36,8 @@ class WeightKinds:
 
     total: dict[str, int] = dataclasses.field(default_factory=lambda: dict.fromkeys(KINDS, 0))
     matmul_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
+    matmul_weight: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Per MatMul node name, which weight it reads (an id shared by the MatMuls that share it)."""
     tensor_kind: dict[str, tuple[str, int]] = dataclasses.field(default_factory=dict)
 
 
@@ -86,6 +88,7 @@ def weight_kinds(model: ir.Model) -> WeightKinds:
                 kind = _kind(node, index, tensor)
                 if kind == "MatMul" and node.name:
                     kinds.matmul_bytes[node.name] = nbytes
+                    kinds.matmul_weight[node.name] = id(tensor)
                 if id(tensor) in seen:
                     continue
                 seen.add(id(tensor))
@@ -116,13 +119,18 @@ def coverage(
             kind = "Gemm" if entry.op_type == "Gemm" else "pointwise Conv"
             made[entry.matmul] = (kind, int(entry.weight_bytes))
     done = dict.fromkeys(KINDS, 0)
+    counted: set[int] = set()  # a weight two quantized MatMuls share counts once
     for name in quantized:
         if name in made:
             kind, nbytes = made[name]
         elif name in kinds.matmul_bytes:
+            weight = kinds.matmul_weight.get(name, id(name))
+            if weight in counted:
+                continue
+            counted.add(weight)
             kind, nbytes = "MatMul", kinds.matmul_bytes[name]
         else:
-            continue  # a MatMul of the tool's own making with no weight of the original
+            continue  # a MatMul of the tool's own making, or one without a name in the original
         done[kind] += nbytes
     for name in int8_tensors or {}:
         if name in kinds.tensor_kind:

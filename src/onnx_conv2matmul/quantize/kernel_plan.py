@@ -89,7 +89,7 @@ class KernelPlan:
             "cache": self.costs.path,
             "measured": self.costs.measured,
             "from_cache": self.costs.from_cache,
-            "cpu_wait": None if self.costs.waited is None else round(self.costs.waited, 4),
+            "others_cpu_share": None if self.costs.waited is None else round(self.costs.waited, 4),
             "float_ms": list(self.floats),
             "candidates": [r.to_dict() for r in self.ranked],
             "winner": self.winner,

@@ -169,6 +169,9 @@ class Request:
     shared: Any = dataclasses.field(default=None, compare=False, repr=False)
     """The original's measurement shared by the runs of one Transposes' trade (a
     :class:`onnx_conv2matmul.quantize.onepass.Shared`): measured by the first, read by the second."""
+    nested: bool = False
+    """This run makes one model of another run's (a layout of the Transposes' trade): only the
+    outermost run steps back after a held-out miss."""
     step_back: float | None = None
     """After a held-out miss: the minimum cosine every choice of the run must meet on the samples
     it is made on, above the criterion's (the held-out samples are still judged by the criterion);
@@ -188,6 +191,7 @@ class Request:
             transposes=None,
             smallest=wants_smallest(self),
             shared=shared,
+            nested=True,
         )
 
 

@@ -90,7 +90,7 @@ def quantize_file(
     """
     started = time.perf_counter()
     request = request or Request()
-    progress, top = request.progress, not request.candidate
+    progress, top = request.progress, not (request.candidate or request.nested)
     if top and progress is not None:  # one progress for every attempt, closed once
         request = dataclasses.replace(request, progress=KeptOpen(progress))
     try:

@@ -131,10 +131,12 @@ class KernelCosts:
         self.measured = 0
         """Kernel timings made by this object (the others came from the cache)."""
         self.waited: float | None = None
-        """The largest share of time this process waited for a CPU while it timed a shape (see
-        :class:`~onnx_conv2matmul.speed.machine.CpuWait`); None: nothing timed, or not known."""
-        self._unsaved: set[str] = set()
-        """Timings taken on a busy machine: used by this run, never written to the cache."""
+        """The share of this process's CPUs other processes used while it timed, over all the
+        shapes it timed (see :class:`~onnx_conv2matmul.speed.machine.CpuWait`); None: nothing
+        timed, or not known."""
+        self._others = self._capacity = 0.0
+        self._timed: set[str] = set()
+        """The entries this object timed: not written to the cache when it timed them busy."""
         self.from_cache = 0
         if path is not None and read_cache:
             self.table.update(_read(path))
@@ -179,14 +181,15 @@ class KernelCosts:
             wait = CpuWait(enabled=self.clock is REAL_CLOCK)
             with wait:
                 measured = self._time_rounds(todo, sessions, counts, (k, n))
-            if wait.share is not None:
-                self.waited = max(self.waited or 0.0, wait.share)
+            if wait.share is not None and wait.capacity > 0:
+                self._others += wait.share * wait.capacity
+                self._capacity += wait.capacity
+                self.waited = self._others / self._capacity
             for key, value in measured.items():
                 if key not in self.table:
                     self.table[key] = value
                     self.measured += 1
-                    if wait.busy:
-                        self._unsaved.add(key)
+                    self._timed.add(key)
             del sessions
 
     @property
@@ -232,7 +235,8 @@ class KernelCosts:
         """Write the table to the cache file (no error when it cannot be written: a cache)."""
         if self.path is None:
             return
-        table = {key: value for key, value in self.table.items() if key not in self._unsaved}
+        # Timed on a busy machine (over all the shapes timed): used by this run, never kept.
+        table = {key: value for key, value in self.table.items() if not (self.busy and key in self._timed)}
         keep_cached(self.path, {"version": CACHE_VERSION, "costs": table}, indent=0, sort_keys=True)
 
 

@@ -192,7 +192,7 @@ class TimingReport:
     mode: Mode
     cpu: str
     cpu_wait: float | None = None
-    """The share of time this process waited for a CPU while it timed (see
+    """The share of this process's CPUs other processes used while it timed (see
     :class:`onnx_conv2matmul.speed.machine.CpuWait`); None: not known."""
 
     def header(self) -> dict[str, Any]:

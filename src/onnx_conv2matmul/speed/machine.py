@@ -71,58 +71,70 @@ def choose_mode(file_bytes: Sequence[int], budget_bytes: int | None) -> Mode:
 
 
 BUSY_WAIT_SHARE = 0.2
-"""Timings during which this process's threads waited for a CPU this share of their time or more
-were taken on a busy machine: they do not choose anything (see :class:`CpuWait`). A quiet 2-core
-machine measured 0-1% while one timed kernels; two busy loops beside it, 47-59%. Under such load a
-kernel that uses fewer threads looks faster than it is on a quiet machine (PP-OCRv4 rec's MatMuls
-measured 1.04-1.08x float's at block 128 level 4 instead of 1.52x), and a choice made on it flips
-with the load."""
+"""Timings during which other processes used this share or more of the CPUs this process may
+run on were taken on a busy machine: they do not choose anything (see :class:`CpuWait`). On a
+2-core VM, while kernels were timed: 2-3% quiet, 41-44% with one busy loop beside, 64-75% with
+two. Under such load a kernel that uses fewer threads looks faster than it is on a quiet machine
+(PP-OCRv4 rec's MatMuls measured 1.04-1.08x float's at block 128 level 4 instead of 1.52x), and a
+choice made on it flips with the load. (A thread's own run-queue wait is no such signal: on an
+idle VM, waking a halted virtual CPU shows as wait, 40-60% of a short kernel timing.)"""
 
 
-def _thread_times() -> dict[str, tuple[int, int]] | None:
-    """Per thread of this process: nanoseconds it ran and waited on a run queue so far (Linux's
-    ``/proc/self/task/*/schedstat``); None where the system does not say."""
+def _readings() -> tuple[float, float, int] | None:
+    """CPU seconds the CPUs this process may run on spent busy so far (``/proc/stat``, steal
+    included), CPU seconds this process used so far, and how many such CPUs; None where the
+    system does not say."""
     try:
-        tasks = os.listdir("/proc/self/task")
-    except OSError:
+        cpus = os.sched_getaffinity(0)
+        ticks = os.sysconf("SC_CLK_TCK")
+        busy = 0
+        with open("/proc/stat", encoding="ascii") as stat:
+            for line in stat:
+                name, *fields = line.split()
+                if not name.startswith("cpu") or name == "cpu" or int(name[3:]) not in cpus:
+                    continue
+                values = [int(v) for v in fields[:8]]
+                busy += sum(values) - values[3] - (values[4] if len(values) > 4 else 0)
+    except (AttributeError, OSError, ValueError):
         return None
-    found: dict[str, tuple[int, int]] = {}
-    for task in tasks:
-        with contextlib.suppress(OSError, ValueError), open(f"/proc/self/task/{task}/schedstat") as stat:
-            ran, waited, *_ = stat.read().split()
-            found[task] = (int(ran), int(waited))
-    return found or None
+    own = os.times()
+    return busy / ticks, own.user + own.system, len(cpus)
 
 
 class CpuWait:
-    """The share of time this process's threads spent waiting for a CPU while the block ran, from
-    the scheduler's own statistics: near 0 on a quiet machine, whatever this process does, and
-    high when other processes take the CPUs. :attr:`share` is None where the system does not say
-    (then the timing is trusted, as before)."""
+    """How much of the CPUs this process may run on other processes used while the block ran:
+    their busy time (from ``/proc/stat``) minus this process's own, over the block's wall time
+    times those CPUs. Near 0 on a quiet machine, whatever this process does; high when other
+    processes take the CPUs. :attr:`share` is None where the system does not say (then the
+    timing is trusted); :attr:`capacity` is the CPU seconds the block spanned (for adding up)."""
 
     def __init__(self, enabled: bool = True) -> None:
         self.share: float | None = None
+        self.capacity = 0.0
         self.enabled = enabled
         """False: nothing is measured (a timing on a fake clock says nothing of the machine)."""
-        self._start: dict[str, tuple[int, int]] | None = None
+        self._start: tuple[tuple[float, float, int], float] | None = None
 
     def __enter__(self) -> CpuWait:
-        self._start = _thread_times() if self.enabled else None
+        import time
+
+        readings = _readings() if self.enabled else None
+        self._start = None if readings is None else (readings, time.perf_counter())
         return self
 
     def __exit__(self, *_: object) -> None:
+        import time
+
         if self._start is None:
             return
-        end = _thread_times()
+        end = _readings()
         if end is None:
             return
-        ran = waited = 0
-        for task, (run_ns, wait_ns) in end.items():
-            before = self._start.get(task, (0, 0))
-            ran += max(0, run_ns - before[0])
-            waited += max(0, wait_ns - before[1])
-        if ran + waited > 0:
-            self.share = waited / (ran + waited)
+        (busy, own, cpus), started = self._start
+        self.capacity = max(0.0, time.perf_counter() - started) * cpus
+        if self.capacity > 0:
+            others = (end[0] - busy) - (end[1] - own)
+            self.share = min(1.0, max(0.0, others / self.capacity))
 
     @property
     def busy(self) -> bool:
@@ -130,14 +142,15 @@ class CpuWait:
 
 
 def is_busy(share: float | None) -> bool:
-    """Whether timings taken while this process waited for a CPU ``share`` of its time were taken
-    on a busy machine (:data:`BUSY_WAIT_SHARE`; None: not known, so not busy). The rule's one place."""
+    """Whether timings taken while other processes used ``share`` of this process's CPUs were
+    taken on a busy machine (:data:`BUSY_WAIT_SHARE`; None: not known, so not busy). The rule's
+    one place."""
     return share is not None and share >= BUSY_WAIT_SHARE
 
 
 def busy_text(share: float) -> str:
     """Why timings were not trusted, in words (``share``: :attr:`CpuWait.share`)."""
     return (
-        f"the machine was busy while it timed (this process waited for a CPU {share:.0%} of the time,"
-        f" {BUSY_WAIT_SHARE:.0%} or more is busy)"
+        f"the machine was busy while it timed (other processes used {share:.0%} of the CPUs this one"
+        f" runs on, {BUSY_WAIT_SHARE:.0%} or more is busy)"
     )

@@ -91,13 +91,16 @@ def _member_header(
         ValueError: not a plain ``.npy`` array.
     """
     with archive.open(info) as member:
-        version = np.lib.format.read_magic(member)
-        if version == (1, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_1_0(member)
-        elif version == (2, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_2_0(member)
-        else:
-            raise ValueError(f"member {info.filename!r}: unsupported .npy version {version}")
+        try:
+            version = np.lib.format.read_magic(member)
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(member)
+            elif version == (2, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(member)
+            else:  # 3.0 (UTF-8 field names of structured arrays): no input of a model has them
+                raise ValueError(f".npy version {version[0]}.{version[1]}, which holds no model input")
+        except ValueError as err:
+            raise ValueError(f"member {info.filename!r} is not a .npy array ({err})") from err
         return tuple(int(d) for d in shape), dtype, bool(fortran), member.tell()
 
 
@@ -142,6 +145,8 @@ def read_npz(path: str | BinaryIO) -> dict[str, np.ndarray]:
     arrays: dict[str, np.ndarray] = {}
     with zipfile.ZipFile(path) as archive:
         for info in archive.infolist():
+            if info.is_dir():
+                continue
             name = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
             shape, dtype, fortran, header = _member_header(archive, info)
             if dtype.hasobject:
