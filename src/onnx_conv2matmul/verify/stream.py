@@ -45,33 +45,22 @@ CHUNK_SHARE = 3
 """A chunk holds at most ``memory // CHUNK_SHARE`` of inputs plus one model's outputs."""
 
 
-def map_member(path: str, info: zipfile.ZipInfo) -> np.ndarray | None:
-    """The ``.npy`` member ``info`` of the archive at ``path`` memory-mapped in place, or None
-    when it is compressed or not a plain array (then read it as usual)."""
-    if info.compress_type != zipfile.ZIP_STORED:
+def map_member(
+    path: str, info: zipfile.ZipInfo, shape: tuple[int, ...], dtype: np.dtype, fortran: bool, header: int
+) -> np.ndarray | None:
+    """The ``.npy`` member ``info`` of the archive at ``path`` memory-mapped in place, its array's
+    header (shape, dtype, order and length) as :func:`_member_header` read it; None when it is
+    compressed or empty (then read it as usual)."""
+    if info.compress_type != zipfile.ZIP_STORED or math.prod(shape) == 0:
         return None
     with open(path, "rb") as handle:
         handle.seek(info.header_offset)
         local = handle.read(30)
-        if len(local) < 30 or local[:4] != b"PK\x03\x04":
-            return None
-        name_length = int.from_bytes(local[26:28], "little")
-        extra_length = int.from_bytes(local[28:30], "little")
-        start = info.header_offset + 30 + name_length + extra_length
-        handle.seek(start)
-        try:
-            version = np.lib.format.read_magic(handle)
-            if version == (1, 0):
-                shape, fortran, dtype = np.lib.format.read_array_header_1_0(handle)
-            elif version == (2, 0):
-                shape, fortran, dtype = np.lib.format.read_array_header_2_0(handle)
-            else:
-                return None
-        except ValueError:
-            return None
-        offset = handle.tell()
-    if dtype.hasobject or math.prod(shape) == 0:
+    if len(local) < 30 or local[:4] != b"PK\x03\x04":
         return None
+    name_length = int.from_bytes(local[26:28], "little")
+    extra_length = int.from_bytes(local[28:30], "little")
+    offset = info.header_offset + 30 + name_length + extra_length + header
     return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape, order="F" if fortran else "C")
 
 
@@ -157,7 +146,8 @@ def read_npz(path: str | BinaryIO) -> dict[str, np.ndarray]:
                     f"array {name!r} declares shape {shape} of {dtype} ({declared} bytes with its"
                     f" header), but the archive holds {info.file_size} bytes for it"
                 )
-            mapped = map_member(path, info) if isinstance(path, str) else None  # a pipe's bytes: read
+            # A pipe's bytes are read; a file's stored arrays are mapped where they lie.
+            mapped = map_member(path, info, shape, dtype, fortran, header) if isinstance(path, str) else None
             if mapped is not None:
                 arrays[name] = mapped
             elif info.compress_type != zipfile.ZIP_STORED and declared > INFLATE_IN_MEMORY_BYTES:
