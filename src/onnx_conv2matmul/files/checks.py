@@ -173,12 +173,8 @@ def _check_path_text(path: str, what: str) -> None:
 
 def written_through(path: str) -> bool:
     """Whether :func:`write_text_atomic` writes into ``path`` instead of replacing it."""
-    return os.path.islink(path) or is_stream(path)
-
-
-def is_stream(path: str) -> bool:
-    """Whether ``path`` (its links followed) is a pipe or a character device (``<(...)``,
-    ``/dev/stdin``, ``/dev/null``): read or written as a stream, never replaced."""
+    if os.path.islink(path):
+        return True
     try:
         mode = os.stat(path).st_mode
     except OSError:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import stat
 import zipfile
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -13,7 +14,6 @@ from typing import Any
 import numpy as np
 
 from onnx_conv2matmul.errors import InputError, first_line
-from onnx_conv2matmul.files.checks import is_stream
 from onnx_conv2matmul.verify.options import VerifyOptions, feed_source
 from onnx_conv2matmul.verify.roles import InputSpec
 from onnx_conv2matmul.verify.stream import read_npz, spec_rows
@@ -48,7 +48,7 @@ def load_inputs(paths: Sequence[str | os.PathLike[str]]) -> list[Feed]:
             if not found:
                 raise InputError(f"no .npz files in the inputs directory {path}")
             files.extend(found)
-        elif os.path.isfile(path) or is_stream(path):
+        elif os.path.isfile(path) or _stream(path):
             files.append(path)
         elif os.path.exists(path):
             raise InputError(f"inputs path is neither a file, a directory nor a pipe: {path}")
@@ -56,12 +56,21 @@ def load_inputs(paths: Sequence[str | os.PathLike[str]]) -> list[Feed]:
             raise InputError(f"inputs file not found: {path}")
     if not files:
         raise InputError("no inputs files given")
-    return [_read_pipe(path) if is_stream(path) else _read_npz(path) for path in files]
+    return [_read_pipe(path) if _stream(path) else _read_npz(path) for path in files]
 
 
 PIPE_LIMIT = 1 << 30
 """The most a pipe given as inputs may hold (it is read into memory: a zip archive is read by
 seeking, which a pipe cannot do)."""
+
+
+def _stream(path: str) -> bool:
+    """Whether ``path`` is a pipe or a character device (``--inputs <(...)``, ``/dev/stdin``)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)
 
 
 def _read_pipe(path: str) -> Feed:
