@@ -15,7 +15,7 @@ from onnx_conv2matmul.cli.common import (
     stderr_console,
 )
 from onnx_conv2matmul.cli.flags import bench_options, build_verify_options, report_options, verify_options
-from onnx_conv2matmul.files.checks import check_input_path, check_report_target
+from onnx_conv2matmul.files.checks import check_input_path
 
 
 @click.command("bench")
@@ -62,10 +62,8 @@ def bench_command(
         from onnx_conv2matmul.speed.timing import DEFAULT_ROUNDS, TimingOptions
 
         console = stderr_console(quiet)
-        if report_json is not None:  # first: every error from here on ends in the report too
-            check_report_target(report_json, inputs=list(models), outputs=[])
-            OUTCOME.watch(report_json)
-            OUTCOME.report_requested(report_json)
+        # First: every error from here on ends in the report too.
+        OUTCOME.claim_report(report_json, inputs=list(models), outputs=[])
         for path in models:
             check_input_path(path)
         if baseline > len(models):

@@ -133,11 +133,10 @@ def _build(src: str, out: str, layout: str, tag: str, kwargs: dict[str, Any]) ->
     quiet = bool(kwargs["quiet"])
     console = stderr_console(quiet)
     report_json = kwargs["report_json"]
-    if report_json is not None:  # first: every error from here on ends in the report too
-        sources = [os.path.join(src, name) for name in (SOURCE_ENCODER, SOURCE_DECODER_JOINT)]
-        read = files_read(kwargs["inputs"], kwargs.get("validate"), kwargs["config"])
-        check_report_target(report_json, inputs=sources, outputs=[], what="report", read=read)
-        OUTCOME.report_requested(report_json)
+    # First: every error from here on ends in the report too.
+    sources = [os.path.join(src, name) for name in (SOURCE_ENCODER, SOURCE_DECODER_JOINT)]
+    read = files_read(kwargs["inputs"], kwargs.get("validate"), kwargs["config"])
+    OUTCOME.claim_report(report_json, inputs=sources, outputs=[], read=read)
     given = nbits_given(
         bits=kwargs["bits"],
         block_size=kwargs["block_size"],

@@ -8,7 +8,7 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, NoReturn, TextIO
 
@@ -25,7 +25,7 @@ from onnx_conv2matmul.errors import (
     exit_code_for,
     is_out_of_memory,
 )
-from onnx_conv2matmul.files.checks import fingerprint
+from onnx_conv2matmul.files.checks import check_report_target, fingerprint
 from onnx_conv2matmul.report import CommandReport, ErrorReport
 
 if TYPE_CHECKING:
@@ -146,9 +146,17 @@ class Outcome:
         """Print the error object instead of a report, when asked for and nothing printed yet."""
         self.print_json(self.error_json(code, error))
 
-    def report_requested(self, path: str | None) -> None:
-        """``--report-json PATH``, checked as a place to write: it gets the error object when the
-        run ends before the command wrote its report there."""
+    def claim_report(
+        self, path: str | None, *, inputs: list[str], outputs: list[str], read: Iterable[str] = ()
+    ) -> None:
+        """``--report-json PATH`` (None: not asked for), checked as a place to write before any
+        other work (see :func:`~onnx_conv2matmul.files.checks.check_report_target`) and watched:
+        from then on it gets the error object when the run ends before the command wrote its report
+        there."""
+        if path is None:
+            return
+        check_report_target(path, inputs=inputs, outputs=outputs, read=read)
+        self.watch(path)
         self.report_path = path
 
     def report_written(self) -> None:

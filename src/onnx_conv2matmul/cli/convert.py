@@ -25,7 +25,7 @@ from onnx_conv2matmul.cli.flags import (
     skip_checker,
     verify_options,
 )
-from onnx_conv2matmul.files.checks import check_paths, check_report_target
+from onnx_conv2matmul.files.checks import check_paths
 
 
 @click.command("convert")
@@ -65,14 +65,9 @@ def convert_command(
     OUTCOME.start(report_json_stdout, input_path, quiet=quiet)
     console = stderr_console(quiet) if sys.stderr.isatty() else None
     with handled_errors():
-        if report_json is not None:  # first: every error from here on ends in the report too
-            check_report_target(
-                report_json,
-                inputs=[input_path],
-                outputs=[] if inplace or output_path is None else [output_path],
-            )
-            OUTCOME.watch(report_json)
-            OUTCOME.report_requested(report_json)
+        # First: every error from here on ends in the report too.
+        outputs = [] if inplace or output_path is None else [output_path]
+        OUTCOME.claim_report(report_json, inputs=[input_path], outputs=outputs)
         options = build_rewrite_options(kwargs)
         verify_opts = build_verify_options(kwargs) if verify else None
         if verify:
@@ -128,10 +123,8 @@ def verify_command(
         console = stderr_console(quiet)
         from onnx_conv2matmul.cli.render.verify import print_verification
 
-        if report_json is not None:  # first: every error from here on ends in the report too
-            check_report_target(report_json, inputs=[original, candidate], outputs=[], read=inputs)
-            OUTCOME.report_requested(report_json)
-        OUTCOME.watch(report_json)
+        # First: every error from here on ends in the report too.
+        OUTCOME.claim_report(report_json, inputs=[original, candidate], outputs=[], read=inputs)
         options = build_verify_options(verify_kwargs, min_cosine, inputs)
         report = api.verify_files(original, candidate, options)
         print_verification(console, report.verification, cosine=cosine)
