@@ -245,6 +245,13 @@ class QuantizePlan:
     criterion: Mapping[str, Any]
     held_out: VerifyOptions | None = None
 
+    @property
+    def chooses(self) -> bool:
+        """Whether the run chooses its settings against the criterion (``auto``, or the one pass
+        and the search below it): only then can a stricter aim give another model (the held-out
+        step back, :mod:`onnx_conv2matmul.quantize.step_back`)."""
+        return self.auto is not None or (self.search_below and not self.int8)
+
 
 def resolve(
     input_path: str | os.PathLike[str], output_path: str | os.PathLike[str], request: Request

@@ -8,11 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from onnx_conv2matmul.quantize.options import search_below_by_default
-
 if TYPE_CHECKING:
     from onnx_conv2matmul.files.progress import Progress
-    from onnx_conv2matmul.quantize.plan import Request
     from onnx_conv2matmul.quantize.report import QuantizeReport
 
 MAX_STEP_BACKS = 2
@@ -51,18 +48,6 @@ def step_back_cosine(report: QuantizeReport) -> float | None:
     if allowed <= MIN_STEP_BACK_LOSS:
         return None
     return round(1.0 - float(allowed), 8)
-
-
-def chooses(request: Request) -> bool:
-    """Whether the run chooses its settings against the criterion (``--auto``, or the one pass and
-    the search below it): only then can a stricter aim give another model."""
-    if request.auto is not None:
-        return True
-    if request.search_below is not None:
-        return request.search_below and not request.int8
-    return search_below_by_default(
-        settings_given=request.quantize is not None, auto=False, int8_dynamic=request.int8
-    )
 
 
 def record_step(report: QuantizeReport, missed: QuantizeReport) -> None:

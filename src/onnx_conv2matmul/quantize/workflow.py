@@ -35,7 +35,7 @@ from onnx_conv2matmul.quantize.run_report import (
     worst_cosine,
 )
 from onnx_conv2matmul.quantize.search_options import AutoOptions
-from onnx_conv2matmul.quantize.step_back import KeptOpen, chooses, record_step, step_back_cosine
+from onnx_conv2matmul.quantize.step_back import KeptOpen, record_step, step_back_cosine
 from onnx_conv2matmul.rewrite.passes import rewrite_model
 from onnx_conv2matmul.verify.check import check_feeds_for_graph
 
@@ -94,15 +94,15 @@ def quantize_file(
     if top and progress is not None:  # one progress for every attempt, closed once
         request = dataclasses.replace(request, progress=KeptOpen(progress))
     try:
-        report = _quantize_once(input_path, output_path, request)
+        report, plan = _quantize_once(input_path, output_path, request)
         by_phase = dict(report.seconds_by_phase)
-        while top and chooses(request) and (cosine := step_back_cosine(report)) is not None:
+        while top and plan.chooses and (cosine := step_back_cosine(report)) is not None:
             from onnx_conv2matmul.errors import TargetUnreachable
 
             missed = report
             try:
                 again = dataclasses.replace(request, step_back=cosine)
-                report = _quantize_once(input_path, output_path, again)
+                report, plan = _quantize_once(input_path, output_path, again)
             except TargetUnreachable:
                 report = missed
                 break
@@ -119,8 +119,8 @@ def quantize_file(
 
 def _quantize_once(
     input_path: str | os.PathLike[str], output_path: str | os.PathLike[str], request: Request
-) -> QuantizeReport:
-    """One run of ``request`` (see :func:`quantize_file`), without the step backs."""
+) -> tuple[QuantizeReport, QuantizePlan]:
+    """One run of ``request`` (see :func:`quantize_file`), without the step backs; its report and plan."""
     started = time.perf_counter()
     plan = resolve(input_path, output_path, request)
     report = new_report(plan)
@@ -154,7 +154,7 @@ def _quantize_once(
     report.seconds = time.perf_counter() - started
     report.seconds_by_phase = plan.progress.by_phase()
     report.peak_rss_bytes = peak_rss_bytes()
-    return report
+    return report, plan
 
 
 def _weighs_default(plan: QuantizePlan) -> bool:
