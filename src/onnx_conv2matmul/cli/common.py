@@ -147,15 +147,22 @@ class Outcome:
         self.print_json(self.error_json(code, error))
 
     def claim_report(
-        self, path: str | None, *, inputs: list[str], outputs: list[str], read: Iterable[str] = ()
+        self,
+        path: str | None,
+        *,
+        inputs: list[str],
+        outputs: list[str],
+        read: Iterable[str] = (),
+        checked: bool = False,
     ) -> None:
         """``--report-json PATH`` (None: not asked for), checked as a place to write before any
-        other work (see :func:`~onnx_conv2matmul.files.checks.check_report_target`) and watched:
-        from then on it gets the error object when the run ends before the command wrote its report
-        there."""
+        other work (see :func:`~onnx_conv2matmul.files.checks.check_report_target`; ``checked``:
+        the command did, with the other files it writes) and watched: from then on it gets the
+        error object when the run ends before the command wrote its report there."""
         if path is None:
             return
-        check_report_target(path, inputs=inputs, outputs=outputs, read=read)
+        if not checked:
+            check_report_target(path, inputs=inputs, outputs=outputs, read=read)
         self.watch(path)
         self.report_path = path
 

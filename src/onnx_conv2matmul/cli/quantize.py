@@ -254,17 +254,17 @@ def quantize_command(
         # The report's place first: from here on every error, a missing input or a bad option
         # included, ends in the report file too.
         read = files_read(inputs, validate, config)
-        OUTCOME.claim_report(report_json, inputs=[input_path], outputs=[output_path], read=read)
-        if save_config is not None:
-            check_report_target(
-                save_config, inputs=[input_path], outputs=[output_path], what="settings file", read=read
-            )
+        for path, what in ((report_json, "report"), (save_config, "settings file")):
+            if path is not None:
+                check_report_target(path, inputs=[input_path], outputs=[output_path], what=what, read=read)
         if report_json is not None and save_config is not None and _same_file(report_json, save_config):
             raise click.UsageError(
                 f"--report-json and --save-config name the same file ({save_config}): one would overwrite"
                 " the other"
             )
         OUTCOME.watch(output_path, output_path + ".data", save_config)
+        # Claimed once both files were found fit, and apart: a refusal of either writes neither.
+        OUTCOME.claim_report(report_json, inputs=[input_path], outputs=[output_path], checked=True)
         quiet_onnxruntime()
         console = stderr_console(quiet)
         from onnx_conv2matmul.cli.render.quantize import print_quantize_report
