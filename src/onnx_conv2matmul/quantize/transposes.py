@@ -15,7 +15,10 @@ inputs, :mod:`onnx_conv2matmul.speed.inputs`), and keeps one by the preference:
 - ``size``: the smaller model that meets the accuracy criterion, whatever its latency;
 - ``speed``: the faster one (the lower geometric mean of the latency ratios over the inputs);
 - by default (``balanced``): the smaller one among those not slower than the original by more
-  than :data:`DEFAULT_MARGIN`; when neither is, the faster.
+  than :data:`DEFAULT_MARGIN`; when neither is, the faster. A smaller model kept this way while
+  another is faster must hold the margin twice: all are timed again (fresh sessions) and each is
+  weighed at the slower of its two timings, so a choice at the margin does not flip with one noisy
+  timing. Timings taken on a busy machine are shown and not used (the layouts weighed as untimed).
 
 With ``size`` the model with them is made first: when it meets the criterion and is smaller than
 the float weights of those convs alone, the model without them (which keeps those weights in
@@ -203,31 +206,29 @@ def decide(
     if size_first:
         layouts.reverse()
         made.reverse()
-    timed_on = busy = ""
-    measured = None
+    timed_on = busy = confirmed = ""
     timed = [i for i, m in enumerate(made) if m is not None]
     if timing is not None and timed:
-        from onnx_conv2matmul.speed.inputs import timing_inputs
-        from onnx_conv2matmul.speed.machine import busy_text, is_busy
-        from onnx_conv2matmul.speed.timing import time_models
-
         progress("Timing both against the original")
-        measured = timing_inputs(src, timing, verify)
-        result = time_models(
-            [src, *(made[i].path for i in timed)],  # type: ignore[union-attr]
-            measured,
-            labels=["original", *(layouts[i].name for i in timed)],
-            clock=options.clock,
-            session_factory=options.session_factory,
-        )
-        timed_on = result.lengths_rule
-        for row, i in zip(result.models[1:], timed, strict=True):
-            ratios = tuple(lat.ratio for lat in row.latencies if lat.ratio is not None)
-            layouts[i] = dataclasses.replace(layouts[i], ratios=ratios)
-        if result.cpu_wait is not None and is_busy(result.cpu_wait):
-            # Timed on a busy machine: shown, but the layouts are weighed as if not timed (the
-            # choice would flip with the load).
-            busy = f"timed on a busy machine, not used ({busy_text(result.cpu_wait)})"
+        timed_on, busy = _time(src, made, layouts, timed, timing, verify, options)
+        if not busy and options.prefer is Prefer.BALANCED and _hinges_on_the_margin(layouts, options.margin):
+            # The smaller model is kept only because it timed within the margin: a choice that
+            # flips with the load unless it holds twice (issue 42, item 3).
+            progress("Timing both against the original again (the choice hinges on the margin)")
+            first = {i: layouts[i] for i in timed}
+            _, busy = _time(src, made, layouts, timed, timing, verify, options)
+            confirmed = "; timed again: " + ", ".join(
+                f"{first[i].name} {_times(first[i])}, then {_times(layouts[i])}" for i in timed
+            )
+            confirmed += " (each weighed at the slower of its two timings)"
+            for i in timed:
+                ratios = first[i].ratios or ()
+                again = layouts[i].ratios or ()
+                if len(ratios) == len(again):
+                    layouts[i] = dataclasses.replace(
+                        layouts[i], ratios=tuple(max(a, b) for a, b in zip(ratios, again, strict=True))
+                    )
+        if busy:
             timed_on += f"; {busy}"
     original = model_file_bytes(src)
     for i, layout in enumerate(layouts):
@@ -235,6 +236,7 @@ def decide(
             layouts[i] = dataclasses.replace(layout, bytes=layout.bytes or original)
     weighed = [dataclasses.replace(layout, ratios=None) for layout in layouts] if busy else layouts
     kept, reason = choose(weighed, options.prefer, options.margin, busy or "not timed")
+    reason += confirmed
     trade = TransposeTrade(
         convs,
         share,
@@ -247,6 +249,51 @@ def decide(
         timed_on,
     )
     return (with_options if layouts[kept].with_transposes else convert_options), trade, made[kept]
+
+
+def _time(
+    src: str,
+    made: Sequence[Made | None],
+    layouts: list[Layout],
+    timed: Sequence[int],
+    timing: Any,
+    verify: Any,
+    options: TransposeOptions,
+) -> tuple[str, str]:
+    """Time the models made against ``src`` (fresh sessions, interleaved) into ``layouts``' ratios:
+    the lengths' rule, and why the timings are not used when the machine was busy (else empty)."""
+    from onnx_conv2matmul.speed.inputs import timing_inputs
+    from onnx_conv2matmul.speed.machine import busy_text, is_busy
+    from onnx_conv2matmul.speed.timing import time_models
+
+    result = time_models(
+        [src, *(made[i].path for i in timed)],  # type: ignore[union-attr]
+        timing_inputs(src, timing, verify),
+        labels=["original", *(layouts[i].name for i in timed)],
+        clock=options.clock,
+        session_factory=options.session_factory,
+    )
+    for row, i in zip(result.models[1:], timed, strict=True):
+        ratios = tuple(lat.ratio for lat in row.latencies if lat.ratio is not None)
+        layouts[i] = dataclasses.replace(layouts[i], ratios=ratios)
+    if result.cpu_wait is not None and is_busy(result.cpu_wait):
+        # Timed on a busy machine: shown, but the layouts are weighed as if not timed (the
+        # choice would flip with the load).
+        return result.lengths_rule, f"timed on a busy machine, not used ({busy_text(result.cpu_wait)})"
+    return result.lengths_rule, ""
+
+
+def _times(layout: Layout) -> str:
+    return "untimed" if layout.speed is None else f"{layout.speed:.3f}x"
+
+
+def _hinges_on_the_margin(layouts: Sequence[Layout], margin: float) -> bool:
+    """Whether the default keeps a smaller model that is slower than another only because it
+    timed within ``margin`` of the original."""
+    kept, _ = choose(layouts, Prefer.BALANCED, margin)
+    speeds = [layout.speed for layout in layouts if layout.passed and layout.speed is not None]
+    value = layouts[kept].speed
+    return value is not None and value > 1.0 and bool(speeds) and value > min(speeds)
 
 
 def weigh(plan: Any, scratch: str, run: CandidateRun) -> tuple[Any, TransposeTrade | None, Made | None]:
