@@ -140,6 +140,26 @@ def test_far_below_the_floor_int8_everywhere_comes_before_float() -> None:
     assert second.options.nodes["n0"].bits is None
 
 
+def test_with_int8_left_out_the_first_mix_still_moves_layers() -> None:
+    """The speed filter left only int4 in every ladder (int8 slower than float on this CPU): the
+    first mix aims where the line says, moving the most sensitive layers to float; before, the
+    floor of every node's most accurate option was the uniform error itself, and the first mix
+    was a copy of the uniform candidate (the Parakeet-shaped encoder: 0.98908, then 0.98896)."""
+    int4 = Setting(4, 64, False)
+    nodes = []
+    for index, error in enumerate([0.4, 0.3, 0.2, 0.1]):
+        node = MatMulNode(f"n{index}", None, 64, 64, 1000)
+        node.options = {int4: (error, 100)}
+        nodes.append(node)
+    sens = _decide.Sensitivity(
+        nodes, MatMulNode("(other weights)", None, 0, 0, 0), {n.name: int4 for n in nodes}
+    )
+    decision = _decide.decide(sens, QuantizeOptions(), 1.1)
+    assert decision.target_error == pytest.approx(_decide.AIM * 1.0 / 1.1)
+    assert decision.options.nodes["n0"].bits is None  # the most sensitive goes to float
+    assert [decision.options.nodes[f"n{i}"].bits for i in (1, 2, 3)] == [4, 4, 4]
+
+
 def test_after_a_mix_that_missed_the_next_aims_through_both_losses() -> None:
     sens = _sensitivity([(0.4, 0.002), (0.3, 0.0015), (0.2, 0.001), (0.1, 0.0005)])
     uniform_error = sens.uniform_error()

@@ -129,10 +129,11 @@ def decide(
     line through the origin and the uniform candidate (its predicted error, ``uniform_loss``)
     meets the limit; every node in float when even that is too much.
 
-    The first mix is never aimed below the error of every node at its most accurate quantized
-    setting: far below the floor (a loss of tens), the line is no guide (a weight whose int4 steps
-    round most values to zero loses its output's energy rather than adding noise to it), and int8
-    everywhere is worth a candidate before float is.
+    The first mix is never aimed below the error of every node at its most accurate step other
+    than the uniform setting (int8, or float where the ladder offers no int8): far below the floor
+    (a loss of tens), the line is no guide (a weight whose int4 steps round most values to zero
+    loses its output's energy rather than adding noise to it), and int8 everywhere is worth a
+    candidate before float is.
 
     ``missed``: the predicted error and the measured loss of a mix that missed too. The loss is
     then taken as the straight line through both candidates (the uniform one and that mix), and
@@ -144,7 +145,13 @@ def decide(
     loss = uniform_loss if math.isfinite(uniform_loss) and uniform_loss > 0 else math.inf
     target = aim * uniform_error / loss if math.isfinite(loss) else 0.0
     if missed is None:
-        least = sum(min((error for error, _ in node.options.values()), default=0.0) for node in sens.nodes)
+        # Each node at its most accurate step other than the uniform setting: the int8 of its
+        # ladder, or float (error 0) when none is offered (int8 left out by the speed filter).
+        # Counting the uniform setting here made the first mix a copy of the uniform candidate.
+        least = sum(
+            min((e for s, (e, _) in node.options.items() if s != sens.uniform.get(node.name)), default=0.0)
+            for node in sens.nodes
+        )
         target = max(target, least)
     else:
         found = _secant(uniform_error, loss, *missed, aim)
