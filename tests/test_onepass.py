@@ -176,30 +176,6 @@ def test_after_a_mix_that_missed_the_next_aims_through_both_losses() -> None:
     assert odd.target_error == pytest.approx(_decide.AIM / 2 * uniform_error / 1.5)
 
 
-def _blocks_model(k: int = 256, n: int = 48) -> onnx.ModelProto:
-    """``y = (x * s) @ W`` where row 0 of W is 60 and ``s`` scales input rows 0-63 by 1e-3: the
-    outlier spoils only its own block's scale, so block 64 loses nearly nothing (those rows carry
-    no signal) while a block of 128 or more rounds the ordinary rows 64+ to a few levels."""
-    from onnx import TensorProto, helper, numpy_helper
-
-    rng = np.random.default_rng(5)
-    weight = rng.standard_normal((k, n)).astype(np.float32)
-    weight[0, :] = 60.0
-    scale = np.ones(k, np.float32)
-    scale[:64] = 1e-3
-    graph = helper.make_graph(
-        [
-            helper.make_node("Mul", ["x", "s"], ["h"], name="scale"),
-            helper.make_node("MatMul", ["h", "W"], ["y"], name="proj"),
-        ],
-        "blocks",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "T", k])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", "T", n])],
-        [numpy_helper.from_array(scale, "s"), numpy_helper.from_array(weight, "W")],
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-
-
 @pytest.fixture
 def larger_blocks_cheaper(monkeypatch: pytest.MonkeyPatch, quiet_machine: None) -> None:
     """Kernel timings from a fake machine where block 256 at level 4 is the cheapest setting."""
@@ -217,15 +193,15 @@ def larger_blocks_cheaper(monkeypatch: pytest.MonkeyPatch, quiet_machine: None) 
     monkeypatch.setattr(costs_module, "KernelCosts", fake)
 
 
-@pytest.mark.parametrize("accurate_passes", [True, False], ids=["block-64-meets-it", "both-miss"])
-def test_a_kernel_chosen_for_speed_that_misses_is_tried_at_the_most_accurate_setting(
-    tmp_path: Path, larger_blocks_cheaper: None, accurate_passes: bool
+def test_a_kernel_chosen_for_speed_that_misses_goes_to_the_mix_at_that_setting(
+    tmp_path: Path, larger_blocks_cheaper: None
 ) -> None:
-    """Block 256 level 4, the cheapest, misses the floor. Block 64 level 0 is built and checked:
-    kept when it meets the floor; when it misses too, the per-layer choice starts from the
-    setting chosen for speed, whose costs are the ones it trades against float."""
+    """Block 256 level 4, the cheapest, misses the floor: the per-layer choice starts from it (its
+    costs are the ones it trades against float), with no second uniform candidate at the most
+    accurate setting (on the Parakeet-shaped encoder that one missed too, cost a build and a check,
+    and block 64 level 0 ran 1.08x float there)."""
     src = tmp_path / "m.onnx"
-    onnx.save(_blocks_model() if accurate_passes else outlier_model(), src)
+    onnx.save(outlier_model(), src)
     out = tmp_path / "q.onnx"
     result = CliRunner().invoke(
         main,
@@ -235,21 +211,12 @@ def test_a_kernel_chosen_for_speed_that_misses_is_tried_at_the_most_accurate_set
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["kernel_costs"]["winner"] != 0
-    names = [c["candidate"] for c in data["one_pass"]["candidates"]]
-    assert names[:2] == ["uniform", "uniform, most accurate kernel"]
-    assert not data["one_pass"]["candidates"][0]["passed"]
-    (warning,) = [w for w in data["warnings"] if "chosen for speed" in w]
+    candidates = data["one_pass"]["candidates"]
+    assert candidates[0]["candidate"] == "uniform" and not candidates[0]["passed"]
+    assert all(c["candidate"].startswith("mix") for c in candidates[1:]) and candidates[-1]["passed"]
     settings = data["options"]["quantize"]
-    if accurate_passes:
-        assert names == names[:2] and data["one_pass"]["candidates"][1]["passed"]
-        assert "meets it and is kept" in warning
-        assert (settings["block_size"], settings["accuracy_level"]) == (64, 0)
-    else:
-        assert not data["one_pass"]["candidates"][1]["passed"] and names[2].startswith("mix")
-        assert "misses it too" in warning and "starts from block 256 level 4" in warning
-        assert settings["accuracy_level"] == 4
-        assert {s["block_size"] for s in settings.get("nodes", {}).values() if s["bits"]} <= {256}
-    x = np.random.default_rng(3).standard_normal((2, 9, 256 if accurate_passes else 64)).astype(np.float32)
+    assert (settings["block_size"], settings["accuracy_level"]) == (256, 4)
+    x = np.random.default_rng(3).standard_normal((2, 9, 64)).astype(np.float32)
     want = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     got = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     for row in range(2):

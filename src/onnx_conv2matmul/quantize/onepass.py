@@ -124,8 +124,7 @@ class OnePass:
             self.chosen, self.checked = first, checked
             if not checked.passed:
                 del first
-                checked = self._most_accurate_kernel(checked, cache)
-                if not checked.passed and not self._mix(checked, cache):
+                if not self._mix(checked, cache):
                     return False
             del cache
             self._publish(modes, scratch)
@@ -154,46 +153,6 @@ class OnePass:
                 "seconds": round(checked.seconds, 3),
             }
         )
-        return checked
-
-    def _most_accurate_kernel(self, uniform: _check.Checked, cache: MemoryBlockCache) -> _check.Checked:
-        """The uniform candidate missed with a kernel setting chosen for speed that is not the
-        most accurate costed (a larger block, or accuracy level 4): the same settings with the
-        most accurate kernel, built and checked, and kept when they meet the criterion (a timing
-        does not cost the accuracy the settings asked for had). When they miss too, the per-layer
-        choice starts from the setting chosen for speed: its costs are the ones the mix trades
-        against float, and the most accurate setting can be slower than float itself on this CPU.
-        ``uniform`` when there is no such setting."""
-        run = self.run
-        plan, report = run.plan, run.report
-        kernels = report.kernel_plan
-        if kernels is None or kernels.winner == 0:
-            return uniform
-        best = kernels.ranked[0].kernel
-        options = dataclasses.replace(
-            run.quantize, block_size=best.block_size, accuracy_level=best.accuracy_level
-        )
-        plan.progress.phase("Quantizing")
-        candidate = _build.build(plan, options, cache)
-        plan.progress.phase("Checking the candidate (the most accurate kernel setting)")
-        checked = self._checked(candidate, _matmul_inputs(candidate.model), "uniform, most accurate kernel")
-        chosen = kernels.ranked[kernels.winner].kernel
-        outcome = (
-            "meets it and is kept"
-            if checked.passed
-            else f"misses it too ({checked.failure or 'below the criterion'}): the per-layer choice starts"
-            f" from block {chosen.block_size} level {chosen.accuracy_level}"
-        )
-        report.warnings.append(
-            f"block {chosen.block_size} accuracy level {chosen.accuracy_level}, chosen for speed, fell below"
-            f" the accuracy criterion: block {best.block_size} level {best.accuracy_level}, the most"
-            f" accurate setting costed, {outcome}"
-        )
-        if not checked.passed:
-            return uniform
-        run.quantize = options
-        report.options["quantize"] = options.to_dict()
-        self.chosen, self.checked = candidate, checked
         return checked
 
     def _mix(self, uniform: _check.Checked, cache: MemoryBlockCache) -> bool:
