@@ -56,10 +56,15 @@ class Checked:
 
 
 def check(
-    session: Any, reference: Reference, verify: VerifyOptions, statistics: Sequence[str] = ()
+    session: Any,
+    reference: Reference,
+    verify: VerifyOptions,
+    statistics: Sequence[str] = (),
+    only: Sequence[int] | None = None,
 ) -> Checked:
-    """Run ``session`` on every feed of ``reference`` and compare; ``statistics``: values (the
-    session's outputs after the model's own) whose per-channel mean square to gather.
+    """Run ``session`` on every feed of ``reference`` (``only``: on those of these indices) and
+    compare; ``statistics``: values (the session's outputs after the model's own) whose
+    per-channel mean square to gather.
 
     A candidate that onnxruntime cannot run fails, with the reason as its failure.
     """
@@ -72,6 +77,8 @@ def check(
     per_input_byte: float | None = None
     failure = ""
     for index, feed in enumerate(feeds):
+        if only is not None and index not in only:
+            continue
         input_bytes = sum(int(np.asarray(v).nbytes) for v in feed.values())
         fetch = bool(statistics) and (
             per_input_byte is None or per_input_byte * input_bytes <= ACTIVATION_BYTES

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -33,6 +34,7 @@ import numpy as np
 from onnx_conv2matmul.files import load as _io
 from onnx_conv2matmul.quantize import build as _build
 from onnx_conv2matmul.quantize import check as _check
+from onnx_conv2matmul.quantize import classes as _classes
 from onnx_conv2matmul.quantize import decide as _decide
 from onnx_conv2matmul.quantize import measure as _measure
 from onnx_conv2matmul.quantize.blockwise import MemoryBlockCache
@@ -94,6 +96,11 @@ class OnePass:
     decision: _decide.Decision | None = None
     first_failure: str = ""
     """The first candidate's failure in words (the uniform settings'), when it missed."""
+    candidate_seconds: float = 0.0
+    """The uniform candidate's build and check, timed (the classes' budget)."""
+    classes: list[_classes.ClassLoss] = dataclasses.field(default_factory=list)
+    classes_note: str = ""
+    classes_seconds: float = 0.0
 
     def execute(self, modes: tuple[int, int]) -> bool:
         """Run the stages into ``run.output``; False when the criterion was not met by any
@@ -117,12 +124,15 @@ class OnePass:
                     shared.measurement = self.measurement
             cache = MemoryBlockCache()
             progress.phase("Quantizing")
+            started = time.perf_counter()
             first = _build.build(plan, run.quantize, cache)
             statistics = _matmul_inputs(first.model)
             progress.phase("Checking the candidate (uniform settings)")
             checked = self._checked(first, statistics, "uniform")
+            self.candidate_seconds = time.perf_counter() - started
             self.chosen, self.checked = first, checked
             if not checked.passed:
+                self.chosen = None  # its blocks stay in the cache; the model is not needed again
                 del first
                 if not self._mix(checked, cache):
                     return False
@@ -171,7 +181,10 @@ class OnePass:
             speed_filter = report.kernel_plan.speed_filter(run.quantize.accuracy_level, plan.speed.margin)
         fp32 = _build.load_rewritten(plan)
         sens = _decide.sensitivity(fp32, run.quantize, uniform.activations, speed_filter)
+        groups = _classes.losses_of(sens, _classes.classes(fp32, [node.name for node in sens.nodes]))
         del fp32
+        self._measure_classes(groups, cache)
+        _classes.calibrate(sens, groups)
         missed: tuple[float, float] | None = None
         for step in range(2):
             decision = _decide.decide(sens, run.quantize, loss, missed=missed)
@@ -186,6 +199,21 @@ class OnePass:
                 return True
             missed = (decision.predicted_error, checked.loss(floor))
         return False
+
+    def _measure_classes(self, groups: list[_classes.ClassLoss], cache: MemoryBlockCache) -> None:
+        """Each class's loss measured into ``groups`` (see :func:`_classes.measure`)."""
+        assert self.measurement is not None
+        self.classes = groups
+        started = time.perf_counter()
+        self.classes_note = _classes.measure(
+            self.run.plan,
+            self.run.quantize,
+            groups,
+            self.measurement.reference,
+            cache,
+            self.candidate_seconds,
+        )
+        self.classes_seconds = time.perf_counter() - started
 
     def _publish(self, modes: tuple[int, int], scratch: str) -> None:
         """Write the chosen candidate once, report it, time it and publish it when it passed."""
@@ -229,6 +257,13 @@ class OnePass:
         report.one_pass = {
             "candidates": self.candidates,
             "decision": None if self.decision is None else self.decision.to_dict(),
+            "classes": {
+                "measured": [group.to_dict() for group in self.classes],
+                "note": self.classes_note,
+                "seconds": round(self.classes_seconds, 3),
+            }
+            if self.classes
+            else None,
         }
         progress.phase("Saving")
         model = chosen.model

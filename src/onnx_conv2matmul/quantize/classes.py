@@ -1,0 +1,226 @@
+"""Classes of layers, measured: the decide stage's correction of predicted sensitivity by where a
+layer sits in the graph.
+
+The predicted error of a MatMul (:mod:`onnx_conv2matmul.quantize.sensitivity`) is its own output's
+relative error. What that error does to the model's output depends on what follows it, and that
+the prediction cannot see: on the Parakeet-shaped encoder every layer predicts about the same
+relative error (0.0044 at int4), while quantized alone, the attention's value and output
+projections cost the output about 0.02 of the limit each and its query, key and positional ones
+nothing measurable (the attention's softmax absorbs them). Ranked by prediction, the mix put
+queries and keys in float and missed; ranked by measurement, five layers in float met the floor.
+
+Layers that play the same part in a repeated block share a class: the same weight shape, the
+same op producing their input and the same ops after their output, a few steps deep
+(:func:`classes`). When the uniform candidate misses, each class is quantized alone at the uniform
+setting (every other layer in float) and checked on the smallest inputs, and :func:`calibrate`
+scales each class's predicted errors to its measured loss, keeping their total. Only a model of
+repeated blocks is measured (:data:`MIN_LAYERS_PER_CLASS`), and only when it fits the pass's
+budget (:data:`BUDGET`); otherwise the prediction is used as it is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from onnx_conv2matmul.quantize.projection import quantizable_matmuls
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+
+    from onnx_conv2matmul.quantize.blockwise import BlockCache
+    from onnx_conv2matmul.quantize.decide import Sensitivity
+    from onnx_conv2matmul.quantize.plan import QuantizePlan
+    from onnx_conv2matmul.quantize.reference import Reference
+    from onnx_conv2matmul.quantize.settings import QuantizeOptions
+
+DEPTH = 5
+"""How many steps after a MatMul's output its class's signature looks (at 3, the encoder's key and
+value projections fell into one class; at 5, each role of its blocks has its own)."""
+
+BUDGET = 3.0
+"""The classes are measured only when that costs at most this many of the uniform candidate's
+build and check (timed): after the first class, the time it took times the number of classes must
+fit; otherwise the prediction is used as it is. On the Parakeet-shaped encoder the 13 classes took
+21.7 s against a candidate's 10.1 s, and made the result 0.144x fp32 instead of 0.202x."""
+
+MIN_LAYERS_PER_CLASS = 4.0
+"""The classes are measured only when they hold this many layers each on average: a model of
+repeated blocks. Where most classes are one layer (a small CNN, PP-OCRv4's recognizer), a class's
+loss is one layer's, and the losses did not add up: on that recognizer's real lines the classes'
+losses summed to the uniform candidate's (4.06 against 3.99), yet the mix they chose, predicted at
+0.9 of the limit, measured 1.32, and the second mix kept one layer of ten in int4 (0.99x), where
+the prediction alone met the floor at 0.73x."""
+
+
+@dataclasses.dataclass
+class ClassLoss:
+    """One class: its layers, their predicted error at the uniform setting, and the loss measured
+    with only them quantized (None: not measured)."""
+
+    names: list[str]
+    predicted: float
+    measured: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "first": self.names[0],
+            "layers": len(self.names),
+            "predicted_error": self.predicted,
+            "measured_loss": self.measured
+            if self.measured is not None and math.isfinite(self.measured)
+            else None,
+        }
+
+
+def classes(model: ir.Model, names: Sequence[str], depth: int = DEPTH) -> list[list[str]]:
+    """``names`` (quantizable MatMuls) grouped by signature: the weight's shape, the op that
+    produces the input A and the ops (with the input slot they take it at) ``depth`` steps after
+    the output. In graph order of each class's first layer."""
+    wanted = set(names)
+    groups: dict[tuple[Any, ...], list[str]] = {}
+    seen: set[str] = set()
+    for _, node, b in quantizable_matmuls(model):
+        name = node.name or ""
+        if name not in wanted or name in seen:
+            continue
+        seen.add(name)
+        shape = tuple(int(d) for d in b.const_value.shape.numpy())  # type: ignore[union-attr]
+        a = node.inputs[0]
+        producer = None if a is None else a.producer()
+        key = (shape, "input" if producer is None else producer.op_type, _after(node.outputs[0], depth))
+        groups.setdefault(key, []).append(name)
+    return list(groups.values())
+
+
+def _after(value: ir.Value, depth: int) -> tuple[tuple[str, ...], ...]:
+    """The ops that consume ``value`` and what follows them, level by level (``op:slot``)."""
+    levels: list[tuple[str, ...]] = []
+    front = [value]
+    visited: set[int] = set()
+    for _ in range(depth):
+        level: set[str] = set()
+        following: list[ir.Value] = []
+        for current in front:
+            for use in current.uses():
+                level.add(f"{use.node.op_type}:{use.idx}")
+                if id(use.node) not in visited:
+                    visited.add(id(use.node))
+                    following.extend(out for out in use.node.outputs if out is not None)
+        if not level:
+            break
+        levels.append(tuple(sorted(level)))
+        front = following
+    return tuple(levels)
+
+
+def worth_measuring(groups: Sequence[ClassLoss]) -> bool:
+    """Whether the classes pool many layers each (:data:`MIN_LAYERS_PER_CLASS`), and are more than one."""
+    layers = sum(len(group.names) for group in groups)
+    return len(groups) > 1 and layers >= MIN_LAYERS_PER_CLASS * len(groups)
+
+
+def losses_of(sens: Sensitivity, groups: Sequence[Sequence[str]]) -> list[ClassLoss]:
+    """The classes with their predicted error at the uniform setting, the largest first."""
+    by_name = {node.name: node for node in sens.nodes}
+    found = [
+        ClassLoss(list(names), sum(by_name[n].options[sens.uniform[n]][0] for n in names))
+        for names in groups
+        if names and all(n in by_name and n in sens.uniform for n in names)
+    ]
+    return sorted(found, key=lambda c: -c.predicted)
+
+
+def calibrate(sens: Sensitivity, measured: Sequence[ClassLoss]) -> bool:
+    """Scale each measured class's predicted errors (every option of each of its layers) so that
+    the classes' errors are in proportion to their measured losses, their total kept (so the line
+    through the uniform candidate, and the other weights' predicted error, keep their meaning).
+    Whether anything was scaled (not when a loss is missing or none is above zero)."""
+    if not measured or any(c.measured is None or not math.isfinite(c.measured) for c in measured):
+        return False
+    total_loss = sum(c.measured or 0.0 for c in measured)
+    total_predicted = sum(c.predicted for c in measured)
+    if total_loss <= 0 or total_predicted <= 0:
+        return False
+    by_name = {node.name: node for node in sens.nodes}
+    for group in measured:
+        if group.predicted <= 0:
+            continue
+        gain = (group.measured or 0.0) / total_loss * total_predicted / group.predicted
+        for name in group.names:
+            node = by_name[name]
+            node.options = {s: (error * gain, size) for s, (error, size) in node.options.items()}
+    return True
+
+
+def measure(
+    plan: QuantizePlan,
+    quantize: QuantizeOptions,
+    groups: Sequence[ClassLoss],
+    reference: Reference,
+    cache: BlockCache | None,
+    candidate_seconds: float,
+) -> str:
+    """Each class's loss (into ``groups``) with only its layers quantized at their setting of
+    ``quantize``, checked against ``reference`` on its smallest inputs (:func:`smallest_feeds`)
+    in sessions that do not prepack (they open at once on the float weights where they lie). None
+    is measured when the classes are not worth it (:func:`worth_measuring`) or would cost more
+    than :data:`BUDGET` candidates of ``candidate_seconds``. What was done, in words."""
+    import os
+    import time
+
+    from onnx_conv2matmul.quantize import build, check
+    from onnx_conv2matmul.quantize.measure import session_options
+    from onnx_conv2matmul.quantize.search_options import Setting
+
+    layers = sum(len(group.names) for group in groups)
+    if not worth_measuring(groups):
+        return (
+            f"{len(groups)} classes of {layers} layers: not measured (fewer than"
+            f" {MIN_LAYERS_PER_CLASS:g} layers a class on average)"
+        )
+    floor = plan.verify.min_cosine
+    assert floor is not None
+    feeds = smallest_feeds(reference)
+    budget = BUDGET * candidate_seconds
+    folder = os.path.dirname(os.path.abspath(plan.src))
+    started = time.perf_counter()
+    for done, group in enumerate(groups):
+        elapsed = time.perf_counter() - started
+        if done and elapsed / done * len(groups) > budget:
+            for other in groups:
+                other.measured = None
+            return (
+                f"{len(groups)} classes of {layers} layers: not measured (at {elapsed / done:.1f} s each,"
+                f" more than {BUDGET:g} candidates' {budget:.1f} s)"
+            )
+        plan.progress.phase(f"Deciding: measuring the classes of layers ({done + 1} of {len(groups)})")
+        nodes = {}
+        for name in group.names:
+            setting = quantize.setting_for(name)
+            nodes[name] = Setting(setting.bits, setting.block_size, setting.symmetric).node_setting()
+        alone = dataclasses.replace(
+            quantize, exclude=("*",), include=(), bits_for=(), nodes=nodes, other_weights="keep"
+        )
+        candidate = build.build(plan, alone, cache)
+        session = build.open_in_memory(candidate.model, folder, session_options(plan.verify, prepack=False))
+        try:
+            checked = check.check(session, reference, plan.verify, only=feeds)
+        finally:
+            del session, candidate
+        group.measured = checked.loss(floor)
+    return f"predicted errors scaled to the losses of {len(groups)} classes of {layers} layers, measured"
+
+
+def smallest_feeds(reference: Reference) -> list[int]:
+    """The indices of the feeds of the fewest input bytes: the shortest length of synthesised
+    inputs, or every sample of a set of inputs of one size (a class's loss is then the worst over
+    them, as the criterion's is)."""
+    import numpy as np
+
+    feeds = reference.feeds.feeds
+    sizes = [sum(int(np.asarray(v).nbytes) for v in feed.values()) for feed in feeds]
+    least = min(sizes, default=0)
+    return [i for i, size in enumerate(sizes) if size == least]

@@ -1,0 +1,145 @@
+"""Classes of layers, measured (quantize/classes.py): where the predicted errors of a model of
+repeated blocks say nothing about what a layer costs the output, each class is quantized alone and
+its loss scales the prediction before the mix is chosen."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnxruntime as ort
+import pytest
+from click.testing import CliRunner
+from onnx import TensorProto, helper, numpy_helper
+
+from onnx_conv2matmul.cli.app import main
+from onnx_conv2matmul.quantize import classes as _classes
+from onnx_conv2matmul.quantize import decide as _decide
+from onnx_conv2matmul.quantize.search_options import Setting
+from onnx_conv2matmul.quantize.sensitivity import MatMulNode
+
+C, BLOCKS = 64, 12
+
+
+def repeated_blocks(blocks: int = BLOCKS, seed: int = 0) -> onnx.ModelProto:
+    """``blocks`` residual blocks of two MatMuls whose weights have the same statistics: ``q``'s
+    output is scaled by 1e-3 before it joins the residual (an attention's softmax absorbs its
+    query's error likewise), ``v``'s joins it whole. Each weight has a row of 6 that sets its
+    int4 scale (its input channel scaled by 1e-3), so int4 costs each the same relative error:
+    the prediction cannot tell them apart, the output can."""
+    rng = np.random.default_rng(seed)
+    scale = np.ones(C, np.float32)
+    scale[0] = 1e-3
+    inits = [
+        numpy_helper.from_array(np.zeros(C, np.float32), "zero"),
+        numpy_helper.from_array(np.ones(C, np.float32), "one"),
+        numpy_helper.from_array(np.full(C, 1e-3, np.float32), "quiet"),
+        numpy_helper.from_array(scale, "s"),
+    ]
+    nodes = [helper.make_node("Add", ["x", "zero"], ["h0"], name="start")]
+    for i in range(blocks):
+        for role in ("q", "v"):
+            weight = rng.standard_normal((C, C)).astype(np.float32)
+            weight[0, :] = 6.0
+            inits.append(numpy_helper.from_array(weight, f"W{role}{i}"))
+        nodes += [
+            helper.make_node("Mul", [f"h{i}", "s"], [f"hs{i}"]),
+            helper.make_node("MatMul", [f"hs{i}", f"Wq{i}"], [f"q{i}"], name=f"q{i}"),
+            helper.make_node("Mul", [f"q{i}", "quiet"], [f"qq{i}"]),
+            helper.make_node("Add", [f"h{i}", f"qq{i}"], [f"g{i}"]),
+            helper.make_node("Mul", [f"g{i}", "s"], [f"gs{i}"]),
+            helper.make_node("MatMul", [f"gs{i}", f"Wv{i}"], [f"v{i}"], name=f"v{i}"),
+            helper.make_node("Add", [f"g{i}", f"v{i}"], [f"h{i + 1}"]),
+        ]
+    nodes.append(helper.make_node("LayerNormalization", [f"h{blocks}", "one", "zero"], ["y"], axis=-1))
+    graph = helper.make_graph(
+        nodes,
+        "blocks",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "T", C])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", "T", C])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_the_layers_of_one_role_share_a_class() -> None:
+    model = ir.from_proto(repeated_blocks())
+    names = [f"{role}{i}" for i in range(BLOCKS) for role in ("q", "v")]
+    groups = _classes.classes(model, names)
+    assert sorted(name for group in groups for name in group) == sorted(names)
+    for group in groups:
+        assert len({name[0] for name in group}) == 1  # no class mixes the roles
+    assert max(len(group) for group in groups) >= BLOCKS - 2  # the blocks' depth in one class each
+    assert _classes.worth_measuring(_classes.losses_of(_sensitivity(names), groups))
+
+
+def _sensitivity(names: list[str], error: float = 0.1) -> _decide.Sensitivity:
+    int4, int8 = Setting(4, 64, False), Setting(8, 64, True)
+    nodes = []
+    for name in names:
+        node = MatMulNode(name, None, C, C, 1000)
+        node.options = {int4: (error, 100), int8: (error / 20, 300)}
+        nodes.append(node)
+    return _decide.Sensitivity(nodes, MatMulNode("(other weights)", None, 0, 0, 0), {n: int4 for n in names})
+
+
+def test_calibration_scales_each_class_to_its_loss_and_keeps_the_total() -> None:
+    sens = _sensitivity(["a1", "a2", "b1", "b2"])
+    groups = _classes.losses_of(sens, [["a1", "a2"], ["b1", "b2"]])
+    assert [g.predicted for g in groups] == pytest.approx([0.2, 0.2])
+    groups[0].measured, groups[1].measured = 0.0, 1.5
+    assert _classes.calibrate(sens, groups)
+    errors = {node.name: node.options[Setting(4, 64, False)][0] for node in sens.nodes}
+    assert errors[groups[0].names[0]] == 0.0 and errors[groups[1].names[0]] == pytest.approx(0.2)
+    assert sum(errors.values()) == pytest.approx(0.4)
+    # int8 scaled alike: the class's options keep their ratio.
+    node = next(n for n in sens.nodes if n.name == groups[1].names[0])
+    assert node.options[Setting(8, 64, True)][0] == pytest.approx(0.2 / 20)
+    # A class not measured leaves the prediction as it is.
+    other = _sensitivity(["a1", "b1"])
+    assert not _classes.calibrate(other, _classes.losses_of(other, [["a1"], ["b1"]]))
+
+
+def _quantize(src: Path, dst: Path) -> dict:
+    result = CliRunner().invoke(
+        main, ["quantize", str(src), str(dst), "--no-bench", "--report-json-stdout"], catch_exceptions=False
+    )
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("measured", [True, False], ids=["measured", "predicted-only"])
+def test_the_classes_measured_keep_the_quiet_layers_in_int4(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, measured: bool
+) -> None:
+    """The uniform int4 candidate misses (cosine about 0.82). Measured, the classes of ``q``
+    cost the output nearly nothing and those of ``v`` all of it: the mix keeps every ``q`` in
+    int4 and moves the ``v`` layers, in one candidate. Predicted only (every layer alike), the
+    mix moves nearly every layer to int8: a larger model."""
+    if not measured:
+        monkeypatch.setattr(_classes, "MIN_LAYERS_PER_CLASS", 1e9)
+    src = tmp_path / "blocks.onnx"
+    onnx.save(repeated_blocks(), src)
+    out = tmp_path / "q.onnx"
+    data = _quantize(src, out)
+    one_pass = data["one_pass"]
+    assert [c["candidate"] for c in one_pass["candidates"]] == ["uniform", "mix"]
+    classes = one_pass["classes"]
+    nodes = data["options"]["quantize"]["nodes"]
+    if measured:
+        assert all(group["measured_loss"] is not None for group in classes["measured"])
+        assert "scaled" in classes["note"]
+        assert all(nodes[f"q{i}"]["bits"] == 4 for i in range(BLOCKS))
+        assert all(nodes[f"v{i}"]["bits"] != 4 for i in range(BLOCKS))
+    else:
+        assert "not measured" in classes["note"]
+        assert sum(setting["bits"] == 4 for setting in nodes.values()) < BLOCKS
+    x = np.random.default_rng(3).standard_normal((2, 9, C)).astype(np.float32)
+    want = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    for row in range(2):
+        a, b = want[row].ravel().astype(np.float64), got[row].ravel().astype(np.float64)
+        assert a @ b / (np.linalg.norm(a) * np.linalg.norm(b)) >= 0.99
