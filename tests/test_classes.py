@@ -119,6 +119,7 @@ def test_the_classes_measured_keep_the_quiet_layers_in_int4(
     cost the output nearly nothing and those of ``v`` all of it: the mix keeps every ``q`` in
     int4 and moves the ``v`` layers, in one candidate. Predicted only (every layer alike), the
     mix moves nearly every layer to int8: a larger model."""
+    monkeypatch.setattr(_classes, "BUDGET", 1e9)  # measured whatever this machine's speed
     if not measured:
         monkeypatch.setattr(_classes, "MIN_LAYERS_PER_CLASS", 1e9)
     src = tmp_path / "blocks.onnx"
@@ -143,3 +144,15 @@ def test_the_classes_measured_keep_the_quiet_layers_in_int4(
     for row in range(2):
         a, b = want[row].ravel().astype(np.float64), got[row].ravel().astype(np.float64)
         assert a @ b / (np.linalg.norm(a) * np.linalg.norm(b)) >= 0.99
+
+
+def test_classes_that_cost_more_than_the_budget_are_not_measured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_classes, "BUDGET", 0.0)  # any time at all is too much
+    src = tmp_path / "blocks.onnx"
+    onnx.save(repeated_blocks(), src)
+    data = _quantize(src, tmp_path / "q.onnx")
+    classes = data["one_pass"]["classes"]
+    assert "not measured" in classes["note"] and "s each" in classes["note"]
+    assert all(group["measured_loss"] is None for group in classes["measured"])
