@@ -121,3 +121,12 @@ class MemoryBlockCache(BlockCache):
 
     def put(self, key: str, packed: np.ndarray, scales: np.ndarray, zero_points: np.ndarray) -> None:
         self._held[key] = (packed, scales, zero_points)
+
+    def spill(self, directory: str) -> BlockCache:
+        """The blocks held, written to files in ``directory`` and let go here: the cache to use
+        from now on (its blocks read back memory-mapped, so a build holds only those it takes)."""
+        on_disk = BlockCache(directory)
+        for key, (packed, scales, zero_points) in self._held.items():
+            on_disk.put(key, packed, scales, zero_points)
+        self._held.clear()
+        return on_disk

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import tempfile
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -37,7 +38,7 @@ from onnx_conv2matmul.quantize import check as _check
 from onnx_conv2matmul.quantize import classes as _classes
 from onnx_conv2matmul.quantize import decide as _decide
 from onnx_conv2matmul.quantize import measure as _measure
-from onnx_conv2matmul.quantize.blockwise import MemoryBlockCache
+from onnx_conv2matmul.quantize.blockwise import BlockCache, MemoryBlockCache
 from onnx_conv2matmul.quantize.check_publish import confirm_held_out
 from onnx_conv2matmul.quantize.plan import peak_rss_bytes, wants_smallest
 from onnx_conv2matmul.quantize.run_report import nbits_warnings, why_unchanged
@@ -132,9 +133,12 @@ class OnePass:
             self.candidate_seconds = time.perf_counter() - started
             self.chosen, self.checked = first, checked
             if not checked.passed:
-                self.chosen = None  # its blocks stay in the cache; the model is not needed again
+                self.chosen = None  # the model is not needed again
                 del first
-                if not self._mix(checked, cache):
+                # Its blocks go to the scratch folder: the classes' and the mix's builds read
+                # those they take, memory-mapped, instead of all of them staying in memory.
+                spilled = cache.spill(tempfile.mkdtemp(prefix="blocks-", dir=scratch))
+                if not self._mix(checked, spilled):
                     return False
             del cache
             self._publish(modes, scratch)
@@ -165,7 +169,7 @@ class OnePass:
         )
         return checked
 
-    def _mix(self, uniform: _check.Checked, cache: MemoryBlockCache) -> bool:
+    def _mix(self, uniform: _check.Checked, cache: BlockCache) -> bool:
         """Decide the per-layer mix from the uniform candidate's loss, build and check it (and once
         more, aimed through both candidates' losses, if it missed); whether one met the criterion."""
         run = self.run
@@ -200,7 +204,7 @@ class OnePass:
             missed = (decision.predicted_error, checked.loss(floor))
         return False
 
-    def _measure_classes(self, groups: list[_classes.ClassLoss], cache: MemoryBlockCache) -> None:
+    def _measure_classes(self, groups: list[_classes.ClassLoss], cache: BlockCache) -> None:
         """Each class's loss measured into ``groups`` (see :func:`_classes.measure`)."""
         assert self.measurement is not None
         self.classes = groups
