@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -55,6 +55,11 @@ class Checked:
         return max([(1.0 - self.worst_cosine) / (1.0 - floor), *(t.loss for t in self.labels)])
 
 
+def feed_bytes(feed: Mapping[str, Any]) -> int:
+    """The bytes of a feed's inputs."""
+    return sum(int(np.asarray(v).nbytes) for v in feed.values())
+
+
 def check(
     session: Any,
     reference: Reference,
@@ -72,14 +77,15 @@ def check(
     names = reference.names
     indices = list(verify.output_indices) if verify.output_indices else None
     feeds = reference.feeds.feeds
+    wanted = None if only is None else set(only)
     energy = ChannelEnergy()
     rows: list[list[OutputComparison]] = []
     per_input_byte: float | None = None
     failure = ""
     for index, feed in enumerate(feeds):
-        if only is not None and index not in only:
+        if wanted is not None and index not in wanted:
             continue
-        input_bytes = sum(int(np.asarray(v).nbytes) for v in feed.values())
+        input_bytes = feed_bytes(feed)
         fetch = bool(statistics) and (
             per_input_byte is None or per_input_byte * input_bytes <= ACTIVATION_BYTES
         )

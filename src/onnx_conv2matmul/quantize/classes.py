@@ -14,8 +14,9 @@ same op producing their input and the same ops after their output, a few steps d
 (:func:`classes`). When the uniform candidate misses, each class is quantized alone at the uniform
 setting (every other layer in float) and checked on the smallest inputs, and :func:`calibrate`
 scales each class's predicted errors to its measured loss, keeping their total. Only a model of
-repeated blocks is measured (:data:`MIN_LAYERS_PER_CLASS`), and only when it fits the pass's
-budget (:data:`BUDGET`); otherwise the prediction is used as it is.
+repeated blocks is measured (:data:`MIN_LAYERS_PER_CLASS`), of at most :data:`MAX_CLASSES`
+classes (what they cost is bounded by the model's structure, not by a clock, so the mix does not
+change with the machine's load); otherwise the prediction is used as it is.
 """
 
 from __future__ import annotations
@@ -40,11 +41,18 @@ DEPTH = 5
 """How many steps after a MatMul's output its class's signature looks (at 3, the encoder's key and
 value projections fell into one class; at 5, each role of its blocks has its own)."""
 
-BUDGET = 3.0
-"""The classes are measured only when that costs at most this many of the uniform candidate's
-build and check (timed): after the first class, the time it took times the number of classes must
-fit; otherwise the prediction is used as it is. On the Parakeet-shaped encoder the 13 classes took
-21.7 s against a candidate's 10.1 s, and made the result 0.144x fp32 instead of 0.202x."""
+MAX_CLASSES = 16
+"""At most this many classes are measured (a run of each on the smallest inputs): the bound of
+what they cost, which depends on no clock (the same model gets the same mix on a loaded machine
+as on a quiet one). The Parakeet-shaped encoder has 13: 21.7 s on a 2-core EPYC, against 10.1 s
+for the uniform candidate's build and check, for a result of 0.144x fp32 instead of 0.202x."""
+
+MAX_FEEDS = 8
+"""A class is checked on at most this many of the smallest inputs (``--inputs`` of one size)."""
+
+GAIN_FLOOR = 0.05
+"""A class's errors are scaled by at least this: one that measured no loss on the smallest inputs
+still ranks its layers among themselves, and a second mix can still move them."""
 
 MIN_LAYERS_PER_CLASS = 4.0
 """The classes are measured only when they hold this many layers each on average: a model of
@@ -116,10 +124,20 @@ def _after(value: ir.Value, depth: int) -> tuple[tuple[str, ...], ...]:
     return tuple(levels)
 
 
-def worth_measuring(groups: Sequence[ClassLoss]) -> bool:
-    """Whether the classes pool many layers each (:data:`MIN_LAYERS_PER_CLASS`), and are more than one."""
+def not_worth_measuring(groups: Sequence[ClassLoss]) -> str:
+    """Why the classes are not measured, in words; empty when they are worth it: more than one,
+    at most :data:`MAX_CLASSES`, of :data:`MIN_LAYERS_PER_CLASS` layers each on average."""
     layers = sum(len(group.names) for group in groups)
-    return len(groups) > 1 and layers >= MIN_LAYERS_PER_CLASS * len(groups)
+    if len(groups) < 2:
+        return f"{len(groups)} class of {layers} layers: nothing to tell apart"
+    if len(groups) > MAX_CLASSES:
+        return f"{len(groups)} classes of {layers} layers: not measured (more than {MAX_CLASSES})"
+    if layers < MIN_LAYERS_PER_CLASS * len(groups):
+        return (
+            f"{len(groups)} classes of {layers} layers: not measured (fewer than"
+            f" {MIN_LAYERS_PER_CLASS:g} layers a class on average)"
+        )
+    return ""
 
 
 def losses_of(sens: Sensitivity, groups: Sequence[Sequence[str]]) -> list[ClassLoss]:
@@ -130,17 +148,18 @@ def losses_of(sens: Sensitivity, groups: Sequence[Sequence[str]]) -> list[ClassL
         for names in groups
         if names and all(n in by_name and n in sens.uniform for n in names)
     ]
-    return sorted(found, key=lambda c: -c.predicted)
+    return sorted((c for c in found if math.isfinite(c.predicted)), key=lambda c: -c.predicted)
 
 
 def calibrate(sens: Sensitivity, measured: Sequence[ClassLoss]) -> bool:
     """Scale each measured class's predicted errors (every option of each of its layers) so that
     the classes' errors are in proportion to their measured losses, their total kept (so the line
     through the uniform candidate, and the other weights' predicted error, keep their meaning).
-    Whether anything was scaled (not when a loss is missing or none is above zero)."""
+    A class's gain is at least :data:`GAIN_FLOOR` (the total then grows by that much). Whether
+    anything was scaled (not when a loss is missing or not finite, or none is above zero)."""
     if not measured or any(c.measured is None or not math.isfinite(c.measured) for c in measured):
         return False
-    total_loss = sum(c.measured or 0.0 for c in measured)
+    total_loss = sum(max(0.0, c.measured or 0.0) for c in measured)
     total_predicted = sum(c.predicted for c in measured)
     if total_loss <= 0 or total_predicted <= 0:
         return False
@@ -148,7 +167,8 @@ def calibrate(sens: Sensitivity, measured: Sequence[ClassLoss]) -> bool:
     for group in measured:
         if group.predicted <= 0:
             continue
-        gain = (group.measured or 0.0) / total_loss * total_predicted / group.predicted
+        share = max(0.0, group.measured or 0.0) / total_loss
+        gain = max(GAIN_FLOOR, share * total_predicted / group.predicted)
         for name in group.names:
             node = by_name[name]
             node.options = {s: (error * gain, size) for s, (error, size) in node.options.items()}
@@ -161,41 +181,29 @@ def measure(
     groups: Sequence[ClassLoss],
     reference: Reference,
     cache: BlockCache | None,
-    candidate_seconds: float,
 ) -> str:
     """Each class's loss (into ``groups``) with only its layers quantized at their setting of
     ``quantize``, checked against ``reference`` on its smallest inputs (:func:`smallest_feeds`)
-    in sessions that do not prepack (they open at once on the float weights where they lie). None
-    is measured when the classes are not worth it (:func:`worth_measuring`) or would cost more
-    than :data:`BUDGET` candidates of ``candidate_seconds``. What was done, in words."""
+    in sessions that do not prepack (they open at once on the float weights where they lie).
+    None is measured when the classes are not worth it (:func:`not_worth_measuring`); all are
+    let go when one cannot be measured (onnxruntime cannot run it, or its loss is not finite) or
+    memory runs out. What was done, in words."""
     import os
-    import time
 
+    from onnx_conv2matmul.errors import OutOfMemory
     from onnx_conv2matmul.quantize import build, check
     from onnx_conv2matmul.quantize.measure import session_options
     from onnx_conv2matmul.quantize.search_options import Setting
 
-    layers = sum(len(group.names) for group in groups)
-    if not worth_measuring(groups):
-        return (
-            f"{len(groups)} classes of {layers} layers: not measured (fewer than"
-            f" {MIN_LAYERS_PER_CLASS:g} layers a class on average)"
-        )
+    why_not = not_worth_measuring(groups)
+    if why_not:
+        return why_not
     floor = plan.verify.min_cosine
     assert floor is not None
-    feeds = smallest_feeds(reference)
-    budget = BUDGET * candidate_seconds
+    feeds = smallest_feeds(reference)[:MAX_FEEDS]
     folder = os.path.dirname(os.path.abspath(plan.src))
-    started = time.perf_counter()
+    layers = sum(len(group.names) for group in groups)
     for done, group in enumerate(groups):
-        elapsed = time.perf_counter() - started
-        if done and elapsed / done * len(groups) > budget:
-            for other in groups:
-                other.measured = None
-            return (
-                f"{len(groups)} classes of {layers} layers: not measured (at {elapsed / done:.1f} s each,"
-                f" more than {BUDGET:g} candidates' {budget:.1f} s)"
-            )
         plan.progress.phase(f"Deciding: measuring the classes of layers ({done + 1} of {len(groups)})")
         nodes = {}
         for name in group.names:
@@ -204,23 +212,36 @@ def measure(
         alone = dataclasses.replace(
             quantize, exclude=("*",), include=(), bits_for=(), nodes=nodes, other_weights="keep"
         )
-        candidate = build.build(plan, alone, cache)
-        session = build.open_in_memory(candidate.model, folder, session_options(plan.verify, prepack=False))
+        failure = ""
         try:
+            candidate = build.build(plan, alone, cache)
+            session = build.open_in_memory(
+                candidate.model, folder, session_options(plan.verify, prepack=False)
+            )
+            del candidate
             checked = check.check(session, reference, plan.verify, only=feeds)
-        finally:
-            del session, candidate
-        group.measured = checked.loss(floor)
-    return f"predicted errors scaled to the losses of {len(groups)} classes of {layers} layers, measured"
+            del session
+            group.measured = checked.loss(floor)
+            failure = checked.failure if checked.worst_cosine is None else ""
+        except OutOfMemory:
+            failure = "memory ran out"
+        if failure or group.measured is None or not math.isfinite(group.measured):
+            for other in groups:
+                other.measured = None
+            return (
+                f"{len(groups)} classes of {layers} layers: not measured (the class of {group.names[0]}:"
+                f" {failure or 'no loss could be measured'})"
+            )
+    return f"{len(groups)} classes of {layers} layers measured"
 
 
 def smallest_feeds(reference: Reference) -> list[int]:
     """The indices of the feeds of the fewest input bytes: the shortest length of synthesised
     inputs, or every sample of a set of inputs of one size (a class's loss is then the worst over
     them, as the criterion's is)."""
-    import numpy as np
+    from onnx_conv2matmul.quantize.check import feed_bytes
 
     feeds = reference.feeds.feeds
-    sizes = [sum(int(np.asarray(v).nbytes) for v in feed.values()) for feed in feeds]
+    sizes = [feed_bytes(feed) for feed in feeds]
     least = min(sizes, default=0)
     return [i for i, size in enumerate(sizes) if size == least]

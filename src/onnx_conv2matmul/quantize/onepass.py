@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
+import shutil
 import tempfile
 import time
 from typing import TYPE_CHECKING, Any
@@ -97,8 +99,6 @@ class OnePass:
     decision: _decide.Decision | None = None
     first_failure: str = ""
     """The first candidate's failure in words (the uniform settings'), when it missed."""
-    candidate_seconds: float = 0.0
-    """The uniform candidate's build and check, timed (the classes' budget)."""
     classes: list[_classes.ClassLoss] = dataclasses.field(default_factory=list)
     classes_note: str = ""
     classes_seconds: float = 0.0
@@ -125,20 +125,19 @@ class OnePass:
                     shared.measurement = self.measurement
             cache = MemoryBlockCache()
             progress.phase("Quantizing")
-            started = time.perf_counter()
             first = _build.build(plan, run.quantize, cache)
             statistics = _matmul_inputs(first.model)
             progress.phase("Checking the candidate (uniform settings)")
             checked = self._checked(first, statistics, "uniform")
-            self.candidate_seconds = time.perf_counter() - started
             self.chosen, self.checked = first, checked
             if not checked.passed:
                 self.chosen = None  # the model is not needed again
                 del first
                 # Its blocks go to the scratch folder: the classes' and the mix's builds read
                 # those they take, memory-mapped, instead of all of them staying in memory.
-                spilled = cache.spill(tempfile.mkdtemp(prefix="blocks-", dir=scratch))
-                if not self._mix(checked, spilled):
+                blocks = tempfile.mkdtemp(prefix="blocks-", dir=scratch)
+                stack.callback(shutil.rmtree, blocks, ignore_errors=True)  # a trade's scratch outlives this
+                if not self._mix(checked, cache.spill(blocks)):
                     return False
             del cache
             self._publish(modes, scratch)
@@ -185,10 +184,8 @@ class OnePass:
             speed_filter = report.kernel_plan.speed_filter(run.quantize.accuracy_level, plan.speed.margin)
         fp32 = _build.load_rewritten(plan)
         sens = _decide.sensitivity(fp32, run.quantize, uniform.activations, speed_filter)
-        groups = _classes.losses_of(sens, _classes.classes(fp32, [node.name for node in sens.nodes]))
+        self._measure_classes(sens, fp32, loss, cache)
         del fp32
-        self._measure_classes(groups, cache)
-        _classes.calibrate(sens, groups)
         missed: tuple[float, float] | None = None
         for step in range(2):
             decision = _decide.decide(sens, run.quantize, loss, missed=missed)
@@ -204,20 +201,27 @@ class OnePass:
             missed = (decision.predicted_error, checked.loss(floor))
         return False
 
-    def _measure_classes(self, groups: list[_classes.ClassLoss], cache: BlockCache) -> None:
-        """Each class's loss measured into ``groups`` (see :func:`_classes.measure`)."""
+    def _measure_classes(self, sens: _decide.Sensitivity, fp32: Any, loss: float, cache: BlockCache) -> None:
+        """The classes of ``fp32``'s layers measured (:func:`_classes.measure`) and the
+        prediction scaled to them; not when the uniform candidate's loss is not finite."""
         assert self.measurement is not None
+        run = self.run
+        groups = _classes.losses_of(sens, _classes.classes(fp32, [node.name for node in sens.nodes]))
         self.classes = groups
+        if not math.isfinite(loss):
+            self.classes_note = "not measured: the uniform candidate's loss is not finite"
+            return
         started = time.perf_counter()
-        self.classes_note = _classes.measure(
-            self.run.plan,
-            self.run.quantize,
-            groups,
-            self.measurement.reference,
-            cache,
-            self.candidate_seconds,
-        )
+        note = _classes.measure(run.plan, run.quantize, groups, self.measurement.reference, cache)
         self.classes_seconds = time.perf_counter() - started
+        if all(group.measured is not None for group in groups):
+            applied = _classes.calibrate(sens, groups)
+            note += (
+                ": the predicted errors scaled to their losses"
+                if applied
+                else ": not applied (no class lost anything measurable)"
+            )
+        self.classes_note = note
 
     def _publish(self, modes: tuple[int, int], scratch: str) -> None:
         """Write the chosen candidate once, report it, time it and publish it when it passed."""
