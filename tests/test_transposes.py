@@ -4,6 +4,7 @@ outputs), so no test depends on how fast anything runs."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -133,6 +134,16 @@ def test_the_smaller_model_must_be_within_the_margin_twice(tmp_path: Path, again
     _, with_ = trade["models"]
     assert with_["latency_ratio"] == pytest.approx(max(1.099, again))
     assert data["quantized_nodes"] == (1 if kept == "with them" else 0)
+
+
+def test_the_slower_of_two_timings_pairs_inputs_or_takes_the_slower_whole() -> None:
+    from onnx_conv2matmul.quantize.transposes import _slower
+
+    first = Layout("with them", True, 400, True, (1.05, 1.20))
+    assert _slower(first, dataclasses.replace(first, ratios=(1.10, 1.00))).ratios == (1.10, 1.20)
+    # Timed at other inputs the second time: the slower as a whole, never the faster one.
+    assert _slower(first, dataclasses.replace(first, ratios=(1.02,))).ratios == (1.05, 1.20)
+    assert _slower(first, dataclasses.replace(first, ratios=(1.30,))).ratios == (1.30,)
 
 
 def test_a_faster_smaller_model_is_not_timed_again(tmp_path: Path) -> None:

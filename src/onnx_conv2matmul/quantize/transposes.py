@@ -217,17 +217,13 @@ def decide(
             progress("Timing both against the original again (the choice hinges on the margin)")
             first = {i: layouts[i] for i in timed}
             _, busy = _time(src, made, layouts, timed, timing, verify, options)
-            confirmed = "; timed again: " + ", ".join(
-                f"{first[i].name} {_times(first[i])}, then {_times(layouts[i])}" for i in timed
-            )
-            confirmed += " (each weighed at the slower of its two timings)"
-            for i in timed:
-                ratios = first[i].ratios or ()
-                again = layouts[i].ratios or ()
-                if len(ratios) == len(again):
-                    layouts[i] = dataclasses.replace(
-                        layouts[i], ratios=tuple(max(a, b) for a, b in zip(ratios, again, strict=True))
-                    )
+            if not busy:  # else weighed as untimed, as the first timing would have been
+                confirmed = "; timed again: " + ", ".join(
+                    f"{first[i].name} {_times(first[i])}, then {_times(layouts[i])}" for i in timed
+                )
+                confirmed += " (each weighed at the slower of its two timings)"
+                for i in timed:
+                    layouts[i] = _slower(first[i], layouts[i])
         if busy:
             timed_on += f"; {busy}"
     original = model_file_bytes(src)
@@ -281,6 +277,15 @@ def _time(
         # choice would flip with the load).
         return result.lengths_rule, f"timed on a busy machine, not used ({busy_text(result.cpu_wait)})"
     return result.lengths_rule, ""
+
+
+def _slower(first: Layout, again: Layout) -> Layout:
+    """``again`` with, at each input, the larger of its two latency ratios; the slower of the two
+    as a whole when they were not timed at the same inputs."""
+    ratios, more = first.ratios or (), again.ratios or ()
+    if len(ratios) == len(more):
+        return dataclasses.replace(again, ratios=tuple(max(a, b) for a, b in zip(ratios, more, strict=True)))
+    return first if (first.speed or 0.0) >= (again.speed or 0.0) else again
 
 
 def _times(layout: Layout) -> str:
