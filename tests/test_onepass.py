@@ -1,5 +1,6 @@
 """The default quantize run as one pass (quantize/onepass.py): the original measured once, at most
-two candidates built in memory and checked, the result written once."""
+two candidates built in memory and checked (the classes of layers: tests/test_classes.py), the
+result written once."""
 
 from __future__ import annotations
 

@@ -111,7 +111,7 @@ class BlockCache:
 
 class MemoryBlockCache(BlockCache):
     """A :class:`BlockCache` held in memory: the one pass's second build reads the blocks its
-    first build quantized (nothing is written; the arrays go with the cache)."""
+    first build quantized (nothing is written until :meth:`spill`; the arrays go with the cache)."""
 
     def __init__(self) -> None:  # no directory
         self._held: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}

@@ -11,13 +11,15 @@ algorithm), the run is, in order, each stage entered once:
 3. **check** (:mod:`~onnx_conv2matmul.quantize.check`): that candidate run once on every feed,
    compared as the outputs arrive; its run also gives each MatMul input's statistics;
 4. only when it missed the criterion, **decide** (:mod:`~onnx_conv2matmul.quantize.decide`)
-   chooses each layer's setting from predicted sensitivity and the measured loss, and the mix is
-   built (its int4 blocks are those of the first build) and checked once;
+   chooses each layer's setting from predicted sensitivity (on a model of repeated blocks,
+   scaled to the loss of each class of layers quantized alone, :mod:`~onnx_conv2matmul.quantize.classes`)
+   and the measured loss, and the mix is built (its int4 blocks are those of the first build,
+   spilled to the scratch folder and read back memory-mapped) and checked once;
 5. the candidate that met the criterion is written once, timed at the same length, published.
 
-That is two quantizations and two candidate runs at most; should the mix miss as well, a third,
-aimed on the line through both candidates' measured losses, is made, and after it the run falls
-back to the search
+That is two quantizations and two candidate runs at most, besides the classes' short runs;
+should the mix miss as well, a third, aimed on the line through both candidates' measured
+losses, is made, and after it the run falls back to the search
 (:mod:`~onnx_conv2matmul.quantize.search`). :class:`OnePass` holds the run's state.
 """
 
