@@ -294,7 +294,8 @@ def test_only_a_measurably_slower_result_is_warned_about() -> None:
 
 def test_auto_is_offered_every_setting_and_the_fallback_search_what_is_not_slower(tmp_path: Path) -> None:
     """--auto asks for the smallest model: its search gets no speed filter (a small CNN whose
-    layers all ran faster in float came out at 0.95x fp32 instead of 0.73x). The search that runs
+    layers all ran faster in float came out at 0.95x fp32 instead of 0.73x) and no kernel setting
+    chosen for speed. The search that runs
     because the default settings fell below the floor keeps the filter. Only which search got a
     filter is asserted, never what the timings were."""
     code, data, stderr = _run(
@@ -309,7 +310,9 @@ def test_auto_is_offered_every_setting_and_the_fallback_search_what_is_not_slowe
         *FAST,
     )
     assert code == 0, stderr
-    assert data["kernel_costs"] is not None and data["kernel_costs"]["search"] is None
+    # Nor are its block size and accuracy level chosen for speed (level 4 quantizes the
+    # activations too: PP-OCRv4's detector came out at 1.00x with it, 0.435x without).
+    assert data["kernel_costs"] is None
     code, data, stderr = _run("quantize", ENCODER, tmp_path / "b.onnx", "--min-cosine", "0.9999", *FAST)
     assert code == 0, stderr
     assert data["accuracy"].get("fallback") is not None  # the defaults fell below: the search ran

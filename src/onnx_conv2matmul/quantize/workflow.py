@@ -197,9 +197,12 @@ def _auto_or_default(plan: QuantizePlan, output: _output.Output, scratch: str) -
     plan.progress.phase("Searching for the smallest settings that meet the criterion (--auto)")
     search_request = dataclasses.replace(request, progress=None, candidate=True)
     trade = default.transposes
-    if trade is not None and "default" in made:
+    missed = trade is not None and any(not m.passed and not m.not_made for m in trade.layouts)
+    if trade is not None and "default" in made and not missed:
         # The layout of the convs that add Transposes was weighed by the default run's models:
-        # the search runs on the one kept, not once per layout.
+        # the search runs on the one kept, not once per layout. Not when a layout's one pass
+        # missed the criterion: the search may meet it there (PP-OCRv4 det: the layout with the
+        # Transposes at 0.435x, where the one kept, without them, stays 1.00x).
         convert = dataclasses.replace(plan.convert, allow_added_transposes=trade.chosen.with_transposes)
         search_request = dataclasses.replace(search_request, convert=convert, transposes=None)
     try:
@@ -346,11 +349,10 @@ def _rewrite(run: Run, model: ir.Model) -> ConvertReport:
     report.rewrite = rewrite.totals()
     report.weights_with_rewrite = weight_stats(model)
     speed = plan.speed
-    # --prefer size: the settings are not chosen for speed (accuracy level 4 quantizes the
-    # activations too, and its error leaves more layers in float: PP-OCRv4's detector came out
-    # unchanged, 1.00x, where level 0 gives 0.44x). --auto, which asks for the smallest model as
-    # well, keeps the choice: its search measures each setting's accuracy at the level chosen.
-    for_size = wants_smallest(plan.request) and plan.request.auto is None
+    # --prefer size and --auto: the settings are not chosen for speed (accuracy level 4 quantizes
+    # the activations too, and its error leaves more layers in float: PP-OCRv4's detector came out
+    # unchanged, 1.00x, where level 0 gives 0.44x; with --auto, whose search kept level 4, 1.00x too).
+    for_size = wants_smallest(plan.request)
     if speed is not None and speed.mode == "shapes" and speed.chooses and not plan.int8 and not for_size:
         from onnx_conv2matmul.quantize import kernel
 
