@@ -186,8 +186,9 @@ class OnePass:
             speed_filter = report.kernel_plan.speed_filter(run.quantize.accuracy_level, plan.speed.margin)
         fp32 = _build.load_rewritten(plan)
         sens = _decide.sensitivity(fp32, run.quantize, uniform.activations, speed_filter)
-        self._measure_classes(sens, fp32, loss, cache)
-        del fp32
+        groups = _classes.losses_of(sens, _classes.classes(fp32, [node.name for node in sens.nodes]))
+        del fp32  # before the classes' builds: each holds its own rewritten weights
+        self._measure_classes(sens, groups, loss, cache)
         missed: tuple[float, float] | None = None
         for step in range(2):
             decision = _decide.decide(sens, run.quantize, loss, missed=missed)
@@ -203,12 +204,13 @@ class OnePass:
             missed = (decision.predicted_error, checked.loss(floor))
         return False
 
-    def _measure_classes(self, sens: _decide.Sensitivity, fp32: Any, loss: float, cache: BlockCache) -> None:
-        """The classes of ``fp32``'s layers measured (:func:`_classes.measure`) and the
-        prediction scaled to them; not when the uniform candidate's loss is not finite."""
+    def _measure_classes(
+        self, sens: _decide.Sensitivity, groups: list[_classes.ClassLoss], loss: float, cache: BlockCache
+    ) -> None:
+        """The classes measured (:func:`_classes.measure`) and the prediction scaled to them; not
+        when the uniform candidate's loss is not finite."""
         assert self.measurement is not None
         run = self.run
-        groups = _classes.losses_of(sens, _classes.classes(fp32, [node.name for node in sens.nodes]))
         self.classes = groups
         if not math.isfinite(loss):
             self.classes_note = "not measured: the uniform candidate's loss is not finite"
@@ -216,7 +218,7 @@ class OnePass:
         started = time.perf_counter()
         note = _classes.measure(run.plan, run.quantize, groups, self.measurement.reference, cache)
         self.classes_seconds = time.perf_counter() - started
-        if all(group.measured is not None for group in groups):
+        if groups and all(group.measured is not None for group in groups):
             applied = _classes.calibrate(sens, groups)
             note += (
                 ": the predicted errors scaled to their losses"
