@@ -303,3 +303,25 @@ def test_auto_searches_only_the_layout_the_default_run_kept(
     report = json.loads(result.stdout)
     assert len(searches) == 1
     assert report["transposes"]["kept"] in ("with them", "without them") and report["verification"]["passed"]
+
+
+@pytest.mark.parametrize(
+    ("kept_quantized", "other_passed", "both"),
+    [(0, False, True), (3, False, False), (0, True, False)],
+    ids=["kept-nothing-other-missed", "kept-something", "other-passed"],
+)
+def test_auto_searches_both_layouts_only_when_the_one_kept_quantized_nothing(
+    kept_quantized: int, other_passed: bool, both: bool
+) -> None:
+    """--auto's search runs on the layout the default run kept, unless that one quantized nothing
+    while the other's one pass missed the criterion (PP-OCRv4 det: with the Transposes 0.435x, the
+    layout kept, without them, 1.00x); a layout that was not made did not miss."""
+    from onnx_conv2matmul.quantize.trade import TransposeTrade
+    from onnx_conv2matmul.quantize.workflow import search_both
+
+    kept = Layout("without them", False, 1000, True, (1.0,), kept_quantized)
+    other = Layout("with them", True, 1000 if not other_passed else 400, other_passed, (1.2,), 0)
+    trade = TransposeTrade(1, 0.8, 1000, (kept, other), Prefer.SIZE, 0.1, 0, "")
+    assert search_both(trade) is both
+    not_made = dataclasses.replace(other, passed=False, not_made="not made: ...")
+    assert not search_both(dataclasses.replace(trade, layouts=(kept, not_made)))

@@ -197,12 +197,9 @@ def _auto_or_default(plan: QuantizePlan, output: _output.Output, scratch: str) -
     plan.progress.phase("Searching for the smallest settings that meet the criterion (--auto)")
     search_request = dataclasses.replace(request, progress=None, candidate=True)
     trade = default.transposes
-    missed = trade is not None and any(not m.passed and not m.not_made for m in trade.layouts)
-    if trade is not None and "default" in made and not missed:
+    if trade is not None and "default" in made and not search_both(trade):
         # The layout of the convs that add Transposes was weighed by the default run's models:
-        # the search runs on the one kept, not once per layout. Not when a layout's one pass
-        # missed the criterion: the search may meet it there (PP-OCRv4 det: the layout with the
-        # Transposes at 0.435x, where the one kept, without them, stays 1.00x).
+        # the search runs on the one kept, not once per layout.
         convert = dataclasses.replace(plan.convert, allow_added_transposes=trade.chosen.with_transposes)
         search_request = dataclasses.replace(search_request, convert=convert, transposes=None)
     try:
@@ -228,6 +225,15 @@ def _auto_or_default(plan: QuantizePlan, output: _output.Output, scratch: str) -
             f" what the search found ({found}): it is kept"
         )
     return report
+
+
+def search_both(trade: TransposeTrade) -> bool:
+    """Whether ``--auto``'s search runs on both layouts of the default run's Transposes' trade,
+    not only on the one it kept: when that one quantized nothing and the other's one pass missed
+    the criterion, the search may meet it there (PP-OCRv4 det: the layout with the Transposes at
+    0.435x, where the one kept, without them, stays 1.00x)."""
+    missed = any(not layout.passed and not layout.not_made for layout in trade.layouts)
+    return missed and trade.chosen.quantized_nodes == 0
 
 
 def _weigh(plan: QuantizePlan, scratch: str) -> tuple[QuantizePlan, TransposeTrade | None, Made | None]:
