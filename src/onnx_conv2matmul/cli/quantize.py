@@ -57,7 +57,8 @@ from onnx_conv2matmul.quantize.options import DEFAULT_MAX_EVALUATIONS, resolve
     default=None,
     help=(
         "MatMulNBits accuracy level (4: int8 activations, faster on most CPUs); pins it [default: the"
-        " faster of 0 and 4 on this CPU that meets the accuracy target; 0 with --no-bench]."
+        " faster of 0 and 4 on this CPU that meets the accuracy target; 0 with --no-bench, --auto or"
+        " --prefer size]."
     ),
 )
 @bench_options
