@@ -80,6 +80,7 @@ def test_below_the_floor_two_candidates_and_the_mix_meets_it(tmp_path: Path) -> 
     data = _quantize(src, out)
     candidates = data["one_pass"]["candidates"]
     assert len(candidates) == 2 and not candidates[0]["passed"] and candidates[1]["passed"]
+    assert "decision" not in candidates[0] and candidates[1]["decision"] == data["one_pass"]["decision"]
     assert data["quantized_nodes"] == 1 and sorted(os.listdir(out.parent)) == ["q.onnx"]
     x = np.random.default_rng(3).standard_normal((2, 9, 64)).astype(np.float32)
     want = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]

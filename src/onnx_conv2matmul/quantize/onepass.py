@@ -198,6 +198,7 @@ class OnePass:
             checked = self._checked(
                 candidate, [], "mix" if step == 0 else "mix, aimed through both candidates"
             )
+            self.candidates[-1]["decision"] = decision.to_dict()  # each mix's, not only the last
             if checked.passed:
                 self.chosen, self.checked, self.decision = candidate, checked, decision
                 return True
