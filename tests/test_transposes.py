@@ -325,3 +325,26 @@ def test_auto_searches_both_layouts_only_when_the_one_kept_quantized_nothing(
     assert search_both(trade) is both
     not_made = dataclasses.replace(other, passed=False, not_made="not made: ...")
     assert not search_both(dataclasses.replace(trade, layouts=(kept, not_made)))
+
+
+def test_a_second_timing_on_a_busy_machine_weighs_the_layouts_as_untimed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first timing (quiet) keeps the smaller layout within the margin; the second, taken on
+    a busy machine, is not used: the layouts are weighed as untimed (the one without them) and the
+    reason claims no second timing."""
+    from onnx_conv2matmul.quantize import transposes
+
+    real, calls = transposes._time, []
+
+    def busy_the_second_time(*args: Any, **kwargs: Any) -> tuple[str, str]:
+        rule, busy = real(*args, **kwargs)
+        calls.append(1)
+        return (rule, "timed on a busy machine, not used (faked)") if len(calls) == 2 else (rule, busy)
+
+    monkeypatch.setattr(transposes, "_time", busy_the_second_time)
+    data = _run(tmp_path, Prefer.BALANCED, 1.05)
+    trade = data["transposes"]
+    assert isinstance(trade, dict) and len(calls) == 2
+    assert trade["kept"] == "without them" and "timed again" not in trade["reason"]
+    assert "busy" in trade["timed_on"]

@@ -209,14 +209,17 @@ def decide(
     timed_on = busy = confirmed = ""
     timed = [i for i, m in enumerate(made) if m is not None]
     if timing is not None and timed:
+        from onnx_conv2matmul.speed.inputs import timing_inputs
+
         progress("Timing both against the original")
-        timed_on, busy = _time(src, made, layouts, timed, timing, verify, options)
+        timing = timing_inputs(src, timing, verify)  # planned once, for both timings
+        timed_on, busy = _time(src, made, layouts, timed, timing, options)
         if not busy and options.prefer is Prefer.BALANCED and _hinges_on_the_margin(layouts, options.margin):
             # The smaller model is kept only because it timed within the margin: a choice that
             # flips with the load unless it holds twice (issue 42, item 3).
             progress("Timing both against the original again (the choice hinges on the margin)")
             first = {i: layouts[i] for i in timed}
-            _, busy = _time(src, made, layouts, timed, timing, verify, options)
+            _, busy = _time(src, made, layouts, timed, timing, options)
             if not busy:  # else weighed as untimed, as the first timing would have been
                 confirmed = "; timed again: " + ", ".join(
                     f"{first[i].name} {_times(first[i])}, then {_times(layouts[i])}" for i in timed
@@ -253,18 +256,17 @@ def _time(
     layouts: list[Layout],
     timed: Sequence[int],
     timing: Any,
-    verify: Any,
     options: TransposeOptions,
 ) -> tuple[str, str]:
-    """Time the models made against ``src`` (fresh sessions, interleaved) into ``layouts``' ratios:
-    the lengths' rule, and why the timings are not used when the machine was busy (else empty)."""
-    from onnx_conv2matmul.speed.inputs import timing_inputs
+    """Time the models made against ``src`` (fresh sessions, interleaved, with ``timing``'s
+    planned inputs) into ``layouts``' ratios: the lengths' rule, and why the timings are not used
+    when the machine was busy (else empty)."""
     from onnx_conv2matmul.speed.machine import busy_text, is_busy
     from onnx_conv2matmul.speed.timing import time_models
 
     result = time_models(
         [src, *(made[i].path for i in timed)],  # type: ignore[union-attr]
-        timing_inputs(src, timing, verify),
+        timing,
         labels=["original", *(layouts[i].name for i in timed)],
         clock=options.clock,
         session_factory=options.session_factory,
