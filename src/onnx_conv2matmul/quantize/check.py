@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -21,6 +21,7 @@ import numpy as np
 from onnx_conv2matmul.errors import OutOfMemory
 from onnx_conv2matmul.quantize.search_runs import ACTIVATION_BYTES, ChannelEnergy, _run
 from onnx_conv2matmul.verify.compare import worst_cosine
+from onnx_conv2matmul.verify.feeds import feed_bytes
 from onnx_conv2matmul.verify.labels import TaskResult, failed, task_results
 from onnx_conv2matmul.verify.run import release_freed_memory
 
@@ -53,11 +54,6 @@ class Checked:
         if self.worst_cosine is None or floor >= 1:
             return math.inf
         return max([(1.0 - self.worst_cosine) / (1.0 - floor), *(t.loss for t in self.labels)])
-
-
-def feed_bytes(feed: Mapping[str, Any]) -> int:
-    """The bytes of a feed's inputs."""
-    return sum(int(np.asarray(v).nbytes) for v in feed.values())
 
 
 def check(

@@ -239,7 +239,7 @@ def smallest_feeds(reference: Reference) -> list[int]:
     """The indices of the feeds of the fewest input bytes: the shortest length of synthesised
     inputs, or every sample of a set of inputs of one size (a class's loss is then the worst over
     them, as the criterion's is)."""
-    from onnx_conv2matmul.quantize.check import feed_bytes
+    from onnx_conv2matmul.verify.feeds import feed_bytes
 
     feeds = reference.feeds.feeds
     sizes = [feed_bytes(feed) for feed in feeds]

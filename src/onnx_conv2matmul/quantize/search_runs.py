@@ -25,6 +25,7 @@ from onnx_conv2matmul.quantize.reference import Reference
 from onnx_conv2matmul.quantize.search_options import AutoOptions
 from onnx_conv2matmul.quantize.search_result import AutoConfig, apply
 from onnx_conv2matmul.quantize.sensitivity import MatMulNode
+from onnx_conv2matmul.verify.feeds import feed_bytes
 from onnx_conv2matmul.verify.labels import TaskResult, agreement_floor, failed
 from onnx_conv2matmul.verify.run import release_freed_memory
 
@@ -313,7 +314,7 @@ def _reference(
             ) from err
 
     def input_bytes(index: int) -> int:
-        return sum(int(np.asarray(v).nbytes) for v in feeds[index].values())
+        return feed_bytes(feeds[index])
 
     measured = [0]
     session = _session(prepared.activations_path, deterministic)

@@ -21,14 +21,11 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from onnx_conv2matmul.speed.timing import TimingOptions
+from onnx_conv2matmul.verify.feeds import feed_bytes
 from onnx_conv2matmul.verify.options import VerifyOptions, feed_source
 
 MAX_TIMED_FEEDS = 2
 """Real inputs timed at most: the smallest and the largest."""
-
-
-def _bytes(feed: Mapping[str, np.ndarray]) -> int:
-    return sum(int(np.asarray(a).nbytes) for a in feed.values())
 
 
 def shapes_text(feed: Mapping[str, np.ndarray]) -> str:
@@ -41,7 +38,7 @@ def pick_feeds(feeds: Sequence[Mapping[str, np.ndarray]]) -> list[int]:
     equals), in that order; one when there is one size."""
     if not feeds:
         return []
-    sizes = [_bytes(feed) for feed in feeds]
+    sizes = [feed_bytes(feed) for feed in feeds]
     small = min(range(len(feeds)), key=lambda i: (sizes[i], i))
     large = max(range(len(feeds)), key=lambda i: (sizes[i], -i))
     return [small] if sizes[small] == sizes[large] else [small, large]
@@ -93,7 +90,7 @@ def given_inputs(
     timed = {i: first_sample(feeds[i], specs) for i in chosen}
     described = "; ".join(
         f"{i + 1}: {feed_source(feeds[i], i)} ({shapes_text(timed[i])}"
-        + (", its first sample" if _bytes(timed[i]) < _bytes(feeds[i]) else "")
+        + (", its first sample" if feed_bytes(timed[i]) < feed_bytes(feeds[i]) else "")
         + ")"
         for i in chosen
     )

@@ -79,6 +79,11 @@ def synthesise_inputs(
     return feeds, how
 
 
+def feed_bytes(feed: Mapping[str, np.ndarray]) -> int:
+    """The bytes of a feed's inputs."""
+    return sum(int(np.asarray(v).nbytes) for v in feed.values())
+
+
 def feed_samples(feed: Mapping[str, np.ndarray]) -> int:
     """How many samples one run's inputs hold: the first dim of its float inputs of rank 2 or
     more when they all agree on it (a batch; integer ids when no float input has rank 2, see
