@@ -193,7 +193,6 @@ def measure(
     from onnx_conv2matmul.errors import OutOfMemory
     from onnx_conv2matmul.quantize import build, check
     from onnx_conv2matmul.quantize.measure import session_options
-    from onnx_conv2matmul.quantize.search_options import Setting
 
     why_not = not_worth_measuring(groups)
     if why_not:
@@ -205,13 +204,7 @@ def measure(
     layers = sum(len(group.names) for group in groups)
     for done, group in enumerate(groups):
         plan.progress.phase(f"Deciding: measuring the classes of layers ({done + 1} of {len(groups)})")
-        nodes = {}
-        for name in group.names:
-            setting = quantize.setting_for(name)
-            nodes[name] = Setting(setting.bits, setting.block_size, setting.symmetric).node_setting()
-        alone = dataclasses.replace(
-            quantize, exclude=("*",), include=(), bits_for=(), nodes=nodes, other_weights="keep"
-        )
+        alone = quantize.only({name: quantize.setting_for(name) for name in group.names})
         failure = ""
         try:
             candidate = build.build(plan, alone, cache)

@@ -164,13 +164,9 @@ def decide(
     nodes = {node.name: node.choose(chosen_tradeoff)[0] for node in sens.nodes}
     int8_others = bool(sens.others.options) and sens.others.choose(chosen_tradeoff)[0] == OTHER_INT8
     config = AutoConfig(nodes, int8_others, options.accuracy_level)
-    mix = dataclasses.replace(
-        options,
-        exclude=("*",),
-        include=(),
-        bits_for=(),
-        nodes={name: setting.node_setting() for name, setting in sorted(nodes.items())},
-        other_weights="int8" if int8_others else "keep",
+    mix = options.only(
+        {name: setting.node_setting() for name, setting in sorted(nodes.items())},
+        "int8" if int8_others else "keep",
     )
     predicted = sum(item.choose(chosen_tradeoff)[1] for item in items)
     weight_bytes = sum(item.choose(chosen_tradeoff)[2] for item in items)

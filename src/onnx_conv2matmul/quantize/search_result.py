@@ -37,11 +37,9 @@ class AutoConfig:
     def quantize_options(self) -> QuantizeOptions:
         """The equivalent options: every candidate node named in ``nodes`` (which overrides
         the other settings), every other MatMul excluded, so it stays in float."""
-        return QuantizeOptions(
-            accuracy_level=self.accuracy_level,
-            exclude=("*",),
-            nodes={name: setting.node_setting() for name, setting in sorted(self.nodes.items())},
-            other_weights="int8" if self.other_weights else "keep",
+        return QuantizeOptions(accuracy_level=self.accuracy_level).only(
+            {name: setting.node_setting() for name, setting in sorted(self.nodes.items())},
+            "int8" if self.other_weights else "keep",
         )
 
     def to_config(self) -> dict[str, Any]:

@@ -140,6 +140,14 @@ class QuantizeOptions:
             return False
         return not self.include or any(fnmatch.fnmatchcase(name, p) for p in self.include)
 
+    def only(self, nodes: Mapping[str, NodeSetting], other_weights: str = "keep") -> QuantizeOptions:
+        """These options with the MatMuls of ``nodes`` alone quantized, each at its setting, every
+        other one in float (no pattern left to apply), and the other weights as ``other_weights``
+        says: the options of a per-layer choice."""
+        return dataclasses.replace(
+            self, exclude=("*",), include=(), bits_for=(), nodes=dict(nodes), other_weights=other_weights
+        )
+
     def setting_for(self, name: str) -> NodeSetting:
         """The resolved setting of the MatMul named ``name`` (see the class docstring)."""
         if name in self.nodes:
