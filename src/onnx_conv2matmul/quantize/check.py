@@ -26,6 +26,7 @@ from onnx_conv2matmul.verify.labels import TaskResult, failed, task_results
 from onnx_conv2matmul.verify.run import release_freed_memory
 
 if TYPE_CHECKING:
+    from onnx_conv2matmul.quantize.plan import QuantizePlan
     from onnx_conv2matmul.quantize.reference import Reference
     from onnx_conv2matmul.verify.check import OutputComparison, VerifyOptions
 
@@ -54,6 +55,32 @@ class Checked:
         if self.worst_cosine is None or floor >= 1:
             return math.inf
         return max([(1.0 - self.worst_cosine) / (1.0 - floor), *(t.loss for t in self.labels)])
+
+
+def check_model(
+    plan: QuantizePlan,
+    model: Any,
+    reference: Reference,
+    *,
+    statistics: Sequence[str] = (),
+    only: Sequence[int] | None = None,
+) -> Checked:
+    """:func:`check` of a candidate held in memory (``model``, an onnx-ir model), opened in
+    onnxruntime beside the input (its weights in files are read from the input's folder) and let
+    go after. A run on every feed prepacks the weights, as a user's session does; a run on some
+    of them (``only``: the classes' short runs) does not, so that it opens at once on the float
+    weights where they lie (see :func:`~onnx_conv2matmul.quantize.measure.session_options`)."""
+    import os
+
+    from onnx_conv2matmul.quantize.build import open_in_memory
+    from onnx_conv2matmul.quantize.measure import session_options
+
+    folder = os.path.dirname(os.path.abspath(plan.src))
+    session = open_in_memory(model, folder, session_options(plan.verify, prepack=only is None), statistics)
+    try:
+        return check(session, reference, plan.verify, statistics, only=only)
+    finally:
+        del session
 
 
 def check(

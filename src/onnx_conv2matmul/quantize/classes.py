@@ -188,11 +188,8 @@ def measure(
     None is measured when the classes are not worth it (:func:`not_worth_measuring`); all are
     let go when one cannot be measured (onnxruntime cannot run it, or its loss is not finite) or
     memory runs out. What was done, in words."""
-    import os
-
     from onnx_conv2matmul.errors import OutOfMemory
     from onnx_conv2matmul.quantize import build, check
-    from onnx_conv2matmul.quantize.measure import session_options
 
     why_not = not_worth_measuring(groups)
     if why_not:
@@ -200,7 +197,6 @@ def measure(
     floor = plan.verify.min_cosine
     assert floor is not None
     feeds = smallest_feeds(reference)[:MAX_FEEDS]
-    folder = os.path.dirname(os.path.abspath(plan.src))
     layers = sum(len(group.names) for group in groups)
     for done, group in enumerate(groups):
         plan.progress.phase(f"Deciding: measuring the classes of layers ({done + 1} of {len(groups)})")
@@ -208,12 +204,8 @@ def measure(
         failure = ""
         try:
             candidate = build.build(plan, alone, cache)
-            session = build.open_in_memory(
-                candidate.model, folder, session_options(plan.verify, prepack=False)
-            )
+            checked = check.check_model(plan, candidate.model, reference, only=feeds)
             del candidate
-            checked = check.check(session, reference, plan.verify, only=feeds)
-            del session
             group.measured = checked.loss(floor)
             failure = checked.failure if checked.worst_cosine is None else ""
         except OutOfMemory:

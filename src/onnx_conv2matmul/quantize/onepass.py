@@ -146,16 +146,9 @@ class OnePass:
         return True
 
     def _checked(self, candidate: _build.Candidate, statistics: list[str], label: str) -> _check.Checked:
-        plan = self.run.plan
         assert self.measurement is not None
-        folder = os.path.dirname(os.path.abspath(plan.src))
-        session = _build.open_in_memory(
-            candidate.model, folder, _measure.session_options(plan.verify), statistics
-        )
-        try:
-            checked = _check.check(session, self.measurement.reference, plan.verify, statistics)
-        finally:
-            del session
+        reference = self.measurement.reference
+        checked = _check.check_model(self.run.plan, candidate.model, reference, statistics=statistics)
         if not self.candidates:
             self.first_failure = checked.failure
         self.candidates.append(
