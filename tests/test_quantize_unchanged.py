@@ -16,6 +16,8 @@ from click.testing import CliRunner
 from onnx import helper, numpy_helper
 
 from onnx_conv2matmul.cli.app import main
+from onnx_conv2matmul.quantize.trade import Layout, Prefer, TransposeTrade
+from onnx_conv2matmul.quantize.unchanged import Cause, Unchanged, with_trade
 from speed_fakes import sequence_matmul_model
 
 SCHEMA = json.loads((Path(__file__).parent.parent / "schema" / "report.schema.json").read_text())
@@ -118,3 +120,39 @@ def test_a_quantized_model_has_no_cause(tmp_path: Path) -> None:
     _, data, stderr = _quantize(tmp_path, sequence_matmul_model())
     assert data["unchanged"] is None and data["quantized_nodes"] == 2
     assert not _first_line(stderr).startswith("nothing quantized")
+
+
+def _trade(prefer: Prefer, with_them_passed: bool, not_made: str = "") -> TransposeTrade:
+    without = Layout("without them", False, 900, True, (1.0,), 0)
+    with_them = Layout(
+        "with them", True, 400 if with_them_passed else 0, with_them_passed, (1.3,), 5, not_made
+    )
+    return TransposeTrade(3, 0.8, 1000, (without, with_them), prefer, 0.1, 0, "the reason")
+
+
+_CAUSE = Unchanged(
+    Cause.ADDS_TRANSPOSES,
+    0.8,
+    "--allow-added-transposes",
+    "nothing quantized: 3 pointwise convs ...; --allow-added-transposes quantizes them",
+)
+
+
+@pytest.mark.parametrize(
+    ("prefer", "passed", "not_made", "hint"),
+    [
+        (Prefer.BALANCED, True, "", True),  # left for its latency: --prefer size would keep it
+        (Prefer.SPEED, True, "", True),
+        (Prefer.SIZE, True, "", False),  # the flag was given: naming it again is no help
+        (Prefer.BALANCED, False, "", False),  # it missed the criterion: no --prefer keeps it
+        (Prefer.SIZE, False, "", False),
+        (Prefer.BALANCED, False, "not made: ...", False),
+    ],
+)
+def test_prefer_size_is_named_only_where_it_would_keep_them(
+    prefer: Prefer, passed: bool, not_made: str, hint: bool
+) -> None:
+    unchanged = with_trade(_CAUSE, _trade(prefer, passed, not_made))
+    assert unchanged.message.endswith("measured: the reason" + ("; --prefer size keeps them" if hint else ""))
+    assert unchanged.option == ("--prefer size" if hint else None)
+    assert "--allow-added-transposes" not in unchanged.message

@@ -26,6 +26,7 @@ import enum
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from onnx_conv2matmul.quantize.trade import Prefer, TransposeTrade
 from onnx_conv2matmul.rewrite.reasons import SkipReason
 
 if TYPE_CHECKING:
@@ -174,13 +175,18 @@ def why_unchanged(
     )
 
 
-def with_trade(unchanged: Unchanged, reason: str) -> Unchanged:
+def with_trade(unchanged: Unchanged, trade: TransposeTrade) -> Unchanged:
     """``unchanged`` with the measured trade of the convs that add Transposes (why the model
-    without them was kept) in its message, when that is its cause."""
+    without them was kept) in its message, when that is its cause. ``--prefer size`` is named
+    only where it would keep them: the model with them met the criterion and was left for its
+    latency. When it missed the criterion, or ``--prefer size`` was given, no option would."""
     if unchanged.cause is not Cause.ADDS_TRANSPOSES:
         return unchanged
+    with_them = next((layout for layout in trade.layouts if layout.with_transposes), None)
+    passed = with_them is not None and with_them.passed and not with_them.not_made
+    size_keeps = passed and trade.prefer is not Prefer.SIZE
+    hint = "; --prefer size keeps them" if size_keeps else ""
     message = unchanged.message.replace(
-        "; --allow-added-transposes quantizes them",
-        f"; measured: {reason}; --prefer size keeps them",
+        "; --allow-added-transposes quantizes them", f"; measured: {trade.reason}{hint}"
     )
-    return dataclasses.replace(unchanged, option="--prefer size", message=message)
+    return dataclasses.replace(unchanged, option="--prefer size" if size_keeps else None, message=message)

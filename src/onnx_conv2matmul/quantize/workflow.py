@@ -150,7 +150,7 @@ def _quantize_once(
     if report.unchanged is not None and report.transposes is not None:
         from onnx_conv2matmul.quantize.unchanged import with_trade
 
-        report.unchanged = with_trade(report.unchanged, report.transposes.reason)
+        report.unchanged = with_trade(report.unchanged, report.transposes)
     report.seconds = time.perf_counter() - started
     report.seconds_by_phase = plan.progress.by_phase()
     report.peak_rss_bytes = peak_rss_bytes()
