@@ -167,13 +167,11 @@ def test_every_quantization_path_runs_on_constant_weights(
     if options[0] == "--int8-dynamic":
         assert "MatMulInteger" in ops or "ConvInteger" in ops
     if options[0] == "--other-weights":
-        # The wide conv's 80 KiB weight, an initializer now, is a candidate: stored as int8 where a
-        # per-axis DequantizeLinear exists (opset 13), kept with the reason below that.
+        # The wide conv's 80 KiB weight, an initializer now, is a candidate: stored as int8, read
+        # through a per-axis DequantizeLinear from opset 13, through Cast and Mul below.
         other = data["other_weights"]
-        if opset >= 13:
-            assert "DequantizeLinear" in ops and [t["name"] for t in other["stored"]] == ["w_k5"]
-        else:
-            assert [(t["name"], t["reason"]) for t in other["kept"]] == [("w_k5", "opset_below_13")]
+        assert [t["name"] for t in other["stored"]] == ["w_k5"] and other["kept"] == []
+        assert ("DequantizeLinear" in ops) == (opset >= 13) and ("Cast" in ops) == (opset < 13)
     ref, got = session(model), session(str(out))
     for feeds in _feeds(model):
         a, b = ref.run(None, feeds)[0], got.run(None, feeds)[0]

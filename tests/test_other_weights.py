@@ -85,6 +85,30 @@ def _gather_conv_model() -> onnx.ModelProto:
     )
 
 
+def _same_shape_table(opset: int) -> onnx.ModelProto:
+    """A table added to an input of its own shape (no broadcast, no Slice: valid at any opset)."""
+    table = RNG.standard_normal((300, 64)).astype(np.float32)
+    return _model(
+        [helper.make_node("Add", ["x", "T"], ["y"])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [300, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [300, 64])],
+        [numpy_helper.from_array(table, "T")],
+        opset,
+    )
+
+
+def _conv_model(opset: int) -> onnx.ModelProto:
+    """A 3-tap Conv whose weight stays a Conv (a plain Conv: valid from opset 1)."""
+    conv = (0.1 * RNG.standard_normal((96, 64, 3))).astype(np.float32)
+    return _model(
+        [helper.make_node("Conv", ["x", "W"], ["y"], pads=[1, 1])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, "T"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 96, "T"])],
+        [numpy_helper.from_array(conv, "W")],
+        opset,
+    )
+
+
 def _subgraph_model() -> onnx.ModelProto:
     """A table inside each branch of an If, and one in the main graph read from a branch."""
     inner = RNG.standard_normal((128, 160)).astype(np.float32)
@@ -143,6 +167,33 @@ def _dequantized_in_graph(proto: onnx.ModelProto, name: str) -> np.ndarray:
         else:
             feeds[value.name] = np.zeros(dims, np.float32)
     return run(probe, feeds)[-1]
+
+
+@pytest.mark.parametrize("opset", [12, 11, 7])
+@pytest.mark.parametrize(("build", "name", "axis"), [(_same_shape_table, "T", 0), (_conv_model, "W", 0)])
+def test_below_opset_13_the_int8_data_is_read_through_cast_and_mul(
+    build: Callable[..., onnx.ModelProto], name: str, axis: int, opset: int
+) -> None:
+    """Where DequantizeLinear has no axis: Mul(Cast(int8), scales shaped along the axis), which
+    onnxruntime computes bit for bit as numpy's dequantization; the opset stays as it was."""
+    model = build(opset)
+    original = numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == name))
+    proto, result = _quantized(model)
+    stored = {t.name: t for t in result.stored}  # type: ignore[attr-defined]
+    assert stored[name].axis == axis and result.kept == []  # type: ignore[attr-defined]
+    assert proto.opset_import[0].version == model.opset_import[0].version
+    np.testing.assert_array_equal(_dequantized_in_graph(proto, name), _dequantized_in_numpy(original, axis))
+    ops = [n.op_type for n in proto.graph.node]
+    assert "DequantizeLinear" not in ops
+    (mul,) = [n for n in proto.graph.node if n.output[0] == name]
+    (cast,) = [n for n in proto.graph.node if n.output[0] == mul.input[0]]
+    assert mul.op_type == "Mul" and cast.op_type == "Cast"
+    assert ops.index("Cast") < ops.index("Mul")  # in order: the graph is sorted
+    inits = {i.name: i for i in proto.graph.initializer}
+    assert inits[cast.input[0]].data_type == TensorProto.INT8
+    scales = numpy_helper.to_array(inits[mul.input[1]])
+    assert scales.ndim == original.ndim and scales.shape[axis] == original.shape[axis]
+    assert stored[name].bytes_after == original.size + scales.nbytes
 
 
 @pytest.mark.parametrize(
@@ -309,9 +360,9 @@ def _function_constant() -> onnx.ModelProto:
 
 
 KEPT: dict[KeptReason, list[KeptExample]] = {
-    KeptReason.OPSET_BELOW_13: [
-        KeptExample("table-opset-12", lambda: _table_model(opset=12), "T"),
-        KeptExample("table-opset-11", lambda: _table_model(opset=11), "T"),
+    KeptReason.OPSET_BELOW_7: [
+        KeptExample("table-opset-6", lambda: _same_shape_table(opset=6), "T"),
+        KeptExample("table-opset-5", lambda: _same_shape_table(opset=5), "T"),
     ],
     KeptReason.UNSUPPORTED_DTYPE: [
         KeptExample("float16-below-19", lambda: _table_model(dtype=np.float16, rows=600), "T"),
@@ -351,7 +402,8 @@ def _with_value(model: onnx.ModelProto, value: float) -> onnx.ModelProto:
 
 
 def test_every_kept_reason_has_examples() -> None:
-    assert set(KEPT) == set(KeptReason)
+    # opset_below_13 is no longer given (below 13 the weights are read through Cast and Mul)
+    assert set(KEPT) == set(KeptReason) - {KeptReason.OPSET_BELOW_13}
     assert all(len(examples) >= 2 for examples in KEPT.values())
     assert all(reason.description for reason in KeptReason)
 

@@ -3,7 +3,9 @@
 Tables (a relative positional encoding ``[1, 9999, 1024]``), the weights of convs that
 stay, embeddings read by ``Gather``: every float initializer (or ``Constant`` tensor) of
 at least :data:`MIN_BYTES` in any scope is stored as int8 with one scale per slice along
-one axis, and read through a per-axis ``DequantizeLinear`` (opset 13). The scales and
+one axis, and read through a per-axis ``DequantizeLinear`` (opset 13), or below opset 13, where
+``DequantizeLinear`` has no axis, through ``Mul(Cast(int8), scales)`` with the scales shaped to
+broadcast along the axis: the same product of the same two numbers, so the same values. The scales and
 the rounding are onnxruntime's own int8 weight quantization
 (``onnxruntime.quantization.quant_utils.quantize_data``: symmetric, ``[-127, 127]``,
 zero point 0), applied slice by slice as its per-channel quantizer does.
@@ -37,6 +39,9 @@ MIN_BYTES = 64 * 1024
 
 # DequantizeLinear's output type is its scale's: float32 from opset 13, float16 from 19.
 _MIN_OPSET = {ir.DataType.FLOAT: 13, ir.DataType.FLOAT16: 19}
+CAST_MUL_OPSET = 7
+"""Below opset 13, float32 tensors are read through ``Mul(Cast(int8), scales)``: Mul
+broadcasts from opset 7."""
 
 
 class KeptReason(str, enum.Enum):
@@ -47,8 +52,11 @@ class KeptReason(str, enum.Enum):
     """
 
     OPSET_BELOW_13 = "opset_below_13"
-    """The model's opset is below 13: DequantizeLinear has no axis there (raising the
-    opset would change the meaning of other operators)."""
+    """No longer given: below opset 13 the int8 data is read through Cast and Mul (see
+    :data:`CAST_MUL_OPSET`). Kept so that reports of earlier versions still parse."""
+    OPSET_BELOW_7 = "opset_below_7"
+    """The model's opset is below 7: no per-axis DequantizeLinear and no broadcasting Mul
+    (raising the opset would change the meaning of other operators)."""
     UNSUPPORTED_DTYPE = "unsupported_dtype"
     """Not float32, or float16 below opset 19 (DequantizeLinear outputs its scale's type)."""
     ONE_DIMENSIONAL = "one_dimensional"
@@ -67,6 +75,7 @@ class KeptReason(str, enum.Enum):
 
 _DESCRIPTIONS: dict[KeptReason, str] = {
     KeptReason.OPSET_BELOW_13: "opset below 13: no per-axis DequantizeLinear",
+    KeptReason.OPSET_BELOW_7: "opset below 7: no per-axis DequantizeLinear, no broadcasting Mul",
     KeptReason.UNSUPPORTED_DTYPE: "not float32 (float16 needs opset 19)",
     KeptReason.ONE_DIMENSIONAL: "scalar or 1-D",
     KeptReason.GRAPH_INPUT: "initializer is also a graph input",
@@ -245,10 +254,11 @@ def eligible_arrays(model: ir.Model, min_bytes: int = MIN_BYTES) -> list[tuple[i
 
 def _reason(candidate: _Candidate, opset: int) -> KeptReason | None:
     tensor = candidate.tensor
-    if opset < 13:
-        return KeptReason.OPSET_BELOW_13
+    if opset < CAST_MUL_OPSET:
+        return KeptReason.OPSET_BELOW_7
     needed = _MIN_OPSET.get(tensor.dtype)
-    if needed is None or opset < needed:
+    below = tensor.dtype is ir.DataType.FLOAT and opset < 13  # read through Cast and Mul
+    if needed is None or (opset < needed and not below):
         return KeptReason.UNSUPPORTED_DTYPE
     if len(tensor.shape) < 2:
         return KeptReason.ONE_DIMENSIONAL
@@ -296,7 +306,7 @@ def quantize_other_weights(
         axis = choose_axis(candidate.value, len(shape))
         q, scales = quantize_data_int8(array, axis)
         del array
-        _replace(candidate, q, scales, axis, names)
+        _replace(candidate, q, scales, axis, names, opset)
         result.stored.append(
             StoredTensor(
                 name, shape, tensor.dtype.name.lower(), axis, int(tensor.nbytes), q.nbytes + scales.nbytes
@@ -308,27 +318,45 @@ def quantize_other_weights(
 
 
 def _replace(
-    candidate: _Candidate, q: np.ndarray, scales: np.ndarray, axis: int, names: NameAllocator
+    candidate: _Candidate, q: np.ndarray, scales: np.ndarray, axis: int, names: NameAllocator, opset: int
 ) -> None:
-    """Put ``DequantizeLinear(q, scales, axis)`` where the float tensor was, under its name."""
+    """Put ``DequantizeLinear(q, scales, axis)`` where the float tensor was, under its name;
+    below the opset of a per-axis ``DequantizeLinear`` for its type, ``Mul(Cast(q), scales)``
+    with the scales shaped to broadcast along ``axis``."""
     graph, old = candidate.graph, candidate.value
     name = old.name or "weight"
     q_value = _initializer(graph, names.new(f"{name}_int8"), q)
-    s_value = _initializer(graph, names.new(f"{name}_scale"), scales)
     out = ir.Value(name=names.new(f"{name}_dequantized"), type=old.type, shape=old.shape)
-    dq = ir.node(
-        "DequantizeLinear",
-        [q_value, s_value],
-        attributes={"axis": axis},
-        outputs=[out],
-        name=names.new(f"{name}/DequantizeLinear"),
-    )
-    if candidate.node is not None:
-        graph.insert_before(candidate.node, dq)
-    elif len(graph) > 0:
-        graph.insert_before(graph[0], dq)
+    if opset >= _MIN_OPSET[candidate.tensor.dtype]:
+        s_value = _initializer(graph, names.new(f"{name}_scale"), scales)
+        nodes = [
+            ir.node(
+                "DequantizeLinear",
+                [q_value, s_value],
+                attributes={"axis": axis},
+                outputs=[out],
+                name=names.new(f"{name}/DequantizeLinear"),
+            )
+        ]
     else:
-        graph.append(dq)
+        shape = [1] * q.ndim
+        shape[axis] = -1
+        s_value = _initializer(graph, names.new(f"{name}_scale"), scales.reshape(shape))
+        cast_out = ir.Value(name=names.new(f"{name}_cast"), type=old.type, shape=ir.Shape(list(q.shape)))
+        cast = ir.node(
+            "Cast",
+            [q_value],
+            attributes={"to": int(candidate.tensor.dtype)},
+            outputs=[cast_out],
+            name=names.new(f"{name}/Cast"),
+        )
+        mul = ir.node("Mul", [cast_out, s_value], outputs=[out], name=names.new(f"{name}/Mul"))
+        nodes = [cast, mul]
+    anchor = candidate.node if candidate.node is not None else (graph[0] if len(graph) > 0 else None)
+    if anchor is not None:
+        graph.insert_before(anchor, nodes)
+    else:
+        graph.extend(nodes)
     ir.convenience.replace_all_uses_with(old, out, replace_graph_outputs=True)
     if candidate.node is not None:
         graph.remove(candidate.node, safe=True)
