@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 
 from onnx_conv2matmul.quantize.criteria import calibrate
 from onnx_conv2matmul.quantize.options import FLOAT, Setting
+from onnx_conv2matmul.quantize.reference import FeedSet
+from onnx_conv2matmul.quantize.search import _criterion
+from onnx_conv2matmul.quantize.search_options import MEASURE_NODES, AutoOptions
 
 
 @dataclasses.dataclass
@@ -46,3 +50,23 @@ def test_measured_losses_replace_a_misranking_prediction() -> None:
 def test_a_node_without_quantized_settings_is_not_run() -> None:
     node = _Node("f", {FLOAT: (0.0, 10)})
     assert calibrate([node], lambda *_: pytest.fail("ran")) == []
+
+
+@pytest.mark.parametrize(
+    ("how", "speed_aware", "nodes", "measure", "expected"),
+    [
+        ("from the input files", True, 500, None, "measured"),  # the user's files: always
+        ("standard normal", False, MEASURE_NODES, None, "measured"),  # the smallest, few nodes
+        ("standard normal", False, MEASURE_NODES + 1, None, "predicted"),  # too many to measure
+        ("standard normal", True, 10, None, "predicted"),  # speed-aware: the default's search
+        ("standard normal", False, 10, False, "predicted"),  # as the options say
+        ("from the input files", True, 10, False, "predicted"),
+        ("standard normal", True, 10, True, "measured"),
+    ],
+)
+def test_when_sensitivity_is_measured(
+    how: str, speed_aware: bool, nodes: int, measure: bool | None, expected: str
+) -> None:
+    feeds = FeedSet([{"x": np.zeros(3, np.float32)}], [1], "", [], {"x": how})
+    options = AutoOptions(min_cosine=0.99, speed_aware=speed_aware, measure=measure)
+    assert _criterion(options, feeds, nodes) == expected

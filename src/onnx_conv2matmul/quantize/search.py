@@ -61,7 +61,7 @@ from onnx_conv2matmul.quantize.options import FLOAT as FLOAT
 from onnx_conv2matmul.quantize.options import AutoOptions
 from onnx_conv2matmul.quantize.options import Setting as Setting
 from onnx_conv2matmul.quantize.reference import FeedSet, Reference
-from onnx_conv2matmul.quantize.search_options import OTHER_INT8
+from onnx_conv2matmul.quantize.search_options import MEASURE_NODES, OTHER_INT8
 from onnx_conv2matmul.quantize.search_result import AutoConfig as AutoConfig
 from onnx_conv2matmul.quantize.search_result import AutoResult as AutoResult
 from onnx_conv2matmul.quantize.search_result import Evaluation as Evaluation
@@ -203,7 +203,7 @@ def search(
             other_error, kept_bytes, int8_bytes = measured_others
             others.float_bytes = kept_bytes
             others.options[OTHER_INT8] = (other_error, int8_bytes)
-    criterion = _criterion(options, feed_set)
+    criterion = _criterion(options, feed_set, len(nodes))
     if criterion == "measured":
         say("Measuring each weight's sensitivity on the inputs")
         _measure_alone(fp32_path, nodes, options, reference, workdir, deterministic, blocks)
@@ -342,16 +342,17 @@ def _checked(reached: _Measured, feeds: int) -> tuple[str, list[Any]] | None:
     return reached.digest, [row for index in range(feeds) for row in reached.rows[index]]
 
 
-def _criterion(options: AutoOptions, feed_set: FeedSet) -> str:
-    """How the nodes are ranked (see :mod:`onnx_conv2matmul.quantize.criteria`): as the options
-    say; by default sensitivity is measured (:func:`onnx_conv2matmul.quantize.criteria.calibrate`) when the
-    feeds are the user's files, and predicted otherwise."""
+def _criterion(options: AutoOptions, feed_set: FeedSet, nodes: int) -> str:
+    """How the nodes are ranked (:mod:`onnx_conv2matmul.quantize.criteria`): as the options say;
+    by default measured on the user's files, or when the smallest model is asked for and there are
+    at most :data:`MEASURE_NODES` nodes; predicted otherwise."""
     if options.criterion is not None:
         return options.criterion
     if options.measure is not None:
         return "measured" if options.measure else "predicted"
     real = bool(feed_set.how) and all(how == "from the input files" for how in feed_set.how.values())
-    return "measured" if real else "predicted"
+    smallest = not options.speed_aware and nodes <= MEASURE_NODES
+    return "measured" if real or smallest else "predicted"
 
 
 def _rank(criterion: str, model: ir.Model, nodes: Sequence[MatMulNode], reference: Reference) -> None:

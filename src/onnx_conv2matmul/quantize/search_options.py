@@ -64,6 +64,12 @@ CRITERIA = (
 """How the search may rank the MatMuls (see :mod:`onnx_conv2matmul.quantize.criteria`)."""
 
 
+MEASURE_NODES = 64
+"""Asked for the smallest model (``--auto``, or ``--prefer size`` below the floor: not
+``speed_aware``), the search measures each node alone on synthesised inputs too when the model
+has at most this many quantizable MatMuls: one short evaluation per node."""
+
+
 @dataclasses.dataclass(frozen=True)
 class AutoOptions:
     """What the search looks for: ``min_cosine``, ``metric`` or both (``quantize_file`` takes
@@ -82,7 +88,8 @@ class AutoOptions:
         include: When given, only MatMuls matching one of these are candidates.
         measure: Scale each node's predicted error by its output error measured with the
             node quantized alone (see :func:`onnx_conv2matmul.quantize.criteria.calibrate`); None:
-            when the inputs are the user's files.
+            when the inputs are the user's files, or when not ``speed_aware`` with at most
+            :data:`MEASURE_NODES` nodes.
         speed_aware: Offer each node only the settings that float does not beat on this CPU
             (the kernel costs, when measured): the search that runs because the default
             settings fell below the floor is; ``--auto``, asked for the smallest model, is not.
