@@ -223,3 +223,26 @@ def test_a_kernel_chosen_for_speed_that_misses_goes_to_the_mix_at_that_setting(
     got = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     for row in range(2):
         assert _cosine(want[row], got[row]) >= 0.99
+
+
+def test_a_session_in_memory_takes_arrays_that_are_views(tmp_path: Path) -> None:
+    """An initializer whose array is a view (a moved axis, as int8 storage of other weights
+    makes): onnxruntime borrows only C-contiguous buffers and refused the copy it would own
+    ("Buffer containing the initializer must be owned by the user", exit 3 on a BERT)."""
+    import onnx_ir as ir
+    import onnxruntime as ort
+
+    table = np.arange(2 * 64 * 300, dtype=np.float32).reshape(2, 64, 300)
+    view = np.moveaxis(table, 2, 0)  # (300, 2, 64), not C-contiguous
+    assert not view.flags.c_contiguous
+    x = ir.Value(name="x", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([300, 2, 64]))
+    w = ir.Value(name="w", const_value=ir.Tensor(view, name="w"))
+    w.type, w.shape = ir.TensorType(ir.DataType.FLOAT), ir.Shape([300, 2, 64])
+    add = ir.node("Add", [x, w])
+    add.outputs[0].name = "y"
+    add.outputs[0].type = ir.TensorType(ir.DataType.FLOAT)
+    graph = ir.Graph([x], add.outputs, nodes=[add], initializers=[w], opset_imports={"": 17})
+    model = ir.Model(graph, ir_version=8)
+    session = _build.open_in_memory(model, str(tmp_path), ort.SessionOptions())
+    feed = np.ones((300, 2, 64), np.float32)
+    np.testing.assert_array_equal(session.run(None, {"x": feed})[0], feed + view)

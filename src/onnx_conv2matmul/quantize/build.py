@@ -15,6 +15,7 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import onnx_ir as ir
 
 from onnx_conv2matmul.files.load import load_input
@@ -100,7 +101,9 @@ def open_in_memory(
                 continue  # small: serialized with the graph
             # Made in memory, or in a file elsewhere (a link of the input's, read where it lands:
             # memory-mapped, handed over as it lies).
-            array = tensor.numpy()
+            # onnxruntime takes only a buffer it can borrow: C-contiguous (a view, such as a
+            # moved axis, would be copied into one it owns, which it refuses).
+            array = np.ascontiguousarray(tensor.numpy())
             names.append(name)
             values.append(ort.OrtValue.ortvalue_from_numpy(array))
             swapped.append((value, tensor))

@@ -171,7 +171,7 @@ def quantize_data_int8(array: np.ndarray, axis: int) -> tuple[np.ndarray, np.nda
         zero_point, scale, q[i] = quantize_data(rows[i], TensorProto.INT8, True)
         assert int(zero_point) == 0, "symmetric int8 has zero point 0"
         scales[i] = scale
-    return np.moveaxis(q.reshape(moved.shape), 0, axis), scales
+    return np.ascontiguousarray(np.moveaxis(q.reshape(moved.shape), 0, axis)), scales
 
 
 def dequantize_int8(q: np.ndarray, scales: np.ndarray, axis: int) -> np.ndarray:
