@@ -246,3 +246,24 @@ def test_a_session_in_memory_takes_arrays_that_are_views(tmp_path: Path) -> None
     session = _build.open_in_memory(model, str(tmp_path), ort.SessionOptions())
     feed = np.ones((300, 2, 64), np.float32)
     np.testing.assert_array_equal(session.run(None, {"x": feed})[0], feed + view)
+
+
+def test_a_session_in_memory_keeps_an_unused_initializer_out_of_its_hands(tmp_path: Path) -> None:
+    """An initializer no node reads (silero VAD's dynamo export has one of 258 floats):
+    onnxruntime drops it while it loads the graph, then failed to replace it with the array
+    handed over ("Failed to find existing initializer", exit 3)."""
+    import onnx_ir as ir
+    import onnxruntime as ort
+
+    x = ir.Value(name="x", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([4, 512]))
+    used = ir.Value(name="w", const_value=ir.tensor(np.full((4, 512), 2.0, np.float32), name="w"))
+    unused = ir.Value(name="val_7", const_value=ir.tensor(np.ones(600, np.float32), name="val_7"))
+    for value, shape in ((used, [4, 512]), (unused, [600])):
+        value.type, value.shape = ir.TensorType(ir.DataType.FLOAT), ir.Shape(shape)
+    mul = ir.node("Mul", [x, used])
+    mul.outputs[0].name = "y"
+    mul.outputs[0].type = ir.TensorType(ir.DataType.FLOAT)
+    graph = ir.Graph([x], mul.outputs, nodes=[mul], initializers=[used, unused], opset_imports={"": 17})
+    session = _build.open_in_memory(ir.Model(graph, ir_version=8), str(tmp_path), ort.SessionOptions())
+    feed = np.ones((4, 512), np.float32)
+    np.testing.assert_array_equal(session.run(None, {"x": feed})[0], 2 * feed)

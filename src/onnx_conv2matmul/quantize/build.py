@@ -92,8 +92,8 @@ def open_in_memory(
     try:
         for name, value in model.graph.initializers.items():
             tensor = value.const_value
-            if tensor is None:
-                continue
+            if tensor is None or not (value.uses() or value.is_graph_output()):
+                continue  # unused: onnxruntime drops it before it could take it (serialized)
             if isinstance(tensor, ir.ExternalTensor):
                 if os.path.realpath(str(tensor.base_dir)) == here:
                     continue  # read by onnxruntime from its file in ``folder``
