@@ -13,7 +13,9 @@ given for it). :func:`dim_roles` decides, for the model's inputs together:
    seen only in rank-1 inputs is the batch when one of them is an integer length input,
    else a signal length; any other dim is a sequence dim.
 
-Unnamed dims follow rule 3 one by one; every unnamed sequence dim takes the same value.
+Unnamed dims follow rule 3 one by one; every unnamed sequence dim takes the same value. A dim
+named ``?`` is unnamed: exporters (Paddle2ONNX) write it for any unknown size, so two ``?``
+(an image's height and width) are not one dim.
 So an input ``[1, 'T', 4]`` (a fixed batch of 1) gets its lengths on ``T``. A model in which
 no dim takes the lengths while a dim was taken for the batch from its position alone gets
 a warning: the check could not tell its batch from its time axis.
@@ -41,6 +43,9 @@ UNNAMED = "(unnamed)"
 
 UNNAMED_BATCH = "(unnamed batch)"
 """The key of every unnamed batch dim."""
+
+ANONYMOUS = "?"
+"""The name exporters give any unknown size: an unnamed dim, not a dim of that name."""
 
 _BATCH_WORDS = {"b", "n", "bs", "nb", "batch", "batches", "batchsize", "nbatch", "numbatch"}
 
@@ -207,7 +212,7 @@ def dim_roles(specs: Sequence[InputSpec], options: VerifyOptions) -> Roles:
             dim = options.axes.get(f"{spec.name}[{axis}]", declared)
             if not _symbolic(dim):
                 row.append(int(dim))  # type: ignore[arg-type]
-            elif isinstance(dim, str) and dim:
+            elif isinstance(dim, str) and dim and dim != ANONYMOUS:
                 places.setdefault(dim, []).append((spec, axis))
                 row.append(dim)
             else:
