@@ -70,3 +70,19 @@ def test_when_sensitivity_is_measured(
     feeds = FeedSet([{"x": np.zeros(3, np.float32)}], [1], "", [], {"x": how})
     options = AutoOptions(min_cosine=0.99, speed_aware=speed_aware, measure=measure)
     assert _criterion(options, feeds, nodes) == expected
+
+
+def test_the_smallest_feeds_that_hold_enough_samples() -> None:
+    from onnx_conv2matmul.verify.feeds import smallest_covering
+
+    def feed(rows: int, width: int) -> dict[str, np.ndarray]:
+        return {"x": np.zeros((rows, 3, width), np.float32)}
+
+    # --inputs of one size in chunks: the smallest chunk alone holds 8
+    assert smallest_covering([feed(15, 64), feed(10, 64), feed(10, 64)], 8) == [1]
+    # synthesised, one sample a feed: the shortest first, until 8 (every one of 5 here)
+    lengths = [feed(1, n) for n in (64, 80, 97, 128, 191)]
+    assert smallest_covering(lengths, 8) == [0, 1, 2, 3, 4]
+    assert smallest_covering(lengths, 2) == [0, 1]
+    assert smallest_covering([feed(4, 200), feed(4, 100), feed(4, 300)], 8) == [0, 1]  # in order
+    assert smallest_covering([], 8) == []

@@ -61,7 +61,7 @@ from onnx_conv2matmul.quantize.options import FLOAT as FLOAT
 from onnx_conv2matmul.quantize.options import AutoOptions
 from onnx_conv2matmul.quantize.options import Setting as Setting
 from onnx_conv2matmul.quantize.reference import FeedSet, Reference
-from onnx_conv2matmul.quantize.search_options import MEASURE_NODES, OTHER_INT8
+from onnx_conv2matmul.quantize.search_options import MEASURE_NODES, MEASURE_SAMPLES, OTHER_INT8
 from onnx_conv2matmul.quantize.search_result import AutoConfig as AutoConfig
 from onnx_conv2matmul.quantize.search_result import AutoResult as AutoResult
 from onnx_conv2matmul.quantize.search_result import Evaluation as Evaluation
@@ -380,10 +380,12 @@ def _measure_alone(
     deterministic: bool,
     blocks: BlockCache,
 ) -> None:
-    """Each node's errors scaled by its loss measured alone on every feed."""
+    """Each node's errors scaled by its loss measured alone on the smallest feeds that hold
+    :data:`MEASURE_SAMPLES` samples (a ranking: the evaluations still check every feed)."""
     from onnx_conv2matmul.quantize.criteria import calibrate
+    from onnx_conv2matmul.verify.feeds import smallest_covering
 
-    every = list(range(len(reference.feeds.feeds)))
+    every = smallest_covering(reference.feeds.feeds, MEASURE_SAMPLES)
     measure_all = _Target(dataclasses.replace(options, min_cosine=-2.0, metric=None), None)
 
     def loss_alone(name: str, setting: Setting) -> float:

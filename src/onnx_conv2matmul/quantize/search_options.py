@@ -70,6 +70,10 @@ MEASURE_NODES = 64
 has at most this many quantizable MatMuls: one short evaluation per node."""
 
 
+MEASURE_SAMPLES = 8
+"""Each node is measured alone on the smallest feeds that hold at least this many samples."""
+
+
 @dataclasses.dataclass(frozen=True)
 class AutoOptions:
     """What the search looks for: ``min_cosine``, ``metric`` or both (``quantize_file`` takes

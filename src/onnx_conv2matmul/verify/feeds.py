@@ -91,6 +91,20 @@ def feed_samples(feed: Mapping[str, np.ndarray]) -> int:
     return feed_rows(feed)
 
 
+def smallest_covering(feeds: Sequence[Mapping[str, np.ndarray]], samples: int) -> list[int]:
+    """The indices of the feeds of fewest input bytes, smallest first, until they hold at least
+    ``samples`` samples (every feed when they hold fewer), in their own order."""
+    order = sorted(range(len(feeds)), key=lambda i: (feed_bytes(feeds[i]), i))
+    chosen: list[int] = []
+    held = 0
+    for index in order:
+        if held >= samples:
+            break
+        chosen.append(index)
+        held += feed_samples(feeds[index])
+    return sorted(chosen)
+
+
 def _largest_static(roles: Roles, signal: str | None) -> int:
     """What a length input gets when no dim takes the lengths: the signal's largest axis."""
     row = roles.axes.get(signal or "", ())
