@@ -122,11 +122,10 @@ def test_a_quantized_model_has_no_cause(tmp_path: Path) -> None:
     assert not _first_line(stderr).startswith("nothing quantized")
 
 
-def _trade(prefer: Prefer, with_them_passed: bool, not_made: str = "") -> TransposeTrade:
+def _trade(prefer: Prefer, with_them_passed: bool, not_made: str = "", quantized: int = 5) -> TransposeTrade:
     without = Layout("without them", False, 900, True, (1.0,), 0)
-    with_them = Layout(
-        "with them", True, 400 if with_them_passed else 0, with_them_passed, (1.3,), 5, not_made
-    )
+    size = 400 if with_them_passed else 0
+    with_them = Layout("with them", True, size, with_them_passed, (1.3,), quantized, not_made)
     return TransposeTrade(3, 0.8, 1000, (without, with_them), prefer, 0.1, 0, "the reason")
 
 
@@ -139,20 +138,21 @@ _CAUSE = Unchanged(
 
 
 @pytest.mark.parametrize(
-    ("prefer", "passed", "not_made", "hint"),
+    ("prefer", "passed", "not_made", "quantized", "hint"),
     [
-        (Prefer.BALANCED, True, "", True),  # left for its latency: --prefer size would keep it
-        (Prefer.SPEED, True, "", True),
-        (Prefer.SIZE, True, "", False),  # the flag was given: naming it again is no help
-        (Prefer.BALANCED, False, "", False),  # it missed the criterion: no --prefer keeps it
-        (Prefer.SIZE, False, "", False),
-        (Prefer.BALANCED, False, "not made: ...", False),
+        (Prefer.BALANCED, True, "", 5, True),  # left for its latency: --prefer size would keep it
+        (Prefer.SPEED, True, "", 5, True),
+        (Prefer.SIZE, True, "", 5, False),  # the flag was given: naming it again is no help
+        (Prefer.BALANCED, False, "", 5, False),  # it missed the criterion: no --prefer keeps it
+        (Prefer.SIZE, False, "", 5, False),
+        (Prefer.BALANCED, False, "not made: ...", 5, False),
+        (Prefer.BALANCED, True, "", 0, False),  # every MatMul in float (PP-OCRv6 det tiny)
     ],
 )
 def test_prefer_size_is_named_only_where_it_would_keep_them(
-    prefer: Prefer, passed: bool, not_made: str, hint: bool
+    prefer: Prefer, passed: bool, not_made: str, quantized: int, hint: bool
 ) -> None:
-    unchanged = with_trade(_CAUSE, _trade(prefer, passed, not_made))
+    unchanged = with_trade(_CAUSE, _trade(prefer, passed, not_made, quantized))
     assert unchanged.message.endswith("measured: the reason" + ("; --prefer size keeps them" if hint else ""))
     assert unchanged.option == ("--prefer size" if hint else None)
     assert "--allow-added-transposes" not in unchanged.message

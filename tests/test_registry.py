@@ -39,7 +39,13 @@ def test_the_default_run_ends_in_an_answer(tmp_path: Path, name: str) -> None:
         assert first.startswith("error: ") and len(first) > 40, first
         assert not out.exists()
         return
-    assert data["files"]["ratio"] <= 1.001  # never bigger than the input (beyond a header)
+    # At most a few KiB of graph bigger (nodes, names): silero VAD v4 quantizes 0.5% of its
+    # weights, 1.0042x; a model with nothing quantized says why.
+    assert data["files"]["ratio"] <= 1.01
+    if not data["quantized_nodes"] and not (data["other_weights"] or {}).get("stored"):
+        assert data["unchanged"] is not None
+    else:
+        assert data["coverage"]["total"]["quantized_bytes"] > 0
     assert data["coverage"] is not None
     session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
     assert [o.name for o in session.get_outputs()] == [

@@ -178,13 +178,14 @@ def why_unchanged(
 def with_trade(unchanged: Unchanged, trade: TransposeTrade) -> Unchanged:
     """``unchanged`` with the measured trade of the convs that add Transposes (why the model
     without them was kept) in its message, when that is its cause. ``--prefer size`` is named
-    only where it would keep them: the model with them met the criterion and was left for its
-    latency. When it missed the criterion, or ``--prefer size`` was given, no option would."""
+    only where it would keep them: the model with them met the criterion with some node
+    quantized and was left for its latency. When it missed the criterion or quantized nothing
+    (the criterion kept every MatMul in float), or ``--prefer size`` was given, no option would."""
     if unchanged.cause is not Cause.ADDS_TRANSPOSES:
         return unchanged
     with_them = next((layout for layout in trade.layouts if layout.with_transposes), None)
     passed = with_them is not None and with_them.passed and not with_them.not_made
-    size_keeps = passed and trade.prefer is not Prefer.SIZE
+    size_keeps = passed and bool(with_them and with_them.quantized_nodes) and trade.prefer is not Prefer.SIZE
     hint = "; --prefer size keeps them" if size_keeps else ""
     message = unchanged.message.replace(
         "; --allow-added-transposes quantizes them", f"; measured: {trade.reason}{hint}"
