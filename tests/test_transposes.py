@@ -24,6 +24,7 @@ from test_quantize_unchanged import mobile_block
 
 SCHEMA = json.loads((Path(__file__).parent.parent / "schema" / "report.schema.json").read_text())
 SMALL = Layout("with them", True, 400, True, (1.05, 1.08))
+NEAR = Layout("without them", False, 1000, True, (1.01, 1.04))
 LARGE = Layout("without them", False, 1000, True, (1.0, 1.0))
 
 
@@ -47,8 +48,36 @@ LARGE = Layout("without them", False, 1000, True, (1.0, 1.0))
             0,
             "not timed",
         ),
+        (  # PP-OCR server det: 3% of its weights quantized, 1.10x: not worth the time
+            (
+                Layout("without them", False, 1000, True, (1.01, 1.04)),
+                Layout("with them", True, 971, True, (1.1,)),
+            ),
+            Prefer.BALANCED,
+            0,
+            "smaller by only 3% (a slower model must be 10% smaller)",
+        ),
+        (  # 10% smaller: worth it
+            (
+                Layout("without them", False, 1000, True, (1.01,)),
+                Layout("with them", True, 900, True, (1.09,)),
+            ),
+            Prefer.BALANCED,
+            1,
+            "the smallest not slower",
+        ),
     ],
-    ids=["within-margin", "over-margin", "both-over", "size", "speed", "missed-criterion", "untimed"],
+    ids=[
+        "within-margin",
+        "over-margin",
+        "both-over",
+        "size",
+        "speed",
+        "missed-criterion",
+        "untimed",
+        "small-gain",
+        "gain-enough",
+    ],
 )
 def test_choose(layouts: tuple[Layout, ...], prefer: Prefer, kept: int, why: str) -> None:
     index, reason = choose(layouts, prefer, 0.10)

@@ -15,7 +15,9 @@ inputs, :mod:`onnx_conv2matmul.speed.inputs`), and keeps one by the preference:
 - ``size``: the smaller model that meets the accuracy criterion, whatever its latency;
 - ``speed``: the faster one (the lower geometric mean of the latency ratios over the inputs);
 - by default (``balanced``): the smaller one among those not slower than the original by more
-  than :data:`DEFAULT_MARGIN`; when neither is, the faster. A smaller model kept this way while
+  than :data:`DEFAULT_MARGIN`, when it is smaller than a faster one by at least
+  :data:`MIN_SIZE_GAIN` (a model 3% smaller and 10% slower is not worth it); when neither is
+  within the margin, the faster. A smaller model kept this way while
   another is faster must hold the margin twice: all are timed again (fresh sessions) and each is
   weighed at the slower of its two timings, so a choice at the margin does not flip with one noisy
   timing. Timings taken on a busy machine are shown and not used (the layouts weighed as untimed).
@@ -56,6 +58,11 @@ __all__ = ["DEFAULT_MARGIN", "MIN_SHARE", "Layout", "Prefer", "TransposeOptions"
 
 def _size(count: int) -> str:
     return f"{count / 2**20:.2f} MiB" if count >= 2**20 else f"{count / 2**10:.1f} KiB"
+
+
+MIN_SIZE_GAIN = 0.10
+"""By default a model slower than another is kept for its size only when it is at least this much
+smaller (as the margin lets it be at most 10% slower than the original)."""
 
 
 def choose(
@@ -103,6 +110,15 @@ def choose(
     within = [i for i in timed if (layouts[i].speed or math.inf) <= 1 + margin]
     if within:
         best = min(within, key=size)
+        faster = [i for i in within if speed(i) < speed(best)]
+        quickest = min(faster, key=speed) if faster else None
+        if quickest is not None and layouts[best].bytes > (1 - MIN_SIZE_GAIN) * layouts[quickest].bytes:
+            gain = 1 - layouts[best].bytes / layouts[quickest].bytes
+            return quickest, (
+                f"{described(quickest)} is the fastest not slower than the original by more than"
+                f" {margin:.0%}; {described(best)} is smaller by only {gain:.0%} (a slower model must be"
+                f" {MIN_SIZE_GAIN:.0%} smaller){why_not}"
+            )
         slower = [described(i) for i in timed if i not in within and layouts[i].bytes < layouts[best].bytes]
         over = f"; {', '.join(slower)} is slower by more than that" if slower else ""
         return best, (
