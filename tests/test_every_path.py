@@ -108,3 +108,56 @@ def test_each_path_runs_or_refuses_with_its_reason(tmp_path: Path, layout: str, 
         a, b = ref.run(None, feed)[0], got.run(None, feed)[0]
         assert a.shape == b.shape == (*feed["x"].shape[:2], C)
         assert float(np.dot(a.ravel(), b.ravel()) / (np.linalg.norm(a) * np.linalg.norm(b))) > 0.9
+
+
+def test_int8_output_is_sorted_again_when_an_if_branch_reads_a_later_node(tmp_path: Path) -> None:
+    """onnxruntime's quantize_dynamic left silero VAD 6.2.3's ``If`` before the node whose output
+    a branch reads (the checker refused the result, exit 1): the graph is sorted again, and the
+    producer and metadata are the input's."""
+    import onnx_ir as ir
+    from onnx import TensorProto, helper
+
+    from onnx_conv2matmul.quantize.int8_step import restore_model_fields
+
+    branch = helper.make_graph(
+        [helper.make_node("Identity", ["later"], ["out"])],
+        "then",
+        [],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [2])],
+    )
+    other = helper.make_graph(
+        [helper.make_node("Neg", ["later"], ["neg"])],
+        "else",
+        [],
+        [helper.make_tensor_value_info("neg", TensorProto.FLOAT, [2])],
+    )
+    graph = helper.make_graph(
+        [  # the If first, the Relu it reads after it
+            helper.make_node("If", ["c"], ["y"], then_branch=branch, else_branch=other),
+            helper.make_node("Relu", ["x"], ["later"]),
+        ],
+        "g",
+        [
+            helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
+    unsorted = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="ort")
+    path = tmp_path / "q.onnx"
+    onnx.save(unsorted, path)
+    with pytest.raises(onnx.checker.ValidationError):
+        onnx.checker.check_model(onnx.load(path))
+    source = ir.serde.deserialize_model(unsorted)
+    source.producer_name = "exporter"
+    source.metadata_props["vocab_size"] = "7"
+    restore_model_fields(str(path), source)
+    fixed = onnx.load(path)
+    onnx.checker.check_model(fixed)
+    assert [n.op_type for n in fixed.graph.node] == ["Relu", "If"]
+    assert fixed.producer_name == "exporter" and {p.key: p.value for p in fixed.metadata_props} == {
+        "vocab_size": "7"
+    }
+    x = np.array([-1.0, 2.0], np.float32)
+    got = session(str(path)).run(None, {"c": np.array(True), "x": x})[0]
+    np.testing.assert_array_equal(got, np.maximum(x, 0))

@@ -132,15 +132,22 @@ def int8_staged(run: Run, model: ir.Model, external: bool) -> _output.Staged:
 
 
 def restore_model_fields(path: str, model: ir.Model) -> None:
-    """Give the model at ``path`` the producer, doc string and metadata of ``model``.
+    """Give the model at ``path`` the producer, doc string and metadata of ``model``, and its
+    nodes an order in which each comes after what it reads.
 
     ``quantize_dynamic`` names itself the producer and adds its own metadata entry;
-    loaders such as sherpa-onnx read their settings from the input's metadata. Only the
-    ``.onnx`` file is rewritten: its external data stays where it is.
+    loaders such as sherpa-onnx read their settings from the input's metadata. It can also
+    leave an ``If`` before the node whose output one of its branches reads (silero VAD 6.2.3's
+    ``silero_vad_16k_op15.onnx``), which the checker and onnxruntime refuse: the graph and its
+    subgraphs are sorted again. Only the ``.onnx`` file is rewritten: its external data stays
+    where it is.
     """
     import onnx
 
-    proto = onnx.load(path, load_external_data=False)
+    sorted_model = ir.serde.deserialize_model(onnx.load(path, load_external_data=False))
+    sorted_model.graph.sort()
+    proto = ir.serde.serialize_model(sorted_model)
+    del sorted_model
     proto.producer_name = model.producer_name or ""
     proto.producer_version = model.producer_version or ""
     proto.doc_string = model.doc_string or ""
