@@ -86,3 +86,31 @@ def test_the_smallest_feeds_that_hold_enough_samples() -> None:
     assert smallest_covering(lengths, 2) == [0, 1]
     assert smallest_covering([feed(4, 200), feed(4, 100), feed(4, 300)], 8) == [0, 1]  # in order
     assert smallest_covering([], 8) == []
+
+
+@pytest.mark.parametrize(("others_cosine", "offered"), [(0.973, False), (0.999, True)])
+def test_int8_other_weights_that_alone_miss_the_target_are_not_offered(
+    monkeypatch: pytest.MonkeyPatch, others_cosine: float, offered: bool
+) -> None:
+    """Measured alone, every other weight in int8 at once: PP-OCRv4 rec's convs cost cosine 0.973,
+    below 0.99 by themselves, so no model of the search could hold them; they stay float."""
+    from onnx_conv2matmul.quantize import search as _search
+    from onnx_conv2matmul.quantize.search_options import OTHER_INT8
+    from onnx_conv2matmul.quantize.search_runs import _Measured
+    from onnx_conv2matmul.quantize.sensitivity import MatMulNode
+
+    def evaluate(_path, config, *_args, **_kwargs):  # type: ignore[no-untyped-def]
+        return _Measured(cosine=others_cosine if config.other_weights else 0.998)
+
+    monkeypatch.setattr(_search, "_evaluate", evaluate)
+    node = MatMulNode("mm", None, 64, 64, 16384)
+    node.options = {Setting(4, 64, False): (0.01, 2600)}
+    others = MatMulNode("(other weights)", None, 0, 0, 90000)
+    others.options = {OTHER_INT8: (1e-5, 23000)}
+    reference = type("R", (), {"feeds": type("F", (), {"feeds": [{"x": np.zeros((1, 4), np.float32)}]})()})()
+    options = AutoOptions(min_cosine=0.99)
+    _search._measure_alone("m.onnx", [node], others, options, reference, "w", True, None)  # type: ignore[arg-type]
+    assert bool(others.options) is offered
+    assert node.options[Setting(4, 64, False)][0] == pytest.approx(0.002)  # rescaled to its loss
+    if offered:
+        assert others.options[OTHER_INT8][0] == pytest.approx(1 - others_cosine)
