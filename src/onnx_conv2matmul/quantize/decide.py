@@ -22,8 +22,10 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
+import onnx_ir as ir
 
 from onnx_conv2matmul._graphs import default_opset
+from onnx_conv2matmul.quantize import other_weights
 from onnx_conv2matmul.quantize.search_options import OTHER_INT8, AutoOptions, Setting
 from onnx_conv2matmul.quantize.search_result import AutoConfig
 from onnx_conv2matmul.quantize.sensitivity import (
@@ -35,8 +37,6 @@ from onnx_conv2matmul.quantize.sensitivity import (
 )
 
 if TYPE_CHECKING:
-    import onnx_ir as ir
-
     from onnx_conv2matmul.quantize.settings import QuantizeOptions
     from onnx_conv2matmul.quantize.speed_objective import SpeedFilter
 
@@ -113,7 +113,8 @@ def sensitivity(
     # Below opset 13 the other weights would be read through Cast and Mul: offered by the search,
     # which measures their loss, not here, on their weights' error alone (PP-OCRv4 rec's convs in
     # int8 predict little and cost cosine 0.973).
-    measured = _other_weights_error(model) if (default_opset(model) or 0) >= 13 else None
+    cast_mul = other_weights.read_through_cast_mul(ir.DataType.FLOAT, default_opset(model) or 0)
+    measured = None if cast_mul else _other_weights_error(model)
     if measured is not None:
         error, kept_bytes, int8_bytes = measured
         others.float_bytes = kept_bytes

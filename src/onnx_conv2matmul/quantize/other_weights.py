@@ -44,6 +44,12 @@ CAST_MUL_OPSET = 7
 broadcasts from opset 7."""
 
 
+def read_through_cast_mul(dtype: ir.DataType, opset: int) -> bool:
+    """Whether a tensor of ``dtype`` stored as int8 is read through ``Mul(Cast(int8), scales)``
+    in a model of ``opset``: float32 where DequantizeLinear has no axis yet and Mul broadcasts."""
+    return dtype is ir.DataType.FLOAT and CAST_MUL_OPSET <= opset < _MIN_OPSET[ir.DataType.FLOAT]
+
+
 class KeptReason(str, enum.Enum):
     """Why a float tensor of at least :data:`MIN_BYTES` was left as it was.
 
@@ -257,8 +263,7 @@ def _reason(candidate: _Candidate, opset: int) -> KeptReason | None:
     if opset < CAST_MUL_OPSET:
         return KeptReason.OPSET_BELOW_7
     needed = _MIN_OPSET.get(tensor.dtype)
-    below = tensor.dtype is ir.DataType.FLOAT and opset < 13  # read through Cast and Mul
-    if needed is None or (opset < needed and not below):
+    if needed is None or (opset < needed and not read_through_cast_mul(tensor.dtype, opset)):
         return KeptReason.UNSUPPORTED_DTYPE
     if len(tensor.shape) < 2:
         return KeptReason.ONE_DIMENSIONAL
@@ -327,7 +332,7 @@ def _replace(
     name = old.name or "weight"
     q_value = _initializer(graph, names.new(f"{name}_int8"), q)
     out = ir.Value(name=names.new(f"{name}_dequantized"), type=old.type, shape=old.shape)
-    if opset >= _MIN_OPSET[candidate.tensor.dtype]:
+    if not read_through_cast_mul(candidate.tensor.dtype, opset):
         s_value = _initializer(graph, names.new(f"{name}_scale"), scales)
         nodes = [
             ir.node(
