@@ -82,3 +82,10 @@ def run_measured(argv: Sequence[str], **popen: Any) -> Measured:
         return Measured(launcher.returncode or 1, time.perf_counter() - start, 0, 0.0, 0.0, stdout, stderr)
     seconds, peak, user, system, code = fields
     return Measured(int(code), float(seconds), int(peak), float(user), float(system), stdout, stderr)
+
+
+def run_quiet(argv: Sequence[str], env: dict[str, str] | None = None) -> tuple[int, float, int, str]:
+    """:func:`run_measured` with stdout discarded: exit code, wall seconds, peak RSS bytes and
+    stderr."""
+    usage = run_measured(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return usage.returncode, usage.seconds, usage.peak_bytes, usage.stderr or ""

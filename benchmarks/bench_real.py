@@ -45,7 +45,6 @@ import argparse
 import json
 import os
 import random
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -57,7 +56,7 @@ import onnxruntime as ort
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
-from _process import run_measured  # noqa: E402
+from _process import run_quiet as _run  # noqa: E402
 from bench_onepass import RECIPE  # noqa: E402
 from model_cache import FETCHER  # noqa: E402
 from real_packages import CLS, MAGIKA, REC  # noqa: E402
@@ -187,13 +186,6 @@ def _lines(kind: str, count: int, seed: int, width: int) -> tuple[np.ndarray, li
         xs.append(_render(text, rng, 48, width, turn))
         labels.append(int(turn) if kind == "cls" else text)
     return np.stack(xs), labels
-
-
-def _run(argv: list[str], env: dict[str, str]) -> tuple[int, float, int, str]:
-    """Exit code, wall seconds and peak RSS bytes of one command in its own process (forked from
-    a small launcher, see ``_process``), and its stderr."""
-    usage = run_measured(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    return usage.returncode, usage.seconds, usage.peak_bytes, usage.stderr
 
 
 def _metric(path: str, data: Path, kind: str) -> float:

@@ -33,14 +33,13 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from _process import run_measured
-from bench_onepass import RECIPE, tool
+from _process import run_quiet as _run
+from bench_onepass import RECIPE, files_bytes, tool
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
@@ -53,18 +52,8 @@ SLACK_SECONDS = 15.0
 RSS_SLACK_BYTES = 500 * 10**6
 
 
-def _run(argv: list[str], env: dict[str, str] | None = None) -> tuple[int, float, int, str]:
-    """Exit code, wall seconds, peak RSS bytes and stderr of one command."""
-    usage = run_measured(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    return usage.returncode, usage.seconds, usage.peak_bytes, usage.stderr or ""
-
-
 def _first_line(stderr: str) -> str:
     return next((line.strip() for line in stderr.splitlines() if line.strip()), "")
-
-
-def _files_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.parent.iterdir() if p.name.startswith(path.name))
 
 
 def bench_model(name: str, model: Path, work: Path) -> dict[str, Any]:
@@ -88,7 +77,7 @@ def bench_model(name: str, model: Path, work: Path) -> dict[str, Any]:
     int8_code, int8_seconds, _, int8_stderr = _run(
         tool("quantize", model, work / "int8.onnx", "--int8-dynamic")
     )
-    size = _files_bytes(model)
+    size = files_bytes(model)
     budget = min(2 * y + SLACK_SECONDS, MAX_SECONDS)
     coverage = (report.get("coverage") or {}).get("total") or {}
     return {
