@@ -178,3 +178,61 @@ def test_too_few_samples_say_so(tmp_path: Path) -> None:
     held = json.loads(report.read_text())["accuracy"]["held_out"]
     assert held["passed"] is None and "5 samples are too few" in held["note"]
     assert "too few to hold some out" in " ".join(result.output.split())
+
+
+def _mlp(tmp_path: Path, samples: int) -> tuple[Path, Path]:
+    """A random two-layer classifier ``x [N, 256] -> 16 class probabilities`` and ``samples``
+    random inputs: its labels sit near many boundaries, so each setting moves some."""
+    from onnx import TensorProto, helper, numpy_helper, save
+
+    rng = np.random.default_rng(0)
+    w1 = (rng.standard_normal((256, 256)) / 16).astype(np.float32)
+    w2 = (rng.standard_normal((256, 16)) / 16).astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["x", "W1"], ["h"], name="fc1"),
+        helper.make_node("Relu", ["h"], ["r"]),
+        helper.make_node("MatMul", ["r", "W2"], ["logits"], name="fc2"),
+        helper.make_node("Softmax", ["logits"], ["probs"], axis=-1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 256])],
+        [helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["N", 16])],
+        [numpy_helper.from_array(w1, "W1"), numpy_helper.from_array(w2, "W2")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path, inputs = tmp_path / f"mlp{samples}.onnx", tmp_path / f"x{samples}.npz"
+    save(model, path)
+    np.savez(inputs, x=rng.standard_normal((samples, 256)).astype(np.float32))
+    return path, inputs
+
+
+@pytest.mark.parametrize(
+    ("samples", "min_cosine", "promised"), [(100, "0.98", False), (1000, "0.95", True)], ids=["few", "many"]
+)
+def test_auto_goes_below_the_default_only_where_the_held_out_labels_promise_it(
+    tmp_path: Path, samples: int, min_cosine: str, promised: bool
+) -> None:
+    """The search's pick just meets the labels' floor on the samples it saw. With 30 held out,
+    none changed promise 90.5% on other inputs (95% confidence), below a floor of 98%: the
+    default run's model is kept, and the warning says why. With 300 held out, 2 changed promise
+    97.9% against a floor of 95%: the search's smaller model is kept."""
+    model, inputs = _mlp(tmp_path, samples)
+    sizes, reports = {}, {}
+    for name, more in (("default", []), ("auto", ["--auto"])):
+        out, report = tmp_path / f"{name}.onnx", tmp_path / f"{name}.json"
+        args = ["quantize", str(model), str(out), "--inputs", str(inputs), "--min-cosine", min_cosine]
+        result = CliRunner().invoke(main, [*args, *more, "--no-bench", "--report-json", str(report)])
+        assert result.exit_code == 0, result.output
+        sizes[name], reports[name] = out.stat().st_size, json.loads(report.read_text())
+    kept = [w for w in reports["auto"]["warnings"] if "held-out labels promise" in w]
+    if promised:
+        assert sizes["auto"] < sizes["default"] and not kept
+        labels = reports["auto"]["accuracy"]["held_out"]["labels"][0]
+        assert labels["lower_bound"] >= labels["floor"] == 0.95
+    else:
+        assert sizes["auto"] == sizes["default"]
+        assert len(kept) == 1 and "30 held-out labels promise at least 90.5%" in kept[0]
+        assert "below 98% (149 held out, none changed, promise it)" in kept[0]

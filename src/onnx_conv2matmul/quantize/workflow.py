@@ -215,16 +215,37 @@ def _auto_or_default(plan: QuantizePlan, output: _output.Output, scratch: str) -
         return searched
     sizes = {key: model_file_bytes(m.path) for key, m in made.items()}
     kept = "auto" if "auto" in made and sizes["auto"] <= sizes.get("default", sizes["auto"]) else "default"
+    short = _unpromised(searched) if kept == "auto" and sizes["auto"] < sizes.get("default", 0) else None
+    if short is not None:
+        kept = "default"
     report = publish_made(plan, output, made[kept])
     if report.transposes is None:
         report.transposes = trade  # the layouts weighed by the default run's models
-    if kept == "default":
+    if short is not None:
+        report.warnings.append(
+            f"the search's model ({sizes['auto']} bytes) is smaller than the default run's"
+            f" ({sizes['default']} bytes), but {short}: the default run's model is kept (more"
+            " samples let --auto go below it)"
+        )
+    elif kept == "default":
         found = f"{sizes['auto']} bytes" if "auto" in sizes else "no model that meets it"
         report.warnings.append(
             f"the default run's model ({sizes['default']} bytes) meets the criterion and is smaller than"
             f" what the search found ({found}): it is kept"
         )
     return report
+
+
+def _unpromised(searched: QuantizeReport | None) -> str | None:
+    """Why the search's held-out samples do not promise its labels beyond the samples it saw
+    (see :func:`onnx_conv2matmul.verify.labels.unpromised`); None when they do, or when the run
+    has no inputs of the user's to hold out (its criterion is the cosine on synthesised ones)."""
+    from onnx_conv2matmul.verify.labels import unpromised
+
+    held = None if searched is None else searched.accuracy.get("held_out")
+    if held is None or searched is None or searched.verification is None:
+        return None
+    return unpromised(searched.verification.labels, held.get("labels") or [])
 
 
 def search_both(trade: TransposeTrade) -> bool:
