@@ -377,3 +377,52 @@ def test_a_second_timing_on_a_busy_machine_weighs_the_layouts_as_untimed(
     assert isinstance(trade, dict) and len(calls) == 2
     assert trade["kept"] == "without them" and "timed again" not in trade["reason"]
     assert "busy" in trade["timed_on"]
+
+
+def _diluted_block() -> onnx.ModelProto:
+    """depthwise 3x3 -> pointwise 64 -> 64 -> depthwise 3x3 -> full 3x3 conv: the pointwise conv
+    adds Transposes once rewritten and holds 4096 of 42112 weights (9.7%)."""
+    import numpy as np
+    from onnx import helper
+
+    from test_quantize_unchanged import _conv
+
+    rng = np.random.default_rng(0)
+    layers = [("dw1", "x", "a", 64, 64, 3, 64), ("pw", "a", "b", 64, 64, 1, 1)]
+    layers += [("dw2", "b", "c", 64, 64, 3, 64), ("full", "c", "y", 64, 64, 3, 1)]
+    nodes, weights = zip(*(_conv(*layer, rng=rng) for layer in layers), strict=True)  # type: ignore[misc]
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 64, "H", "W"])
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 64, "H", "W"])
+    model = helper.make_model(
+        helper.make_graph(list(nodes), "g", [x], [y], list(weights)),
+        opset_imports=[helper.make_opsetid("", 17)],
+    )
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("prefer", [None, "size"])
+def test_the_default_weighs_them_only_when_they_hold_a_tenth_of_the_weights(
+    tmp_path: Path, prefer: str | None
+) -> None:
+    """Below 10% of the weights the model with them cannot be 10% smaller by their weights: the
+    default leaves them with nothing built or timed for them; --prefer size still weighs them."""
+    from click.testing import CliRunner
+
+    from onnx_conv2matmul.cli.app import main
+    from onnx_conv2matmul.quantize.transposes import weighed_share
+
+    assert weighed_share(Prefer.BALANCED) == 0.10 and weighed_share(Prefer.SIZE) == 0.01
+    source, out, report = tmp_path / "in.onnx", tmp_path / "out.onnx", tmp_path / "r.json"
+    onnx.save(_diluted_block(), source)
+    more = ["--prefer", prefer] if prefer else []
+    args = ["quantize", str(source), str(out), "--no-bench", *more, "--report-json", str(report)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    data = json.loads(report.read_text())
+    if prefer is None:
+        assert data["transposes"] is None and data["quantized_nodes"] == 0
+        assert "add Transposes (--allow-added-transposes)" in data["unchanged"]["message"]
+    else:
+        assert data["transposes"]["weight_share"] == pytest.approx(4096 / 42112, abs=1e-4)
+        assert data["transposes"]["kept"] == "with them" and data["quantized_nodes"] == 1
