@@ -94,27 +94,42 @@ def quantize_file(
     if top and progress is not None:  # one progress for every attempt, closed once
         request = dataclasses.replace(request, progress=KeptOpen(progress))
     try:
-        report, plan = _quantize_once(input_path, output_path, request)
-        by_phase = dict(report.seconds_by_phase)
-        while top and plan.chooses and (cosine := step_back_cosine(report)) is not None:
-            from onnx_conv2matmul.errors import TargetUnreachable
-
-            missed = report
-            try:
-                again = dataclasses.replace(request, step_back=cosine)
-                report, plan = _quantize_once(input_path, output_path, again)
-            except TargetUnreachable:
-                report = missed
-                break
-            for phase, seconds in report.seconds_by_phase.items():
-                by_phase[phase] = round(by_phase.get(phase, 0.0) + seconds, 3)
-            record_step(report, missed)
+        report = (_stepping_back if top else _once)(input_path, output_path, request)
     finally:
         if top and progress is not None:
             progress.close()
     report.seconds = time.perf_counter() - started
+    return report
+
+
+def _stepping_back(
+    input_path: str | os.PathLike[str], output_path: str | os.PathLike[str], request: Request
+) -> QuantizeReport:
+    """One run of ``request``, and while its result misses on the held-out samples, the run again
+    with the stricter minimum cosine the miss asks for (see :mod:`onnx_conv2matmul.quantize.step_back`)."""
+    from onnx_conv2matmul.errors import TargetUnreachable
+
+    report, plan = _quantize_once(input_path, output_path, request)
+    by_phase = dict(report.seconds_by_phase)
+    while plan.chooses and (cosine := step_back_cosine(report)) is not None:
+        missed = report
+        try:
+            again = dataclasses.replace(request, step_back=cosine)
+            report, plan = _quantize_once(input_path, output_path, again)
+        except TargetUnreachable:
+            report = missed
+            break
+        for phase, seconds in report.seconds_by_phase.items():
+            by_phase[phase] = round(by_phase.get(phase, 0.0) + seconds, 3)
+        record_step(report, missed)
     report.seconds_by_phase = by_phase
     return report
+
+
+def _once(
+    input_path: str | os.PathLike[str], output_path: str | os.PathLike[str], request: Request
+) -> QuantizeReport:
+    return _quantize_once(input_path, output_path, request)[0]
 
 
 def _quantize_once(
@@ -191,7 +206,8 @@ def _auto_or_default(plan: QuantizePlan, output: _output.Output, scratch: str) -
     default_request = dataclasses.replace(
         request, auto=None, verify=verify, metric=None, progress=None, candidate=True, search_below=True
     )
-    default = quantize_file(plan.src, os.path.join(scratch, "default", name), default_request)
+    # The default run as a user gets it: stepped back when its result misses on the held-out samples.
+    default = _stepping_back(plan.src, os.path.join(scratch, "default", name), default_request)
     if default.output_path is not None:
         made["default"] = Made(default.output_path, default)
     plan.progress.phase("Searching for the smallest settings that meet the criterion (--auto)")
@@ -225,7 +241,7 @@ def _auto_or_default(plan: QuantizePlan, output: _output.Output, scratch: str) -
         report.warnings.append(
             f"the search's model ({sizes['auto']} bytes) is smaller than the default run's"
             f" ({sizes['default']} bytes), but {short}: the default run's model is kept (more"
-            " samples let --auto go below it)"
+            " samples, or --criterion cosine, let --auto go below it)"
         )
     elif kept == "default":
         found = f"{sizes['auto']} bytes" if "auto" in sizes else "no model that meets it"
