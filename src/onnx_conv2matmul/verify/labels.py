@@ -342,12 +342,13 @@ def unpromised(checked: Sequence[TaskResult], held: Sequence[Mapping[str, Any]])
     for result in checked:
         entry = entries.get(result.output)
         labels = int(entry["labels"]) if entry else 0
+        changed = int(entry["changed"]) if entry else 0
         bound = float(entry["lower_bound"]) if entry else 0.0
         if bound < result.floor:
             needed = labels_needed(result.floor)
             return (
-                f"output {result.output!r}: {labels} held-out labels promise at least {bound:.1%} of"
-                f" them kept on other inputs ({CONFIDENCE:.0%} confidence), below {result.floor:.0%}"
-                f" ({needed} held out, none changed, promise it)"
+                f"output {result.output!r}: {labels} held-out labels, {changed} changed, promise only"
+                f" {bound:.1%} kept on other inputs ({CONFIDENCE:.0%} confidence), below"
+                f" {result.floor:.0%} ({needed} held out, none changed, promise it)"
             )
     return None
