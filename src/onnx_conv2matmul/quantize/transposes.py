@@ -8,8 +8,9 @@ convs hold most of the weights (86% of a PP-OCRv4 text detector's), so this is a
 for latency, and the Transposes' cost depends on the CPU.
 
 So, when the rewrite leaves such convs (skip reason ``adds_transposes``) holding a share of the
-weights, ``quantize`` makes both models (without them and with them, each quantized and checked
-as the run asks), times them against the original side by side on this CPU (the speed step's
+weights (:func:`weighed_share`: 10% by default, 1% with ``--prefer size`` or ``speed``),
+``quantize`` makes both models (without them and with them, each quantized and checked as the
+run asks), times them against the original side by side on this CPU (the speed step's
 inputs, :mod:`onnx_conv2matmul.speed.inputs`), and keeps one by the preference:
 
 - ``size``: the smaller model that meets the accuracy criterion, whatever its latency;
