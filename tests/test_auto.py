@@ -334,6 +334,8 @@ def test_auto_is_never_bigger_than_the_default_run(tmp_path: Path) -> None:
     assert auto_out.stat().st_size == default_out.stat().st_size < 0.6 * ENCODER.stat().st_size
     report = json.loads(searched.stdout)
     assert any("the default run's model" in w and "is kept" in w for w in report["warnings"])
+    # The search's float model, bigger than the default run's, was neither checked nor timed.
+    assert any("bytes, neither checked nor timed): it is kept" in w for w in report["warnings"])
     assert report["verification"]["passed"] and not list(tmp_path.glob(".*"))  # no scratch left
 
 

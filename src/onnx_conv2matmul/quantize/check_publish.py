@@ -24,9 +24,14 @@ if TYPE_CHECKING:
 def check_and_publish(
     run: Run, staged: _output.Staged, stack: contextlib.ExitStack, modes: tuple[int, int]
 ) -> None:
-    """Check (and with ``speed``, time) the staged model; publish it when it meets the criterion."""
+    """Check (and with ``speed``, time) the staged model; publish it when it meets the criterion.
+    A candidate bigger than the model it must beat (the request's ``larger_than``) is left as it
+    is: its size is in the report, and nothing else is done with it."""
     plan, report = run.plan, run.report
     speed = plan.speed
+    report.output_bytes = staged.size
+    if plan.request.larger_than is not None and staged.size > plan.request.larger_than:
+        return
 
     def timed(staged: _output.Staged) -> _output.Staged:
         return speed_step(run, staged, stack)

@@ -172,6 +172,10 @@ class Request:
     nested: bool = False
     """This run makes one model of another run's (a layout of the Transposes' trade): only the
     outermost run steps back after a held-out miss."""
+    larger_than: int | None = None
+    """A candidate's model of more bytes than this is neither checked, timed nor written: the
+    default run's model that ``--auto``'s search must beat (see
+    :func:`onnx_conv2matmul.quantize.workflow.quantize_file`); None: no bound."""
     step_back: float | None = None
     """After a held-out miss: the minimum cosine every choice of the run must meet on the samples
     it is made on, above the criterion's (the held-out samples are still judged by the criterion);

@@ -211,7 +211,9 @@ def _auto_or_default(plan: QuantizePlan, output: _output.Output, scratch: str) -
     if default.output_path is not None:
         made["default"] = Made(default.output_path, default)
     plan.progress.phase("Searching for the smallest settings that meet the criterion (--auto)")
-    search_request = dataclasses.replace(request, progress=None, candidate=True)
+    # A model of the search bigger than the default run's is neither checked nor timed for nothing.
+    beat = model_file_bytes(made["default"].path) if "default" in made else None
+    search_request = dataclasses.replace(request, progress=None, candidate=True, larger_than=beat)
     trade = default.transposes
     if trade is not None and "default" in made and not search_both(trade):
         # The layout of the convs that add Transposes was weighed by the default run's models:
@@ -245,6 +247,8 @@ def _auto_or_default(plan: QuantizePlan, output: _output.Output, scratch: str) -
         )
     elif kept == "default":
         found = f"{sizes['auto']} bytes" if "auto" in sizes else "no model that meets it"
+        if searched is not None and searched.verification is None and beat and searched.output_bytes > beat:
+            found = f"{searched.output_bytes} bytes, neither checked nor timed"
         report.warnings.append(
             f"the default run's model ({sizes['default']} bytes) meets the criterion and is smaller than"
             f" what the search found ({found}): it is kept"
