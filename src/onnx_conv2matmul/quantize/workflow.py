@@ -211,10 +211,14 @@ def _auto_or_default(plan: QuantizePlan, output: _output.Output, scratch: str) -
     if default.output_path is not None:
         made["default"] = Made(default.output_path, default)
     plan.progress.phase("Searching for the smallest settings that meet the criterion (--auto)")
-    # A model of the search bigger than the default run's is neither checked nor timed for nothing.
-    beat = model_file_bytes(made["default"].path) if "default" in made else None
-    search_request = dataclasses.replace(request, progress=None, candidate=True, larger_than=beat)
+    search_request = dataclasses.replace(request, progress=None, candidate=True)
     trade = default.transposes
+    beat = None
+    if "default" in made and (trade is None or not search_both(trade)):
+        # A model of the search bigger than the default run's is neither checked nor timed for
+        # nothing (not when the search weighs both layouts: each would be made again).
+        beat = model_file_bytes(made["default"].path)
+        search_request = dataclasses.replace(search_request, larger_than=beat)
     if trade is not None and "default" in made and not search_both(trade):
         # The layout of the convs that add Transposes was weighed by the default run's models:
         # the search runs on the one kept, not once per layout.
