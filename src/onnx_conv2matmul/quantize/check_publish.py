@@ -29,8 +29,8 @@ def check_and_publish(
     is: its size is in the report, and nothing else is done with it."""
     plan, report = run.plan, run.report
     speed = plan.speed
-    report.output_bytes = staged.size
     if plan.request.larger_than is not None and staged.size > plan.request.larger_than:
+        report.output_bytes = staged.size
         return
 
     def timed(staged: _output.Staged) -> _output.Staged:

@@ -94,7 +94,10 @@ def quantize_file(
     if top and progress is not None:  # one progress for every attempt, closed once
         request = dataclasses.replace(request, progress=KeptOpen(progress))
     try:
-        report = (_stepping_back if top else _once)(input_path, output_path, request)
+        if top:
+            report = _stepping_back(input_path, output_path, request)
+        else:
+            report, _ = _quantize_once(input_path, output_path, request)
     finally:
         if top and progress is not None:
             progress.close()
@@ -124,12 +127,6 @@ def _stepping_back(
         record_step(report, missed)
     report.seconds_by_phase = by_phase
     return report
-
-
-def _once(
-    input_path: str | os.PathLike[str], output_path: str | os.PathLike[str], request: Request
-) -> QuantizeReport:
-    return _quantize_once(input_path, output_path, request)[0]
 
 
 def _quantize_once(
@@ -213,13 +210,14 @@ def _auto_or_default(plan: QuantizePlan, output: _output.Output, scratch: str) -
     plan.progress.phase("Searching for the smallest settings that meet the criterion (--auto)")
     search_request = dataclasses.replace(request, progress=None, candidate=True)
     trade = default.transposes
+    one_layout = "default" in made and (trade is None or not search_both(trade))
     beat = None
-    if "default" in made and (trade is None or not search_both(trade)):
+    if one_layout:
         # A model of the search bigger than the default run's is neither checked nor timed for
         # nothing (not when the search weighs both layouts: each would be made again).
         beat = model_file_bytes(made["default"].path)
         search_request = dataclasses.replace(search_request, larger_than=beat)
-    if trade is not None and "default" in made and not search_both(trade):
+    if trade is not None and one_layout:
         # The layout of the convs that add Transposes was weighed by the default run's models:
         # the search runs on the one kept, not once per layout.
         convert = dataclasses.replace(plan.convert, allow_added_transposes=trade.chosen.with_transposes)
@@ -266,8 +264,10 @@ def _unpromised(searched: QuantizeReport | None) -> str | None:
     has no inputs of the user's to hold out (its criterion is the cosine on synthesised ones)."""
     from onnx_conv2matmul.verify.labels import unpromised
 
-    held = None if searched is None else searched.accuracy.get("held_out")
-    if held is None or searched is None or searched.verification is None:
+    if searched is None or searched.verification is None:
+        return None
+    held = searched.accuracy.get("held_out")
+    if held is None:
         return None
     return unpromised(searched.verification.labels, held.get("labels") or [])
 
