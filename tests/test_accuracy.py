@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -555,13 +556,17 @@ def test_inputs_take_the_range_the_first_op_states(
 
 
 def test_int8_dynamic_below_the_criterion_is_refused_never_searched(model: Path, tmp_path: Path) -> None:
+    """One node, per channel and per tensor both below: nothing to step back to, so a refusal
+    (exit 2) that gives both figures, and no search."""
     out = tmp_path / "o.onnx"
     code, stdout, _ = _invoke("quantize", model, out, "--int8-dynamic", "--min-cosine", "0.999999",
                               "--report-json-stdout")  # fmt: skip
-    assert code == 1 and not out.exists()
-    data = json.loads(stdout)
-    assert data["auto"] is None and data["accuracy"]["fallback"] is None
-    assert "MatMulNBits with --auto may meet it" in data["error"]
+    assert code == 2 and not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["outliers.onnx"]
+    error = json.loads(stdout)["error"]
+    assert error.startswith("int8 dynamic quantization misses the accuracy criterion")
+    assert "its one quantizable node (proj)" in error and "search" not in error
+    assert re.search(r"worst cosine 0\.\d{4} per channel, worst cosine 0\.\d{4} per tensor", error)
 
 
 def _even_lengths_model() -> onnx.ModelProto:

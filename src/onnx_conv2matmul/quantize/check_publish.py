@@ -48,6 +48,13 @@ def check_and_publish(
             assert report.auto is not None
             rows, report.auto.checked = (report.auto.checked or (None, None))[1], None  # once
             result_v = reference.check(plan.src, staged.onnx_path, plan.verify, rows)
+        elif run.checked is not None:
+            from onnx_conv2matmul.quantize.int8_choice import CHECKED_BEFORE
+
+            reference, made_rows = run.checked
+            result_v = reference.check(
+                plan.src, staged.onnx_path, plan.verify, made_rows, note=CHECKED_BEFORE
+            )
         else:
             result_v = verify_models(plan.src, staged.onnx_path, plan.verify)
         result_v.candidate = plan.dst

@@ -4,9 +4,11 @@ output, keeping the input's model fields."""
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import os
 import shutil
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import onnx_ir as ir
@@ -43,12 +45,23 @@ def int8_dynamic_obstacle(model: ir.Model) -> str | None:
     return None
 
 
+@dataclasses.dataclass(frozen=True)
+class Int8Way:
+    """How :func:`int8_dynamic` writes: external data or not, one scale per output channel of each
+    weight (else one per tensor), and the only nodes quantized (None: every node the options select)."""
+
+    external_data: bool
+    per_channel: bool = True
+    nodes: Sequence[str] | None = None
+
+
 def int8_dynamic(
-    model: ir.Model, input_path: str, output_path: str, options: QuantizeOptions, *, external_data: bool
+    model: ir.Model, input_path: str, output_path: str, options: QuantizeOptions, way: Int8Way
 ) -> None:
     """onnxruntime's ``quantize_dynamic`` with int8 weights (for a decoder/joint).
 
-    ``options.exclude`` / ``options.include`` select nodes by name, as for MatMulNBits.
+    ``options.exclude`` / ``options.include`` select nodes by name, as for MatMulNBits;
+    ``way`` says which of them (see :class:`Int8Way`).
 
     Every op type ``quantize_dynamic`` takes but ``Conv`` (:func:`dynamic_op_types`): the convs
     left after the rewrite are not pointwise (depthwise, 3x3), and onnxruntime's ConvInteger ran
@@ -66,6 +79,8 @@ def int8_dynamic(
     names = [n.name for g, _ in walk_graphs(model.graph) for n in g if n.name]
     excluded = [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in options.exclude)]
     included = [n for n in names if options.include and options.selects(n)]
+    if way.nodes is not None:
+        included = list(way.nodes)
     from onnx_conv2matmul.quantize.logs import onnxruntime_logs_captured
 
     # onnxruntime warns on the root logger that pre-processing may help: into this package's logger.
@@ -75,10 +90,11 @@ def int8_dynamic(
             output_path,
             weight_type=QuantType.QInt8,
             reduce_range=True,
+            per_channel=way.per_channel,
             op_types_to_quantize=dynamic_op_types(),
             nodes_to_exclude=excluded,
             nodes_to_quantize=included or None,
-            use_external_data_format=external_data,
+            use_external_data_format=way.external_data,
         )
 
 
@@ -101,13 +117,17 @@ def check_int8_dynamic(model: ir.Model) -> None:
 
 
 def int8_staged(run: Run, model: ir.Model, external: bool) -> _output.Staged:
-    """Save the rewritten fp32 model aside, run ``quantize_dynamic`` into a staged output.
+    """Save the rewritten fp32 model aside, run ``quantize_dynamic`` into a staged output: with a
+    criterion to meet, the first candidate of :class:`~onnx_conv2matmul.quantize.int8_choice.Int8Pass`
+    that meets it (its check's rows are the result's, ``run.checked``), else every node per channel.
 
     onnxruntime names the data file after the ``.onnx`` it writes, so the staged
     ``.onnx`` is named for the data file to get the destination's data-file name.
     """
 
-    progress, output, report = run.plan.progress, run.output, run.report
+    plan, output, report = run.plan, run.output, run.report
+    progress = plan.progress
+    name = output.data_name.removesuffix(".data") if external else os.path.basename(output.path)
 
     def write(directory: str) -> str:
         progress.phase("Saving the rewritten model")
@@ -115,12 +135,38 @@ def int8_staged(run: Run, model: ir.Model, external: bool) -> _output.Staged:
         os.mkdir(fp32_dir)
         fp32_path = os.path.join(fp32_dir, "model.onnx")
         _output.save(model, fp32_path, "model.onnx.data" if external else None)
-        progress.phase("Quantizing (int8 dynamic)")
-        name = output.data_name.removesuffix(".data") if external else os.path.basename(output.path)
+
+        def make(folder: str, per_channel: bool, nodes: Sequence[str] | None) -> str:
+            path = os.path.join(folder, name)
+            int8_dynamic(model, fp32_path, path, run.quantize, Int8Way(external, per_channel, nodes))
+            restore_model_fields(path, model)
+            return path
+
         out = os.path.join(directory, name)
-        int8_dynamic(model, fp32_path, out, run.quantize, external_data=external)
+        if plan.verify.min_cosine is not None and not plan.verify.report_only:
+            from onnx_conv2matmul.quantize.int8_choice import Int8Pass
+
+            scratch = os.path.join(directory, "candidates")
+            chooser = Int8Pass(run, model, scratch, make, dynamic_op_types())
+            try:
+                chosen = chooser.choose()
+            finally:
+                report.one_pass = {
+                    "candidates": chooser.candidates,
+                    "decision": chooser.decision,
+                    "classes": None,
+                }
+                report.bytes_written = _tree_bytes(directory)
+            os.replace(chosen.path, out)
+            if os.path.exists(chosen.path + ".data"):
+                os.replace(chosen.path + ".data", out + ".data")
+            run.checked = (chosen.reference, chosen.checked.flat_rows())
+            shutil.rmtree(scratch)
+        else:
+            progress.phase("Quantizing (int8 dynamic)")
+            make(directory, True, None)
+            report.bytes_written = _tree_bytes(directory)
         shutil.rmtree(fp32_dir)
-        restore_model_fields(out, model)
         quantized = ir.load(out)
         report.matmuls = count_op(model, "MatMul")
         report.quantized_nodes = sum(
@@ -129,6 +175,11 @@ def int8_staged(run: Run, model: ir.Model, external: bool) -> _output.Staged:
         return out
 
     return output.stage_with(write)
+
+
+def _tree_bytes(folder: str) -> int:
+    """The bytes of the files under ``folder``: what the run has written there."""
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(folder) for f in files)
 
 
 def restore_model_fields(path: str, model: ir.Model) -> None:

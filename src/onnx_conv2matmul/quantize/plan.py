@@ -31,9 +31,11 @@ from onnx_conv2matmul.verify.check import VerifyOptions, discover_inputs
 if TYPE_CHECKING:
     from onnx_conv2matmul.files import output as _output
     from onnx_conv2matmul.quantize.metric import MetricTarget
+    from onnx_conv2matmul.quantize.reference import Reference
     from onnx_conv2matmul.quantize.report import QuantizeReport
     from onnx_conv2matmul.quantize.transposes import TransposeOptions
     from onnx_conv2matmul.speed.choose import SpeedOptions
+    from onnx_conv2matmul.verify.check import OutputComparison
 
 
 # --------------------------------------------------------------------------- #
@@ -425,6 +427,9 @@ class Run:
     quantize: QuantizeOptions = dataclasses.field(init=False)
     auto: AutoOptions | None = dataclasses.field(init=False)
     original_score: float | None = None
+    checked: tuple[Reference, list[OutputComparison]] | None = None
+    """The reference and the rows of the staged result's check when it was made (``--int8-dynamic``):
+    the final check reports them instead of running it again."""
 
     def __post_init__(self) -> None:
         self.quantize = self.plan.quantize
