@@ -154,3 +154,22 @@ def test_groups_are_consecutive_even_and_at_most_the_count(length: int, count: i
 
 def test_the_step_back_measures_at_most_max_units_groups() -> None:
     assert len(groups_of([f"n{i}" for i in range(100)])) == MAX_UNITS
+
+
+def test_a_model_with_nothing_int8_says_so(tmp_path: Path) -> None:
+    """A 3x3 conv alone: int8 dynamic leaves Conv in float, so nothing is int8, and the warning
+    says why, with the share of the weights in convs."""
+    weight = np.random.default_rng(0).standard_normal((8, 4, 3, 3)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "W"], ["y"], name="conv", pads=[1, 1, 1, 1])],
+        "conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", 4, "H", "W"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", 8, "H", "W"])],
+        [numpy_helper.from_array(weight, "W")],
+    )
+    src, out = tmp_path / "conv.onnx", tmp_path / "out.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), src)
+    code, data = _quantize(src, out)
+    assert code == 0 and data["quantized_nodes"] == 0
+    warning = next(w for w in data["warnings"] if w.startswith("no node was quantized"))
+    assert "not Conv" in warning and "100% of its float weights are in other Conv nodes" in warning

@@ -9,7 +9,7 @@ import fnmatch
 import os
 import shutil
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import onnx_ir as ir
 
@@ -172,9 +172,26 @@ def int8_staged(run: Run, model: ir.Model, external: bool) -> _output.Staged:
         report.quantized_nodes = sum(
             count_op(quantized, op) for op in ("MatMulInteger", "DynamicQuantizeLSTM", "ConvInteger")
         )
+        if not report.quantized_nodes:
+            report.warnings.append(nothing_int8_text(report.weight_kinds))
         return out
 
     return output.stage_with(write)
+
+
+def nothing_int8_text(kinds: Any) -> str:
+    """Why an ``--int8-dynamic`` result holds no int8 node, from the original's weights by kind."""
+    total = sum(kinds.total.values()) if kinds is not None else 0
+    where = ""
+    if total:
+        kind, size = max(kinds.total.items(), key=lambda item: item[1])
+        where = f"; {size / total:.0%} of its float weights are in {kind} nodes"
+    takes = ", ".join(op for op in dynamic_op_types() if op != "Transpose")
+    return (
+        f"no node was quantized: int8 dynamic quantization takes the weights of {takes} nodes (a Gemm"
+        f" as the MatMul the rewrite makes of it; not Conv), and found none it could take{where}; the"
+        " output is the input with the rewrite's exact changes only"
+    )
 
 
 def _tree_bytes(folder: str) -> int:
