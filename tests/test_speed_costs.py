@@ -94,6 +94,13 @@ def test_costs_are_kept_per_machine_and_read_back(tmp_path: Path) -> None:
     again, machine2 = _costs(path=path)
     assert model_cost(again, LAYERS, Kernel(8, 128, 4)) == first
     assert machine2.opened == [] and again.measured == 0 and again.from_cache > 0
+    # Nothing timed since it was read, or since the last save: nothing written.
+    written = path.stat().st_mtime_ns
+    path.write_text(path.read_text() + " ")
+    marked = path.read_text()
+    again.save()
+    costs.save()
+    assert path.read_text() == marked and path.stat().st_mtime_ns >= written
     ignored, machine3 = _costs(path=path, read_cache=False)  # --no-bench-cache
     model_cost(ignored, LAYERS, Kernel(8, 128, 4))
     assert len(machine3.opened) == 2

@@ -138,6 +138,8 @@ class KernelCosts:
         self._timed: set[str] = set()
         """The entries this object timed: not written to the cache when it timed them busy."""
         self.from_cache = 0
+        self._saved = 0
+        """``measured`` when the table was last written: a save with nothing new writes nothing."""
         if path is not None and read_cache:
             self.table.update(_read(path))
 
@@ -232,9 +234,12 @@ class KernelCosts:
             self.measure_shape(k, n, kernels, sorted(rows))
 
     def save(self) -> None:
-        """Write the table to the cache file (no error when it cannot be written: a cache)."""
-        if self.path is None:
+        """Write the table to the cache file when this object timed something since it last did (no
+        error when it cannot be written: a cache). The default run's speed filter asks after each
+        layer: on the Parakeet-shaped encoder, writing the whole table 266 times cost 8 s."""
+        if self.path is None or self.measured == self._saved:
             return
+        self._saved = self.measured
         # Timed on a busy machine (over all the shapes timed): used by this run, never kept.
         table = {key: value for key, value in self.table.items() if not (self.busy and key in self._timed)}
         keep_cached(self.path, {"version": CACHE_VERSION, "costs": table}, indent=0, sort_keys=True)
