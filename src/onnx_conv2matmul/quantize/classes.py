@@ -198,14 +198,21 @@ def measure(
     assert floor is not None
     feeds = smallest_feeds(reference)[:MAX_FEEDS]
     layers = sum(len(group.names) for group in groups)
+    session = _switched_session(plan, quantize, groups, cache)
     for done, group in enumerate(groups):
         plan.progress.phase(f"Deciding: measuring the classes of layers ({done + 1} of {len(groups)})")
-        alone = quantize.only({name: quantize.setting_for(name) for name in group.names})
         failure = ""
         try:
-            candidate = build.build(plan, alone, cache)
-            checked = check.check_model(plan, candidate.model, reference, only=feeds)
-            del candidate
+            if session is not None:
+                from onnx_conv2matmul.quantize.switched import Flagged
+
+                flagged = Flagged(session, len(groups), done)
+                checked = check.check(flagged, reference, plan.verify, only=feeds)
+            else:
+                alone = quantize.only({name: quantize.setting_for(name) for name in group.names})
+                candidate = build.build(plan, alone, cache)
+                checked = check.check_model(plan, candidate.model, reference, only=feeds)
+                del candidate
             group.measured = checked.loss(floor)
             failure = checked.failure if checked.worst_cosine is None else ""
         except OutOfMemory:
@@ -218,6 +225,32 @@ def measure(
                 f" {failure or 'no loss could be measured'})"
             )
     return f"{len(groups)} classes of {layers} layers measured"
+
+
+def _switched_session(
+    plan: QuantizePlan, quantize: QuantizeOptions, groups: Sequence[ClassLoss], cache: BlockCache | None
+) -> Any:
+    """One session of every class behind its flag (:mod:`~onnx_conv2matmul.quantize.switched`),
+    opened without prepacking; None when the classes are to be built apart (a layer the switch
+    does not take, or a model onnxruntime does not open)."""
+    import os
+
+    from onnx_conv2matmul.errors import OutOfMemory
+    from onnx_conv2matmul.quantize.build import open_in_memory
+    from onnx_conv2matmul.quantize.measure import session_options
+    from onnx_conv2matmul.quantize.switched import switched_model
+
+    plan.progress.phase("Deciding: building the classes of layers")
+    model = switched_model(plan, quantize, [group.names for group in groups], cache)
+    if model is None:
+        return None
+    folder = os.path.dirname(os.path.abspath(plan.src))
+    try:
+        return open_in_memory(model, folder, session_options(plan.verify, prepack=False))
+    except OutOfMemory:
+        raise
+    except Exception:  # built apart instead, as before the switch
+        return None
 
 
 def smallest_feeds(reference: Reference) -> list[int]:

@@ -1,0 +1,102 @@
+"""The classes' candidates as one model (quantize/switched.py): each class's layers behind an ``If``
+on a flag of its own, one session for every class. The losses must be those of the classes built
+apart, and the model with every flag false the float model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnxruntime as ort
+import pytest
+from click.testing import CliRunner
+
+from onnx_conv2matmul.cli.app import main
+from onnx_conv2matmul.quantize import switched as _switched
+from test_classes import BLOCKS, C, repeated_blocks
+
+
+def _quantize(src: Path, dst: Path) -> dict:
+    result = CliRunner().invoke(
+        main, ["quantize", str(src), str(dst), "--no-bench", "--report-json-stdout"], catch_exceptions=False
+    )
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_the_switched_losses_are_those_of_the_classes_built_apart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = tmp_path / "blocks.onnx"
+    onnx.save(repeated_blocks(), src)
+    made: list[ir.Model | None] = []
+    real = _switched.switched_model
+
+    def keep(*args: object) -> ir.Model | None:
+        model = real(*args)  # type: ignore[arg-type]
+        made.append(model)
+        return model
+
+    monkeypatch.setattr(_switched, "switched_model", keep)
+    together = _quantize(src, tmp_path / "together.onnx")
+    assert len(made) == 1 and made[0] is not None
+    monkeypatch.setattr(_switched, "switched_model", lambda *args: None)  # built apart, as before
+    apart = _quantize(src, tmp_path / "apart.onnx")
+    one, other = together["one_pass"]["classes"]["measured"], apart["one_pass"]["classes"]["measured"]
+    assert [g["first"] for g in one] == [g["first"] for g in other] and len(one) >= 2
+    for a, b in zip(one, other, strict=True):
+        assert a["measured_loss"] == pytest.approx(b["measured_loss"], rel=1e-4, abs=1e-9)
+    assert together["options"]["quantize"]["nodes"] == apart["options"]["quantize"]["nodes"]
+    assert (tmp_path / "together.onnx").read_bytes() == (tmp_path / "apart.onnx").read_bytes()
+
+    # The graph: every layer of the blocks behind an If on its class's flag, one flag a class.
+    model = made[0]
+    switches = [node for node in model.graph if node.op_type == "If"]
+    assert len(switches) == 2 * BLOCKS
+    flags = [value.name for value in model.graph.inputs if value.name != "x"]
+    assert flags == [_switched.FLAG.format(i) for i in range(len(one))]
+    assert not any(node.op_type in ("MatMul", "MatMulNBits") for node in model.graph)
+    for node in switches:
+        then = node.attributes["then_branch"].as_graph()
+        otherwise = node.attributes["else_branch"].as_graph()
+        assert [n.op_type for n in then] == ["MatMulNBits"] and [n.op_type for n in otherwise] == ["MatMul"]
+
+    # Run: every flag false is the float model; one class's flag alone, a model with that class
+    # quantized, at several lengths.
+    path = tmp_path / "switched.onnx"
+    ir.save(model, path)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    original = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(5)
+    for length in (1, 8, 33):
+        x = rng.standard_normal((2, length, C)).astype(np.float32)
+        want = original.run(None, {"x": x})[0]
+        off = _switched.Flagged(session, len(flags), -1).run(None, {"x": x})[0]
+        np.testing.assert_allclose(off, want, rtol=1e-5, atol=1e-5)
+        first = _switched.Flagged(session, len(flags), 0).run(None, {"x": x})[0]
+        assert not np.allclose(first, want, rtol=1e-6, atol=1e-6)  # the class quantized moves it
+
+
+def test_a_layer_the_switch_does_not_take_builds_the_classes_apart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A class naming a layer that is not a main-graph MatMul (as a layer in a subgraph is not):
+    no switched model, and each class is built and measured apart."""
+    real = _switched.switched_model
+    seen: list[object] = []
+
+    def with_a_stranger(plan: object, quantize: object, groups: list[list[str]], cache: object) -> object:
+        model = real(plan, quantize, [*groups[:-1], [*groups[-1], "not-in-the-graph"]], cache)  # type: ignore[arg-type]
+        seen.append(model)
+        return model
+
+    monkeypatch.setattr(_switched, "switched_model", with_a_stranger)
+    src = tmp_path / "blocks.onnx"
+    onnx.save(repeated_blocks(), src)
+    data = _quantize(src, tmp_path / "q.onnx")
+    assert seen == [None]
+    assert all(g["measured_loss"] is not None for g in data["one_pass"]["classes"]["measured"])
+    assert "scaled to their losses" in data["one_pass"]["classes"]["note"]
