@@ -100,3 +100,51 @@ def test_a_layer_the_switch_does_not_take_builds_the_classes_apart(
     assert seen == [None]
     assert all(g["measured_loss"] is not None for g in data["one_pass"]["classes"]["measured"])
     assert "scaled to their losses" in data["one_pass"]["classes"]["note"]
+
+
+def test_the_losses_of_a_large_model_are_kept_and_read_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Above the cache's size (patched to 0 here) a second run on the same model reads the classes'
+    losses instead of measuring them again, and says so; its model is the same. Another floor is
+    another key; ``--no-bench-cache`` measures afresh."""
+    from onnx_conv2matmul.quantize import check as _check
+    from onnx_conv2matmul.quantize import measure as _measure
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(_measure, "CACHE_MIN_BYTES", 0)
+    real, runs = _check.check, []
+
+    def counted(session: object, *args: object, **kwargs: object) -> object:
+        if kwargs.get("only") is not None:
+            runs.append(1)
+        return real(session, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_check, "check", counted)
+    src = tmp_path / "blocks.onnx"
+    onnx.save(repeated_blocks(), src)
+
+    def quantize(name: str, *more: str) -> tuple[dict, int]:
+        before = len(runs)
+        timed = "--no-bench-cache" in more
+        result = CliRunner().invoke(
+            main,
+            ["quantize", str(src), str(tmp_path / name), "--report-json-stdout", *more]
+            + ([] if timed else ["--no-bench"]),
+            catch_exceptions=False,
+        )
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout), len(runs) - before
+
+    first, measured = quantize("a.onnx")
+    classes = len(first["one_pass"]["classes"]["measured"])
+    assert measured == classes and "kept in the cache" not in first["one_pass"]["classes"]["note"]
+    assert len(list((tmp_path / "cache" / "onnx-conv2matmul" / "class-losses").iterdir())) == 1
+    second, measured = quantize("b.onnx")
+    assert measured == 0 and "their losses kept in the cache" in second["one_pass"]["classes"]["note"]
+    assert second["one_pass"]["classes"]["measured"] == first["one_pass"]["classes"]["measured"]
+    assert (tmp_path / "a.onnx").read_bytes() == (tmp_path / "b.onnx").read_bytes()
+    _, measured = quantize("c.onnx", "--min-cosine", "0.995")
+    assert measured == classes
+    _, measured = quantize("d.onnx", "--no-bench-cache")
+    assert measured == classes

@@ -84,7 +84,10 @@ from onnx_conv2matmul.quantize.options import DEFAULT_MAX_EVALUATIONS, resolve
 @click.option(
     "--no-bench-cache",
     is_flag=True,
-    help="Measure the kernel costs again instead of reading those kept for this CPU in the cache folder.",
+    help=(
+        "Measure again instead of reading what is kept for this CPU in the cache folder: the kernel"
+        " costs, and for a model of 64 MiB or more the original's latency and its classes' losses."
+    ),
 )
 @click.option(
     "--exclude",

@@ -47,6 +47,8 @@ what they cost, which depends on no clock (the same model gets the same mix on a
 as on a quiet one). The Parakeet-shaped encoder has 13: 21.7 s on a 2-core EPYC, against 10.1 s
 for the uniform candidate's build and check, for a result of 0.144x fp32 instead of 0.202x."""
 
+CACHE_VERSION = 1
+"""Of the cache files of the classes' losses (``class-losses/`` in the cache folder)."""
 MAX_FEEDS = 8
 """A class is checked on at most this many of the smallest inputs (``--inputs`` of one size)."""
 
@@ -198,6 +200,10 @@ def measure(
     assert floor is not None
     feeds = smallest_feeds(reference)[:MAX_FEEDS]
     layers = sum(len(group.names) for group in groups)
+    kept = _kept_path(plan, quantize, groups, reference, feeds)
+    when = _read_kept(kept, groups) if kept is not None else None
+    if when is not None:
+        return f"{len(groups)} classes of {layers} layers measured (their losses kept in the cache, {when})"
     session = _switched_session(plan, quantize, groups, cache)
     for done, group in enumerate(groups):
         plan.progress.phase(f"Deciding: measuring the classes of layers ({done + 1} of {len(groups)})")
@@ -224,7 +230,84 @@ def measure(
                 f"{len(groups)} classes of {layers} layers: not measured (the class of {group.names[0]}:"
                 f" {failure or 'no loss could be measured'})"
             )
+    if kept is not None:
+        _keep(kept, groups)
     return f"{len(groups)} classes of {layers} layers measured"
+
+
+def _kept_path(
+    plan: QuantizePlan,
+    quantize: QuantizeOptions,
+    groups: Sequence[ClassLoss],
+    reference: Reference,
+    feeds: Sequence[int],
+) -> str | None:
+    """The cache file of these classes' losses: keyed on the model's files, the rewrite, each
+    class's layers and setting, the criterion, the inputs run, this CPU and onnxruntime's version;
+    None when the cache is not to be read (``--no-bench-cache``) or the model is small
+    (:data:`~onnx_conv2matmul.quantize.measure.CACHE_MIN_BYTES`). A loss kept can only change
+    which layers the mix leaves in float: the mix is checked as always."""
+    import hashlib
+    import json
+    import os
+
+    import numpy as np
+    import onnxruntime as ort
+
+    from onnx_conv2matmul.files.paths import model_file_bytes
+    from onnx_conv2matmul.quantize.measure import CACHE_MIN_BYTES, model_files_key
+    from onnx_conv2matmul.speed.costs import cache_dir
+    from onnx_conv2matmul.speed.machine import cpu_name
+
+    if (plan.speed is not None and not plan.speed.cache) or model_file_bytes(plan.src) < CACHE_MIN_BYTES:
+        return None
+    h = hashlib.sha256()
+    model_files_key(plan.src, h)
+    verify = plan.verify
+    what = [
+        CACHE_VERSION,
+        cpu_name(),
+        ort.__version__,
+        repr(plan.convert),
+        [[(name, quantize.setting_for(name).to_dict()) for name in group.names] for group in groups],
+        [quantize.accuracy_level, quantize.algorithm, verify.min_cosine, repr(verify.labels)],
+        [repr(verify.output_indices), verify.deterministic],
+    ]
+    h.update(json.dumps(what).encode())
+    for index in feeds:
+        for name, array in sorted(reference.feeds.feeds[index].items()):
+            data = np.ascontiguousarray(array)
+            h.update(f"{name} {data.dtype} {data.shape}".encode())
+            h.update(data.tobytes())
+    return os.path.join(cache_dir(), "class-losses", h.hexdigest()[:32] + ".json")
+
+
+def _read_kept(path: str, groups: Sequence[ClassLoss]) -> str | None:
+    """Fill ``groups``' losses from the cache file at ``path``; when they were measured (None:
+    nothing usable kept, and ``groups`` untouched)."""
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as file:
+            data = json.load(file)
+        losses = [float(loss) for loss in data["losses"]]
+        when = str(data["measured"])
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    if len(losses) != len(groups) or not all(math.isfinite(loss) for loss in losses):
+        return None
+    for group, loss in zip(groups, losses, strict=True):
+        group.measured = loss
+    return when
+
+
+def _keep(path: str, groups: Sequence[ClassLoss]) -> None:
+    import datetime
+
+    from onnx_conv2matmul.speed.costs import keep_cached
+
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    keep_cached(path, {"measured": when, "losses": [group.measured for group in groups]})
 
 
 def _switched_session(

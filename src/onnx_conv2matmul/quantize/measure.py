@@ -135,9 +135,7 @@ def measure(
         release_freed_memory()
         rule = rule or "given"
         cached_here = (
-            plan.speed is not None
-            and plan.speed.cache
-            and model_file_bytes(plan.src) >= TIMING_CACHE_MIN_BYTES
+            plan.speed is not None and plan.speed.cache and model_file_bytes(plan.src) >= CACHE_MIN_BYTES
         )
         cache = _timing_cache(plan, timing) if cached_here else None
         cached = _cached_timing(cache) if cache is not None else None
@@ -239,8 +237,25 @@ def _timing(
 # encoder), and a second run on the same model and machine need not pay it again. A small model's
 # session opens in a moment: it is timed afresh, as the result is.
 
-TIMING_CACHE_MIN_BYTES = 64 * 2**20
-"""Models whose files hold at least this many bytes have the original's latency kept."""
+CACHE_MIN_BYTES = 64 * 2**20
+"""Models whose files hold at least this many bytes have the original's latency kept, and the
+losses of their classes of layers (:mod:`~onnx_conv2matmul.quantize.classes`): a small model
+measures both in a moment."""
+
+
+def model_files_key(path: str, h: Any) -> None:
+    """Feed ``h`` (a hashlib object) what identifies the model at ``path`` for the cache: its
+    ``.onnx`` file's bytes and the name, size and modification time of each data file beside it."""
+    import os
+
+    with open(path, "rb") as file:
+        h.update(file.read())
+    folder = os.path.dirname(os.path.abspath(path))
+    stem = os.path.basename(path)
+    for name in sorted(os.listdir(folder)):
+        if name.startswith(stem) and name != stem:  # its data files (model.onnx.data, ...)
+            stat = os.stat(os.path.join(folder, name))
+            h.update(f"{name} {stat.st_size} {stat.st_mtime_ns}".encode())
 
 
 def _timing_cache(plan: QuantizePlan, timing: TimingOptions) -> str:
@@ -255,14 +270,7 @@ def _timing_cache(plan: QuantizePlan, timing: TimingOptions) -> str:
     from onnx_conv2matmul.speed.machine import cpu_name
 
     h = hashlib.sha256()
-    with open(plan.src, "rb") as file:
-        h.update(file.read())
-    folder = os.path.dirname(os.path.abspath(plan.src))
-    stem = os.path.basename(plan.src)
-    for name in sorted(os.listdir(folder)):
-        if name.startswith(stem) and name != stem:  # its data files (model.onnx.data, ...)
-            stat = os.stat(os.path.join(folder, name))
-            h.update(f"{name} {stat.st_size} {stat.st_mtime_ns}".encode())
+    model_files_key(plan.src, h)
     feeds = [
         (n, {k: (list(np.shape(v)), str(np.asarray(v).dtype)) for k, v in f.items()})
         for n, f in timing.feeds or ()
