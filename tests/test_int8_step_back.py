@@ -173,3 +173,13 @@ def test_a_model_with_nothing_int8_says_so(tmp_path: Path) -> None:
     assert code == 0 and data["quantized_nodes"] == 0
     warning = next(w for w in data["warnings"] if w.startswith("no node was quantized"))
     assert "not Conv" in warning and "100% of its float weights are in other Conv nodes" in warning
+
+
+def test_bytes_written_counts_every_candidate_made(tmp_path: Path) -> None:
+    """The step back made seven candidates (each removed but the one kept), the reference files and
+    the rewritten fp32 copy: all of them are in ``bytes_written``."""
+    src, out = tmp_path / "chain.onnx", tmp_path / "out.onnx"
+    onnx.save(_chain(bad=1), src)
+    code, data = _quantize(src, out)
+    assert code == 0 and len(data["one_pass"]["candidates"]) == 7
+    assert data["bytes_written"] > 7 * out.stat().st_size + src.stat().st_size * 0.9

@@ -101,6 +101,8 @@ class Int8Pass:
         self.decision: dict[str, Any] | None = None
         self.reference: Reference | None = None
         self.names: list[str] = []
+        self.written = 0
+        """Bytes written: the reference's files and every candidate made (those removed too)."""
         """The nodes the first candidate quantized (every node ``quantize_dynamic`` takes)."""
 
     def choose(self) -> Chosen:
@@ -113,9 +115,9 @@ class Int8Pass:
 
         plan = self.run.plan
         plan.progress.phase("Measuring the original")
-        self.reference = _measure.measure(
-            plan, self._folder("reference"), None, plan.progress.phase
-        ).reference
+        folder = self._folder("reference")
+        self.reference = _measure.measure(plan, folder, None, plan.progress.phase).reference
+        self.written += tree_bytes(folder)
         plan.progress.phase("Quantizing (int8 dynamic, per channel)")
         first = self._candidate("int8 per channel", True, None)
         if first[1].passed:
@@ -145,6 +147,7 @@ class Int8Pass:
         assert self.reference is not None
         folder = self._folder(f"candidate-{len(self.candidates)}")
         path = self.make(folder, per_channel, nodes)
+        self.written += tree_bytes(folder)
         if nodes is None and not self.names:
             self.names = quantized_nodes(self.fp32, path, self.op_types)
         import onnxruntime as ort
@@ -245,6 +248,11 @@ class Int8Pass:
             f" {text(whole[0])} per channel, {text(whole[1])} per tensor{more}",
             hint=Hint.NOT_INT8_DYNAMIC,
         )
+
+
+def tree_bytes(folder: str) -> int:
+    """The bytes of the files under ``folder``."""
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(folder) for f in files)
 
 
 def _group_text(group: Sequence[str]) -> str:

@@ -144,7 +144,7 @@ def int8_staged(run: Run, model: ir.Model, external: bool) -> _output.Staged:
 
         out = os.path.join(directory, name)
         if plan.verify.min_cosine is not None and not plan.verify.report_only:
-            from onnx_conv2matmul.quantize.int8_choice import Int8Pass
+            from onnx_conv2matmul.quantize.int8_choice import Int8Pass, tree_bytes
 
             scratch = os.path.join(directory, "candidates")
             chooser = Int8Pass(run, model, scratch, make, dynamic_op_types())
@@ -156,7 +156,7 @@ def int8_staged(run: Run, model: ir.Model, external: bool) -> _output.Staged:
                     "decision": chooser.decision,
                     "classes": None,
                 }
-                report.bytes_written = _tree_bytes(directory)
+                report.bytes_written = tree_bytes(fp32_dir) + chooser.written
             os.replace(chosen.path, out)
             if os.path.exists(chosen.path + ".data"):
                 os.replace(chosen.path + ".data", out + ".data")
@@ -165,7 +165,9 @@ def int8_staged(run: Run, model: ir.Model, external: bool) -> _output.Staged:
         else:
             progress.phase("Quantizing (int8 dynamic)")
             make(directory, True, None)
-            report.bytes_written = _tree_bytes(directory)
+            from onnx_conv2matmul.quantize.int8_choice import tree_bytes
+
+            report.bytes_written = tree_bytes(directory)
         shutil.rmtree(fp32_dir)
         quantized = ir.load(out)
         report.matmuls = count_op(model, "MatMul")
@@ -192,11 +194,6 @@ def nothing_int8_text(kinds: Any) -> str:
         f" as the MatMul the rewrite makes of it; not Conv), and found none it could take{where}; the"
         " output is the input with the rewrite's exact changes only"
     )
-
-
-def _tree_bytes(folder: str) -> int:
-    """The bytes of the files under ``folder``: what the run has written there."""
-    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(folder) for f in files)
 
 
 def restore_model_fields(path: str, model: ir.Model) -> None:
