@@ -44,8 +44,9 @@ value projections fell into one class; at 5, each role of its blocks has its own
 MAX_CLASSES = 16
 """At most this many classes are measured (a run of each on the smallest inputs): the bound of
 what they cost, which depends on no clock (the same model gets the same mix on a loaded machine
-as on a quiet one). The Parakeet-shaped encoder has 13: 21.7 s on a 2-core EPYC, against 10.1 s
-for the uniform candidate's build and check, for a result of 0.144x fp32 instead of 0.202x."""
+as on a quiet one). The Parakeet-shaped encoder has 13: 7.7 s on a 2-core EPYC in one switched
+session (:mod:`~onnx_conv2matmul.quantize.switched`; 19.3 s built apart), against 10.1 s for the
+uniform candidate's build and check, for a result of 0.144x fp32 instead of 0.202x."""
 
 CACHE_VERSION = 1
 """Of the cache files of the classes' losses (``class-losses/`` in the cache folder)."""
