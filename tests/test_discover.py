@@ -14,6 +14,7 @@ from helpers import no_bench
 from model_cache import FETCHER
 from onnx_conv2matmul.cli.app import main
 from onnx_conv2matmul.errors import ModelRunError
+from onnx_conv2matmul.speed.timing import TimingOptions
 from onnx_conv2matmul.verify.check import VerifyOptions, discover_inputs, verify_models
 from real_packages import REC, SILERO
 
@@ -167,3 +168,13 @@ def test_ppocr_v4_recognizer_with_inputs_times_at_the_height_it_takes(tmp_path: 
     result = CliRunner().invoke(main, argv)
     assert result.exit_code == 0, result.stderr
     assert out.exists()
+
+
+def test_bench_times_a_height_the_network_pins_as_quantize_does(tmp_path: Path) -> None:
+    """Before, ``bench`` fed the height each default length (224, 448 for an image) and stopped:
+    onnxruntime cannot run the model there. It now finds the height by probing, as the check does."""
+    from onnx_conv2matmul.api import bench_models
+
+    src = _save(_recognizer("?", "W"), tmp_path / "rec.onnx")
+    report = bench_models([src, src], options=TimingOptions(rounds=3))
+    assert [lat.length for lat in report.timing.models[0].latencies] == [200, 1000]

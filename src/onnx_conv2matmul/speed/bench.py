@@ -134,6 +134,12 @@ def bench_models(
     if lengths is not None:
         options = dataclasses.replace(options, lengths=tuple(lengths))
     names = [os.fspath(p) for p in paths]
+    if options.synthesis.feeds is None and options.synthesis.found is None:
+        from onnx_conv2matmul.verify.check import discover_inputs
+
+        # The input values and sizes the baseline takes, found as quantize finds them (an image
+        # height the graph fixes without naming it: PP-OCRv4 rec's x[2] = 48).
+        options = dataclasses.replace(options, synthesis=discover_inputs(names[baseline], options.synthesis))
     quantization = tuple(quantization_of(p) for p in names)
     report = time_models(names, options, baseline=baseline, clock=clock, session_factory=session_factory)
     warnings = []
