@@ -101,9 +101,9 @@ class Int8Pass:
         self.decision: dict[str, Any] | None = None
         self.reference: Reference | None = None
         self.names: list[str] = []
+        """The nodes the first candidate quantized (every node ``quantize_dynamic`` takes)."""
         self.written = 0
         """Bytes written: the reference's files and every candidate made (those removed too)."""
-        """The nodes the first candidate quantized (every node ``quantize_dynamic`` takes)."""
 
     def choose(self) -> Chosen:
         """The first candidate that meets the criterion (see the module's documentation).
@@ -238,11 +238,12 @@ class Int8Pass:
                 return f"worst cosine {checked.worst_cosine:.4f}"
             return checked.failure or "below it"
 
-        which = (
-            f"its one quantizable node ({names[0]})"
-            if len(names) == 1
-            else f"its {len(names)} quantizable nodes"
-        )
+        if not names:
+            which = "no node quantized (the rewrite alone)"
+        elif len(names) == 1:
+            which = f"its one quantizable node ({names[0]})"
+        else:
+            which = f"its {len(names)} quantizable nodes"
         raise InputError(
             f"int8 dynamic quantization misses the accuracy criterion on this model with {which}:"
             f" {text(whole[0])} per channel, {text(whole[1])} per tensor{more}",
