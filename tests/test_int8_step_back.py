@@ -183,3 +183,68 @@ def test_bytes_written_counts_every_candidate_made(tmp_path: Path) -> None:
     code, data = _quantize(src, out)
     assert code == 0 and len(data["one_pass"]["candidates"]) == 7
     assert data["bytes_written"] > 7 * out.stat().st_size + src.stat().st_size * 0.9
+
+
+def test_a_held_out_miss_chooses_again_with_a_stricter_aim(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``--inputs``, the first int8 result misses on the held-out samples (their check made
+    strict here): the run steps back as a default run does, choosing again against the stricter
+    minimum cosine the miss asks for, and its second result is confirmed. Before, ``--int8-dynamic``
+    never stepped back: exit 1."""
+    import dataclasses
+
+    from onnx_conv2matmul.quantize import check_publish
+
+    src, out = tmp_path / "chain.onnx", tmp_path / "out.onnx"
+    onnx.save(_chain(bad=-1), src)
+    x = np.random.default_rng(2).standard_normal((40, 5, D)).astype(np.float32)
+    np.savez(tmp_path / "x.npz", x=x)
+    real, calls = check_publish.verify_models, []
+
+    def strict_once(original: str, candidate: str, options: object) -> object:
+        calls.append(1)
+        if len(calls) == 1:
+            options = dataclasses.replace(options, min_cosine=0.9999999)  # type: ignore[type-var]
+        return real(original, candidate, options)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(check_publish, "verify_models", strict_once)
+    code, data = _quantize(src, out, "--inputs", str(tmp_path / "x.npz"))
+    assert code == 0, data["error"]
+    held = data["accuracy"]["held_out"]
+    assert len(calls) == 2 and held["passed"] and len(held["steps"]) == 1
+    assert held["chosen_with_min_cosine"] > 0.99
+    assert any("held-out" in w or "held out" in w for w in data["warnings"])
+    assert sum(n.op_type == "MatMulInteger" for n in onnx.load(out).graph.node) == 4
+
+
+def test_a_held_out_step_back_with_nothing_left_ends_as_the_miss(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stricter aim leaves int8 nothing to take (a refusal, exit 2 on its own): the run ends as
+    the held-out miss it stepped back from, exit 1, and nothing is written."""
+    import dataclasses
+
+    from onnx_conv2matmul.errors import ModeRefused
+    from onnx_conv2matmul.quantize import check_publish, int8_choice
+
+    src, out = tmp_path / "chain.onnx", tmp_path / "out.onnx"
+    onnx.save(_chain(bad=-1), src)
+    np.savez(tmp_path / "x.npz", x=np.random.default_rng(2).standard_normal((40, 5, D)).astype(np.float32))
+    real_verify, real_choose, chosen = check_publish.verify_models, int8_choice.Int8Pass.choose, []
+
+    def strict(original: str, candidate: str, options: object) -> object:
+        options = dataclasses.replace(options, min_cosine=0.9999999)  # type: ignore[type-var]
+        return real_verify(original, candidate, options)  # type: ignore[arg-type]
+
+    def refuse_again(self: int8_choice.Int8Pass) -> object:
+        chosen.append(1)
+        if len(chosen) > 1:
+            raise ModeRefused("int8 dynamic quantization misses the accuracy criterion (test)")
+        return real_choose(self)
+
+    monkeypatch.setattr(check_publish, "verify_models", strict)
+    monkeypatch.setattr(int8_choice.Int8Pass, "choose", refuse_again)
+    code, data = _quantize(src, out, "--inputs", str(tmp_path / "x.npz"))
+    assert code == 1 and len(chosen) == 2 and not out.exists()
+    assert data["accuracy"]["held_out"]["passed"] is False

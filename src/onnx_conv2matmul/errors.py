@@ -104,6 +104,11 @@ class DestinationBusy(InputError):
     """Another process is writing the same destination."""
 
 
+class ModeRefused(InputError):
+    """The quantization mode asked for cannot meet the criterion on this model with any node it
+    takes (``--int8-dynamic``'s step back had nothing left to try)."""
+
+
 class ModelRunError(Conv2MatMulError):
     """onnxruntime could not load or run a model on the synthesised inputs."""
 

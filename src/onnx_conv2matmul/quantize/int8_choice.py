@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import onnx_ir as ir
 
 from onnx_conv2matmul._graphs import walk_graphs
-from onnx_conv2matmul.errors import Hint, InputError
+from onnx_conv2matmul.errors import Hint, ModeRefused
 
 if TYPE_CHECKING:
     from onnx_conv2matmul.quantize.check import Checked
@@ -109,7 +109,7 @@ class Int8Pass:
         """The first candidate that meets the criterion (see the module's documentation).
 
         Raises:
-            InputError: no node can be int8 within the criterion.
+            ModeRefused: no node can be int8 within the criterion.
         """
         from onnx_conv2matmul.quantize import measure as _measure
 
@@ -244,7 +244,7 @@ class Int8Pass:
             which = f"its one quantizable node ({names[0]})"
         else:
             which = f"its {len(names)} quantizable nodes"
-        raise InputError(
+        raise ModeRefused(
             f"int8 dynamic quantization misses the accuracy criterion on this model with {which}:"
             f" {text(whole[0])} per channel, {text(whole[1])} per tensor{more}",
             hint=Hint.NOT_INT8_DYNAMIC,

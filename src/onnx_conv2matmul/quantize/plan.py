@@ -253,10 +253,10 @@ class QuantizePlan:
 
     @property
     def chooses(self) -> bool:
-        """Whether the run chooses its settings against the criterion (``auto``, or the one pass
-        and the search below it): only then can a stricter aim give another model (the held-out
-        step back, :mod:`onnx_conv2matmul.quantize.step_back`)."""
-        return self.auto is not None or (self.search_below and not self.int8)
+        """Whether the run chooses its settings against the criterion (``auto``, the one pass and
+        the search below it, or ``--int8-dynamic``'s candidates): only then can a stricter aim give
+        another model (the held-out step back, :mod:`onnx_conv2matmul.quantize.step_back`)."""
+        return self.auto is not None or self.int8 or self.search_below
 
 
 def resolve(

@@ -110,7 +110,7 @@ def _stepping_back(
 ) -> QuantizeReport:
     """One run of ``request``, and while its result misses on the held-out samples, the run again
     with the stricter minimum cosine the miss asks for (see :mod:`onnx_conv2matmul.quantize.step_back`)."""
-    from onnx_conv2matmul.errors import TargetUnreachable
+    from onnx_conv2matmul.errors import ModeRefused, TargetUnreachable
 
     report, plan = _quantize_once(input_path, output_path, request)
     by_phase = dict(report.seconds_by_phase)
@@ -119,7 +119,7 @@ def _stepping_back(
         try:
             again = dataclasses.replace(request, step_back=cosine)
             report, plan = _quantize_once(input_path, output_path, again)
-        except TargetUnreachable:
+        except (TargetUnreachable, ModeRefused):  # nothing stricter to step back to
             report = missed
             break
         for phase, seconds in report.seconds_by_phase.items():
