@@ -37,6 +37,7 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -117,21 +118,25 @@ def bench_model(name: str, model: Path, work: Path, int8_only: bool = False) -> 
     }
 
 
-def print_int8_table(rows: list[dict[str, Any]]) -> None:
-    head = f"{'model':<28} {'MiB':>7} {'int8':>4} {'x fp32':>6} {'nodes':>5} {'s':>6}"
+def _print_rows(head: str, rows: list[dict[str, Any]], line: Callable[[dict[str, Any]], str]) -> None:
+    """The header, a rule, and a line per row: ``line(row)``, or why the model was skipped."""
     print(head)
     print("-" * len(head))
     for row in rows:
-        if "skipped" in row:
-            print(f"{row['model']:<28} skipped: {row['skipped'][:90]}")
-            continue
+        print(f"{row['model']:<28} skipped: {row['skipped'][:90]}" if "skipped" in row else line(row))
+    print()
+
+
+def print_int8_table(rows: list[dict[str, Any]]) -> None:
+    def line(row: dict[str, Any]) -> str:
         ratio = "-" if row["int8_ratio"] is None else f"{row['int8_ratio']:.3f}"
         nodes = "-" if row["int8_nodes"] is None else str(row["int8_nodes"])
-        print(
+        return (
             f"{row['model']:<28} {row['model_bytes'] / 2**20:>7.2f} {row['int8_code']:>4} {ratio:>6}"
             f" {nodes:>5} {row['int8_s']:>6.1f}"
         )
-    print()
+
+    _print_rows(f"{'model':<28} {'MiB':>7} {'int8':>4} {'x fp32':>6} {'nodes':>5} {'s':>6}", rows, line)
     for row in rows:
         if "skipped" not in row and row["int8_code"] != 0:
             print(f"{row['model']}: --int8-dynamic: {row['int8_first_line'][:200]}")
@@ -143,25 +148,21 @@ def print_int8_table(rows: list[dict[str, Any]]) -> None:
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
-    head = (
-        f"{'model':<28} {'MiB':>7} {'Y s':>6} {'default s':>9} {'x budget':>8} {'RSS MiB':>8}"
-        f" {'x limit':>7} {'exit':>4} {'x fp32':>6} {'quant.':>6} {'int8':>4}"
-    )
-    print(head)
-    print("-" * len(head))
-    for row in rows:
-        if "skipped" in row:
-            print(f"{row['model']:<28} skipped: {row['skipped'][:90]}")
-            continue
+    def line(row: dict[str, Any]) -> str:
         ratio = "-" if row["ratio"] is None else f"{row['ratio']:.3f}"
         share = "-" if row["quantized_share"] is None else f"{row['quantized_share']:.0%}"
-        print(
+        return (
             f"{row['model']:<28} {row['model_bytes'] / 2**20:>7.2f} {row['Y_s']:>6.1f}"
             f" {row['default_s']:>9.1f} {row['default_s'] / row['budget_s']:>8.2f}"
             f" {row['peak_bytes'] / 2**20:>8.0f} {row['peak_bytes'] / row['peak_limit_bytes']:>7.2f}"
             f" {row['code']:>4} {ratio:>6} {share:>6} {row['int8_code']:>4}"
         )
-    print()
+
+    head = (
+        f"{'model':<28} {'MiB':>7} {'Y s':>6} {'default s':>9} {'x budget':>8} {'RSS MiB':>8}"
+        f" {'x limit':>7} {'exit':>4} {'x fp32':>6} {'quant.':>6} {'int8':>4}"
+    )
+    _print_rows(head, rows, line)
     for row in rows:
         if "skipped" not in row:
             print(f"{row['model']}: {row['first_line'][:160]}")
