@@ -54,6 +54,17 @@ def _chain(bad: int, layers: int = 4, seed: int = 0) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
+def _saved_chain(tmp_path: Path, bad: int) -> tuple[Path, Path]:
+    """:func:`_chain` saved in ``tmp_path``, and the output path beside it."""
+    src = tmp_path / "chain.onnx"
+    onnx.save(_chain(bad), src)
+    return src, tmp_path / "out.onnx"
+
+
+def _int8_nodes(path: Path) -> int:
+    return sum(n.op_type == "MatMulInteger" for n in onnx.load(path).graph.node)
+
+
 def _quantize(src: Path, out: Path, *more: str) -> tuple[int, dict]:
     result = CliRunner().invoke(
         main,
@@ -82,8 +93,7 @@ def _cosines(src: Path, out: Path) -> list[float]:
 
 @pytest.mark.parametrize("bad", [0, 2])
 def test_the_step_back_leaves_the_node_that_sinks_the_rest_in_float(tmp_path: Path, bad: int) -> None:
-    src, out = tmp_path / "chain.onnx", tmp_path / "out.onnx"
-    onnx.save(_chain(bad), src)
+    src, out = _saved_chain(tmp_path, bad)
     code, data = _quantize(src, out)
     assert code == 0, data["error"]
     made = [(c["candidate"], c["passed"]) for c in data["one_pass"]["candidates"]]
@@ -107,8 +117,7 @@ def test_the_step_back_leaves_the_node_that_sinks_the_rest_in_float(tmp_path: Pa
 
 
 def test_a_model_int8_per_channel_meets_the_floor_makes_one_candidate(tmp_path: Path) -> None:
-    src, out = tmp_path / "chain.onnx", tmp_path / "out.onnx"
-    onnx.save(_chain(bad=-1), src)
+    src, out = _saved_chain(tmp_path, -1)
     code, data = _quantize(src, out)
     assert code == 0
     assert [c["candidate"] for c in data["one_pass"]["candidates"]] == ["int8 per channel"]
@@ -117,23 +126,21 @@ def test_a_model_int8_per_channel_meets_the_floor_makes_one_candidate(tmp_path: 
     # The final check reports the candidate's rows: the model is not run again.
     assert any("it was not run again" in w for w in data["verification"]["warnings"])
     assert min(_cosines(src, out)) >= 0.99
-    assert sum(n.op_type == "MatMulInteger" for n in onnx.load(out).graph.node) == 4
+    assert _int8_nodes(out) == 4
 
 
 def test_a_floor_of_minus_one_keeps_the_first_candidate(tmp_path: Path) -> None:
-    src, out = tmp_path / "chain.onnx", tmp_path / "out.onnx"
-    onnx.save(_chain(bad=1), src)
+    src, out = _saved_chain(tmp_path, 1)
     code, data = _quantize(src, out, "--min-cosine", "-1")
     assert code == 0
     assert [c["candidate"] for c in data["one_pass"]["candidates"]] == ["int8 per channel"]
     assert data["one_pass"]["candidates"][0]["worst_cosine"] < 0.9  # what the floor accepts
-    assert sum(n.op_type == "MatMulInteger" for n in onnx.load(out).graph.node) == 4
+    assert _int8_nodes(out) == 4
 
 
 def test_a_refusal_leaves_nothing_behind(tmp_path: Path) -> None:
     """Every subset misses a floor of 0.999999: exit 2, no output, no scratch."""
-    src, out = tmp_path / "chain.onnx", tmp_path / "out.onnx"
-    onnx.save(_chain(bad=0), src)
+    src, out = _saved_chain(tmp_path, 0)
     code, data = _quantize(src, out, "--min-cosine", "0.9999999")
     assert code == 2
     assert data["error"].startswith("int8 dynamic quantization misses the accuracy criterion")
@@ -178,8 +185,7 @@ def test_a_model_with_nothing_int8_says_so(tmp_path: Path) -> None:
 def test_bytes_written_counts_every_candidate_made(tmp_path: Path) -> None:
     """The step back made seven candidates (each removed but the one kept), the reference files and
     the rewritten fp32 copy: all of them are in ``bytes_written``."""
-    src, out = tmp_path / "chain.onnx", tmp_path / "out.onnx"
-    onnx.save(_chain(bad=1), src)
+    src, out = _saved_chain(tmp_path, 1)
     code, data = _quantize(src, out)
     assert code == 0 and len(data["one_pass"]["candidates"]) == 7
     assert data["bytes_written"] > 7 * out.stat().st_size + src.stat().st_size * 0.9
@@ -196,8 +202,7 @@ def test_a_held_out_miss_chooses_again_with_a_stricter_aim(
 
     from onnx_conv2matmul.quantize import check_publish
 
-    src, out = tmp_path / "chain.onnx", tmp_path / "out.onnx"
-    onnx.save(_chain(bad=-1), src)
+    src, out = _saved_chain(tmp_path, -1)
     x = np.random.default_rng(2).standard_normal((40, 5, D)).astype(np.float32)
     np.savez(tmp_path / "x.npz", x=x)
     real, calls = check_publish.verify_models, []
@@ -215,7 +220,7 @@ def test_a_held_out_miss_chooses_again_with_a_stricter_aim(
     assert len(calls) == 2 and held["passed"] and len(held["steps"]) == 1
     assert held["chosen_with_min_cosine"] > 0.99
     assert any("held-out" in w or "held out" in w for w in data["warnings"])
-    assert sum(n.op_type == "MatMulInteger" for n in onnx.load(out).graph.node) == 4
+    assert _int8_nodes(out) == 4
 
 
 def test_a_held_out_step_back_with_nothing_left_ends_as_the_miss(
@@ -228,8 +233,7 @@ def test_a_held_out_step_back_with_nothing_left_ends_as_the_miss(
     from onnx_conv2matmul.errors import ModeRefused
     from onnx_conv2matmul.quantize import check_publish, int8_choice
 
-    src, out = tmp_path / "chain.onnx", tmp_path / "out.onnx"
-    onnx.save(_chain(bad=-1), src)
+    src, out = _saved_chain(tmp_path, -1)
     np.savez(tmp_path / "x.npz", x=np.random.default_rng(2).standard_normal((40, 5, D)).astype(np.float32))
     real_verify, real_choose, chosen = check_publish.verify_models, int8_choice.Int8Pass.choose, []
 
