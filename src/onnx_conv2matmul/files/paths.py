@@ -103,6 +103,17 @@ def files_read_by(model_path: str) -> set[str]:
     return files | {os.path.realpath(p) for p in data_files(proto, base_dir)}
 
 
+def folder_bytes(folder: str) -> int:
+    """The bytes of the files under ``folder`` (what a run wrote there); a file that went
+    meanwhile counts 0."""
+    total = 0
+    for root, _, files in os.walk(folder):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.path.getsize(os.path.join(root, name))
+    return total
+
+
 def model_file_bytes(path: str) -> int:
     """The bytes of the model at ``path`` as it lies on disk: its ``.onnx`` and each external data
     file its tensors name, once (read from the graph without loading any tensor). A missing

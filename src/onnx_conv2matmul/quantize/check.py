@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from onnx_conv2matmul.errors import OutOfMemory
+from onnx_conv2matmul.errors import OutOfMemory, first_line
 from onnx_conv2matmul.quantize.search_runs import ACTIVATION_BYTES, ChannelEnergy, _run
 from onnx_conv2matmul.verify.compare import worst_cosine
 from onnx_conv2matmul.verify.feeds import feed_bytes
@@ -117,7 +117,7 @@ def check(
         except OutOfMemory:
             raise
         except Exception as err:  # a candidate that does not run fails the check
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            first = first_line(err)
             failure = (
                 f"onnxruntime cannot run the candidate at length {reference.feeds.lengths[index]}: {first}"
             )

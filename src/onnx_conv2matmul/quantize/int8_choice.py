@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any
 import onnx_ir as ir
 
 from onnx_conv2matmul._graphs import walk_graphs
-from onnx_conv2matmul.errors import Hint, ModeRefused
+from onnx_conv2matmul.errors import Hint, ModeRefused, first_line
+from onnx_conv2matmul.files.paths import folder_bytes
 
 if TYPE_CHECKING:
     from onnx_conv2matmul.quantize.check import Checked
@@ -55,12 +56,11 @@ path of the ``.onnx`` written."""
 
 @dataclasses.dataclass
 class Chosen:
-    """The candidate kept: its path, its check, and its rows against the reference."""
+    """A candidate made: its path, its check, and the reference it was checked against."""
 
     path: str
     checked: Checked
     reference: Reference
-    nodes: int
 
 
 def quantized_nodes(fp32: ir.Model, quantized_path: str, op_types: Sequence[str]) -> list[str]:
@@ -117,17 +117,17 @@ class Int8Pass:
         plan.progress.phase("Measuring the original")
         folder = self._folder("reference")
         self.reference = _measure.measure(plan, folder, None, plan.progress.phase).reference
-        self.written += tree_bytes(folder)
+        self.written += folder_bytes(folder)
         plan.progress.phase("Quantizing (int8 dynamic, per channel)")
         first = self._candidate("int8 per channel", True, None)
-        if first[1].passed:
-            return first[0]
+        if first.checked.passed:
+            return first
         plan.progress.phase("Quantizing (int8 dynamic, per tensor)")
         second = self._candidate("int8 per tensor", False, None)
-        if second[1].passed:
-            return second[0]
-        per_channel = first[1].loss(self._floor()) <= second[1].loss(self._floor())
-        return self._step_back(self.names, per_channel, (first[1], second[1]))
+        if second.checked.passed:
+            return second
+        per_channel = first.checked.loss(self._floor()) <= second.checked.loss(self._floor())
+        return self._step_back(self.names, per_channel, (first.checked, second.checked))
 
     def _floor(self) -> float:
         assert self.floor is not None
@@ -138,16 +138,14 @@ class Int8Pass:
         os.makedirs(path, exist_ok=True)
         return path
 
-    def _candidate(
-        self, label: str, per_channel: bool, nodes: Sequence[str] | None
-    ) -> tuple[Chosen, Checked]:
+    def _candidate(self, label: str, per_channel: bool, nodes: Sequence[str] | None) -> Chosen:
         from onnx_conv2matmul.quantize.check import check
         from onnx_conv2matmul.quantize.measure import session_options
 
         assert self.reference is not None
         folder = self._folder(f"candidate-{len(self.candidates)}")
         path = self.make(folder, per_channel, nodes)
-        self.written += tree_bytes(folder)
+        self.written += folder_bytes(folder)
         if nodes is None and not self.names:
             self.names = quantized_nodes(self.fp32, path, self.op_types)
         import onnxruntime as ort
@@ -159,7 +157,7 @@ class Int8Pass:
         except Exception as err:  # a candidate that does not load fails, and says why
             from onnx_conv2matmul.quantize.check import Checked
 
-            text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            text = first_line(err)
             checked = Checked(
                 [],
                 passed=False,
@@ -185,7 +183,7 @@ class Int8Pass:
         )
         if not checked.passed:
             shutil.rmtree(folder, ignore_errors=True)
-        return Chosen(path, checked, self.reference, count), checked
+        return Chosen(path, checked, self.reference)
 
     def _step_back(self, names: list[str], per_channel: bool, whole: tuple[Checked, Checked]) -> Chosen:
         floor = self._floor()
@@ -197,8 +195,8 @@ class Int8Pass:
         losses = []
         for index, group in enumerate(groups):
             progress.phase(f"Measuring each node's loss ({index + 1} of {len(groups)})")
-            _, checked = self._candidate(f"int8 {mode}: {_group_text(group)} alone", per_channel, group)
-            losses.append(checked.loss(floor))
+            alone = self._candidate(f"int8 {mode}: {_group_text(group)} alone", per_channel, group)
+            losses.append(alone.checked.loss(floor))
         kept: list[int] = []
         total = 0.0
         for index in sorted(range(len(groups)), key=lambda i: losses[i]):
@@ -218,10 +216,8 @@ class Int8Pass:
                 break
             nodes = [name for index in sorted(kept) for name in groups[index]]
             progress.phase(f"Quantizing (int8 dynamic, {len(nodes)} of {len(names)} nodes)")
-            chosen, checked = self._candidate(
-                f"int8 {mode}, {len(nodes)} of {len(names)} nodes", per_channel, nodes
-            )
-            if checked.passed:
+            chosen = self._candidate(f"int8 {mode}, {len(nodes)} of {len(names)} nodes", per_channel, nodes)
+            if chosen.checked.passed:
                 self.decision["kept"] = nodes
                 return chosen
             kept.remove(max(kept, key=lambda i: losses[i]))
@@ -249,11 +245,6 @@ class Int8Pass:
             f" {text(whole[0])} per channel, {text(whole[1])} per tensor{more}",
             hint=Hint.NOT_INT8_DYNAMIC,
         )
-
-
-def tree_bytes(folder: str) -> int:
-    """The bytes of the files under ``folder``."""
-    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(folder) for f in files)
 
 
 def _group_text(group: Sequence[str]) -> str:

@@ -16,6 +16,7 @@ import onnx_ir as ir
 from onnx_conv2matmul._graphs import count_op, walk_graphs
 from onnx_conv2matmul.errors import Hint, InputError
 from onnx_conv2matmul.files import output as _output
+from onnx_conv2matmul.files.paths import folder_bytes
 
 if TYPE_CHECKING:
     from onnx_conv2matmul.quantize.plan import Run
@@ -144,7 +145,7 @@ def int8_staged(run: Run, model: ir.Model, external: bool) -> _output.Staged:
 
         out = os.path.join(directory, name)
         if plan.verify.min_cosine is not None and not plan.verify.report_only:
-            from onnx_conv2matmul.quantize.int8_choice import Int8Pass, tree_bytes
+            from onnx_conv2matmul.quantize.int8_choice import Int8Pass
 
             scratch = os.path.join(directory, "candidates")
             chooser = Int8Pass(run, model, scratch, make, dynamic_op_types())
@@ -156,7 +157,7 @@ def int8_staged(run: Run, model: ir.Model, external: bool) -> _output.Staged:
                     "decision": chooser.decision,
                     "classes": None,
                 }
-                report.bytes_written = tree_bytes(fp32_dir) + chooser.written
+                report.bytes_written = folder_bytes(fp32_dir) + chooser.written
             os.replace(chosen.path, out)
             if os.path.exists(chosen.path + ".data"):
                 os.replace(chosen.path + ".data", out + ".data")
@@ -165,9 +166,7 @@ def int8_staged(run: Run, model: ir.Model, external: bool) -> _output.Staged:
         else:
             progress.phase("Quantizing (int8 dynamic)")
             make(directory, True, None)
-            from onnx_conv2matmul.quantize.int8_choice import tree_bytes
-
-            report.bytes_written = tree_bytes(directory)
+            report.bytes_written = folder_bytes(directory)
         shutil.rmtree(fp32_dir)
         quantized = ir.load(out)
         report.matmuls = count_op(model, "MatMul")

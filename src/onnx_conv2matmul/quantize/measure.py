@@ -24,6 +24,7 @@ from onnx_conv2matmul.errors import (
     ModelLoadError,
     ModelRunError,
     OutOfMemory,
+    first_line,
     is_out_of_memory,
 )
 from onnx_conv2matmul.quantize.reference import Reference, feed_set
@@ -88,7 +89,7 @@ def open_original(path: str, verify: VerifyOptions) -> Any:
         options = session_options(verify, prepack=False)
         return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
     except Exception as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        first = first_line(err)
         if is_out_of_memory(err):
             raise OutOfMemory(
                 f"out of memory loading the original model: {first}", hint=Hint.VERIFY_OUT_OF_MEMORY

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from onnx_conv2matmul.files import load as _io
+from onnx_conv2matmul.files.paths import folder_bytes
 from onnx_conv2matmul.quantize import build as _build
 from onnx_conv2matmul.quantize import check as _check
 from onnx_conv2matmul.quantize import classes as _classes
@@ -281,7 +282,7 @@ class OnePass:
             report.peak_rss_quantize_bytes = peak_rss_bytes()
             report.external_data = staged.data_path is not None
             report.output_bytes = staged.size
-            report.bytes_written = staged.size + _folder_bytes(scratch)
+            report.bytes_written = staged.size + folder_bytes(scratch)
             if plan.run_checker:
                 progress.phase("Checking the output")
                 _io.run_checker(staged.onnx_path, "the quantized model")
@@ -422,12 +423,3 @@ def _counts(candidate: _build.Candidate) -> dict[str, int]:
         label = Setting(setting.bits, setting.block_size, setting.symmetric).label
         counts[label] = counts.get(label, 0) + 1
     return dict(sorted(counts.items()))
-
-
-def _folder_bytes(folder: str) -> int:
-    total = 0
-    for root, _, files in os.walk(folder):
-        for name in files:
-            with contextlib.suppress(OSError):
-                total += os.path.getsize(os.path.join(root, name))
-    return total

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from onnx_conv2matmul.errors import ModelRunError, OutOfMemory
+from onnx_conv2matmul.errors import ModelRunError, OutOfMemory, first_line
 from onnx_conv2matmul.quantize.blockwise import BlockCache
 from onnx_conv2matmul.quantize.criteria import InputStats
 from onnx_conv2matmul.quantize.metric import MetricTarget
@@ -233,7 +233,7 @@ def _run(session: Any, feed: Mapping[str, np.ndarray], names: Sequence[str] | No
         outputs: list[Any] = session.run(None if names is None else list(names), dict(feed), quiet)
     except Exception as err:
         if is_out_of_memory(err):
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            first = first_line(err)
             raise OutOfMemory(
                 f"out of memory running a model of the search: {first}", hint=Hint.VERIFY_OUT_OF_MEMORY
             ) from err
@@ -307,7 +307,7 @@ def _reference(
             raise
         except Exception as err:  # onnxruntime's own errors: this run cannot be made
             shapes = ", ".join(f"{k}{list(np.asarray(v).shape)}" for k, v in feed.items())
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            first = first_line(err)
             raise ModelRunError(
                 f"onnxruntime cannot run the original model at length {reference.feeds.lengths[index]}"
                 f" ({shapes}): {first}"
@@ -415,7 +415,7 @@ def _evaluate(
             except OutOfMemory:
                 raise
             except Exception as err:  # a candidate that does not run fails; the search goes on
-                first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                first = first_line(err)
                 measured.cosine, measured.note = -1.0, f"onnxruntime cannot run it: {first}"
             release_freed_memory()
         if target.metric is not None and target.cosine_passed(measured):
