@@ -248,39 +248,21 @@ def _kept_path(
     None when the cache is not to be read (``--no-bench-cache``) or the model is small
     (:data:`~onnx_conv2matmul.quantize.measure.CACHE_MIN_BYTES`). A loss kept can only change
     which layers the mix leaves in float: the mix is checked as always."""
-    import hashlib
-    import json
-    import os
-
-    import numpy as np
-    import onnxruntime as ort
-
     from onnx_conv2matmul.files.paths import model_file_bytes
-    from onnx_conv2matmul.quantize.measure import CACHE_MIN_BYTES, model_files_key
-    from onnx_conv2matmul.speed.costs import cache_dir
-    from onnx_conv2matmul.speed.machine import cpu_name
+    from onnx_conv2matmul.quantize.measure import CACHE_MIN_BYTES, model_cache_file
 
     if (plan.speed is not None and not plan.speed.cache) or model_file_bytes(plan.src) < CACHE_MIN_BYTES:
         return None
-    h = hashlib.sha256()
-    model_files_key(plan.src, h)
     verify = plan.verify
     what = [
         CACHE_VERSION,
-        cpu_name(),
-        ort.__version__,
         repr(plan.convert),
         [[(name, quantize.setting_for(name).to_dict()) for name in group.names] for group in groups],
         [quantize.accuracy_level, quantize.algorithm, verify.min_cosine, repr(verify.labels)],
         [repr(verify.output_indices), verify.deterministic],
     ]
-    h.update(json.dumps(what).encode())
-    for index in feeds:
-        for name, array in sorted(reference.feeds.feeds[index].items()):
-            data = np.ascontiguousarray(array)
-            h.update(f"{name} {data.dtype} {data.shape}".encode())
-            h.update(data.tobytes())
-    return os.path.join(cache_dir(), "class-losses", h.hexdigest()[:32] + ".json")
+    arrays = [item for index in feeds for item in sorted(reference.feeds.feeds[index].items())]
+    return model_cache_file("class-losses", plan.src, what, arrays)
 
 
 def _read_kept(path: str, groups: Sequence[ClassLoss]) -> str | None:
@@ -303,12 +285,9 @@ def _read_kept(path: str, groups: Sequence[ClassLoss]) -> str | None:
 
 
 def _keep(path: str, groups: Sequence[ClassLoss]) -> None:
-    import datetime
+    from onnx_conv2matmul.speed.costs import keep_cached, now_text
 
-    from onnx_conv2matmul.speed.costs import keep_cached
-
-    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    keep_cached(path, {"measured": when, "losses": [group.measured for group in groups]})
+    keep_cached(path, {"measured": now_text(), "losses": [group.measured for group in groups]})
 
 
 def _switched_session(

@@ -13,7 +13,7 @@ original is timed in a session of its own that does, as a user's session does.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -244,23 +244,12 @@ losses of their classes of layers (:mod:`~onnx_conv2matmul.quantize.classes`): a
 measures both in a moment."""
 
 
-def model_files_key(path: str, h: Any) -> None:
-    """Feed ``h`` (a hashlib object) what identifies the model at ``path`` for the cache: its
-    ``.onnx`` file's bytes and the name, size and modification time of each data file beside it."""
-    import os
-
-    with open(path, "rb") as file:
-        h.update(file.read())
-    folder = os.path.dirname(os.path.abspath(path))
-    stem = os.path.basename(path)
-    for name in sorted(os.listdir(folder)):
-        if name.startswith(stem) and name != stem:  # its data files (model.onnx.data, ...)
-            stat = os.stat(os.path.join(folder, name))
-            h.update(f"{name} {stat.st_size} {stat.st_mtime_ns}".encode())
-
-
-def _timing_cache(plan: QuantizePlan, timing: TimingOptions) -> str:
-    """The file the original's latency under ``timing`` is kept in."""
+def model_cache_file(
+    kind: str, path: str, what: Sequence[Any], arrays: Iterable[tuple[str, Any]] = ()
+) -> str:
+    """The file in the cache folder's ``kind/`` that keeps a figure of the model at ``path``: named
+    by a digest of the model's ``.onnx`` bytes, each data file's name, size and modification time
+    beside it, this CPU, onnxruntime's version, ``what`` (JSON) and the named ``arrays``' bytes."""
     import hashlib
     import json
     import os
@@ -271,17 +260,30 @@ def _timing_cache(plan: QuantizePlan, timing: TimingOptions) -> str:
     from onnx_conv2matmul.speed.machine import cpu_name
 
     h = hashlib.sha256()
-    model_files_key(plan.src, h)
+    with open(path, "rb") as file:
+        h.update(file.read())
+    folder = os.path.dirname(os.path.abspath(path))
+    stem = os.path.basename(path)
+    for name in sorted(os.listdir(folder)):
+        if name.startswith(stem) and name != stem:  # its data files (model.onnx.data, ...)
+            stat = os.stat(os.path.join(folder, name))
+            h.update(f"{name} {stat.st_size} {stat.st_mtime_ns}".encode())
+    h.update(json.dumps([cpu_name(), ort.__version__, *what]).encode())
+    for name, array in arrays:
+        data = np.ascontiguousarray(array)
+        h.update(f"{name} {data.dtype} {data.shape}".encode())
+        h.update(data.tobytes())
+    return os.path.join(cache_dir(), kind, h.hexdigest()[:32] + ".json")
+
+
+def _timing_cache(plan: QuantizePlan, timing: TimingOptions) -> str:
+    """The file the original's latency under ``timing`` is kept in."""
     feeds = [
         (n, {k: (list(np.shape(v)), str(np.asarray(v).dtype)) for k, v in f.items()})
         for n, f in timing.feeds or ()
     ]
-    h.update(
-        json.dumps(
-            [cpu_name(), ort.__version__, timing.threads, timing.rounds, timing.warmup, timing.lengths, feeds]
-        ).encode()
-    )
-    return os.path.join(cache_dir(), "original-latency", h.hexdigest()[:32] + ".json")
+    what = [timing.threads, timing.rounds, timing.warmup, timing.lengths, feeds]
+    return model_cache_file("original-latency", plan.src, what)
 
 
 def _cached_timing(path: str) -> tuple[ModelTiming, str] | None:
@@ -307,15 +309,13 @@ def _cached_timing(path: str) -> tuple[ModelTiming, str] | None:
 
 
 def _keep_timing(path: str, timing: ModelTiming) -> None:
-    import datetime
-
-    from onnx_conv2matmul.speed.costs import keep_cached
+    from onnx_conv2matmul.speed.costs import keep_cached, now_text
 
     data = {
         "path": timing.path,
         "file_bytes": timing.file_bytes,
         "inputs": timing.inputs,
-        "timed": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "timed": now_text(),
         "latencies": [{"length": lat.length, "samples_ms": list(lat.samples_ms)} for lat in timing.latencies],
     }
     keep_cached(path, data)

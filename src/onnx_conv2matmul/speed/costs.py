@@ -245,6 +245,13 @@ class KernelCosts:
         keep_cached(self.path, {"version": CACHE_VERSION, "costs": table}, indent=0, sort_keys=True)
 
 
+def now_text() -> str:
+    """The time a figure is kept in the cache, as the notes that read it back show it."""
+    import datetime
+
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
 def keep_cached(path: str, data: Any, **dump: Any) -> None:
     """Write ``data`` as JSON to the cache file ``path``, renamed into place; no error when it
     cannot be written (a cache: the next run measures again)."""
