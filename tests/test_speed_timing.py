@@ -255,13 +255,14 @@ def test_model_file_bytes_counts_external_data(tmp_path: Path) -> None:
     assert model_file_bytes(str(per_tensor / "m.onnx")) == sum(f.stat().st_size for f in files)
 
 
-def test_real_sessions_do_not_spin(tmp_path: Path) -> None:
+def test_real_sessions_do_not_spin_nor_hold_a_memory_pattern(tmp_path: Path) -> None:
     path = tmp_path / "m.onnx"
     onnx.save(sequence_matmul_model(), path)
     session = timing.timed_session(str(path), 1)
     options = session.get_session_options()  # type: ignore[attr-defined]
     assert options.get_session_config_entry(timing.SPINNING_KEY) == "0"
     assert options.intra_op_num_threads == 1
+    assert not options.enable_mem_pattern
 
 
 def test_real_models_end_to_end(tmp_path: Path) -> None:

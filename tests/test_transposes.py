@@ -366,10 +366,12 @@ def test_a_second_timing_on_a_busy_machine_weighs_the_layouts_as_untimed(
 
     real, calls = transposes._time, []
 
-    def busy_the_second_time(*args: Any, **kwargs: Any) -> tuple[str, str]:
-        rule, busy = real(*args, **kwargs)
+    def busy_the_second_time(*args: Any, **kwargs: Any) -> tuple[str, str, Any]:
+        rule, busy, timing = real(*args, **kwargs)
         calls.append(1)
-        return (rule, "timed on a busy machine, not used (faked)") if len(calls) == 2 else (rule, busy)
+        if len(calls) == 2:
+            return rule, "timed on a busy machine, not used (faked)", timing
+        return rule, busy, timing
 
     monkeypatch.setattr(transposes, "_time", busy_the_second_time)
     data = _run(tmp_path, Prefer.BALANCED, 1.05)
@@ -426,3 +428,55 @@ def test_the_default_weighs_them_only_when_they_hold_a_tenth_of_the_weights(
     else:
         assert data["transposes"]["weight_share"] == pytest.approx(4096 / 42112, abs=1e-4)
         assert data["transposes"]["kept"] == "with them" and data["quantized_nodes"] == 1
+
+
+@pytest.mark.parametrize("busy", [False, True], ids=["quiet", "busy"])
+def test_the_default_one_pass_takes_its_latency_line_from_the_trade(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, busy: bool
+) -> None:
+    """A default run (the one pass) makes each layout without timing anything of its own: the
+    original and both layouts are timed once, together, by the trade, and that timing is the kept
+    layout's latency line (interleaved with the original, its ratio the trade's). Timed on a busy
+    machine, the line says so, and the layouts are weighed as untimed (the one without them kept)."""
+    from onnx_conv2matmul.quantize import transposes
+
+    real = transposes._time
+
+    def timed_busy(*args: Any, **kwargs: Any) -> tuple[str, str, Any]:
+        rule, _, timing = real(*args, **kwargs)
+        return rule, "timed on a busy machine, not used (faked)", dataclasses.replace(timing, cpu_wait=0.9)
+
+    if busy:
+        monkeypatch.setattr(transposes, "_time", timed_busy)
+    source = tmp_path / "block.onnx"
+    onnx.save(mobile_block(channels=64, wide=256), source)
+    clock = FakeClock()
+
+    def cost(path: str, length: int) -> float:
+        return 0.8 if Path(path).parent.name == "with" else 1.0
+
+    sessions = Sessions(clock, cost, real=True)
+    speed = SpeedOptions(TimingOptions(rounds=3, warmup=0), levels=(0,), block_sizes=(32,))
+    report = quantize_file(
+        source,
+        tmp_path / "out.onnx",
+        verify=VerifyOptions(lengths=(16, 32)),
+        speed=speed,
+        transposes=TransposeOptions(clock=clock, session_factory=sessions),
+    )
+    assert report.passed and report.one_pass is not None  # the default run, as one pass
+    data = json.loads(json.dumps(report.to_dict()))
+    jsonschema.validate(data, SCHEMA)
+    trade = data["transposes"]
+    assert trade["kept"] == ("without them" if busy else "with them")
+    timed = [Path(path) for path, _ in sessions.opened if Path(path).suffix == ".onnx"]
+    originals = [p for p in timed if p == source]
+    assert len(originals) == 1  # the trade's timing alone: the one pass timed no original
+    assert sorted(p.parent.name for p in timed if p != source) == ["with", "without"]  # once each
+    latency = data["latency"]
+    assert latency["mode"] == "together"
+    ratios = [row["ratio"] for row in latency["result"]]
+    assert ratios and all(r == pytest.approx(1.0 if busy else 0.8) for r in ratios)
+    assert trade["models"][1]["latency_ratio"] == pytest.approx(0.8)
+    assert not [w for w in data["warnings"] if "slower than the original" in w]
+    assert any("measured on a busy machine" in w for w in data["warnings"]) is busy

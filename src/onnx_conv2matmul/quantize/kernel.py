@@ -92,22 +92,44 @@ class SpeedOutcome:
 
     def latency(self) -> dict[str, Any]:
         """The report's ``latency`` section: the original's and the result's latencies."""
-        original, result = self.timing.models[0], self.timing.models[self.result_index]
-        return {
-            **self.timing.header(),
-            "original": [lat.to_dict() for lat in original.latencies],
-            "result": [lat.to_dict() for lat in result.latencies],
-        }
+        return latency_of(self.timing, self.result_index)
 
     def slower(self) -> list[str]:
-        """Warnings for every length at which the result is measurably slower than the original
-        (the whole 95% interval of the ratio above 1; the table shows every ratio)."""
-        result = self.timing.models[self.result_index]
-        return [
-            f"the result is slower than the original at length {lat.length}: {lat.ratio:.2f}x its latency"
-            for lat in result.latencies
-            if measurably_slower(lat)
-        ]
+        """Warnings for every length at which the result is measurably slower than the original."""
+        return slower_of(self.timing, self.result_index)
+
+
+def busy_warning(cpu_wait: float) -> str:
+    """The warning of a latency line timed on a busy machine (``cpu_wait``: the share of the CPUs
+    other processes used meanwhile)."""
+    from onnx_conv2matmul.speed.machine import busy_text
+
+    return (
+        f"the latency was measured on a busy machine ({busy_text(cpu_wait)}): its ratio may not hold"
+        " on a quiet one, and decided nothing"
+    )
+
+
+def latency_of(timing: TimingReport, index: int) -> dict[str, Any]:
+    """The report's ``latency`` section of the model ``timing`` timed at ``index`` against the
+    original (its first model)."""
+    original, result = timing.models[0], timing.models[index]
+    return {
+        **timing.header(),
+        "original": [lat.to_dict() for lat in original.latencies],
+        "result": [lat.to_dict() for lat in result.latencies],
+    }
+
+
+def slower_of(timing: TimingReport, index: int) -> list[str]:
+    """Warnings for every length at which the model ``timing`` timed at ``index`` is measurably
+    slower than the original (the whole 95% interval of the ratio above 1; the table shows every
+    ratio)."""
+    return [
+        f"the result is slower than the original at length {lat.length}: {lat.ratio:.2f}x its latency"
+        for lat in timing.models[index].latencies
+        if measurably_slower(lat)
+    ]
 
 
 def measurably_slower(latency: Latency) -> bool:

@@ -17,6 +17,10 @@ algorithm), the run is, in order, each stage entered once:
    spilled to the scratch folder and read back memory-mapped) and checked once;
 5. the candidate that met the criterion is written once, timed at the same length, published.
 
+A run made for one layout of the Transposes' trade (:mod:`~onnx_conv2matmul.quantize.transposes`)
+times nothing: the trade times both layouts against the original, interleaved, and that timing
+becomes the kept layout's latency line.
+
 That is two quantizations and two candidate runs at most, besides the classes' short runs;
 should the mix miss as well, a third, aimed on the line through both candidates' measured
 losses, is made, and after it the run falls back to the search
@@ -122,7 +126,10 @@ class OnePass:
             else:
                 progress.phase("Measuring the original")
                 os.makedirs(scratch, exist_ok=True)
-                timing = short_timing(plan.speed)
+                # A layout of the Transposes' trade has no latency line of its own: the trade
+                # times both layouts against the original, interleaved, and that timing is the
+                # kept one's line (and no speed step runs on a layout: the trade's margin decides).
+                timing = short_timing(plan.speed) if shared is None else None
                 self.measurement = _measure.measure(plan, scratch, timing, progress.phase)
                 if shared is not None:
                     shared.measurement = self.measurement
@@ -314,7 +321,7 @@ class OnePass:
         """The result timed as the original was (same inputs and rounds) into the report's latency;
         a warning per length it is measurably slower at. Timed on a busy machine, the latency is
         kept with a warning that says so, and decides nothing (no other level is tried for it)."""
-        from onnx_conv2matmul.speed.machine import busy_text, is_busy
+        from onnx_conv2matmul.speed.machine import is_busy
         from onnx_conv2matmul.speed.timing import time_models
 
         measurement = self.measurement
@@ -326,10 +333,9 @@ class OnePass:
         )
         self.run.report.latency = latency
         if timed.cpu_wait is not None and is_busy(timed.cpu_wait):
-            self.run.report.warnings.append(
-                f"the latency was measured on a busy machine ({busy_text(timed.cpu_wait)}): its ratio"
-                " may not hold on a quiet one, and decided nothing"
-            )
+            from onnx_conv2matmul.quantize.kernel import busy_warning
+
+            self.run.report.warnings.append(busy_warning(timed.cpu_wait))
             return []
         return slower
 

@@ -239,18 +239,19 @@ def decide(
         made.reverse()
     timed_on = busy = confirmed = ""
     timed = [i for i, m in enumerate(made) if m is not None]
+    line: Any = None  # the last timing of both: the kept layout's latency line
     if timing is not None and timed:
         from onnx_conv2matmul.speed.inputs import timing_inputs
 
         progress("Timing both against the original")
         timing = timing_inputs(src, timing, verify)  # planned once, for both timings
-        timed_on, busy = _time(src, made, layouts, timed, timing, options)
+        timed_on, busy, line = _time(src, made, layouts, timed, timing, options)
         if not busy and options.prefer is Prefer.BALANCED and _hinges_on_the_margin(layouts, options.margin):
             # The smaller model is kept only because it timed within the margin: a choice that
             # flips with the load unless it holds twice (issue 42, item 3).
             progress("Timing both against the original again (the choice hinges on the margin)")
             first = {i: layouts[i] for i in timed}
-            _, busy = _time(src, made, layouts, timed, timing, options)
+            _, busy, line = _time(src, made, layouts, timed, timing, options)
             if not busy:  # else weighed as untimed, as the first timing would have been
                 confirmed = "; timed again: " + ", ".join(
                     f"{first[i].name} {_times(first[i])}, then {_times(layouts[i])}" for i in timed
@@ -267,6 +268,8 @@ def decide(
     weighed = [dataclasses.replace(layout, ratios=None) for layout in layouts] if busy else layouts
     kept, reason = choose(weighed, options.prefer, options.margin, busy or "not timed")
     reason += confirmed
+    if line is not None and made[kept] is not None:
+        _latency_line(made[kept].report, line, 1 + timed.index(kept), busy)  # type: ignore[union-attr]
     trade = TransposeTrade(
         convs,
         share,
@@ -288,10 +291,11 @@ def _time(
     timed: Sequence[int],
     timing: Any,
     options: TransposeOptions,
-) -> tuple[str, str]:
+) -> tuple[str, str, Any]:
     """Time the models made against ``src`` (fresh sessions, interleaved, with ``timing``'s
-    planned inputs) into ``layouts``' ratios: the lengths' rule, and why the timings are not used
-    when the machine was busy (else empty)."""
+    planned inputs) into ``layouts``' ratios: the lengths' rule, why the timings are not used
+    when the machine was busy (else empty), and the timing
+    (:class:`~onnx_conv2matmul.speed.timing.TimingReport`: the original, then each model timed)."""
     from onnx_conv2matmul.speed.machine import busy_text, is_busy
     from onnx_conv2matmul.speed.timing import time_models
 
@@ -308,8 +312,22 @@ def _time(
     if result.cpu_wait is not None and is_busy(result.cpu_wait):
         # Timed on a busy machine: shown, but the layouts are weighed as if not timed (the
         # choice would flip with the load).
-        return result.lengths_rule, f"timed on a busy machine, not used ({busy_text(result.cpu_wait)})"
-    return result.lengths_rule, ""
+        busy = f"timed on a busy machine, not used ({busy_text(result.cpu_wait)})"
+        return result.lengths_rule, busy, result
+    return result.lengths_rule, "", result
+
+
+def _latency_line(report: Any, timing: Any, index: int, busy: str) -> None:
+    """The kept layout's latency line (``report.latency``), from the trade's timing of it at
+    ``index`` against the original, when its own run timed nothing (a layout made by the one pass):
+    interleaved with the original, and warned of where it is measurably slower, or, timed on a busy
+    machine, that the ratio may not hold."""
+    from onnx_conv2matmul.quantize.kernel import busy_warning, latency_of, slower_of
+
+    if report is None or report.latency is not None:
+        return
+    report.latency = latency_of(timing, index)
+    report.warnings.extend([busy_warning(timing.cpu_wait)] if busy else slower_of(timing, index))
 
 
 def _slower(first: Layout, again: Layout) -> Layout:
