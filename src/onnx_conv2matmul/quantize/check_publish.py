@@ -89,7 +89,7 @@ def check_and_publish(
                 )
             run.quantize = dataclasses.replace(run.quantize, accuracy_level=level)
             report.options["quantize"] = run.quantize.to_dict()
-    if timed_after and report.passed:
+    if timed_after and report.passed and not plan.timed_by_trade:
         staged = timed(staged)
         if report.kernel_choice is not None:
             checked(staged)

@@ -126,10 +126,7 @@ class OnePass:
             else:
                 progress.phase("Measuring the original")
                 os.makedirs(scratch, exist_ok=True)
-                # A layout of the Transposes' trade has no latency line of its own: the trade
-                # times both layouts against the original, interleaved, and that timing is the
-                # kept one's line (and no speed step runs on a layout: the trade's margin decides).
-                timing = short_timing(plan.speed) if shared is None else None
+                timing = None if plan.timed_by_trade else short_timing(plan.speed)
                 self.measurement = _measure.measure(plan, scratch, timing, progress.phase)
                 if shared is not None:
                     shared.measurement = self.measurement

@@ -252,6 +252,15 @@ class QuantizePlan:
     held_out: VerifyOptions | None = None
 
     @property
+    def timed_by_trade(self) -> bool:
+        """Whether this run makes one layout of the Transposes' trade
+        (:mod:`~onnx_conv2matmul.quantize.transposes`) and so times nothing of its own once the
+        kernel costs chose its settings: no latency line and no speed step over accuracy levels.
+        The trade times both layouts against the original, interleaved, its margin decides, and
+        that timing becomes the kept layout's latency line."""
+        return self.request.shared is not None
+
+    @property
     def chooses(self) -> bool:
         """Whether the run chooses its settings against the criterion (``auto``, the one pass and
         the search below it, or ``--int8-dynamic``'s candidates): only then can a stricter aim give
