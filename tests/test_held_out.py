@@ -210,15 +210,18 @@ def _mlp(tmp_path: Path, samples: int) -> tuple[Path, Path]:
 
 
 @pytest.mark.parametrize(
-    ("samples", "min_cosine", "promised"), [(100, "0.98", False), (1000, "0.95", True)], ids=["few", "many"]
+    ("samples", "min_cosine", "promised"),
+    [(100, "0.98", None), (1000, "0.98", False), (1000, "0.95", True)],
+    ids=["few", "unpromised", "many"],
 )
 def test_auto_goes_below_the_default_only_where_the_held_out_labels_promise_it(
-    tmp_path: Path, samples: int, min_cosine: str, promised: bool
+    tmp_path: Path, samples: int, min_cosine: str, promised: bool | None
 ) -> None:
     """The search's pick just meets the labels' floor on the samples it saw. With 30 held out,
-    none changed promise 90.5% on other inputs (95% confidence), below a floor of 98%: the
-    default run's model is kept, and the warning says why. With 300 held out, 2 changed promise
-    97.9% against a floor of 95%: the search's smaller model is kept."""
+    even none changed would promise only 90.5% on other inputs (95% confidence), below a floor of
+    98%: no smaller model could be kept, so the search does not run, the default run's model is
+    written, and the warning says why. With 300 held out, 2 changed promise 97.9%: below a floor of
+    98%, the search's smaller model is not kept (the warning says why); against 95%, it is."""
     model, inputs = _mlp(tmp_path, samples)
     sizes, reports = {}, {}
     for name, more in (("default", []), ("auto", ["--auto"])):
@@ -227,12 +230,18 @@ def test_auto_goes_below_the_default_only_where_the_held_out_labels_promise_it(
         result = CliRunner().invoke(main, [*args, *more, "--no-bench", "--report-json", str(report)])
         assert result.exit_code == 0, result.output
         sizes[name], reports[name] = out.stat().st_size, json.loads(report.read_text())
-    kept = [w for w in reports["auto"]["warnings"] if "held-out labels," in w]
+    kept = [w for w in reports["auto"]["warnings"] if "held-out labels" in w]
     if promised:
         assert sizes["auto"] < sizes["default"] and not kept
         labels = reports["auto"]["accuracy"]["held_out"]["labels"][0]
         assert labels["lower_bound"] >= labels["floor"] == 0.95
+    elif promised is None:
+        assert sizes["auto"] == sizes["default"] and len(kept) == 1
+        assert kept[0].startswith("--auto did not search below the default run's model: output 'probs'")
+        assert "30 held-out labels, which promise at most 90.5% kept" in kept[0]
+        assert "below 98% (149 held out, none changed, promise it)" in kept[0]
+        assert reports["auto"]["auto"] is None  # no search ran
     else:
-        assert sizes["auto"] == sizes["default"]
-        assert len(kept) == 1 and "30 held-out labels, 0 changed, promise only 90.5% kept" in kept[0]
+        assert sizes["auto"] == sizes["default"] and len(kept) == 1
+        assert "300 held-out labels, 2 changed, promise only 97.9% kept" in kept[0]
         assert "below 98% (149 held out, none changed, promise it)" in kept[0]

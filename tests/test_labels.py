@@ -31,6 +31,8 @@ from onnx_conv2matmul.verify.labels import (
     labels_needed,
     output_tasks,
     task_results,
+    unpromisable,
+    unpromised,
 )
 from onnx_conv2matmul.verify.options import VerifyOptions
 
@@ -171,6 +173,29 @@ def test_the_rule_of_three_and_the_labels_a_promise_needs() -> None:
     assert agreement_bound(299, 0) >= 0.99 > agreement_bound(298, 0)
     assert agreement_bound(30, 0) == pytest.approx(0.05 ** (1 / 30))
     assert agreement_bound(0, 0) == 0.0 and agreement_bound(5, 5) == 0.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 700), st.sampled_from([0.9, 0.95, 0.98, 0.99, 1.0]))
+def test_unpromisable_exactly_when_no_held_out_count_of_changes_could_promise(
+    labels: int, floor: float
+) -> None:
+    """A held-out count is hopeless (known before any search) exactly when even none changed is
+    unpromised; and then every number changed is unpromised too."""
+    checked = [TaskResult("probs", LABELS, 10, 0, floor)]
+
+    def held(changed: int) -> list[dict[str, object]]:
+        entry = TaskResult("probs", LABELS, labels, changed, floor)
+        return [{"output": "probs", "labels": labels, "changed": changed, "lower_bound": entry.bound}]
+
+    hopeless = unpromisable(checked, held(0))
+    assert (hopeless is not None) is (unpromised(checked, held(0)) is not None)
+    assert (hopeless is not None) is (labels < labels_needed(floor) or floor >= 1)
+    if hopeless is not None:
+        assert f"has {labels} held-out labels" in hopeless
+        assert all(
+            unpromised(checked, held(c)) is not None for c in range(0, labels + 1, max(1, labels // 7))
+        )
 
 
 @settings(max_examples=40, deadline=None)

@@ -207,6 +207,15 @@ def _auto_or_default(plan: QuantizePlan, output: _output.Output, scratch: str) -
     default = _stepping_back(plan.src, os.path.join(scratch, "default", name), default_request)
     if default.output_path is not None:
         made["default"] = Made(default.output_path, default)
+        hopeless = _unpromisable(default)
+        if hopeless is not None:
+            # A smaller model of the search would not be kept (see below): not searched for.
+            report = publish_made(plan, output, made["default"])
+            report.warnings.append(
+                f"--auto did not search below the default run's model: {hopeless}, so a smaller"
+                " model could not be kept (more samples, or --criterion cosine, let --auto search)"
+            )
+            return report
     plan.progress.phase("Searching for the smallest settings that meet the criterion (--auto)")
     search_request = dataclasses.replace(request, progress=None, candidate=True)
     trade = default.transposes
@@ -256,6 +265,18 @@ def _auto_or_default(plan: QuantizePlan, output: _output.Output, scratch: str) -
             f" what the search found ({found}): it is kept"
         )
     return report
+
+
+def _unpromisable(default: QuantizeReport) -> str | None:
+    """Why the held-out samples of the default run (the same as the search's) could not promise
+    the labels of any model (see :func:`onnx_conv2matmul.verify.labels.unpromisable`); None when
+    they could, or when the run has no inputs of the user's to hold out."""
+    from onnx_conv2matmul.verify.labels import unpromisable
+
+    held = default.accuracy.get("held_out")
+    if held is None or default.verification is None:
+        return None
+    return unpromisable(default.verification.labels, held.get("labels") or [])
 
 
 def _unpromised(searched: QuantizeReport | None) -> str | None:

@@ -328,6 +328,24 @@ def failed(results: Sequence[TaskResult]) -> TaskResult | None:
     return next((r for r in results if not r.passed), None)
 
 
+def unpromisable(checked: Sequence[TaskResult], held: Sequence[Mapping[str, Any]]) -> str | None:
+    """Why no model judged on these held-out samples can have its labels promised (the reason
+    :func:`unpromised` would give even with no held-out label changed), or None when some could:
+    for an output of class scores (``checked``), fewer held-out labels than :func:`labels_needed`
+    for its floor. Known before any search: its smaller model could not be kept."""
+    entries = {entry["output"]: entry for entry in held}
+    for result in checked:
+        entry = entries.get(result.output)
+        labels = int(entry["labels"]) if entry else 0
+        if agreement_bound(labels, 0) < result.floor:
+            return (
+                f"output {result.output!r} has {labels} held-out labels, which promise at most"
+                f" {agreement_bound(labels, 0):.1%} kept on other inputs ({CONFIDENCE:.0%} confidence), below"
+                f" {result.floor:.0%} ({labels_needed(result.floor)} held out, none changed, promise it)"
+            )
+    return None
+
+
 def unpromised(checked: Sequence[TaskResult], held: Sequence[Mapping[str, Any]]) -> str | None:
     """Why the held-out samples do not promise the labels of ``checked`` (the outputs that hold
     class scores, judged on the samples a result was chosen on) on other inputs, or None when
