@@ -44,6 +44,21 @@ def test_collects_only_after_the_resident_memory_grew(
     assert len(collections) == 2
 
 
+def test_always_collects_below_the_threshold_and_sets_the_low_water_mark(
+    collections: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before the Transposes' trade opens its three timing sessions: a collection whatever the
+    growth, after which the lowest point is where it left the memory."""
+    resident = [400 * MIB]
+    monkeypatch.setattr(runs, "resident_bytes", lambda: resident[0])
+    runs.release_freed_memory()
+    resident[0] = 450 * MIB  # grown by less than 256 MiB: the default skips it
+    runs.release_freed_memory()
+    assert len(collections) == 1
+    runs.release_freed_memory(always=True)
+    assert len(collections) == 2 and runs._low_water == 450 * MIB
+
+
 def test_collects_every_time_where_the_resident_memory_cannot_be_read(
     collections: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -242,8 +242,12 @@ def decide(
     line: Any = None  # the last timing of both: the kept layout's latency line
     if timing is not None and timed:
         from onnx_conv2matmul.speed.inputs import timing_inputs
+        from onnx_conv2matmul.verify.run import release_freed_memory
 
         progress("Timing both against the original")
+        # What making both layouts freed, before three sessions open and hold their activations
+        # for the whole timing (captcha-recognizer's YOLO at 640x640: a peak of 807 MiB, 614 after).
+        release_freed_memory(always=True)
         timing = timing_inputs(src, timing, verify)  # planned once, for both timings
         timed_on, busy, line = _time(src, made, layouts, timed, timing, options)
         if not busy and options.prefer is Prefer.BALANCED and _hinges_on_the_margin(layouts, options.margin):

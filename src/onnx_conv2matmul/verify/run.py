@@ -102,7 +102,7 @@ def resident_bytes() -> int | None:
         return None
 
 
-def release_freed_memory() -> None:
+def release_freed_memory(*, always: bool = False) -> None:
     """Give the memory this process freed back to the system before a model is loaded.
 
     A model's weights are freed when its session or its quantization ends, but a reference
@@ -110,11 +110,11 @@ def release_freed_memory() -> None:
     pages for later use: on the Parakeet-sized encoder that was about 350 MB held while the
     next model loaded. ``gc.collect`` and ``malloc_trim`` (glibc) return them, when the resident
     memory has grown by 256 MiB or more since the lowest point seen since the last time (see
-    ``_COLLECT_AFTER``); where the resident memory cannot be read, every time.
+    ``_COLLECT_AFTER``); where the resident memory cannot be read, or ``always``, every time.
     """
     global _low_water
     resident = resident_bytes()
-    if resident is not None and _low_water is not None:
+    if resident is not None and _low_water is not None and not always:
         _low_water = min(_low_water, resident)
         if resident < _low_water + _COLLECT_AFTER:
             return
