@@ -248,10 +248,9 @@ def _kept_path(
     None when the cache is not to be read (``--no-bench-cache``) or the model is small
     (:data:`~onnx_conv2matmul.quantize.measure.CACHE_MIN_BYTES`). A loss kept can only change
     which layers the mix leaves in float: the mix is checked as always."""
-    from onnx_conv2matmul.files.paths import model_file_bytes
-    from onnx_conv2matmul.quantize.measure import CACHE_MIN_BYTES, model_cache_file
+    from onnx_conv2matmul.quantize.measure import keeps_figures, model_cache_file
 
-    if (plan.speed is not None and not plan.speed.cache) or model_file_bytes(plan.src) < CACHE_MIN_BYTES:
+    if not keeps_figures(plan):
         return None
     verify = plan.verify
     what = [

@@ -128,17 +128,13 @@ def measure(
 
     specs = input_specs(session)
     if timing is not None:
-        from onnx_conv2matmul.files.paths import model_file_bytes
         from onnx_conv2matmul.speed.timing import time_models
 
         timing, rule = _timing(session, specs, timing, plan, reference)
         del session  # the timing's own session prepacks its weights, as a user's does
         release_freed_memory()
         rule = rule or "given"
-        cached_here = (
-            plan.speed is not None and plan.speed.cache and model_file_bytes(plan.src) >= CACHE_MIN_BYTES
-        )
-        cache = _timing_cache(plan, timing) if cached_here else None
+        cache = _timing_cache(plan, timing) if keeps_figures(plan) else None
         cached = _cached_timing(cache) if cache is not None else None
         if cached is not None:
             measurement.timing, when = cached
@@ -247,6 +243,15 @@ CACHE_MIN_BYTES = 64 * 2**20
 """Models whose files hold at least this many bytes have the original's latency kept, and the
 losses of their classes of layers (:mod:`~onnx_conv2matmul.quantize.classes`): a small model
 measures both in a moment."""
+
+
+def keeps_figures(plan: QuantizePlan) -> bool:
+    """Whether the run reads and keeps its model's figures in the cache folder (the original's
+    latency, the classes' losses): not with ``--no-bench-cache``, nor for a model of fewer than
+    :data:`CACHE_MIN_BYTES`."""
+    from onnx_conv2matmul.files.paths import model_file_bytes
+
+    return (plan.speed is None or plan.speed.cache) and model_file_bytes(plan.src) >= CACHE_MIN_BYTES
 
 
 def model_cache_file(
