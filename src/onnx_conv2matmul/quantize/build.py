@@ -72,6 +72,18 @@ def build(plan: QuantizePlan, options: QuantizeOptions, cache: BlockCache | None
     return Candidate(model, options, result, other)
 
 
+def open_beside_input(
+    plan: QuantizePlan, model: ir.Model, *, prepack: bool, extra_outputs: Sequence[str] = ()
+) -> Any:
+    """:func:`open_in_memory` of a candidate made from the plan's input (its weights in files are
+    read from the input's folder), in a session as the pass makes them
+    (:func:`~onnx_conv2matmul.quantize.measure.session_options`, prepacking or not)."""
+    from onnx_conv2matmul.quantize.measure import session_options
+
+    folder = os.path.dirname(os.path.abspath(plan.src))
+    return open_in_memory(model, folder, session_options(plan.verify, prepack=prepack), extra_outputs)
+
+
 def open_in_memory(
     model: ir.Model,
     folder: str,

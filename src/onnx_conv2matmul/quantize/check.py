@@ -70,13 +70,9 @@ def check_model(
     go after. A run on every feed prepacks the weights, as a user's session does; a run on some
     of them (``only``: the classes' short runs) does not, so that it opens at once on the float
     weights where they lie (see :func:`~onnx_conv2matmul.quantize.measure.session_options`)."""
-    import os
+    from onnx_conv2matmul.quantize.build import open_beside_input
 
-    from onnx_conv2matmul.quantize.build import open_in_memory
-    from onnx_conv2matmul.quantize.measure import session_options
-
-    folder = os.path.dirname(os.path.abspath(plan.src))
-    session = open_in_memory(model, folder, session_options(plan.verify, prepack=only is None), statistics)
+    session = open_beside_input(plan, model, prepack=only is None, extra_outputs=statistics)
     try:
         return check(session, reference, plan.verify, statistics, only=only)
     finally:

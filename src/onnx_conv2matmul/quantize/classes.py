@@ -295,20 +295,16 @@ def _switched_session(
     """One session of every class behind its flag (:mod:`~onnx_conv2matmul.quantize.switched`),
     opened without prepacking; None when the classes are to be built apart (a layer the switch
     does not take, or a model onnxruntime does not open)."""
-    import os
-
     from onnx_conv2matmul.errors import OutOfMemory
-    from onnx_conv2matmul.quantize.build import open_in_memory
-    from onnx_conv2matmul.quantize.measure import session_options
+    from onnx_conv2matmul.quantize.build import open_beside_input
     from onnx_conv2matmul.quantize.switched import switched_model
 
     plan.progress.phase("Deciding: building the classes of layers")
     model = switched_model(plan, quantize, [group.names for group in groups], cache)
     if model is None:
         return None
-    folder = os.path.dirname(os.path.abspath(plan.src))
     try:
-        return open_in_memory(model, folder, session_options(plan.verify, prepack=False))
+        return open_beside_input(plan, model, prepack=False)
     except OutOfMemory:
         raise
     except Exception:  # built apart instead, as before the switch
