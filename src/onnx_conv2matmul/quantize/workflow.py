@@ -40,12 +40,16 @@ from onnx_conv2matmul.rewrite.passes import rewrite_model
 from onnx_conv2matmul.verify.check import check_feeds_for_graph
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping, Sequence
+    from typing import Any
+
     import onnx_ir as ir
 
     from onnx_conv2matmul.quantize.trade import TransposeTrade
     from onnx_conv2matmul.quantize.transposes import Made
     from onnx_conv2matmul.rewrite.options import ConvertOptions
     from onnx_conv2matmul.rewrite.report import ConvertReport
+    from onnx_conv2matmul.verify.labels import TaskResult
 
 
 def quantize_file(
@@ -268,15 +272,11 @@ def _auto_or_default(plan: QuantizePlan, output: _output.Output, scratch: str) -
 
 
 def _unpromisable(default: QuantizeReport) -> str | None:
-    """Why the held-out samples of the default run (the same as the search's) could not promise
-    the labels of any model (see :func:`onnx_conv2matmul.verify.labels.unpromisable`); None when
-    they could, or when the run has no inputs of the user's to hold out."""
+    """Why the default run's held-out samples (the search's too) could promise no model's labels
+    (:func:`onnx_conv2matmul.verify.labels.unpromisable`); None when they could, or without any."""
     from onnx_conv2matmul.verify.labels import unpromisable
 
-    held = default.accuracy.get("held_out")
-    if held is None or default.verification is None:
-        return None
-    return unpromisable(default.verification.labels, held.get("labels") or [])
+    return _held_out_labels(default, unpromisable)
 
 
 def _unpromised(searched: QuantizeReport | None) -> str | None:
@@ -285,12 +285,18 @@ def _unpromised(searched: QuantizeReport | None) -> str | None:
     has no inputs of the user's to hold out (its criterion is the cosine on synthesised ones)."""
     from onnx_conv2matmul.verify.labels import unpromised
 
-    if searched is None or searched.verification is None:
+    return None if searched is None else _held_out_labels(searched, unpromised)
+
+
+def _held_out_labels(
+    report: QuantizeReport, judge: Callable[[Sequence[TaskResult], Sequence[Mapping[str, Any]]], str | None]
+) -> str | None:
+    """``judge`` of the report's labels (judged on the samples its model was chosen on) and its
+    held-out samples' labels; None without held-out samples or a check."""
+    held = report.accuracy.get("held_out")
+    if held is None or report.verification is None:
         return None
-    held = searched.accuracy.get("held_out")
-    if held is None:
-        return None
-    return unpromised(searched.verification.labels, held.get("labels") or [])
+    return judge(report.verification.labels, held.get("labels") or [])
 
 
 def search_both(trade: TransposeTrade) -> bool:
