@@ -1,5 +1,5 @@
-"""The classes' candidates as one model (quantize/switched.py): each class's layers behind an ``If``
-on a flag of its own, one session for every class. The losses must be those of the classes built
+"""The classes' candidates as one model (``classes.switched_model``): each class's layers behind an
+``If`` on a flag of its own, one session for every class. The losses must be those of the classes built
 apart, and the model with every flag false the float model."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from onnx_conv2matmul.cli.app import main
-from onnx_conv2matmul.quantize import switched as _switched
+from onnx_conv2matmul.quantize import classes as _switched
 from test_classes import BLOCKS, C, repeated_blocks
 
 
