@@ -135,7 +135,7 @@ def test_the_library_leaves_logging_stdout_and_umask_alone(
 
 
 def test_a_quantizer_record_is_taken_into_the_package_logger(caplog: pytest.LogCaptureFixture) -> None:
-    from onnx_conv2matmul.quantize.logs import onnxruntime_logs_captured
+    from onnx_conv2matmul.quantize.weight_only import onnxruntime_logs_captured
 
     ort_logger = logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer")
     caplog.set_level(logging.DEBUG)
@@ -145,7 +145,7 @@ def test_a_quantizer_record_is_taken_into_the_package_logger(caplog: pytest.LogC
     ort_logger.warning("after the block")
     messages = [(r.name, r.levelno, r.getMessage()) for r in caplog.records]
     assert (
-        "onnx_conv2matmul.quantize.logs",
+        "onnx_conv2matmul.quantize.weight_only",
         logging.DEBUG,
         "onnxruntime.quantization.matmul_nbits_quantizer [WARNING] quantizing node n1",
     ) in messages

@@ -118,7 +118,7 @@ def unguarded_quantizer_imports(source: str) -> list[int]:
 
 def test_the_quantizer_module_is_imported_through_the_guard() -> None:
     """Every import of onnxruntime's matmul_nbits_quantizer in the package comes after a call of
-    ``quantize.logs.matmul_nbits_quantizer`` (the import that leaves the root logger alone)."""
+    ``quantize.weight_only.matmul_nbits_quantizer`` (the import that leaves the root logger alone)."""
     src = HOST.parent.parent / "src" / "onnx_conv2matmul"
     unguarded = {p.name: unguarded_quantizer_imports(p.read_text()) for p in sorted(src.rglob("*.py"))}
     assert {name: lines for name, lines in unguarded.items() if lines} == {}
@@ -140,7 +140,7 @@ def test_basic_config_changes_nothing_while_the_root_logger_is_kept(
     root logger with handlers is not touched."""
     import logging
 
-    from onnx_conv2matmul.quantize.logs import root_logger_kept
+    from onnx_conv2matmul.quantize.weight_only import root_logger_kept
 
     root = logging.getLogger()
     monkeypatch.setattr(root, "handlers", [])

@@ -9,8 +9,8 @@ import os
 
 import numpy as np
 
-from onnx_conv2matmul.quantize.logs import matmul_nbits_quantizer
 from onnx_conv2matmul.quantize.options import Setting
+from onnx_conv2matmul.quantize.weight_only import matmul_nbits_quantizer
 
 
 def block_quantize(weight: np.ndarray, setting: Setting) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:

@@ -82,7 +82,7 @@ def int8_dynamic(
     included = [n for n in names if options.include and options.selects(n)]
     if way.nodes is not None:
         included = list(way.nodes)
-    from onnx_conv2matmul.quantize.logs import onnxruntime_logs_captured
+    from onnx_conv2matmul.quantize.weight_only import onnxruntime_logs_captured
 
     # onnxruntime warns on the root logger that pre-processing may help: into this package's logger.
     with onnxruntime_logs_captured():

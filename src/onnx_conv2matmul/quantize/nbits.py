@@ -156,7 +156,7 @@ def _replace(
     cache: BlockCache | None = None,
 ) -> str | None:
     """Quantize one MatMul; why not when the quantizer declined it (the node is unchanged)."""
-    from onnx_conv2matmul.quantize.logs import matmul_nbits_quantizer
+    from onnx_conv2matmul.quantize.weight_only import matmul_nbits_quantizer
 
     matmul_nbits_quantizer()  # first import: the root logger left as it is
     from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantizer
@@ -326,10 +326,10 @@ def _quantize_through_proto(
 @contextlib.contextmanager
 def _quiet_quantizer_logs() -> Iterator[None]:
     """onnxruntime's quantizer logs every node at INFO level: into this package's logger (see
-    :mod:`onnx_conv2matmul.quantize.logs`), so the terminal is left to the report."""
+    :mod:`onnx_conv2matmul.quantize.weight_only`), so the terminal is left to the report."""
     import warnings
 
-    from onnx_conv2matmul.quantize.logs import onnxruntime_logs_captured
+    from onnx_conv2matmul.quantize.weight_only import onnxruntime_logs_captured
 
     with onnxruntime_logs_captured(), warnings.catch_warnings():
         # HQQ hands torch a read-only weight, which it only reads; torch warns all the same.
