@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from onnx_conv2matmul.cli.app import main
-from onnx_conv2matmul.quantize.step_back import step_back_cosine
+from onnx_conv2matmul.quantize.run_report import step_back_cosine
 from onnx_conv2matmul.verify.given import MIN_SPLIT, Feed, split_feeds
 from onnx_conv2matmul.verify.roles import InputSpec
 from test_labels import K, _near_tie_classifier

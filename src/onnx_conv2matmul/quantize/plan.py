@@ -264,7 +264,7 @@ class QuantizePlan:
     def chooses(self) -> bool:
         """Whether the run chooses its settings against the criterion (``auto``, the one pass and
         the search below it, or ``--int8-dynamic``'s candidates): only then can a stricter aim give
-        another model (the held-out step back, :mod:`onnx_conv2matmul.quantize.step_back`)."""
+        another model (the held-out step back, :func:`~.run_report.step_back_cosine`)."""
         return self.auto is not None or self.int8 or self.search_below
 
 

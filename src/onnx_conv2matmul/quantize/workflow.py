@@ -22,20 +22,21 @@ from onnx_conv2matmul.quantize.check_publish import check_and_publish, publish_m
 from onnx_conv2matmul.quantize.coverage import weight_kinds
 from onnx_conv2matmul.quantize.int8_step import check_int8_dynamic, int8_staged
 from onnx_conv2matmul.quantize.nbits import quantize_matmul_nbits
-from onnx_conv2matmul.quantize.plan import DEFAULT_MIN_COSINE as DEFAULT_MIN_COSINE
 from onnx_conv2matmul.quantize.plan import QuantizePlan, Request, Run, peak_rss_bytes, resolve, wants_smallest
 from onnx_conv2matmul.quantize.projection import weight_stats
 from onnx_conv2matmul.quantize.report import QuantizeReport as QuantizeReport  # its home before report.py
 from onnx_conv2matmul.quantize.run_report import (
+    KeptOpen,
     below_text,
     coverage_of,
     nbits_warnings,
     new_report,
+    record_step,
+    step_back_cosine,
     why_unchanged,
     worst_cosine,
 )
 from onnx_conv2matmul.quantize.search_options import AutoOptions
-from onnx_conv2matmul.quantize.step_back import KeptOpen, record_step, step_back_cosine
 from onnx_conv2matmul.rewrite.passes import rewrite_model
 from onnx_conv2matmul.verify.check import check_feeds_for_graph
 
@@ -71,10 +72,9 @@ def quantize_file(
     leave several kernel settings (accuracy levels, block sizes) the fastest that meets the
     accuracy criterion is kept (see :mod:`onnx_conv2matmul.quantize.kernel`); None times nothing.
 
-    ``verify`` holds the input synthesis and the pass criterion; its ``feeds`` (real
-    inputs), when given, are also the calibration inputs of the ``gptq`` algorithm.
-    ``quantize.other_weights`` ``int8`` stores the float weights MatMulNBits does
-    not take as int8 (see :mod:`onnx_conv2matmul.quantize.other_weights`).
+    ``verify`` holds the input synthesis and the pass criterion; its ``feeds`` (real inputs), when given,
+    are also the calibration inputs of the ``gptq`` algorithm. ``quantize.other_weights`` ``int8`` stores
+    the float weights MatMulNBits does not take as int8 (see :mod:`~.other_weights`).
 
     The output is published only when it meets the plan's criterion. When the model falls below
     and ``search_below`` is true, the search runs with the same criterion (as ``auto`` does) and
@@ -113,7 +113,7 @@ def _stepping_back(
     input_path: str | os.PathLike[str], output_path: str | os.PathLike[str], request: Request
 ) -> QuantizeReport:
     """One run of ``request``, and while its result misses on the held-out samples, the run again
-    with the stricter minimum cosine the miss asks for (see :mod:`onnx_conv2matmul.quantize.step_back`)."""
+    with the stricter minimum cosine the miss asks for (see :func:`~.run_report.step_back_cosine`)."""
     from onnx_conv2matmul.errors import ModeRefused, TargetUnreachable
 
     report, plan = _quantize_once(input_path, output_path, request)
