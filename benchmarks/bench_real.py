@@ -32,7 +32,7 @@ Needs Pillow (to render the lines): ``pip install pillow``.
 
 ``--rankers`` runs, instead, ``--auto --min-cosine 0.99 --inputs calib.npz`` once per way of
 ranking the MatMuls (``AutoOptions(criterion=...)``: measured, predicted and NNCF's criteria,
-see quantize/criteria.py) through the library, every conv rewritten and nothing timed, and prints
+see quantize/sensitivity.py) through the library, every conv rewritten and nothing timed, and prints
 each one's size and task metric.
 
     python benchmarks/bench_real.py [--workdir DIR] [--only rec|cls|magika] [--validate] [--big]

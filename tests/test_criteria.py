@@ -1,4 +1,4 @@
-"""NNCF's mixed-precision criteria as rankers of the search (quantize/criteria.py)."""
+"""NNCF's mixed-precision criteria as rankers of the search (quantize/sensitivity.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_conv2matmul.quantize import search as auto
-from onnx_conv2matmul.quantize.criteria import NNCF_RANKERS, InputStats, int8_errors, rank, score
 from onnx_conv2matmul.quantize.options import CRITERIA, FLOAT, AutoOptions, Setting
+from onnx_conv2matmul.quantize.reference import InputStats
+from onnx_conv2matmul.quantize.sensitivity import NNCF_RANKERS, int8_errors, rank, score
 
 INT4 = Setting(4, 32, False)
 INT8 = Setting(8, 32, False)

@@ -1,4 +1,4 @@
-"""Sensitivity measured with each node quantized alone (quantize/criteria.py)."""
+"""Sensitivity measured with each node quantized alone (quantize/sensitivity.py)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import dataclasses
 import numpy as np
 import pytest
 
-from onnx_conv2matmul.quantize.criteria import calibrate
 from onnx_conv2matmul.quantize.options import FLOAT, Setting
 from onnx_conv2matmul.quantize.reference import FeedSet
 from onnx_conv2matmul.quantize.search import _criterion
 from onnx_conv2matmul.quantize.search_options import MEASURE_NODES, AutoOptions
+from onnx_conv2matmul.quantize.sensitivity import calibrate
 
 
 @dataclasses.dataclass

@@ -14,7 +14,7 @@ import dataclasses
 import functools
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -37,9 +37,6 @@ from onnx_conv2matmul.verify.check import (
 )
 from onnx_conv2matmul.verify.labels import TaskResult, add_labels
 from onnx_conv2matmul.verify.run import release_freed_memory
-
-if TYPE_CHECKING:
-    from onnx_conv2matmul.quantize.criteria import InputStats
 
 
 @dataclasses.dataclass
@@ -313,3 +310,31 @@ class Reference:
             release_freed_memory()
         judge_rows(report)
         return report
+
+
+@dataclasses.dataclass
+class InputStats:
+    """Statistics of one MatMul input over the runs that measured it (see :meth:`add`)."""
+
+    runs: int = 0
+    mean_square: float = 0.0  # summed over runs
+    mean_variance: float = 0.0
+    max_variance: float = 0.0
+    mean_magnitude: float = 0.0
+
+    def add(self, x: np.ndarray) -> None:
+        """One run's input ``x`` (read as ``[..., tokens, channels]``)."""
+        a = np.asarray(x, dtype=np.float64)
+        if a.ndim < 2:
+            a = a.reshape(1, -1)
+        if a.size == 0:
+            return
+        variance = a.var(axis=-2)
+        self.runs += 1
+        self.mean_square += float(np.mean(a * a))
+        self.mean_variance += float(variance.mean())
+        self.max_variance += float(variance.max())
+        self.mean_magnitude += float(np.abs(a).max(axis=-2).mean())
+
+    def mean(self, field: str) -> float:
+        return float(getattr(self, field)) / self.runs if self.runs else 0.0

@@ -340,7 +340,7 @@ def _checked(reached: _Measured, feeds: int) -> tuple[str, list[Any]] | None:
 
 
 def _criterion(options: AutoOptions, feed_set: FeedSet, nodes: int) -> str:
-    """How the nodes are ranked (:mod:`onnx_conv2matmul.quantize.criteria`): as the options say;
+    """How the nodes are ranked (:mod:`onnx_conv2matmul.quantize.sensitivity`): as the options say;
     by default measured on the user's files, or when the smallest model is asked for and there are
     at most :data:`MEASURE_NODES` nodes; predicted otherwise."""
     if options.criterion is not None:
@@ -353,9 +353,9 @@ def _criterion(options: AutoOptions, feed_set: FeedSet, nodes: int) -> str:
 
 
 def _rank(criterion: str, model: ir.Model, nodes: Sequence[MatMulNode], reference: Reference) -> None:
-    """Each node's errors rescaled by one of NNCF's rankers (:mod:`onnx_conv2matmul.quantize.criteria`)."""
-    from onnx_conv2matmul.quantize.criteria import rank
+    """Each node's errors rescaled by one of NNCF's rankers (:mod:`onnx_conv2matmul.quantize.sensitivity`)."""
     from onnx_conv2matmul.quantize.projection import quantizable_matmuls
+    from onnx_conv2matmul.quantize.sensitivity import rank
 
     weights: dict[str, ir.Value] = {}
     for _, node, b in quantizable_matmuls(model):
@@ -381,7 +381,7 @@ def _measure_alone(
     """Each node's errors scaled by its loss alone on the smallest feeds of :data:`MEASURE_SAMPLES`
     samples (a ranking: evaluations check every feed); the other weights' by all in int8 at once,
     not offered when that alone misses the target (PP-OCRv4 rec's convs in int8: cosine 0.973)."""
-    from onnx_conv2matmul.quantize.criteria import calibrate
+    from onnx_conv2matmul.quantize.sensitivity import calibrate
     from onnx_conv2matmul.verify.feeds import smallest_covering
 
     every = smallest_covering(reference.feeds.feeds, MEASURE_SAMPLES)

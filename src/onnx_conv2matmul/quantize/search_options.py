@@ -61,7 +61,7 @@ CRITERIA = (
     "max_variance",
     "mean_magnitude",
 )
-"""How the search may rank the MatMuls (see :mod:`onnx_conv2matmul.quantize.criteria`)."""
+"""How the search may rank the MatMuls (see :mod:`onnx_conv2matmul.quantize.sensitivity`)."""
 
 
 MEASURE_NODES = 64
@@ -91,7 +91,7 @@ class AutoOptions:
         exclude: Glob patterns of MatMul names kept in float.
         include: When given, only MatMuls matching one of these are candidates.
         measure: Scale each node's predicted error by its output error measured with the
-            node quantized alone (see :func:`onnx_conv2matmul.quantize.criteria.calibrate`); None:
+            node quantized alone (see :func:`onnx_conv2matmul.quantize.sensitivity.calibrate`); None:
             when the inputs are the user's files, or when not ``speed_aware`` with at most
             :data:`MEASURE_NODES` nodes.
         speed_aware: Offer each node only the settings that float does not beat on this CPU

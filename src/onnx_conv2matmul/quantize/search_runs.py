@@ -19,9 +19,8 @@ import onnx_ir as ir
 
 from onnx_conv2matmul.errors import ModelRunError, OutOfMemory, first_line
 from onnx_conv2matmul.quantize.blockwise import BlockCache
-from onnx_conv2matmul.quantize.criteria import InputStats
 from onnx_conv2matmul.quantize.metric import MetricTarget
-from onnx_conv2matmul.quantize.reference import Reference
+from onnx_conv2matmul.quantize.reference import InputStats, Reference
 from onnx_conv2matmul.quantize.search_options import AutoOptions
 from onnx_conv2matmul.quantize.search_result import AutoConfig, apply
 from onnx_conv2matmul.quantize.sensitivity import MatMulNode
