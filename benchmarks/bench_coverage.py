@@ -11,7 +11,7 @@ test-model cache, as the tests fetch them):
   original, as a user would run it, and the same coverage computed from what it replaced.
 
 Columns: the size against the original's files, the share of the float weight bytes stored
-quantized (and, for the tool, by kind: the kinds are those of ``quantize/coverage.py``).
+quantized (and, for the tool, by kind: the kinds are those of ``quantize/inspection.py``).
 
     python benchmarks/bench_coverage.py [--workdir DIR]
 """
@@ -33,7 +33,7 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 
 from model_cache import FETCHER  # noqa: E402
 from onnx_conv2matmul.files.paths import model_file_bytes  # noqa: E402
-from onnx_conv2matmul.quantize.coverage import coverage, coverage_text, weight_kinds  # noqa: E402
+from onnx_conv2matmul.quantize.inspection import coverage, coverage_text, weight_kinds  # noqa: E402
 from real_packages import REGISTRY  # noqa: E402
 
 MODELS = REGISTRY

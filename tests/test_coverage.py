@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_conv2matmul.cli.app import main
-from onnx_conv2matmul.quantize.coverage import coverage, coverage_text, weight_kinds
+from onnx_conv2matmul.quantize.inspection import coverage, coverage_text, weight_kinds
 
 DATA = Path(__file__).parent / "data"
 

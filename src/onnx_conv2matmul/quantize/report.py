@@ -43,10 +43,10 @@ class QuantizeReport(CommandReport):
     weights_without_rewrite: WeightStats | None = None
     weights_with_rewrite: WeightStats | None = None
     weight_kinds: Any = None
-    """The original's float weights by kind (``quantize.coverage.WeightKinds``), read before the rewrite."""
+    """The original's float weights by kind (``quantize.inspection.WeightKinds``), read before the rewrite."""
     coverage: dict[str, Any] | None = None
     """The share of the original's float weight bytes stored quantized, by kind (see
-    :mod:`onnx_conv2matmul.quantize.coverage`); None for int8 dynamic quantization."""
+    :mod:`onnx_conv2matmul.quantize.inspection`); None for int8 dynamic quantization."""
     input_bytes: int = 0
     output_bytes: int = 0
     external_data: bool = False
@@ -278,7 +278,7 @@ class InspectReport(CommandReport):
     checker: str | None = None
     coverage: dict[str, Any] | None = None
     """The share of the float weight bytes MatMulNBits could take after the rewrite, by kind (see
-    :mod:`onnx_conv2matmul.quantize.coverage`): what ``quantize`` reports as stored quantized."""
+    :mod:`onnx_conv2matmul.quantize.inspection`): what ``quantize`` reports as stored quantized."""
 
     @property
     def return_code(self) -> int:

@@ -119,9 +119,9 @@ def nbits_warnings(result: NBitsResult, options: QuantizeOptions, *, decided: bo
 
 
 def coverage_of(report: QuantizeReport, entries: Sequence[Any]) -> dict[str, Any] | None:
-    """The report's ``coverage`` (see :mod:`onnx_conv2matmul.quantize.coverage`) from what the run
+    """The report's ``coverage`` (see :mod:`onnx_conv2matmul.quantize.inspection`) from what the run
     quantized: the MatMuls it made MatMulNBits and the other weights it stored as int8."""
-    from onnx_conv2matmul.quantize.coverage import coverage
+    from onnx_conv2matmul.quantize.inspection import coverage
 
     if report.weight_kinds is None:
         return None

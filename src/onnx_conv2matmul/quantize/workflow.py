@@ -19,7 +19,7 @@ from onnx_conv2matmul.files import output as _output
 from onnx_conv2matmul.files.load import LoadedModel, load_input
 from onnx_conv2matmul.quantize import onepass
 from onnx_conv2matmul.quantize.check_publish import check_and_publish, publish_made
-from onnx_conv2matmul.quantize.coverage import weight_kinds
+from onnx_conv2matmul.quantize.inspection import weight_kinds
 from onnx_conv2matmul.quantize.int8_step import check_int8_dynamic, int8_staged
 from onnx_conv2matmul.quantize.nbits import quantize_matmul_nbits
 from onnx_conv2matmul.quantize.plan import QuantizePlan, Request, Run, peak_rss_bytes, resolve, wants_smallest

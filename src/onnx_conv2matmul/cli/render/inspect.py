@@ -90,7 +90,7 @@ def print_inspect_report(console: Console, report: InspectReport) -> None:
     console.print(counts_line(rewrite), highlight=False, soft_wrap=True)
     console.print(projection_table(report))
     if report.coverage is not None:
-        from onnx_conv2matmul.quantize.coverage import coverage_text
+        from onnx_conv2matmul.quantize.inspection import coverage_text
 
         console.print(
             f"MatMulNBits could take, of the float weights: {coverage_text(report.coverage)}",

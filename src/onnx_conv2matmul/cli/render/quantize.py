@@ -72,7 +72,7 @@ def print_quantize_report(console: Console, report: QuantizeReport) -> None:
             table.add_row("quantizable weight share without the rewrite", f"{before.share:.1%}")
             table.add_row("quantizable weight share with the rewrite", f"{after.share:.1%}")
         if report.coverage is not None:
-            from onnx_conv2matmul.quantize.coverage import coverage_text
+            from onnx_conv2matmul.quantize.inspection import coverage_text
 
             table.add_row("weights stored quantized, by kind", coverage_text(report.coverage))
     else:
