@@ -1,4 +1,4 @@
-"""``--int8-dynamic`` as one pass (``quantize/int8_choice.py``): per-channel scales first, per
+"""``--int8-dynamic`` as one pass (``quantize/int8_step.py``): per-channel scales first, per
 tensor next, then a step back that leaves in float the nodes whose measured loss sinks the rest."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_conv2matmul.cli.app import main
-from onnx_conv2matmul.quantize.int8_choice import MAX_UNITS, groups_of
+from onnx_conv2matmul.quantize.int8_step import MAX_UNITS, groups_of
 
 D = 48
 
@@ -231,24 +231,24 @@ def test_a_held_out_step_back_with_nothing_left_ends_as_the_miss(
     import dataclasses
 
     from onnx_conv2matmul.errors import ModeRefused
-    from onnx_conv2matmul.quantize import check_publish, int8_choice
+    from onnx_conv2matmul.quantize import check_publish, int8_step
 
     src, out = _saved_chain(tmp_path, -1)
     np.savez(tmp_path / "x.npz", x=np.random.default_rng(2).standard_normal((40, 5, D)).astype(np.float32))
-    real_verify, real_choose, chosen = check_publish.verify_models, int8_choice.Int8Pass.choose, []
+    real_verify, real_choose, chosen = check_publish.verify_models, int8_step.Int8Pass.choose, []
 
     def strict(original: str, candidate: str, options: object) -> object:
         options = dataclasses.replace(options, min_cosine=0.9999999)  # type: ignore[type-var]
         return real_verify(original, candidate, options)  # type: ignore[arg-type]
 
-    def refuse_again(self: int8_choice.Int8Pass) -> object:
+    def refuse_again(self: int8_step.Int8Pass) -> object:
         chosen.append(1)
         if len(chosen) > 1:
             raise ModeRefused("int8 dynamic quantization misses the accuracy criterion (test)")
         return real_choose(self)
 
     monkeypatch.setattr(check_publish, "verify_models", strict)
-    monkeypatch.setattr(int8_choice.Int8Pass, "choose", refuse_again)
+    monkeypatch.setattr(int8_step.Int8Pass, "choose", refuse_again)
     code, data = _quantize(src, out, "--inputs", str(tmp_path / "x.npz"))
     assert code == 1 and len(chosen) == 2 and not out.exists()
     assert data["accuracy"]["held_out"]["passed"] is False

@@ -49,7 +49,7 @@ def check_and_publish(
             rows, report.auto.checked = (report.auto.checked or (None, None))[1], None  # once
             result_v = reference.check(plan.src, staged.onnx_path, plan.verify, rows)
         elif run.checked is not None:
-            from onnx_conv2matmul.quantize.int8_choice import CHECKED_BEFORE
+            from onnx_conv2matmul.quantize.int8_step import CHECKED_BEFORE
 
             reference, made_rows = run.checked
             result_v = reference.check(
