@@ -225,12 +225,21 @@ def test_a_kernel_chosen_for_speed_that_misses_goes_to_the_mix_at_that_setting(
         assert _cosine(want[row], got[row]) >= 0.99
 
 
-def test_a_session_in_memory_takes_arrays_that_are_views(tmp_path: Path) -> None:
+def _options(prepack: bool) -> object:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    if not prepack:  # borrowed, not copied (see quantize/build.py)
+        options.add_session_config_entry("session.disable_prepacking", "1")
+    return options
+
+
+@pytest.mark.parametrize("prepack", [True, False])
+def test_a_session_in_memory_takes_arrays_that_are_views(tmp_path: Path, prepack: bool) -> None:
     """An initializer whose array is a view (a moved axis, as int8 storage of other weights
     makes): onnxruntime borrows only C-contiguous buffers and refused the copy it would own
     ("Buffer containing the initializer must be owned by the user", exit 3 on a BERT)."""
     import onnx_ir as ir
-    import onnxruntime as ort
 
     table = np.arange(2 * 64 * 300, dtype=np.float32).reshape(2, 64, 300)
     view = np.moveaxis(table, 2, 0)  # (300, 2, 64), not C-contiguous
@@ -243,17 +252,19 @@ def test_a_session_in_memory_takes_arrays_that_are_views(tmp_path: Path) -> None
     add.outputs[0].type = ir.TensorType(ir.DataType.FLOAT)
     graph = ir.Graph([x], add.outputs, nodes=[add], initializers=[w], opset_imports={"": 17})
     model = ir.Model(graph, ir_version=8)
-    session = _build.open_in_memory(model, str(tmp_path), ort.SessionOptions())
+    session = _build.open_in_memory(model, str(tmp_path), _options(prepack))
     feed = np.ones((300, 2, 64), np.float32)
     np.testing.assert_array_equal(session.run(None, {"x": feed})[0], feed + view)
 
 
-def test_a_session_in_memory_keeps_an_unused_initializer_out_of_its_hands(tmp_path: Path) -> None:
+@pytest.mark.parametrize("prepack", [True, False])
+def test_a_session_in_memory_keeps_an_unused_initializer_out_of_its_hands(
+    tmp_path: Path, prepack: bool
+) -> None:
     """An initializer no node reads (silero VAD's dynamo export has one of 258 floats):
     onnxruntime drops it while it loads the graph, then failed to replace it with the array
     handed over ("Failed to find existing initializer", exit 3)."""
     import onnx_ir as ir
-    import onnxruntime as ort
 
     x = ir.Value(name="x", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([4, 512]))
     used = ir.Value(name="w", const_value=ir.tensor(np.full((4, 512), 2.0, np.float32), name="w"))
@@ -264,9 +275,62 @@ def test_a_session_in_memory_keeps_an_unused_initializer_out_of_its_hands(tmp_pa
     mul.outputs[0].name = "y"
     mul.outputs[0].type = ir.TensorType(ir.DataType.FLOAT)
     graph = ir.Graph([x], mul.outputs, nodes=[mul], initializers=[used, unused], opset_imports={"": 17})
-    session = _build.open_in_memory(ir.Model(graph, ir_version=8), str(tmp_path), ort.SessionOptions())
+    session = _build.open_in_memory(ir.Model(graph, ir_version=8), str(tmp_path), _options(prepack))
     feed = np.ones((4, 512), np.float32)
     np.testing.assert_array_equal(session.run(None, {"x": feed})[0], 2 * feed)
+
+
+def _resident_kib(path: Path) -> int:
+    """This process's resident memory of its mappings of ``path`` (KiB)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            first = line.split(None, 1)[0]
+            if "-" in first and not first.endswith(":"):
+                inside = line.rstrip().endswith(str(path))
+            elif inside and first == "Rss:":
+                total += int(line.split()[1])
+    return total
+
+
+def _anonymous_kib() -> int:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("RssAnon:"))
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads /proc/self/smaps (Linux)")
+def test_a_session_that_does_not_prepack_borrows_a_mapped_weight_and_gives_its_pages_back(
+    tmp_path: Path,
+) -> None:
+    """The classes' switched session (no prepacking) reads the int4 blocks where they lie, memory-
+    mapped from the scratch folder: onnxruntime copied every array handed over as an external
+    initializer (0.6 GB of the Parakeet-shaped encoder's peak). Borrowed, the weight costs no
+    memory of the process's own, and :func:`release_borrowed` gives its pages back after a run
+    (read again from the file by the next run, which computes the same)."""
+    import onnx_ir as ir
+
+    rng = np.random.default_rng(0)
+    stored = tmp_path / "w.npy"
+    np.save(stored, rng.standard_normal((2048, 2048)).astype(np.float32))  # 16 MiB
+    weight = np.load(stored, mmap_mode="r")
+    x = ir.Value(name="x", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([3, 2048]))
+    w = ir.Value(name="w", const_value=ir.tensor(weight, name="w"))
+    w.type, w.shape = ir.TensorType(ir.DataType.FLOAT), ir.Shape([2048, 2048])
+    matmul = ir.node("MatMul", [x, w])
+    matmul.outputs[0].name = "y"
+    matmul.outputs[0].type = ir.TensorType(ir.DataType.FLOAT)
+    graph = ir.Graph([x], matmul.outputs, nodes=[matmul], initializers=[w], opset_imports={"": 17})
+    feed = rng.standard_normal((3, 2048)).astype(np.float32)
+    want = feed.astype(np.float64) @ np.asarray(weight, np.float64)
+
+    before = _anonymous_kib()
+    session = _build.open_in_memory(ir.Model(graph, ir_version=8), str(tmp_path), _options(prepack=False))
+    assert _anonymous_kib() - before < 8 * 1024  # a copy would be 16 MiB
+    np.testing.assert_allclose(session.run(None, {"x": feed})[0], want, rtol=1e-4, atol=1e-3)
+    assert _resident_kib(stored) > 8 * 1024  # read where it lies
+    _build.release_borrowed(session)
+    assert _resident_kib(stored) < 1024
+    np.testing.assert_allclose(session.run(None, {"x": feed})[0], want, rtol=1e-4, atol=1e-3)
 
 
 @pytest.mark.parametrize(("opset", "offered"), [(12, False), (13, True)])

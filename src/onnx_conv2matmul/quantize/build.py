@@ -4,13 +4,21 @@ without writing it to disk.
 :func:`build` loads the input (its weights memory-mapped), rewrites it and quantizes it with the
 settings decided; :func:`open_in_memory` hands the result to onnxruntime as bytes. The weights
 the file already holds stay where they are (onnxruntime reads them from the input's folder), and
-the arrays made in memory (the packed MatMulNBits weights, transposed conv weights) are passed as
-external initializers, so no candidate is serialised with its weights nor written whole.
+the arrays made in memory (the packed MatMulNBits weights, transposed conv weights) are handed to
+the session apart from the graph, so no candidate is serialised with its weights nor written whole.
+
+onnxruntime copies what it is given as an external initializer. A session that prepacks its
+weights lays them out anew anyway, and its copy goes when they are packed; one that does not
+(the classes' switched session, the classes built apart) borrows them instead, as initializers
+shared with the caller, read where they lie: on the Parakeet-shaped encoder the classes' session
+held 0.6 GB of such copies, the int4 blocks (memory-mapped from the scratch folder) and the
+transposed conv weights, and this was the run's peak of memory.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import mmap
 import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -35,6 +43,9 @@ FOLDER_KEY = "session.model_external_initializers_file_folder_path"
 """onnxruntime's session setting: where a model given as bytes finds its external data."""
 _IN_MEMORY = "in-memory"
 """The location a tensor passed as an external initializer is given in the graph (never read)."""
+_BORROWED = "."
+"""The location a borrowed (shared) initializer is given in the graph: onnxruntime checks that it
+exists (the folder itself does) and never reads it, as the caller's array replaces it."""
 
 
 @dataclasses.dataclass
@@ -91,16 +102,22 @@ def open_in_memory(
     extra_outputs: Sequence[str] = (),
 ) -> Any:
     """An onnxruntime session of ``model`` (not changed) given as bytes: tensors in files of
-    ``folder`` are read from there, main-graph arrays made in memory are external initializers.
+    ``folder`` are read from there, main-graph arrays made in memory are handed over apart from the
+    graph: as external initializers (onnxruntime copies them), or, when the session does not
+    prepack, borrowed (:func:`release_borrowed` gives back the pages of those mapped from files).
     ``extra_outputs``: main-graph values added as outputs after the model's own (for the
     activation statistics; a run fetches them by name)."""
     import onnxruntime as ort
 
+    from onnx_conv2matmul.quantize.measure import PREPACKING_KEY
+
     names: list[str] = []
     values: list[Any] = []
+    arrays: list[np.ndarray] = []
     swapped: list[tuple[ir.Value, ir.TensorProtocol]] = []
     outputs = list(model.graph.outputs)
     here = os.path.realpath(folder)
+    borrow = _config(session_options, PREPACKING_KEY) == "1"
     try:
         for name, value in model.graph.initializers.items():
             tensor = value.const_value
@@ -117,10 +134,11 @@ def open_in_memory(
             # moved axis, would be copied into one it owns, which it refuses).
             array = np.ascontiguousarray(tensor.numpy())
             names.append(name)
+            arrays.append(array)
             values.append(ort.OrtValue.ortvalue_from_numpy(array))
             swapped.append((value, tensor))
             value.const_value = ir.ExternalTensor(
-                _IN_MEMORY,
+                _BORROWED if borrow else _IN_MEMORY,
                 0,
                 tensor.nbytes,
                 tensor.dtype,
@@ -141,8 +159,42 @@ def open_in_memory(
         model.graph.outputs.clear()
         model.graph.outputs.extend(outputs)
     session_options.add_session_config_entry(FOLDER_KEY, os.path.abspath(folder))
-    if names:
+    if names and borrow:
+        for name, value in zip(names, values, strict=True):
+            session_options.add_initializer(name, value)
+    elif names:
         session_options.add_external_initializers(names, values)
     data = proto.SerializeToString()
     del proto
-    return ort.InferenceSession(data, session_options, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(data, session_options, providers=["CPUExecutionProvider"])
+    if borrow:
+        session.borrowed_initializers = values  # onnxruntime reads them where they lie: kept alive with it
+        session.borrowed_mappings = [m for m in map(_mapping, arrays) if m is not None]
+    return session
+
+
+def release_borrowed(session: Any) -> None:
+    """Drop from the process's memory the pages of the borrowed arrays that are memory-mapped files
+    (the int4 blocks in the scratch folder): a run that needs them again reads them back from the
+    file (they are still in the page cache). Each class of the switched session touches only its
+    own blocks, so after each class's runs the blocks read so far need not stay resident: on the
+    Parakeet-shaped encoder they were 0.3 GB of the run's peak."""
+    advice = getattr(mmap, "MADV_DONTNEED", None)  # not on every platform: then they stay
+    for mapping in getattr(session, "borrowed_mappings", ()) if advice is not None else ():
+        mapping.madvise(advice)
+
+
+def _mapping(array: np.ndarray) -> mmap.mmap | None:
+    """The file mapping an array views, or None (memory of its own)."""
+    base: Any = array
+    while base is not None and not isinstance(base, mmap.mmap):
+        base = getattr(base, "base", None)
+    return base
+
+
+def _config(session_options: Any, key: str) -> str | None:
+    """A session setting's value, None when it was not set."""
+    try:
+        return str(session_options.get_session_config_entry(key))
+    except RuntimeError:  # onnxruntime's answer for a key never set
+        return None

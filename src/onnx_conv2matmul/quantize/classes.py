@@ -224,6 +224,7 @@ def measure(
             if session is not None:
                 flagged = Flagged(session, len(groups), done)
                 checked = check.check(flagged, reference, plan.verify, only=feeds)
+                build.release_borrowed(session)  # the class's int4 blocks: the next class reads its own
             else:
                 alone = quantize.only({name: quantize.setting_for(name) for name in group.names})
                 candidate = build.build(plan, alone, cache)
