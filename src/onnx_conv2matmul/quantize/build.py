@@ -8,11 +8,11 @@ the arrays made in memory (the packed MatMulNBits weights, transposed conv weigh
 the session apart from the graph, so no candidate is serialised with its weights nor written whole.
 
 onnxruntime copies what it is given as an external initializer. A session that prepacks its
-weights lays them out anew anyway, and its copy goes when they are packed; one that does not
-(the classes' switched session, the classes built apart) borrows them instead, as initializers
-shared with the caller, read where they lie: on the Parakeet-shaped encoder the classes' session
-held 0.6 GB of such copies, the int4 blocks (memory-mapped from the scratch folder) and the
-transposed conv weights, and this was the run's peak of memory.
+weights lays them out anew anyway; one that does not (the classes' switched session, the classes
+built apart) borrows them instead, as initializers shared with the caller, read where they lie:
+on the Parakeet-shaped encoder the classes' session held 0.6 GB of such copies, the int4 blocks
+(memory-mapped from the scratch folder) and the transposed conv weights, and this was the run's
+peak of memory.
 """
 
 from __future__ import annotations
@@ -176,7 +176,7 @@ def open_in_memory(
 def release_borrowed(session: Any) -> None:
     """Drop from the process's memory the pages of the borrowed arrays that are memory-mapped files
     (the int4 blocks in the scratch folder): a run that needs them again reads them back from the
-    file (they are still in the page cache). Each class of the switched session touches only its
+    file (usually from the page cache). Each class of the switched session touches only its
     own blocks, so after each class's runs the blocks read so far need not stay resident: on the
     Parakeet-shaped encoder they were 0.3 GB of the run's peak."""
     advice = getattr(mmap, "MADV_DONTNEED", None)  # not on every platform: then they stay
