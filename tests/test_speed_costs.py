@@ -193,14 +193,50 @@ def test_a_setting_within_the_margin_stays() -> None:
     assert Setting(4, 128, True) in node.options
 
 
-def test_layers_take_their_rows_from_the_original(tmp_path: Path) -> None:
+def test_layers_take_their_rows_from_the_rewritten_graph(tmp_path: Path) -> None:
     model = ir.load(ENCODER)
+    before = ir.serde.serialize_model(model).SerializeToString()
     rewrite_model(model, ConvertOptions(extended=True, allow_non_unit_dilation=True))
-    layers = model_layers(model, str(ENCODER), (200, 1000))
+    rewritten = ir.serde.serialize_model(model).SerializeToString()
+    layers = model_layers(model, (200, 1000), cache=str(tmp_path))
     assert len(layers) == len({layer.name for layer in layers}) > 0
     rows = {layer.rows for layer in layers}
     assert (25, 125) in rows  # the encoder subsamples by 8
     assert (49, 249) in rows  # relative positions: 2T - 1
+    assert ir.serde.serialize_model(model).SerializeToString() == rewritten != before  # left as it was
+    assert model_layers(model, (200, 1000), cache=str(tmp_path)) == layers  # read back from the cache
+
+
+def _pointwise_cnn() -> ir.Model:
+    """x [N, 8, H, W] -> Conv 1x1 (8 -> 16) -> Relu -> Conv 1x1 (16 -> 4): channels-last MatMuls."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8, "H", "W"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, "H", "W"])
+    weights = [
+        numpy_helper.from_array(rng.standard_normal((16, 8, 1, 1)).astype(np.float32), "w1"),
+        numpy_helper.from_array(rng.standard_normal((4, 16, 1, 1)).astype(np.float32), "w2"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["h"], name="conv1"),
+        helper.make_node("Relu", ["h"], ["r"], name="relu"),
+        helper.make_node("Conv", ["r", "w2"], ["y"], name="conv2"),
+    ]
+    graph = helper.make_graph(nodes, "cnn", [x], [y], weights)
+    return ir.from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+
+
+def test_a_rewritten_convs_rows_are_its_pixels_not_the_original_nchw_rows() -> None:
+    """The MatMul that replaced a 1x1 Conv runs on [N, H, W, C]: batch times pixels rows (not N*C*H,
+    the rows of the original's NCHW value), at every length or at the shapes the timing feeds."""
+    model = _pointwise_cnn()
+    rewrite_model(model, ConvertOptions(allow_added_transposes=True))
+    layers = model_layers(model, (8, 16))
+    assert [(layer.k, layer.n, layer.rows) for layer in layers] == [(8, 16, (64, 256)), (16, 4, (64, 256))]
+    fixed = [{"x": [1, 8, 4, length]} for length in (8, 16)]  # a height the check found fixed
+    layers = model_layers(model, (8, 16), shapes=fixed)
+    assert {layer.rows for layer in layers} == {(32, 64)}
 
 
 def test_kernel_model_is_valid() -> None:

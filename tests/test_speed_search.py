@@ -56,7 +56,7 @@ def test_slow_settings_are_refused_before_any_error_is_measured(
     machine no 8-bit setting is ever quantized to measure it, on the int8-fast one they are."""
     model = ir.load(ENCODER)
     rewrite_model(model, ConvertOptions(extended=True, allow_non_unit_dilation=True))
-    layers = model_layers(model, str(ENCODER), (64, 97))
+    layers = model_layers(model, (64, 97))
     speed = SpeedFilter(_costs(machine), {layer.name: layer for layer in layers}, 4, block_sizes=(256,))
     measured: list[Setting] = []
     real = sensitivity.block_quantize

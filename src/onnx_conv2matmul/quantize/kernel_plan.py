@@ -126,12 +126,12 @@ def plan_kernels(
         timing = timing_options(speed, verify, src)
         assert timing.feeds is not None
         lengths = tuple(number for number, _ in timing.feeds)
-        layers = _given_layers(model, src, timing.feeds, options.selects)
+        layers = _given_layers(model, timing.feeds, options.selects)
         rows = f", its activation rows at {timing.feeds_rule}"
     else:
-        lengths = _bench_lengths(src, speed, verify)
+        lengths, shapes = _bench_shapes(src, speed, verify)
         rows_cache = os.path.join(cache_dir(), "model-rows") if speed.cache else None
-        layers = model_layers(model, src, lengths, options.selects, cache=rows_cache)
+        layers = model_layers(model, lengths, options.selects, shapes=shapes, cache=rows_cache)
     bits = options.bits if options.bits in (4, 8) else 4
     winner, ranked, floats = rank_kernels(
         costs, layers, speed.block_sizes, speed.levels, bits=bits, min_gain=speed.min_gain
@@ -201,15 +201,19 @@ def confirm_gain(
     return False, f"{label} {timed}: not confirmed, the most accurate setting is kept"
 
 
-def _bench_lengths(src: str, speed: SpeedOptions, verify: VerifyOptions) -> tuple[int, ...]:
-    """The bench lengths given, else those the timing would choose for the original's inputs."""
-    if speed.timing.lengths is not None:
-        return tuple(speed.timing.lengths)
+def _bench_shapes(
+    src: str, speed: SpeedOptions, verify: VerifyOptions
+) -> tuple[tuple[int, ...], list[dict[str, list[int]]] | None]:
+    """The bench lengths (given, else those the timing would choose for the original's inputs)
+    and, per length, the input shapes the timing synthesises at batch 1: the dims the accuracy
+    check found (a recognizer's height of 48) fixed, the others at the length. None for the shapes
+    when the dims' roles cannot be told."""
     import onnx
     from onnx.helper import tensor_dtype_to_np_dtype
 
-    from onnx_conv2matmul.speed.timing import default_lengths
+    from onnx_conv2matmul.speed.timing import DEFAULT_LENGTHS, default_lengths
     from onnx_conv2matmul.verify.feeds import InputSpec
+    from onnx_conv2matmul.verify.roles import dim_roles
 
     proto = onnx.load(src, load_external_data=False)
     initializers = {t.name for t in proto.graph.initializer}
@@ -222,46 +226,30 @@ def _bench_lengths(src: str, speed: SpeedOptions, verify: VerifyOptions) -> tupl
             d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor.shape.dim
         ]
         specs.append(InputSpec(value.name, tensor_dtype_to_np_dtype(tensor.elem_type), shape))
+    synthesis = dataclasses.replace(timing_options(speed, verify).synthesis, batch=1)
+    lengths: tuple[int, ...] = tuple(speed.timing.lengths or ())
     try:
-        lengths, _ = default_lengths(specs, timing_options(speed, verify).synthesis)
-    except Exception:  # the dims' roles cannot be told: the plain default
-        from onnx_conv2matmul.speed.timing import DEFAULT_LENGTHS
-
-        lengths = DEFAULT_LENGTHS
-    return tuple(lengths)
+        if not lengths:
+            lengths = tuple(default_lengths(specs, synthesis)[0])
+        roles = dim_roles(specs, synthesis)
+        shapes = [
+            {spec.name: roles.shape(spec.name, roles.values(length, synthesis)) for spec in specs}
+            for length in lengths
+        ]
+    except Exception:  # the dims' roles cannot be told: the plain default, every dim at the length
+        return lengths or tuple(DEFAULT_LENGTHS), None
+    return lengths, shapes
 
 
 def _given_layers(
-    model: ir.Model, src: str, feeds: Sequence[tuple[int, Mapping[str, Any]]], selects: Any = None
+    model: ir.Model, feeds: Sequence[tuple[int, Mapping[str, Any]]], selects: Any = None
 ) -> list[Layer]:
     """As :func:`onnx_conv2matmul.quantize.speed_objective.model_layers`, with each MatMul's rows
     at the given inputs' shapes (one per feed) instead of at synthesised lengths."""
-    from onnx_conv2matmul.quantize.speed_objective import layers_at
-
-    known = _rows_at_feeds(src, [feed for _, feed in feeds])
-    return layers_at(model, known, tuple(number for number, _ in feeds), selects)
-
-
-def _rows_at_feeds(src: str, feeds: Sequence[Mapping[str, Any]]) -> dict[str, tuple[int, ...]]:
-    """Per value of the original model at ``src``: its rows (all dims but the last multiplied) at
-    each feed's input shapes, by shape inference. Values whose shape stays unknown are left out."""
     import numpy as np
 
-    from onnx_conv2matmul.quantize.speed_objective import rows_where
+    from onnx_conv2matmul.quantize.speed_objective import layers_at, rows_by_value, weightless
 
-    def at(feed: Mapping[str, Any]) -> Any:
-        def pin(graph: Any) -> None:
-            for value in graph.input:
-                if value.name not in feed:
-                    continue
-                shape = np.shape(feed[value.name])
-                dims = value.type.tensor_type.shape.dim
-                if len(dims) != len(shape):
-                    continue
-                for dim, size in zip(dims, shape, strict=True):
-                    dim.Clear()
-                    dim.dim_value = int(size)
-
-        return pin
-
-    return rows_where(src, [at(feed) for feed in feeds])
+    numbers = tuple(number for number, _ in feeds)
+    shapes = [{name: np.shape(array) for name, array in feed.items()} for _, feed in feeds]
+    return layers_at(model, rows_by_value(weightless(model), numbers, shapes), numbers, selects)

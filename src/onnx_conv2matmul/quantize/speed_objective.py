@@ -4,8 +4,9 @@ The costs come from :mod:`onnx_conv2matmul.speed.costs` (each kernel timed at th
 weight shapes and activation rows, cached per machine). This module turns them into decisions:
 
 - :func:`model_layers`: the model's quantizable MatMuls, their weight shapes and their activation
-  rows at the bench lengths (from onnx's shape inference on the original at each length; a
-  MatMul the rewrite made, whose input the original lacks, takes the rows most layers have).
+  rows at the bench lengths, from shape inference on the rewritten graph (without its weights) at
+  each length: a MatMul that replaced a convolution runs on the rows of its channels-last input
+  (batch times every spatial dim), not on those of the original's NCHW value.
 - :func:`rank_kernels`: the block size and accuracy level that make the model's MatMuls fastest
   (one setting for every layer), chosen before any quantization, so the model is quantized once.
 - :class:`SpeedFilter`: the search's hook (:func:`onnx_conv2matmul.quantize.search.search`). A
@@ -25,16 +26,29 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from onnx_conv2matmul.speed.choose import DEFAULT_MARGIN
 from onnx_conv2matmul.speed.costs import FLOAT_KERNEL, Kernel, KernelCosts, Layer, model_cost, relative
 
+if TYPE_CHECKING:
+    import onnx
+    import onnx_ir as ir
 
-def rows_by_value(src: str, lengths: Sequence[int]) -> dict[str, tuple[int, ...]]:
-    """Per value of the original model at ``src``: its rows (all dims but the last multiplied)
-    at each length, by shape inference with batch 1 and every other symbolic input dim
-    at the length. Values whose shape stays unknown are left out."""
+
+Shapes = Sequence[Mapping[str, Sequence[int]]]
+"""The input shapes of each timed run: per input name, its dims."""
+
+
+def rows_by_value(
+    source: str | onnx.ModelProto, lengths: Sequence[int], shapes: Shapes | None = None
+) -> dict[str, tuple[int, ...]]:
+    """Per value of the model (a path, or a ModelProto such as :func:`weightless` gives): its rows
+    (all dims but the last multiplied) in each run, by shape inference. A run's inputs have the
+    ``shapes`` given (those the timing feeds); without them, batch 1 and every other symbolic
+    input dim at the length. Values whose shape stays unknown are left out."""
+    if shapes is not None:
+        return rows_where(source, [_pinned(shape) for shape in shapes])
 
     def at(length: int) -> Callable[[Any], None]:
         def pin(graph: Any) -> None:
@@ -48,17 +62,39 @@ def rows_by_value(src: str, lengths: Sequence[int]) -> dict[str, tuple[int, ...]
 
         return pin
 
-    return rows_where(src, [at(length) for length in lengths])
+    return rows_where(source, [at(length) for length in lengths])
 
 
-def rows_where(src: str, pins: Sequence[Callable[[Any], None]]) -> dict[str, tuple[int, ...]]:
-    """Per value of the original model at ``src``: its rows (all dims but the last multiplied),
-    by shape inference once per ``pin``, a function that fixes the input dims of a copy of the
-    graph. Values whose shape stays unknown under any pin are left out."""
+def _pinned(shapes: Mapping[str, Sequence[int]]) -> Callable[[Any], None]:
+    """A pin (see :func:`rows_where`) that gives the named graph inputs these dims."""
+
+    def pin(graph: Any) -> None:
+        for value in graph.input:
+            if value.name not in shapes:
+                continue
+            dims = value.type.tensor_type.shape.dim
+            if len(dims) != len(shapes[value.name]):
+                continue
+            for dim, size in zip(dims, shapes[value.name], strict=True):
+                dim.Clear()
+                dim.dim_value = int(size)
+
+    return pin
+
+
+def rows_where(
+    source: str | onnx.ModelProto, pins: Sequence[Callable[[Any], None]]
+) -> dict[str, tuple[int, ...]]:
+    """Per value of the model (a path, or a ModelProto without its weights): its rows (all dims
+    but the last multiplied), by shape inference once per ``pin``, a function that fixes the
+    input dims of a copy of the graph. Values whose shape stays unknown under any pin are left out."""
     import onnx
 
-    base = onnx.load(src, load_external_data=False)
-    _external_as_inputs(base)
+    if isinstance(source, str):
+        base = onnx.load(source, load_external_data=False)
+        _external_as_inputs(base)
+    else:
+        base = source
     found: dict[str, list[int | None]] = {}
     for index, pin in enumerate(pins):
         model = onnx.ModelProto()
@@ -116,24 +152,66 @@ def _infer(model: Any) -> Any:
         return None
 
 
-def cached_rows(src: str, lengths: Sequence[int], folder: str | None) -> dict[str, tuple[int, ...]]:
-    """:func:`rows_by_value`, kept in ``folder`` (None: not kept) under the hash of the ``.onnx``
-    file and the lengths: shape inference of a large graph takes seconds, a second run nothing."""
+WEIGHTLESS_BYTES = 1024
+"""Initializers above this size are left out of :func:`weightless`'s proto (small ones stay: shapes
+are computed from them)."""
+
+
+def weightless(model: ir.Model) -> onnx.ModelProto:
+    """``model`` (main graph and subgraphs as they are) as a ModelProto without its large weights:
+    each main-graph initializer above :data:`WEIGHTLESS_BYTES` becomes a graph input of its type
+    and shape, which is all shape inference needs of it, so a model of gigabytes serializes in a
+    moment. ``model`` is left as it was, its initializers in their order (a weight whose value
+    lacked its type or shape keeps them, as its tensor has them)."""
+    import onnx_ir as ir
+
+    graph = model.graph
+    order = list(graph.initializers.values())
+    large = [v for v in order if v.const_value is not None and v.const_value.nbytes > WEIGHTLESS_BYTES]
+    kept = [(v, v.const_value) for v in large]
+    inputs, listed = len(graph.inputs), {id(v) for v in graph.inputs}
+    try:
+        for value, tensor in kept:
+            assert tensor is not None and value.name is not None
+            value.shape = value.shape or ir.Shape(tensor.shape.numpy())
+            value.dtype = value.dtype or tensor.dtype
+            graph.initializers.pop(value.name)
+            value.const_value = None
+            if id(value) not in listed:  # an initializer that is also an input stays one input
+                graph.inputs.append(value)
+        return ir.serde.serialize_model(model)
+    finally:
+        while len(graph.inputs) > inputs:  # one by one: onnx-ir's list then marks each no longer an input
+            graph.inputs.pop()
+        for value, tensor in kept:
+            value.const_value = tensor
+        graph.initializers.clear()
+        for value in order:
+            assert value.name is not None
+            graph.initializers[value.name] = value
+
+
+def cached_rows(
+    proto: onnx.ModelProto, lengths: Sequence[int], folder: str | None, shapes: Shapes | None = None
+) -> dict[str, tuple[int, ...]]:
+    """:func:`rows_by_value` of ``proto`` (a :func:`weightless` one), kept in ``folder`` (None: not
+    kept) under the hash of the proto and the runs' lengths and shapes: shape inference of a large
+    graph takes seconds, a second run nothing."""
     import hashlib
     import json
     import os
 
     if folder is None:
-        return rows_by_value(src, lengths)
-    with open(src, "rb") as file:
-        digest = hashlib.sha256(file.read()).hexdigest()[:32]
-    path = os.path.join(folder, f"{digest}-{'-'.join(map(str, lengths))}.json")
+        return rows_by_value(proto, lengths, shapes)
+    runs = json.dumps([list(lengths), None if shapes is None else [dict(s) for s in shapes]], sort_keys=True)
+    digest = hashlib.sha256(proto.SerializeToString() + runs.encode()).hexdigest()[:32]
+    path = os.path.join(folder, f"{digest}.json")
     try:
         with open(path, encoding="utf-8") as file:
             return {name: tuple(rows) for name, rows in json.load(file).items()}
     except (OSError, ValueError, TypeError, AttributeError):
         pass
-    found = rows_by_value(src, lengths)
+    found = rows_by_value(proto, lengths, shapes)
     from onnx_conv2matmul.speed.costs import keep_cached
 
     keep_cached(path, found)
@@ -141,12 +219,19 @@ def cached_rows(src: str, lengths: Sequence[int], folder: str | None) -> dict[st
 
 
 def model_layers(
-    model: Any, src: str, lengths: Sequence[int], selects: Any = None, *, cache: str | None = None
+    model: ir.Model,
+    lengths: Sequence[int],
+    selects: Any = None,
+    *,
+    shapes: Shapes | None = None,
+    cache: str | None = None,
 ) -> list[Layer]:
-    """The quantizable MatMuls of ``model`` (an ``ir.Model``, rewritten) with their rows at
-    ``lengths`` (see the module's description); ``selects(name)`` filters by name; ``cache``: a
-    folder where the original's rows are kept (see :func:`cached_rows`)."""
-    return layers_at(model, cached_rows(src, lengths, cache), tuple(lengths), selects)
+    """The quantizable MatMuls of ``model`` (an ``ir.Model``, rewritten) with their rows in a run
+    at each of ``lengths``, whose inputs have ``shapes`` (see :func:`rows_by_value` and the
+    module's description); ``selects(name)`` filters by name; ``cache``: a folder where the rows
+    are kept (see :func:`cached_rows`)."""
+    known = cached_rows(weightless(model), lengths, cache, shapes)
+    return layers_at(model, known, tuple(lengths), selects)
 
 
 def layers_at(
