@@ -193,6 +193,42 @@ def test_a_setting_within_the_margin_stays() -> None:
     assert Setting(4, 128, True) in node.options
 
 
+def test_the_margin_bounds_the_layers_extras_together_the_largest_refused_first() -> None:
+    """4 bits at 1.5x float everywhere: on a large layer that is far over the margin of the
+    model's MatMuls and is refused; on a layer of 1/1000 of the time the extra fits, so the
+    setting stays offered there (a difference of microseconds decides nothing), and the extras
+    offered, each layer at its slowest setting, stay within the margin together."""
+    costs, _ = _costs(int8_machine(int8_factor=3.0, int4_factor=1.5))
+    big, small = Layer("big", 256, 256, (1000,)), Layer("small", 16, 4, (1000,))
+    speed = SpeedFilter(costs, {"big": big, "small": small}, accuracy_level=0, margin=0.05)
+    ladder = [Setting(4, 32, True), Setting(8, 32, True)]
+    allowed = speed.allowed(["big", "small"], ladder)
+    assert allowed == {"big": (), "small": tuple(ladder)} and speed.to_float == ["big"]
+    floats = speed.layer_cost(big, Setting(None, 0)) + speed.layer_cost(small, Setting(None, 0))  # type: ignore[arg-type]
+    worst = max(speed.layer_cost(small, s) for s in ladder) - speed.layer_cost(small, Setting(None, 0))  # type: ignore[arg-type]
+    assert 0 < worst <= 0.05 * floats
+    assert speed.dropped == {"int4 block 32 symmetric": ["big"], "int8 block 32 symmetric": ["big"]}
+
+
+def test_several_small_extras_are_refused_once_together_they_exceed_the_margin() -> None:
+    """Ten equal layers, 8 bits 1.18x float on each: 1.8% of the model each, so 8 bits stays
+    offered on two of them (3.6%) and is refused on the eight others, in name order (equal
+    extras). Offered 4 bits too (0.5x float), a layer refused 8 bits counts at 4 bits, whose
+    saving pays for the others' 8 bits: two refusals are then enough."""
+    costs, _ = _costs(int8_machine(int8_factor=1.2, int4_factor=0.5))
+    layers = {f"l{i}": Layer(f"l{i}", 64, 64, (100,)) for i in range(10)}
+    eight, four = Setting(8, 32, True), Setting(4, 32, True)
+    speed = SpeedFilter(costs, layers, accuracy_level=0, margin=0.05)
+    float_ms = speed.layer_cost(layers["l0"], Setting(None, 0))  # type: ignore[arg-type]
+    share = (speed.layer_cost(layers["l0"], eight) - float_ms) / (10 * float_ms)
+    allowed = speed.allowed(sorted(layers), [eight])
+    kept = [name for name, settings in allowed.items() if settings]
+    assert len(kept) == int(0.05 / share) == 2 and kept == ["l8", "l9"]
+    assert speed.to_float == [f"l{i}" for i in range(8)]
+    both = SpeedFilter(costs, layers, accuracy_level=0, margin=0.05).allowed(sorted(layers), [four, eight])
+    assert both["l0"] == both["l1"] == (four,) and all(both[f"l{i}"] == (four, eight) for i in range(2, 10))
+
+
 def test_layers_take_their_rows_from_the_rewritten_graph(tmp_path: Path) -> None:
     model = ir.load(ENCODER)
     before = ir.serde.serialize_model(model).SerializeToString()

@@ -9,16 +9,18 @@ weight shapes and activation rows, cached per machine). This module turns them i
   (batch times every spatial dim), not on those of the original's NCHW value.
 - :func:`rank_kernels`: the block size and accuracy level that make the model's MatMuls fastest
   (one setting for every layer), chosen before any quantization, so the model is quantized once.
-- :class:`SpeedFilter`: the search's hook (:func:`onnx_conv2matmul.quantize.search.search`). A
-  layer may take a setting only when float, always a choice and the most accurate, is not
-  faster than it by more than the margin; so the search never spends its accuracy budget on a
-  precision that is slower than float for that layer (a layer that cannot stay 4-bit goes to
-  float where 8 bits is slower, to 8 bits only where 8 bits was measured faster), and the model
-  it returns, the smallest that meets the floor among the settings left, runs every layer no
-  slower than float by more than the margin. A setting is not dropped for being slower than
-  another quantized one: that would trade size for speed layer by layer on timings of a few
-  milliseconds; the uniform setting's block size and level are chosen for speed
-  (:func:`rank_kernels`) and the whole result is timed against the original.
+- :class:`SpeedFilter`: the search's hook (:func:`onnx_conv2matmul.quantize.search.search`). It
+  keeps the search from precisions that would slow the model: each layer counts at the slowest
+  setting it is offered, and the model's MatMuls so counted (a layer's saving where that setting
+  is faster than float taken off) cost at most the margin more than in float. Where they would
+  not, the largest extras over float are refused first, one (layer, setting) at a time. A layer
+  refused every setting stays float (more accuracy from float costs no speed there). A small
+  layer's extra, microseconds that a timing's noise can flip, is never decisive alone: it counts
+  against the model's time, not against its own (a rule on each layer's own ratio kept or refused
+  such layers from one cold run to the next). A setting is not refused for being slower than
+  another quantized one: that would trade size for speed layer by layer; the uniform setting's
+  block size and level are chosen for speed (:func:`rank_kernels`), and the whole result is timed
+  against the original.
 """
 
 from __future__ import annotations
@@ -343,30 +345,46 @@ class SpeedFilter:
         return tuple(sorted(settings, key=lambda s: (s.bits, -s.block_size, not s.symmetric)))
 
     def allowed(self, names: Sequence[str], ladder: Sequence[Any]) -> dict[str, tuple[Any, ...]]:
-        """Per layer name, the settings of ``ladder`` it may take: those not slower than float by
-        more than the margin at its rows (a name without costs keeps the whole ladder)."""
+        """Per layer name, the settings of ``ladder`` it may take (a name without costs keeps the
+        whole ladder). Each layer counts at the slowest setting it is offered: the model's MatMuls
+        so counted (savings where that is faster than float taken off) stay within the margin of
+        their time in float; where they would not, the largest extras over float are refused
+        first, one (layer, setting) at a time, until they do (see the module's description)."""
         known = [self.layers[name] for name in names if name in self.layers]
         kernels = [FLOAT_KERNEL, *sorted({self.kernel(s) for s in ladder}, key=lambda k: k.key)]
-        self.costs.prefetch(known, kernels)
+        self.costs.prefetch([*self.layers.values()], kernels)
         if self.costs.busy:  # timings on a busy machine drop nothing (see KernelCosts.busy)
             self.busy = True
             return {name: tuple(ladder) for name in names}
+        floats = {name: self.layer_cost(layer, _FloatSetting()) for name, layer in self.layers.items()}
+        budget = self.margin * sum(floats.values())
+        extras: dict[str, list[tuple[float, Any]]] = {}  # per layer: over float, slowest first
+        for layer in known:
+            extras[layer.name] = sorted(
+                ((self.layer_cost(layer, s) - floats[layer.name], s) for s in ladder),
+                key=lambda x: (-x[0], x[1].label),
+            )
+        refused: dict[str, set[Any]] = {name: set() for name in extras}
+        order = sorted(
+            ((e, name, s) for name, found in extras.items() for e, s in found if e > 0),
+            key=lambda x: (-x[0], x[1], x[2].label),
+        )
+        total = sum(found[0][0] for found in extras.values() if found)
+        for extra, name, setting in order:  # the largest extra left: its layer's worst case
+            if total <= budget:
+                break
+            refused[name].add(setting)
+            self.dropped.setdefault(setting.label, []).append(name)
+            left = [e for e, s in extras[name] if s not in refused[name]]
+            total += (left[0] if left else 0.0) - extra
         found: dict[str, tuple[Any, ...]] = {}
         for name in names:
-            layer = self.layers.get(name)
-            if layer is None:
+            if name not in self.layers:
                 found[name] = tuple(ladder)
                 continue
-            limit = self.layer_cost(layer, _FloatSetting()) * (1 + self.margin)
-            kept = []
-            for setting in ladder:
-                if self.layer_cost(layer, setting) > limit:
-                    self.dropped.setdefault(setting.label, []).append(name)
-                else:
-                    kept.append(setting)
-            if not kept:
+            found[name] = tuple(s for s in ladder if s not in refused[name])
+            if not found[name]:
                 self.to_float.append(name)
-            found[name] = tuple(kept)
         self.costs.save()
         return found
 
@@ -397,13 +415,14 @@ class SpeedFilter:
             return f"every setting offered to the search: {busy_text(self.costs.waited)}"
         if not self.dropped:
             return (
-                "every setting the search may choose runs no slower than float"
-                f" (within {self.margin:.0%}) on this CPU"
+                "every setting offered to the search: on this CPU, any mix of them slows the"
+                f" model's MatMuls by at most {self.margin:.0%} of float's time"
             )
         parts = [f"{label} on {len(names)} layers" for label, names in sorted(self.dropped.items())]
         text = (
-            f"not offered to the search, as float runs faster by more than {self.margin:.0%} on"
-            " this CPU (more accuracy from float costs no speed there): " + ", ".join(parts)
+            "not offered to the search, as float runs faster on this CPU and together they would"
+            f" slow the model's MatMuls by more than {self.margin:.0%} of float's time (more accuracy"
+            " from float costs no speed there): " + ", ".join(parts)
         )
         if self.to_float:
             text += f"; {len(self.to_float)} layers run fastest in float and stay float"
