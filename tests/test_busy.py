@@ -29,7 +29,7 @@ class _Loaded(CpuWait):
     share_seen = 0.5
 
     def __exit__(self, *_: object) -> None:
-        self.share, self.capacity = self.share_seen, 1.0
+        self.share, self.capacity, self.others = self.share_seen, 1.0, self.share_seen
 
 
 def test_the_share_is_what_other_processes_used_of_this_ones_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -53,6 +53,29 @@ def test_the_share_is_measured_where_the_system_says() -> None:
     if machine._readings() is None:
         pytest.skip("this system does not give /proc/stat")
     assert wait.share is not None and 0.0 <= wait.share <= 1.0
+
+
+class _Ticks(CpuWait):
+    """A meter over a block of 5 ms on 2 CPUs that reads others' use a whole 10 ms clock tick
+    early or late by turns: +1 tick, then -1 tick (the system's counts are in ticks)."""
+
+    turn = 0
+
+    def __exit__(self, *_: object) -> None:
+        _Ticks.turn += 1
+        self.capacity, self.others = 0.01, 0.01 if _Ticks.turn % 2 else -0.01
+        self.share = CpuWait.share_of(self.others, self.capacity)
+
+
+def test_short_blocks_are_added_up_before_the_share_is_clipped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each shape's timing is one short block whose reading is a tick off either way by chance:
+    clipped block by block that reads 50% busy (the ones at 100%, the others at 0); added up, 0."""
+    monkeypatch.setattr(costs_module, "CpuWait", _Ticks)
+    clock = FakeClock()
+    costs = KernelCosts(None, clock=clock, session_factory=KernelMachine(clock, int8_machine(3.0)))
+    for n in (16, 32, 48, 64):
+        costs.measure(64, n, Kernel(4, 64, 0), [25])
+    assert costs.waited == 0.0 and not costs.busy
 
 
 def _busy_costs(monkeypatch: pytest.MonkeyPatch, path: Path) -> KernelCosts:

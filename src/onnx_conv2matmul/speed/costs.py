@@ -183,10 +183,10 @@ class KernelCosts:
             wait = CpuWait(enabled=self.clock is REAL_CLOCK)
             with wait:
                 measured = self._time_rounds(todo, sessions, counts, (k, n))
-            if wait.share is not None and wait.capacity > 0:
-                self._others += wait.share * wait.capacity
+            if wait.share is not None and wait.capacity > 0:  # added up raw, clipped once
+                self._others += wait.others
                 self._capacity += wait.capacity
-                self.waited = self._others / self._capacity
+                self.waited = CpuWait.share_of(self._others, self._capacity)
             for key, value in measured.items():
                 if key not in self.table:
                     self.table[key] = value
