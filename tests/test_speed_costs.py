@@ -193,6 +193,22 @@ def test_a_setting_within_the_margin_stays() -> None:
     assert Setting(4, 128, True) in node.options
 
 
+def test_a_large_kernel_is_timed_at_fewer_rows_and_scaled_up() -> None:
+    """A CTC head (120 x 18,710) at 1,500 rows would hold 112 MB of output in each session: it is
+    timed at the rows that fit in MAX_TIMED_VALUES and its cost scaled by the rows; a small shape
+    is timed at its own rows."""
+    from onnx_conv2matmul.speed.costs import MAX_TIMED_VALUES, timed_rows
+
+    costs, machine = _costs()
+    head = costs.cost(120, 18710, FLOAT_KERNEL, 1500)
+    timed = timed_rows(120, 18710, 1500)
+    assert timed == MAX_TIMED_VALUES // 18710 < 1500 and timed * 18710 <= MAX_TIMED_VALUES
+    assert {rows for _, rows in machine.runs} == {timed}
+    assert head == pytest.approx(120 * 18710 * 1500 / 1e6)  # the fake costs in proportion to rows
+    assert costs.cost(64, 128, FLOAT_KERNEL, 25) == pytest.approx(64 * 128 * 25 / 1e6)
+    assert machine.runs[-1] == ("float", 25)
+
+
 def test_the_margin_bounds_the_layers_extras_together_the_largest_refused_first() -> None:
     """4 bits at 1.5x float everywhere: on a large layer that is far over the margin of the
     model's MatMuls and is refused; on a layer of 1/1000 of the time the extra fits, so the

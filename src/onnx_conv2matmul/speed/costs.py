@@ -44,6 +44,11 @@ DEFAULT_RUNS = 9
 on a shared machine is only ever slowed down by the others, so the least disturbed run is the
 kernel's own cost (medians of runs measured on a loaded 2-core machine disagreed by 2x and more)."""
 DEFAULT_WARMUP = 2
+MAX_TIMED_VALUES = 2**20
+"""A kernel is timed on at most this many values of activation or output (4 MiB of float32): at more
+rows it is timed at fewer and its cost scaled up by the rows, as a kernel that large costs in
+proportion to its rows. The sessions of one shape are open together, each with its own output: a
+recognizer's CTC head (120 x 18,710 at 1,500 rows, 112 MB of output) held 1.2 GB in nine of them."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,7 +214,8 @@ class KernelCosts:
         rng = np.random.default_rng(0)
         found: dict[str, float] = {}
         for count in counts:
-            x = rng.standard_normal((count, k)).astype(np.float32)
+            timed = timed_rows(k, n, count)
+            x = rng.standard_normal((timed, k)).astype(np.float32)
             samples: dict[Kernel, list[float]] = {kernel: [] for kernel in todo}
             for _ in range(self.warmup):
                 for _, session, name in sessions:
@@ -221,7 +227,7 @@ class KernelCosts:
                     session.run(None, {name: x})
                     samples[kernel].append((self.clock() - start) * 1000)
             for kernel in todo:
-                found[self.entry(k, n, kernel, count)] = float(min(samples[kernel]))
+                found[self.entry(k, n, kernel, count)] = float(min(samples[kernel])) * count / timed
         return found
 
     def prefetch(self, layers: Iterable[Layer], kernels: Sequence[Kernel]) -> None:
@@ -243,6 +249,11 @@ class KernelCosts:
         # Timed on a busy machine (over all the shapes timed): used by this run, never kept.
         table = {key: value for key, value in self.table.items() if not (self.busy and key in self._timed)}
         keep_cached(self.path, {"version": CACHE_VERSION, "costs": table}, indent=0, sort_keys=True)
+
+
+def timed_rows(k: int, n: int, rows: int) -> int:
+    """The rows a kernel of weight ``k x n`` is timed at for ``rows`` (see :data:`MAX_TIMED_VALUES`)."""
+    return max(1, min(rows, MAX_TIMED_VALUES // max(k, n, 1)))
 
 
 def now_text() -> str:
