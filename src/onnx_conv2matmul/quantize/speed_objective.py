@@ -415,8 +415,8 @@ class SpeedFilter:
             return f"every setting offered to the search: {busy_text(self.costs.waited)}"
         if not self.dropped:
             return (
-                "every setting offered to the search: on this CPU, any mix of them slows the"
-                f" model's MatMuls by at most {self.margin:.0%} of float's time"
+                "every setting offered to the search: on this CPU, each layer at its slowest, the"
+                f" model's MatMuls cost at most {self.margin:.0%} more than in float"
             )
         parts = [f"{label} on {len(names)} layers" for label, names in sorted(self.dropped.items())]
         text = (
