@@ -43,9 +43,9 @@ Shapes = Sequence[Mapping[str, Sequence[int]]]
 
 
 def rows_by_value(
-    source: str | onnx.ModelProto, lengths: Sequence[int], shapes: Shapes | None = None
+    source: onnx.ModelProto, lengths: Sequence[int], shapes: Shapes | None = None
 ) -> dict[str, tuple[int, ...]]:
-    """Per value of the model (a path, or a ModelProto such as :func:`weightless` gives): its rows
+    """Per value of the model (a ModelProto such as :func:`weightless` gives): its rows
     (all dims but the last multiplied) in each run, by shape inference. A run's inputs have the
     ``shapes`` given (those the timing feeds); without them, batch 1 and every other symbolic
     input dim at the length. Values whose shape stays unknown are left out."""
@@ -84,19 +84,12 @@ def _pinned(shapes: Mapping[str, Sequence[int]]) -> Callable[[Any], None]:
     return pin
 
 
-def rows_where(
-    source: str | onnx.ModelProto, pins: Sequence[Callable[[Any], None]]
-) -> dict[str, tuple[int, ...]]:
-    """Per value of the model (a path, or a ModelProto without its weights): its rows (all dims
-    but the last multiplied), by shape inference once per ``pin``, a function that fixes the
-    input dims of a copy of the graph. Values whose shape stays unknown under any pin are left out."""
+def rows_where(base: onnx.ModelProto, pins: Sequence[Callable[[Any], None]]) -> dict[str, tuple[int, ...]]:
+    """Per value of the model ``base`` (a :func:`weightless` proto): its rows (all dims but the
+    last multiplied), by shape inference once per ``pin``, a function that fixes the input dims of
+    a copy of the graph. Values whose shape stays unknown under any pin are left out."""
     import onnx
 
-    if isinstance(source, str):
-        base = onnx.load(source, load_external_data=False)
-        _external_as_inputs(base)
-    else:
-        base = source
     found: dict[str, list[int | None]] = {}
     for index, pin in enumerate(pins):
         model = onnx.ModelProto()
@@ -117,24 +110,6 @@ def rows_where(
                 rows *= dim.dim_value
             found.setdefault(value.name, [None] * len(pins))[index] = rows
     return {name: tuple(r for r in rows if r is not None) for name, rows in found.items() if None not in rows}
-
-
-def _external_as_inputs(model: Any) -> None:
-    """Turn the initializers whose data lies in external files (not loaded) into graph inputs of
-    the same type and shape: shape inference needs their shapes, never their values (the small
-    constants that shapes are computed from stay in the file)."""
-    from onnx import TensorProto, helper
-
-    kept, moved = [], []
-    for tensor in model.graph.initializer:
-        if tensor.data_location == TensorProto.EXTERNAL:
-            moved.append(helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims)))
-        else:
-            kept.append(tensor)
-    if moved:
-        del model.graph.initializer[:]
-        model.graph.initializer.extend(kept)
-        model.graph.input.extend(moved)
 
 
 def _infer(model: Any) -> Any:
