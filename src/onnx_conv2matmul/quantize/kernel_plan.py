@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -115,6 +115,8 @@ def plan_kernels(
     (``model`` rewritten, not changed; ``src`` the original, for the activation rows)."""
     import time
 
+    import numpy as np
+
     from onnx_conv2matmul.quantize.speed_objective import model_layers, rank_kernels
     from onnx_conv2matmul.speed.costs import KernelCosts, cache_dir, cache_path
 
@@ -126,7 +128,8 @@ def plan_kernels(
         timing = timing_options(speed, verify, src)
         assert timing.feeds is not None
         lengths = tuple(number for number, _ in timing.feeds)
-        layers = _given_layers(model, timing.feeds, options.selects)
+        given = [{name: np.shape(array) for name, array in feed.items()} for _, feed in timing.feeds]
+        layers = model_layers(model, lengths, options.selects, shapes=given)
         rows = f", its activation rows at {timing.feeds_rule}"
     else:
         lengths, shapes = _bench_shapes(src, speed, verify)
@@ -209,25 +212,16 @@ def _bench_shapes(
     check found (a recognizer's height of 48) fixed, the others at the length. None for the shapes
     when the dims' roles cannot be told."""
     import onnx
-    from onnx.helper import tensor_dtype_to_np_dtype
 
     from onnx_conv2matmul.speed.timing import DEFAULT_LENGTHS, default_lengths
-    from onnx_conv2matmul.verify.feeds import InputSpec
+    from onnx_conv2matmul.verify.discover import graph_specs
     from onnx_conv2matmul.verify.roles import dim_roles
 
-    proto = onnx.load(src, load_external_data=False)
-    initializers = {t.name for t in proto.graph.initializer}
-    specs = []
-    for value in proto.graph.input:
-        if value.name in initializers:
-            continue
-        tensor = value.type.tensor_type
-        shape: list[int | str | None] = [
-            d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor.shape.dim
-        ]
-        specs.append(InputSpec(value.name, tensor_dtype_to_np_dtype(tensor.elem_type), shape))
+    specs = graph_specs(onnx.load(src, load_external_data=False))
     synthesis = dataclasses.replace(timing_options(speed, verify).synthesis, batch=1)
     lengths: tuple[int, ...] = tuple(speed.timing.lengths or ())
+    if specs is None:  # an input that is not a plain tensor: the plain default, every dim at the length
+        return lengths or tuple(DEFAULT_LENGTHS), None
     try:
         if not lengths:
             lengths = tuple(default_lengths(specs, synthesis)[0])
@@ -239,17 +233,3 @@ def _bench_shapes(
     except Exception:  # the dims' roles cannot be told: the plain default, every dim at the length
         return lengths or tuple(DEFAULT_LENGTHS), None
     return lengths, shapes
-
-
-def _given_layers(
-    model: ir.Model, feeds: Sequence[tuple[int, Mapping[str, Any]]], selects: Any = None
-) -> list[Layer]:
-    """As :func:`onnx_conv2matmul.quantize.speed_objective.model_layers`, with each MatMul's rows
-    at the given inputs' shapes (one per feed) instead of at synthesised lengths."""
-    import numpy as np
-
-    from onnx_conv2matmul.quantize.speed_objective import layers_at, rows_by_value, weightless
-
-    numbers = tuple(number for number, _ in feeds)
-    shapes = [{name: np.shape(array) for name, array in feed.items()} for _, feed in feeds]
-    return layers_at(model, rows_by_value(weightless(model), numbers, shapes), numbers, selects)
