@@ -231,7 +231,8 @@ def test_prefer_size_skips_the_model_without_them_only_when_it_cannot_be_smaller
     onnx.save(mobile_block(channels=64, wide=256), source)
     calls: list[str] = []
 
-    def run(rewrite: ConvertOptions, folder: str) -> Any:
+    def run(rewrite: ConvertOptions, folder: str, search: bool | None) -> Any:
+        assert search is None  # --prefer size searches each layout as the run asks
         name = Path(folder).name
         calls.append(name)
         out = Path(folder) / "m.onnx"
@@ -248,6 +249,71 @@ def test_prefer_size_skips_the_model_without_them_only_when_it_cannot_be_smaller
     assert bool(without.not_made) == (made == ["with"]) and not with_.not_made
     expected = "with them" if with_passes and with_bytes < 30000 else "without them"
     assert trade.chosen.name == expected
+
+
+@pytest.mark.parametrize(
+    ("one_pass", "calls"),
+    [
+        ({"without": "met", "with": "missed"}, [("without", False), ("with", False)]),
+        ({"without": "missed", "with": "met"}, [("without", False), ("with", False)]),
+        (
+            {"without": "missed", "with": "missed"},
+            [("without", False), ("with", False), ("without", True), ("with", True)],
+        ),
+        ({"without": "held out", "with": "missed"}, [("without", False), ("with", False)]),
+    ],
+    ids=["without-met", "with-met", "none-met", "held-out-miss"],
+)
+def test_a_layout_is_searched_only_when_no_layout_met_the_criterion_in_the_one_pass(
+    tmp_path: Path, one_pass: dict[str, str], calls: list[tuple[str, bool | None]]
+) -> None:
+    """Weighing the layouts costs one build and one check each, not a search each (issue 40,
+    item 5): each is made as a candidate (the one pass alone), and a layout that missed there is
+    searched only when the other missed too (PP-OCRv4 rec with --inputs searched the layout with
+    the Transposes twice, 18 s each, beside a layout that had met the criterion). A layout that
+    met it and missed on the held-out samples is not made again: its report goes back for the
+    run to step back and aim higher."""
+    from types import SimpleNamespace
+
+    from onnx_conv2matmul.quantize.transposes import decide
+    from onnx_conv2matmul.rewrite.options import ConvertOptions
+
+    source = tmp_path / "block.onnx"
+    onnx.save(mobile_block(channels=64, wide=256), source)
+    made: list[tuple[str, bool | None]] = []
+
+    def run(rewrite: ConvertOptions, folder: str, search: bool | None) -> Any:
+        name = Path(folder).name
+        made.append((name, search))
+        out = Path(folder) / "m.onnx"
+        outcome = "met" if search else one_pass[name]  # the search meets it
+        if outcome == "met":
+            out.write_bytes(b"\0" * (1000 if name == "with" else 30000))
+        return SimpleNamespace(
+            passed=outcome == "met",
+            held_out_missed=outcome == "held out",
+            quantized_nodes=1,
+            output_path=str(out) if outcome == "met" else None,
+        )
+
+    convert = ConvertOptions(extended=True)
+    _, trade, kept = decide(
+        str(source), str(tmp_path), convert, TransposeOptions(), run, None, VerifyOptions(), searches=True
+    )
+    assert made == calls
+    assert trade is not None and kept is not None
+    searched = {name for name, search in made if search}
+    expected = [one_pass[name] == "met" or name in searched for name in ("without", "with")]
+    assert [layout.passed for layout in trade.layouts] == expected
+    missed = [name for name in ("without", "with") if one_pass[name] == "missed" and name not in searched]
+    another_met = bool({"met", "held out"} & set(one_pass.values()))
+    assert ("not searched below it" in trade.reason) is (bool(missed) and another_met)
+    held_out = one_pass["without"] == "held out"
+    assert (kept.path == "") is held_out and kept.report.held_out_missed is held_out
+    # A run that does not search below its criterion (its settings given, --auto) makes each once, as asked.
+    made.clear()
+    decide(str(source), str(tmp_path / "again"), convert, TransposeOptions(), run, None, VerifyOptions())
+    assert made == [("without", None), ("with", None)]
 
 
 def test_prefer_speed_keeps_the_faster(tmp_path: Path) -> None:
@@ -346,7 +412,7 @@ def test_auto_searches_both_layouts_only_when_the_one_kept_quantized_nothing(
     while the other's one pass missed the criterion (PP-OCRv4 det: with the Transposes 0.435x, the
     layout kept, without them, 1.00x); a layout that was not made did not miss."""
     from onnx_conv2matmul.quantize.trade import TransposeTrade
-    from onnx_conv2matmul.quantize.workflow import search_both
+    from onnx_conv2matmul.quantize.transposes import search_both
 
     kept = Layout("without them", False, 1000, True, (1.0,), kept_quantized)
     other = Layout("with them", True, 1000 if not other_passed else 400, other_passed, (1.2,), 0)

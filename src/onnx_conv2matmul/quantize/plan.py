@@ -165,15 +165,18 @@ class Request:
     smallest: bool = False
     """The smallest model is wanted (``--prefer size``), see :func:`wants_smallest`."""
     candidate: bool = False
-    """This run makes one candidate of another (``--auto`` weighed against the default run): the
-    default run stops after the one pass, without the search below it, and ``auto`` is not
-    weighed again."""
+    """This run makes one candidate of another (``--auto`` weighed against the default run, or a
+    layout of the Transposes' trade): the default run stops after the one pass, without the
+    search below it, and ``auto`` is not weighed again."""
     shared: Any = dataclasses.field(default=None, compare=False, repr=False)
     """The original's measurement shared by the runs of one Transposes' trade (a
     :class:`onnx_conv2matmul.quantize.onepass.Shared`): measured by the first, read by the second."""
     nested: bool = False
     """This run makes one model of another run's (a layout of the Transposes' trade): only the
     outermost run steps back after a held-out miss."""
+    one_pass_missed: bool = False
+    """The one pass of this very run already missed the criterion (a layout of the Transposes'
+    trade made as a candidate first): the search below it runs straight away."""
     larger_than: int | None = None
     """A candidate's model of more bytes than this is neither checked, timed nor written: the
     default run's model that ``--auto``'s search must beat (see
@@ -184,11 +187,18 @@ class Request:
     None: the criterion's own (see :func:`onnx_conv2matmul.quantize.workflow.quantize_file`)."""
 
     def again(
-        self, convert: ConvertOptions, *, speed: SpeedOptions | None = None, shared: Any = None
+        self,
+        convert: ConvertOptions,
+        *,
+        speed: SpeedOptions | None = None,
+        shared: Any = None,
+        search: bool | None = None,
     ) -> Request:
         """The same request for another rewrite (the Transposes' trade makes the model both ways),
         without progress or a trade of its own; timed only with ``speed``; ``shared``: the
-        original's measurement, made once for both."""
+        original's measurement, made once for both. ``search``: None searches below the
+        criterion as this request does; False makes a candidate (the one pass, no search);
+        True searches straight away (the candidate's one pass missed)."""
         return dataclasses.replace(
             self,
             convert=convert,
@@ -198,6 +208,8 @@ class Request:
             smallest=wants_smallest(self),
             shared=shared,
             nested=True,
+            candidate=self.candidate or search is False,
+            one_pass_missed=bool(search),
         )
 
 

@@ -159,9 +159,11 @@ def left_with_transposes(src: str, convert_options: Any) -> tuple[int, float, in
     return len(entries), (weight / total if total else 0.0), weight
 
 
-CandidateRun = Callable[[Any, str], Any]
+CandidateRun = Callable[[Any, str, "bool | None"], Any]
 """Quantizes the input with rewrite options into a folder, as the run was asked (its settings,
-check, search, kernel choice and speed step); returns its quantize report."""
+check, search, kernel choice and speed step); returns its quantize report. Its third argument:
+None searches below the criterion as the run does, False makes the one pass alone (a
+candidate), True searches straight away (the one pass missed)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,15 +183,20 @@ def decide(
     timing: Any | None,
     verify: Any,
     progress: Callable[[str], None] = lambda _: None,
+    searches: bool = False,
 ) -> tuple[Any, TransposeTrade | None, Made | None]:
     """The rewrite options to quantize with, the trade that chose them (None when the rewrite
     leaves no conv because of Transposes, or they hold no weight), and the model kept, as made
     (None when it was not made, or missed the criterion): the one to publish as it is, so the
-    model written is the very model sized and timed here.
+    model written is the very model sized and timed here. When the layout kept met the criterion
+    on the samples it was made on and missed on the held-out ones, its :class:`Made` has no path:
+    its report says how, and the run steps back (the layout is not made again to learn it).
 
     Both models are made by ``run`` in ``scratch`` (each in a folder of its own) and timed
     against ``src`` with ``timing`` (the speed step's options; None: nothing is timed, as with
-    ``--no-bench``).
+    ``--no-bench``). ``searches``: the run searches below its criterion where its settings miss
+    it; then, but with ``--prefer size``, each layout is made by the one pass alone first, and
+    searched only when none met the criterion there.
 
     Raises:
         ModelLoadError, ModelRunError: a model cannot be timed.
@@ -204,6 +211,11 @@ def decide(
     size_first = options.prefer is Prefer.SIZE
     if size_first:  # the model with them first: it may leave the other nothing to win
         order.reverse()
+    # By default each layout is made by the one pass alone, and searched below the criterion
+    # only when no layout met it there: one build and one check per layout, not a search each
+    # (issue 40, item 5). --prefer size searches each as the run asks, for the smallest.
+    one_pass_first = searches and not size_first
+    outcomes: list[str] = []
     for name, flag, rewrite in order:
         if size_first and layouts and layouts[0].passed and layouts[0].bytes < left_bytes:
             # Without them, those convs' float weights alone outweigh the model with them.
@@ -213,30 +225,29 @@ def decide(
             )
             layouts.append(Layout(name, flag, 0, False, None, 0, why))
             made.append(None)
+            outcomes.append("not made")
             continue
         progress(f"Quantizing {name}: the convs that add Transposes")
-        folder = os.path.join(scratch, "with" if flag else "without")
-        os.makedirs(folder, exist_ok=True)
-        try:
-            report = run(rewrite, folder)
-            passed, quantized = bool(report.passed), int(report.quantized_nodes)
-            path = report.output_path or ""
-        except Exception as err:  # a model that cannot be made is not a candidate
-            from onnx_conv2matmul.errors import Conv2MatMulError
-
-            if not isinstance(err, Conv2MatMulError):
-                raise
-            report, passed, quantized, path = None, False, 0, ""
-        ok = passed and bool(path) and os.path.exists(path)
-        unchanged = getattr(report, "unchanged", None) if ok and not quantized else None
-        why = unchanged.message if unchanged is not None else ""
-        layouts.append(
-            Layout(name, flag, model_file_bytes(path) if ok else 0, ok, None, quantized, none_quantized=why)
-        )
-        made.append(Made(path, report) if ok else None)
+        layout, model, outcome = _make(name, flag, rewrite, scratch, run, False if one_pass_first else None)
+        layouts.append(layout)
+        made.append(model)
+        outcomes.append(outcome)
+    unsearched = ""
+    missed = [i for i, outcome in enumerate(outcomes) if outcome == "missed"]
+    if one_pass_first and missed and not {"met", "held out"} & set(outcomes):
+        for i in missed:
+            name, flag, rewrite = order[i]
+            progress(f"Searching {name}: no layout met the criterion in the one pass")
+            layouts[i], made[i], outcomes[i] = _make(name, flag, rewrite, scratch, run, True)
+    elif one_pass_first and missed:
+        names = " and ".join(layouts[i].name for i in missed)
+        unsearched = f" ({names} not searched below it: another layout met it in the one pass)"
+    held = [m if outcome == "held out" else None for m, outcome in zip(made, outcomes, strict=True)]
+    made = [None if outcome == "held out" else m for m, outcome in zip(made, outcomes, strict=True)]
     if size_first:
         layouts.reverse()
         made.reverse()
+        held.reverse()
     timed_on = busy = confirmed = ""
     timed = [i for i, m in enumerate(made) if m is not None]
     line: Any = None  # the last timing of both: the kept layout's latency line
@@ -271,7 +282,7 @@ def decide(
             layouts[i] = dataclasses.replace(layout, bytes=layout.bytes or original)
     weighed = [dataclasses.replace(layout, ratios=None) for layout in layouts] if busy else layouts
     kept, reason = choose(weighed, options.prefer, options.margin, busy or "not timed")
-    reason += confirmed
+    reason += unsearched + confirmed
     if line is not None and made[kept] is not None:
         _latency_line(made[kept].report, line, 1 + timed.index(kept), busy)  # type: ignore[union-attr]
     trade = TransposeTrade(
@@ -285,7 +296,44 @@ def decide(
         reason,
         timed_on,
     )
-    return (with_options if layouts[kept].with_transposes else convert_options), trade, made[kept]
+    return (
+        (with_options if layouts[kept].with_transposes else convert_options),
+        trade,
+        made[kept] or held[kept],
+    )
+
+
+def _make(
+    name: str, flag: bool, rewrite: Any, scratch: str, run: CandidateRun, search: bool | None
+) -> tuple[Layout, Made | None, str]:
+    """One layout made by ``run`` in its folder of ``scratch``: its row, the model (None when it
+    missed the criterion or could not be made), and the outcome: ``met``; ``missed`` on the samples
+    it was made on (a search below the criterion may meet it); ``held out``: met there, missed on
+    the held-out samples (not searched again at the same target: the run steps back and aims
+    higher), its report a :class:`Made`'s without a path; ``failed``: it could not be made."""
+    folder = os.path.join(scratch, "with" if flag else "without")
+    os.makedirs(folder, exist_ok=True)
+    try:
+        report = run(rewrite, folder, search)
+        passed, quantized = bool(report.passed), int(report.quantized_nodes)
+        path = report.output_path or ""
+    except Exception as err:  # a model that cannot be made is not a candidate
+        from onnx_conv2matmul.errors import Conv2MatMulError
+
+        if not isinstance(err, Conv2MatMulError):
+            raise
+        report, passed, quantized, path = None, False, 0, ""
+    ok = passed and bool(path) and os.path.exists(path)
+    unchanged = getattr(report, "unchanged", None) if ok and not quantized else None
+    why = unchanged.message if unchanged is not None else ""
+    layout = Layout(name, flag, model_file_bytes(path) if ok else 0, ok, None, quantized, none_quantized=why)
+    if ok:
+        return layout, Made(path, report), "met"
+    if report is None:
+        return layout, None, "failed"
+    if getattr(report, "held_out_missed", False):
+        return layout, Made("", report), "held out"
+    return layout, None, "missed"  # (a candidate whose one pass missed writes nothing)
 
 
 def _time(
@@ -365,6 +413,24 @@ def weigh(plan: Any, scratch: str, run: CandidateRun) -> tuple[Any, TransposeTra
         from onnx_conv2matmul.quantize.kernel import timing_options
 
         timing = timing_options(plan.speed, plan.verify)
+    searches = plan.search_below and plan.auto is None and not plan.request.candidate
     return decide(
-        plan.src, scratch, plan.convert, plan.transposes, run, timing, plan.verify, plan.progress.phase
+        plan.src,
+        scratch,
+        plan.convert,
+        plan.transposes,
+        run,
+        timing,
+        plan.verify,
+        plan.progress.phase,
+        searches=searches,
     )
+
+
+def search_both(trade: TransposeTrade) -> bool:
+    """Whether ``--auto``'s search runs on both layouts of the default run's Transposes' trade,
+    not only on the one it kept: when that one quantized nothing and the other's one pass missed
+    the criterion, the search may meet it there (PP-OCRv4 det: the layout with the Transposes at
+    0.358x, where the one kept, without them, stays 1.00x)."""
+    missed = any(not layout.passed and not layout.not_made for layout in trade.layouts)
+    return missed and trade.chosen.quantized_nodes == 0

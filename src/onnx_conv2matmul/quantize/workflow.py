@@ -149,8 +149,10 @@ def _quantize_once(
             elif plan.transposes is not None and not plan.int8 and not plan.convert.allow_added_transposes:
                 with output.scratch("transposes") as scratch:
                     plan, trade, made = _weigh(plan, scratch)
-                    if made is not None:  # published as it was made, sized and timed
+                    if made is not None and made.path:  # published as it was made, sized and timed
                         report = publish_made(plan, output, made)
+                    elif made is not None:  # it missed on the held-out samples: the step back decides
+                        report = made.report
                     report.transposes = trade
             if made is None and not _weighs_default(plan):
                 transposes = report.transposes
@@ -194,7 +196,7 @@ def _auto_or_default(plan: QuantizePlan, output: _output.Output, scratch: str) -
     default's."""
     from onnx_conv2matmul.errors import TargetUnreachable
     from onnx_conv2matmul.files.paths import model_file_bytes
-    from onnx_conv2matmul.quantize.transposes import Made
+    from onnx_conv2matmul.quantize.transposes import Made, search_both
 
     name = os.path.basename(plan.dst)
     request = plan.request
@@ -299,15 +301,6 @@ def _held_out_labels(
     return judge(report.verification.labels, held.get("labels") or [])
 
 
-def search_both(trade: TransposeTrade) -> bool:
-    """Whether ``--auto``'s search runs on both layouts of the default run's Transposes' trade,
-    not only on the one it kept: when that one quantized nothing and the other's one pass missed
-    the criterion, the search may meet it there (PP-OCRv4 det: the layout with the Transposes at
-    0.358x, where the one kept, without them, stays 1.00x)."""
-    missed = any(not layout.passed and not layout.not_made for layout in trade.layouts)
-    return missed and trade.chosen.quantized_nodes == 0
-
-
 def _weigh(plan: QuantizePlan, scratch: str) -> tuple[QuantizePlan, TransposeTrade | None, Made | None]:
     """The rewrite the Transposes' trade keeps (see :func:`onnx_conv2matmul.quantize.transposes.weigh`)
     and the model kept as it was made (None: not made); both models are made as this run was
@@ -319,8 +312,8 @@ def _weigh(plan: QuantizePlan, scratch: str) -> tuple[QuantizePlan, TransposeTra
 
     shared = onepass.Shared(os.path.join(scratch, "reference"))  # the original, measured once
 
-    def make(rewrite: ConvertOptions, folder: str) -> QuantizeReport:
-        again = plan.request.again(rewrite, speed=plan.speed, shared=shared)
+    def make(rewrite: ConvertOptions, folder: str, search: bool | None) -> QuantizeReport:
+        again = plan.request.again(rewrite, speed=plan.speed, shared=shared, search=search)
         return quantize_file(plan.src, os.path.join(folder, name), again)
 
     convert, trade, made = weigh(plan, scratch, make)
@@ -391,7 +384,9 @@ def _quantize_to(run: Run) -> None:
     external = loaded.has_external_data or _io.tensor_bytes(loaded.model) > _io.SINGLE_FILE_LIMIT_BYTES
     if onepass.applies(run):
         del loaded  # each candidate is loaded again, its weights memory-mapped
-        if onepass.OnePass(run, rewrite, external).execute(modes) or plan.request.candidate:
+        if plan.request.one_pass_missed:
+            pass  # this run's one pass was made, as a candidate, and missed: not made again
+        elif onepass.OnePass(run, rewrite, external).execute(modes) or plan.request.candidate:
             run.report.coverage = coverage_of(run.report, rewrite.entries)
             return
         # No candidate of the pass met the criterion: the search decides (as --auto does).
