@@ -190,6 +190,14 @@ def test_the_default_leaves_them_when_they_cost_more_than_the_margin(tmp_path: P
     without, with_ = trade["models"]
     assert without["quantized_nodes"] == 0 and "Transposes" in without["none_quantized"]
     assert with_["quantized_nodes"] == 1 and with_["none_quantized"] is None
+    from rich.console import Console
+
+    from onnx_conv2matmul.cli.render.quantize import print_transpose_trade
+
+    console = Console(record=True, width=300)
+    print_transpose_trade(console, trade)
+    shown = console.export_text()
+    assert "without them: nothing quantized: " in shown and shown.count("nothing quantized") == 1
     unchanged = data["unchanged"]
     assert isinstance(unchanged, dict) and unchanged["cause"] == "adds_transposes"
     assert "1.50x" in unchanged["message"] and "--prefer size" in unchanged["message"]

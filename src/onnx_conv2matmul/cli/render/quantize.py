@@ -37,9 +37,9 @@ def print_transpose_trade(console: Console, trade: dict[str, Any]) -> None:
         table.add_row(model["name"], size, latency, meets, kept)
     console.print(table)
     for model in trade["models"]:
-        if model.get("none_quantized"):
+        if model.get("none_quantized"):  # its reason begins "nothing quantized: "
             console.print(
-                f"{escape(model['name'])}: nothing quantized: {escape(model['none_quantized'])}",
+                f"{escape(model['name'])}: {escape(model['none_quantized'])}",
                 highlight=False,
                 soft_wrap=True,
             )
