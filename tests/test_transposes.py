@@ -354,7 +354,8 @@ def test_the_model_written_is_the_one_the_trade_made(tmp_path: Path, monkeypatch
 def test_prefer_size_does_not_choose_the_kernel_for_speed(tmp_path: Path, prefer: str | None) -> None:
     """On a 2-core AVX2 EPYC the kernel choice took accuracy level 4 for PP-OCRv4's detector; its
     activation error left every layer in float, and --prefer size wrote the original (1.00x) where
-    level 0 gives 0.44x (issue 42, item 3). --prefer size no longer chooses settings for speed."""
+    level 0 gives 0.44x (issue 42, item 3). --prefer size no longer chooses settings for speed:
+    it takes the block of the fewest bytes, at level 0."""
     from click.testing import CliRunner
 
     from onnx_conv2matmul.cli.app import main
@@ -374,7 +375,8 @@ def test_prefer_size_does_not_choose_the_kernel_for_speed(tmp_path: Path, prefer
     result = CliRunner().invoke(main, argv)
     assert result.exit_code == 0, result.stderr
     data = json.loads(result.stdout)
-    assert (data["kernel_costs"] is None) is (prefer == "size")
+    # --prefer size costs the kernels too, for the block of the fewest bytes, not for speed.
+    assert ("for the smallest model, block" in data["kernel_costs"]["reason"]) is (prefer == "size")
     if prefer == "size":
         levels = {
             a.i for n in onnx.load(out).graph.node if n.op_type == "MatMulNBits" for a in n.attribute

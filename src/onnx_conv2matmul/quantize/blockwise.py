@@ -39,6 +39,15 @@ def block_quantize(weight: np.ndarray, setting: Setting) -> tuple[np.ndarray, np
     return packed, scales, None if setting.symmetric else zero_points
 
 
+def stored_bytes(k: int, n: int, bits: int, block_size: int, symmetric: bool) -> int:
+    """The bytes :func:`block_quantize` stores for a ``[K, N]`` fp32 weight: K padded to whole
+    blocks of ``bits``-bit values, a float scale per block, and packed zero points when asymmetric.
+    A larger block is not always smaller: K = 80 takes one block of 256 (3.2x its values)."""
+    blocks = -(-k // block_size)
+    zero_points = 0 if symmetric else n * -(-blocks * bits // 8)
+    return n * blocks * (block_size * bits // 8 + 4) + zero_points
+
+
 def block_dequantize(
     packed: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, bits: int, k: int
 ) -> np.ndarray:

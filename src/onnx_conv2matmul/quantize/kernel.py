@@ -43,6 +43,8 @@ from onnx_conv2matmul.speed.choose import (
 from onnx_conv2matmul.speed.timing import Latency, TimingReport, time_models
 
 if TYPE_CHECKING:
+    import onnx_ir as ir
+
     from onnx_conv2matmul.files.output import Output, Staged
     from onnx_conv2matmul.files.progress import Progress
     from onnx_conv2matmul.quantize.metric import MetricTarget
@@ -135,6 +137,28 @@ def slower_of(timing: TimingReport, index: int) -> list[str]:
 def measurably_slower(latency: Latency) -> bool:
     """:attr:`~onnx_conv2matmul.speed.timing.Latency.measurably_slower`, the rule's one place."""
     return latency.measurably_slower
+
+
+def choose_settings(run: Any, model: ir.Model, for_size: bool) -> None:
+    """The block size and accuracy level of ``run`` (a :class:`~onnx_conv2matmul.quantize.plan.Run`:
+    this module is below the plan) chosen from their costs at ``model``'s weight shapes (``model``
+    rewritten; the run's report keeps the plan). For the smallest model
+    (``for_size``: ``--prefer size``, ``--auto``) nothing is chosen for speed (accuracy level 4 quantizes the
+    activations too: PP-OCRv4's detector came out at 1.00x with it, 0.435x without): the one pass
+    takes the block of the fewest bytes at level 0 (:meth:`KernelPlan.for_size`), a search
+    chooses its own (nothing is costed for it)."""
+    plan, report, speed = run.plan, run.report, run.plan.speed
+    assert speed is not None
+    if for_size and run.auto is not None:
+        return
+    plan.progress.phase("Kernel choice: timing each weight shape")
+    report.kernel_plan = plan_kernels(plan.src, model, run.quantize, speed, plan.verify)
+    if for_size:
+        report.kernel_plan = report.kernel_plan.for_size()
+    run.quantize = report.kernel_plan.options
+    report.options["quantize"] = run.quantize.to_dict()
+    if run.auto is not None and len(speed.levels) > 1:
+        run.auto = dataclasses.replace(run.auto, accuracy_level=run.quantize.accuracy_level)
 
 
 SETTLE_ROUNDS = 5

@@ -421,20 +421,10 @@ def _rewrite(run: Run, model: ir.Model) -> ConvertReport:
     rewrite = rewrite_model(model, plan.convert, for_quantization=True)
     report.rewrite = rewrite.totals()
     report.weights_with_rewrite = weight_stats(model)
-    speed = plan.speed
-    # --prefer size and --auto: the settings are not chosen for speed (accuracy level 4 quantizes
-    # the activations too, and its error leaves more layers in float: PP-OCRv4's detector came out
-    # unchanged, 1.00x, where level 0 gives 0.44x; with --auto, whose search kept level 4, 1.00x too).
-    for_size = wants_smallest(plan.request)
-    if speed is not None and speed.mode == "shapes" and speed.chooses and not plan.int8 and not for_size:
-        from onnx_conv2matmul.quantize import kernel
+    if plan.speed is not None and plan.speed.mode == "shapes" and plan.speed.chooses and not plan.int8:
+        from onnx_conv2matmul.quantize.kernel import choose_settings
 
-        plan.progress.phase("Kernel choice: timing each weight shape")
-        report.kernel_plan = kernel.plan_kernels(plan.src, model, run.quantize, speed, plan.verify)
-        run.quantize = report.kernel_plan.options
-        report.options["quantize"] = run.quantize.to_dict()
-        if run.auto is not None and len(speed.levels) > 1:
-            run.auto = dataclasses.replace(run.auto, accuracy_level=run.quantize.accuracy_level)
+        choose_settings(run, model, wants_smallest(plan.request))
     return rewrite
 
 
