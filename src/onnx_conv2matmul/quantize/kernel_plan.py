@@ -73,12 +73,12 @@ class KernelPlan:
 
     def for_size(self) -> KernelPlan:
         """This plan as ``--prefer size`` (and ``--auto``'s default candidate) quantizes with it:
-        of the block sizes costed (and the
-        default's), the one whose weights take the fewest bytes at these weight shapes (a block
-        pads K: PLCMOS v2 came out 0.634x at the default's block, 0.591x at 64; ddddocr's
-        recognizer 0.467x at 64, 0.459x at the default's 256), the smaller on a tie; at accuracy
-        level 0, the most accurate, which changes no byte (level 4 quantizes the activations
-        too: its error left PP-OCRv4's detector in float, 1.00x, where level 0 gives 0.44x)."""
+        of the block sizes costed and the default's, the one whose weights take the fewest bytes
+        at these weight shapes, the smaller on a tie (a block pads K: PLCMOS v2 came out 0.634x
+        at the default's block, 0.591x at 64; ddddocr's recognizer 0.467x at 64, 0.459x at the
+        default's 256); at accuracy level 0, the most accurate, which changes no byte (level 4
+        quantizes the activations too: its error left PP-OCRv4's detector in float, 1.00x, where
+        level 0 gives 0.44x)."""
         from onnx_conv2matmul.quantize.blockwise import stored_bytes
         from onnx_conv2matmul.quantize.settings import QuantizeOptions
 

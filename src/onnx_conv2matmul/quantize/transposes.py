@@ -316,7 +316,8 @@ def _make(
     missed the criterion or could not be made), and the outcome: ``met``; ``missed`` on the samples
     it was made on (a search below the criterion may meet it); ``held out``: met there, missed on
     the held-out samples (not searched again at the same target: the run steps back and aims
-    higher), its report a :class:`Made`'s without a path; ``failed``: it could not be made."""
+    higher), its model a :class:`Made` without a path, for its report; ``failed``: it could not
+    be made."""
     folder = os.path.join(scratch, "with" if flag else "without")
     os.makedirs(folder, exist_ok=True)
     try:
