@@ -387,3 +387,47 @@ def test_prefer_size_goes_on_at_the_default_block_when_a_larger_one_missed(
     assert (None if smaller is None else smaller.block_size) == then
     if smaller is not None:
         assert smaller == QuantizeOptions(block_size=64, accuracy_level=0)
+
+
+@pytest.mark.parametrize("missed", [False, True], ids=["one pass", "one pass missed"])
+def test_a_run_whose_one_pass_already_missed_goes_straight_to_the_search(
+    tmp_path: Path, missed: bool
+) -> None:
+    """A layout of the Transposes' trade made as a candidate first and missed there is searched
+    with ``one_pass_missed``: its one pass is not made a second time (no uniform candidate built
+    or checked again), the search below the floor chooses, and its model meets the floor."""
+    from onnx_conv2matmul.files.progress import NullProgress
+    from onnx_conv2matmul.quantize.workflow import quantize_file
+
+    class Phases(NullProgress):
+        def __init__(self) -> None:
+            self.names: list[str] = []
+
+        def phase(self, name: str) -> None:
+            self.names.append(name)
+
+    src = tmp_path / "outliers.onnx"
+    onnx.save(outlier_model(), src)
+    progress = Phases()
+    report = quantize_file(src, tmp_path / "q.onnx", Request(progress=progress, one_pass_missed=missed))
+    checked = [name for name in progress.names if name.startswith("Checking the candidate")]
+    searched = [name for name in progress.names if name.startswith("Evaluating configuration")]
+    assert report.passed and report.quantized_nodes == 1
+    assert (not checked, bool(searched)) == (missed, missed)
+    assert (report.one_pass is None) is missed
+    assert any("the search chose the settings" in w for w in report.warnings) is missed
+
+
+def test_the_trade_asks_a_layout_for_the_one_pass_alone_or_for_the_search_straight_away() -> None:
+    from onnx_conv2matmul.rewrite.options import ConvertOptions
+
+    convert = ConvertOptions()
+    one_pass = Request().again(convert, search=False)
+    assert one_pass.candidate and not one_pass.one_pass_missed and one_pass.nested
+    search = Request().again(convert, search=True)
+    assert not search.candidate and search.one_pass_missed
+    as_asked = Request().again(convert)
+    assert not as_asked.candidate and not as_asked.one_pass_missed
+    # A candidate of another run stays one: it never searches below the floor.
+    again = Request(candidate=True).again(convert, search=True)
+    assert again.candidate and not again.one_pass_missed

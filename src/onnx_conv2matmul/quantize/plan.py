@@ -209,7 +209,7 @@ class Request:
             shared=shared,
             nested=True,
             candidate=self.candidate or search is False,
-            one_pass_missed=bool(search),
+            one_pass_missed=bool(search) and not self.candidate,  # a candidate never searches
         )
 
 
