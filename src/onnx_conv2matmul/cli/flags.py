@@ -261,7 +261,11 @@ NBITS_OPTIONS = [
         "--block-size",
         type=int,
         default=None,
-        help=f"MatMulNBits block size: 16, 32, 64, 128 or 256 [default: {_DEFAULTS.block_size}].",
+        help=(
+            f"MatMulNBits block size: 16, 32, 64, 128 or 256 [default: {_DEFAULTS.block_size}; quantize"
+            " chooses it from the kernel costs on this CPU, the fewest bytes with --prefer size, unless"
+            " --no-bench, --auto or another --algorithm]."
+        ),
     ),
     click.option(
         "--symmetric/--asymmetric",
