@@ -276,7 +276,7 @@ def test_prefer_size_skips_the_model_without_them_only_when_it_cannot_be_smaller
 def test_a_layout_is_searched_only_when_no_layout_met_the_criterion_in_the_one_pass(
     tmp_path: Path, one_pass: dict[str, str], calls: list[tuple[str, bool | None]]
 ) -> None:
-    """Weighing the layouts costs one build and one check each, not a search each (issue 40,
+    """Weighing the layouts costs the one pass's candidates each, not a search each (issue 40,
     item 5): each is made as a candidate (the one pass alone), and a layout that missed there is
     searched only when the other missed too (PP-OCRv4 rec with --inputs searched the layout with
     the Transposes twice, 18 s each, beside a layout that had met the criterion), or met it by

@@ -213,7 +213,7 @@ def decide(
     if size_first:  # the model with them first: it may leave the other nothing to win
         order.reverse()
     # By default each layout is made by the one pass alone, and searched below the criterion
-    # only when no layout met it there with a weight quantized: one build and one check per
+    # only when no layout met it there with a weight quantized: the one pass's candidates per
     # layout, not a search each (issue 40, item 5). --prefer size searches each as the run
     # asks, for the smallest.
     one_pass_first = searches and not size_first
