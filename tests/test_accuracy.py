@@ -31,7 +31,7 @@ from onnx_conv2matmul.verify.check import VerifyOptions, compare_arrays, feed_sa
 K, N = 64, 48
 
 
-def outlier_model(seed: int = 0) -> onnx.ModelProto:
+def outlier_model(seed: int = 0, k: int = K) -> onnx.ModelProto:
     """``y = (x * s) @ W``: row 0 of W is 60 everywhere, and ``s`` scales input channel 0 by 1e-3.
 
     The outlier row sets the int4 scale of every block of 64 (about 4 per step), so the other
@@ -40,9 +40,9 @@ def outlier_model(seed: int = 0) -> onnx.ModelProto:
     models have such rows for inputs that are rarely large.
     """
     rng = np.random.default_rng(seed)
-    weight = rng.standard_normal((K, N)).astype(np.float32)
+    weight = rng.standard_normal((k, N)).astype(np.float32)
     weight[0, :] = 60.0
-    scale = np.ones(K, np.float32)
+    scale = np.ones(k, np.float32)
     scale[0] = 1e-3
     graph = helper.make_graph(
         [
@@ -50,7 +50,7 @@ def outlier_model(seed: int = 0) -> onnx.ModelProto:
             helper.make_node("MatMul", ["h", "W"], ["y"], name="proj"),
         ],
         "outliers",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "T", K])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "T", k])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", "T", N])],
         [numpy_helper.from_array(scale, "s"), numpy_helper.from_array(weight, "W")],
     )

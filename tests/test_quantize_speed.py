@@ -99,9 +99,15 @@ def test_default_chooses_from_kernel_costs_and_quantizes_once(
     assert code == 0, stderr
     costs = data["kernel_costs"]
     assert costs is not None and costs["lengths"] == [40, 120]
+    # Every block size is costed but those whose weights take more bytes than block 64's (a block
+    # pads K), which the reason names.
+    blocks = sorted({c["block_size"] for c in costs["candidates"]})
+    assert blocks[0] == 64 and set(blocks) <= set(DEFAULT_BLOCK_SIZES)
     assert [(c["block_size"], c["accuracy_level"]) for c in costs["candidates"]] == [
-        (b, lvl) for b in DEFAULT_BLOCK_SIZES for lvl in DEFAULT_LEVELS
+        (b, lvl) for b in blocks for lvl in DEFAULT_LEVELS
     ]
+    for left in set(DEFAULT_BLOCK_SIZES) - set(blocks):
+        assert f"block {left} (" in costs["reason"] and "more bytes" in costs["reason"]
     winner = costs["candidates"][costs["winner"]]
     level = winner["accuracy_level"]
     if data["kernel_choice"] is not None:  # measured slower than the original: the other level tried
