@@ -28,10 +28,12 @@ CONFORMER = Path(__file__).parent / "data" / "conformer_small.onnx"
 LENGTHS = (64, 128, 301)
 
 
-def _quantize(src: Path, dst: Path, *extra: str) -> dict:
+def _quantize(src: Path, dst: Path, *extra: str, bench: bool = False) -> dict:
+    """The CLI's quantize report; with ``bench``, the kernel choice and timing at 3 rounds."""
+    timing = ["--bench-rounds", "3"] if bench else ["--no-bench"]
     result = CliRunner().invoke(
         main,
-        ["quantize", str(src), str(dst), "--no-bench", "--report-json-stdout", *extra],
+        ["quantize", str(src), str(dst), *timing, "--report-json-stdout", *extra],
         catch_exceptions=False,
     )
     assert result.exit_code == 0, result.output
@@ -205,13 +207,7 @@ def test_a_kernel_chosen_for_speed_that_misses_goes_to_the_mix_at_that_setting(
     src = tmp_path / "m.onnx"
     onnx.save(outlier_model(k=256), src)  # K = 256: block 256 pads nothing, and takes the fewest bytes
     out = tmp_path / "q.onnx"
-    result = CliRunner().invoke(
-        main,
-        ["quantize", str(src), str(out), "--report-json-stdout", "--bench-rounds", "3"],
-        catch_exceptions=False,
-    )
-    assert result.exit_code == 0, result.output
-    data = json.loads(result.stdout)
+    data = _quantize(src, out, bench=True)
     assert data["kernel_costs"]["winner"] != 0
     candidates = data["one_pass"]["candidates"]
     assert candidates[0]["candidate"] == "uniform" and not candidates[0]["passed"]
@@ -234,13 +230,7 @@ def test_a_block_that_pads_k_into_more_bytes_is_not_costed(
     src = tmp_path / "m.onnx"
     onnx.save(outlier_model(), src)
     out = tmp_path / "q.onnx"
-    result = CliRunner().invoke(
-        main,
-        ["quantize", str(src), str(out), "--report-json-stdout", "--bench-rounds", "3"],
-        catch_exceptions=False,
-    )
-    assert result.exit_code == 0, result.output
-    data = json.loads(result.stdout)
+    data = _quantize(src, out, bench=True)
     costs = data["kernel_costs"]
     assert {c["block_size"] for c in costs["candidates"]} == {64}
     assert "block 128 (1.86x block 64's bytes)" in costs["reason"]

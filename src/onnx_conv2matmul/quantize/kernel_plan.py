@@ -75,8 +75,8 @@ class KernelPlan:
         """This plan as ``--prefer size`` (and ``--auto``'s default candidate) quantizes with it:
         of the block sizes costed and the default's, the one whose weights take the fewest bytes
         at these weight shapes, the smaller on a tie (a block pads K: PLCMOS v2 came out 0.634x
-        at the default's block, 0.591x at 64; ddddocr's recognizer 0.467x at 64, 0.459x at the
-        default's 256); at accuracy level 0, the most accurate, which changes no byte (level 4
+        at block 256, 0.591x at 64; ddddocr's recognizer 0.467x at 64, 0.459x at the default's
+        256); at accuracy level 0, the most accurate, which changes no byte (level 4
         quantizes the activations too: its error left PP-OCRv4's detector in float, 1.00x, where
         level 0 gives 0.44x)."""
         from onnx_conv2matmul.quantize.settings import QuantizeOptions
@@ -127,9 +127,8 @@ def weight_bytes(layers: Sequence[Layer], options: QuantizeOptions, block_size: 
     and zero points (a block pads K to whole blocks: see :func:`~.blockwise.stored_bytes`)."""
     from onnx_conv2matmul.quantize.blockwise import stored_bytes
 
-    bits = options.bits if options.bits in (4, 8) else 4
     shapes = {layer.name: (layer.k, layer.n) for layer in layers}.values()
-    return sum(stored_bytes(k, n, bits, block_size, options.symmetric) for k, n in shapes)
+    return sum(stored_bytes(k, n, options.bits, block_size, options.symmetric) for k, n in shapes)
 
 
 def _not_bigger(
@@ -141,10 +140,11 @@ def _not_bigger(
     256, 0.591x at 64)."""
     if options.block_size not in blocks:
         return tuple(blocks), ""
-    base = weight_bytes(layers, options, options.block_size)
-    kept = tuple(b for b in blocks if weight_bytes(layers, options, b) <= base)
+    sizes = {b: weight_bytes(layers, options, b) for b in blocks}
+    base = sizes[options.block_size]
+    kept = tuple(b for b in blocks if sizes[b] <= base)
     left = [
-        f"block {b} ({weight_bytes(layers, options, b) / base:.2f}x block {options.block_size}'s bytes)"
+        f"block {b} ({sizes[b] / base:.2f}x block {options.block_size}'s bytes)"
         for b in blocks
         if b not in kept
     ]
