@@ -166,7 +166,9 @@ def test_a_busy_machine_weighs_the_layouts_as_untimed(
     assert isinstance(trade, dict) and trade["kept"] == "without them"
     assert trade["reason"].startswith("timed on a busy machine, not used (the machine was busy")
     assert "not used" in trade["timed_on"]
-    assert all(model["latency_ratios"] for model in trade["models"])  # shown, not used
+    without, with_ = trade["models"]
+    assert with_["latency_ratios"]  # shown, not used
+    assert without["as_original"] and without["latency_ratios"] is None  # the original's graph: not timed
     assert _Loaded.share_seen >= BUSY_WAIT_SHARE
 
 

@@ -56,10 +56,16 @@ class Layout:
     """Why the model was not made (it could not be the one kept); empty when it was."""
     none_quantized: str = ""
     """Why a model made with no quantized node has none (its run's own reason); empty otherwise."""
+    as_original: bool = False
+    """Made with no node rewritten or quantized: the original's graph, whose latency is the
+    original's (1.0) without timing it."""
 
     @property
     def speed(self) -> float | None:
-        """The geometric mean of the latency ratios (None when not timed)."""
+        """The geometric mean of the latency ratios (None when not timed; 1.0 for a model that is
+        the original's graph)."""
+        if self.as_original:
+            return 1.0
         if not self.ratios:
             return None
         return math.exp(sum(math.log(r) for r in self.ratios) / len(self.ratios))
@@ -76,6 +82,7 @@ class Layout:
             "latency_ratio": None if self.speed is None else round(self.speed, 4),
             "not_made": self.not_made or None,
             "none_quantized": self.none_quantized or None,
+            "as_original": self.as_original,
         }
 
 

@@ -11,7 +11,9 @@ So, when the rewrite leaves such convs (skip reason ``adds_transposes``) holding
 weights (:func:`weighed_share`: 10% by default, 1% with ``--prefer size`` or ``speed``),
 ``quantize`` makes both models (without them and with them, each quantized and checked as the
 run asks), times them against the original side by side on this CPU (the speed step's
-inputs, :mod:`onnx_conv2matmul.speed.inputs`), and keeps one by the preference:
+inputs, :mod:`onnx_conv2matmul.speed.inputs`; a model made with the original's graph, nothing
+rewritten or quantized, is not timed: its latency is the original's), and keeps one by the
+preference:
 
 - ``size``: the smaller model that meets the accuracy criterion, whatever its latency;
 - ``speed``: the faster one (the lower geometric mean of the latency ratios over the inputs);
@@ -101,6 +103,8 @@ def choose(
     def described(i: int) -> str:
         value = layouts[i].speed
         timing = "" if value is None else f", {value:.2f}x the original's latency"
+        if layouts[i].as_original:
+            timing = ", the original's graph"
         return f"{layouts[i].name} ({_size(layouts[i].bytes)}{timing})"
 
     missed = [layouts[i].name for i in range(len(layouts)) if i not in eligible and not layouts[i].not_made]
@@ -255,14 +259,16 @@ def decide(
         made.reverse()
         held.reverse()
     timed_on = busy = confirmed = ""
-    timed = [i for i, m in enumerate(made) if m is not None]
+    # A layout with the original's graph is not timed: its latency is the original's.
+    timed = [i for i, m in enumerate(made) if m is not None and not layouts[i].as_original]
     line: Any = None  # the last timing of both: the kept layout's latency line
     if timing is not None and timed:
         from onnx_conv2matmul.speed.inputs import timing_inputs
         from onnx_conv2matmul.verify.run import release_freed_memory
 
-        progress("Timing both against the original")
-        # What making both layouts freed, before three sessions open and hold their activations
+        which = "both" if len(timed) > 1 else layouts[timed[0]].name
+        progress(f"Timing {which} against the original")
+        # What making both layouts freed, before the sessions open and hold their activations
         # for the whole timing (captcha-recognizer's YOLO at 640x640: a peak of 807 MiB, 614 after).
         release_freed_memory(always=True)
         timing = timing_inputs(src, timing, verify)  # planned once, for both timings
@@ -270,7 +276,7 @@ def decide(
         if not busy and options.prefer is Prefer.BALANCED and _hinges_on_the_margin(layouts, options.margin):
             # The smaller model is kept only because it timed within the margin: a choice that
             # flips with the load unless it holds twice (issue 42, item 3).
-            progress("Timing both against the original again (the choice hinges on the margin)")
+            progress(f"Timing {which} against the original again (the choice hinges on the margin)")
             first = {i: layouts[i] for i in timed}
             _, busy, line = _time(src, made, layouts, timed, timing, options)
             if not busy:  # else weighed as untimed, as the first timing would have been
@@ -286,10 +292,13 @@ def decide(
     for i, layout in enumerate(layouts):
         if not layout.passed and not layout.not_made:
             layouts[i] = dataclasses.replace(layout, bytes=layout.bytes or original)
-    weighed = [dataclasses.replace(layout, ratios=None) for layout in layouts] if busy else layouts
+    weighed = layouts
+    if busy or not any(layout.ratios for layout in layouts):
+        # Weighed as untimed, the original's graph too: the rule for no timing, whose reason says so.
+        weighed = [dataclasses.replace(layout, ratios=None, as_original=False) for layout in layouts]
     kept, reason = choose(weighed, options.prefer, options.margin, busy or "not timed")
     reason += unsearched + confirmed
-    if line is not None and made[kept] is not None:
+    if line is not None and made[kept] is not None and kept in timed:
         _latency_line(made[kept].report, line, 1 + timed.index(kept), busy)  # type: ignore[union-attr]
     trade = TransposeTrade(
         convs,
@@ -333,7 +342,16 @@ def _make(
     ok = passed and bool(path) and os.path.exists(path)
     unchanged = getattr(report, "unchanged", None) if ok and not quantized else None
     why = unchanged.message if unchanged is not None else ""
-    layout = Layout(name, flag, model_file_bytes(path) if ok else 0, ok, None, quantized, none_quantized=why)
+    layout = Layout(
+        name,
+        flag,
+        model_file_bytes(path) if ok else 0,
+        ok,
+        None,
+        quantized,
+        none_quantized=why,
+        as_original=ok and _as_original(report),
+    )
     if ok:
         return layout, Made(path, report), "met"
     if report is None:
@@ -341,6 +359,21 @@ def _make(
     if getattr(report, "held_out_missed", False):
         return layout, Made("", report), "held out"
     return layout, None, "missed"  # (a candidate whose one pass missed writes nothing)
+
+
+def _as_original(report: Any) -> bool:
+    """Whether a model made has the original's graph: no node rewritten, quantized or stored
+    otherwise. Its latency is the original's; timing it would cost a session and rounds to
+    measure the noise (captcha-recognizer's YOLO: 3.5 s and a session's activations at 640x640)."""
+    rewrite = getattr(report, "rewrite", None) or {}
+    other = getattr(report, "other_weights", None)
+    return (
+        "nodes_before" in rewrite
+        and rewrite["nodes_before"] == rewrite.get("nodes_after")
+        and not rewrite.get("converted")
+        and not report.quantized_nodes
+        and not (other is not None and other.stored)
+    )
 
 
 def _time(

@@ -29,6 +29,8 @@ def print_transpose_trade(console: Console, trade: dict[str, Any]) -> None:
     for model in trade["models"]:
         ratios = model["latency_ratios"]
         latency = "not timed" if ratios is None else " / ".join(f"{r:.2f}" for r in ratios)
+        if model.get("as_original"):
+            latency = "the original's"
         size = "-" if model["size_ratio"] is None else f"{model['size_ratio']:.3f}x"
         kept = "yes" if model["name"] == trade["kept"] else ""
         meets = "yes" if model["meets_criterion"] else "no"
