@@ -24,9 +24,9 @@ process's (``wait4``). Rows:
 ``metric`` is the recognizer's character error rate (CTC greedy decoding with the alphabet in
 the model's ``character`` metadata) or the direction classifier's top-1 accuracy (half the lines
 turned by 180 degrees); ``agree`` the share of fp32's labels the output keeps on the held-out
-inputs, counted as the check counts them (per sample; per frame where fp32 is confident for the
-recognizer). A last run checks 2,000 lines of 3x48x597 (687 MB) against the default 64 MiB
-budget with ``verify --inputs`` (``--big``).
+inputs, counted as the check counts them (per sample; for the recognizer, the characters read
+from its frames, changes counted as edits). A last run checks 2,000 lines of 3x48x597 (687 MB)
+against the default 64 MiB budget with ``verify --inputs`` (``--big``).
 
 Needs Pillow (to render the lines): ``pip install pillow``.
 
@@ -212,8 +212,8 @@ def _inputs(kind: str, work: Path) -> None:
 
 def _agreement(model: str, candidate: str, x: np.ndarray, name: str, kind: str) -> str:
     """The share of fp32's labels ``candidate`` keeps on ``x``, counted as the check counts them
-    (:func:`onnx_conv2matmul.verify.labels.count`: per sample for a classifier, per frame where
-    fp32 is confident for a recognizer)."""
+    (:func:`onnx_conv2matmul.verify.labels.count`: per sample for a classifier, the labels read
+    from the frames for a recognizer)."""
     from onnx_conv2matmul.verify.labels import FRAMES, LABELS, count
 
     def outputs(path: str) -> np.ndarray:

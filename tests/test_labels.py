@@ -1,5 +1,5 @@
 """Criteria shaped like the output (verify/labels.py): outputs of class scores found in the graph,
-their labels counted per sample or per confident frame, judged over a whole check with what the
+their labels counted per sample or as read from the frames, judged over a whole check with what the
 count can promise, in verify, quantize's default run and --auto."""
 
 from __future__ import annotations
@@ -28,8 +28,10 @@ from onnx_conv2matmul.verify.labels import (
     agreement_bound,
     agreement_floor,
     count,
+    edits,
     labels_needed,
     output_tasks,
+    read_labels,
     task_results,
     unpromisable,
     unpromised,
@@ -152,17 +154,61 @@ def test_labels_count_every_sample_and_a_non_finite_one_as_changed() -> None:
     assert count(ref[:, :1], out[:, :1], LABELS) == (0, 0)  # one class: nothing to pick
 
 
-@pytest.mark.parametrize("form", ["probabilities", "log-probabilities", "logits"])
-def test_frames_count_only_where_fp32_is_confident(form: str) -> None:
-    # Four frames: confident (0.96), unsure (0.4 / 0.35 / 0.25), unsure (0.8), confident (0.92).
-    probs = np.array(
-        [[[0.96, 0.02, 0.02], [0.4, 0.35, 0.25], [0.1, 0.1, 0.8], [0.04, 0.04, 0.92]]], np.float64
-    )
-    moved = probs[:, :, ::-1].copy()  # every frame's top class moves
-    change = {"probabilities": lambda p: p, "log-probabilities": np.log, "logits": lambda p: np.log(p) + 3.0}
-    ref, out = change[form](probs), change[form](moved)
-    assert count(ref.astype(np.float32), out.astype(np.float32), FRAMES) == (2, 2)
-    assert count(ref.astype(np.float32), ref.astype(np.float32), FRAMES) == (2, 0)
+def _scores(tops: list[list[int]], classes: int = 4) -> np.ndarray:
+    """Log-probabilities [sequences, positions, classes] whose top class is ``tops``' (0.7 likely)."""
+    top = np.array(tops)
+    scores = np.full((*top.shape, classes), np.log(0.3 / (classes - 1)), np.float32)
+    np.put_along_axis(scores, top[..., None], np.log(0.7), axis=-1)
+    return scores
+
+
+def test_frames_count_the_labels_read_and_the_edits_between_the_readings() -> None:
+    # Blank 0 tops 9 of 16 positions: repeats merged, blanks dropped, fp32 reads 1 2 2 3 | 3 1.
+    ref = _scores([[0, 1, 1, 0, 2, 0, 2, 3], [0, 0, 0, 0, 3, 0, 0, 1]])
+    assert count(ref, ref, FRAMES) == (6, 0)
+    # A run shortened, a blank moved: the same reading.
+    same = _scores([[0, 1, 0, 0, 2, 0, 2, 3], [0, 0, 0, 3, 3, 0, 0, 1]])
+    assert count(ref, same, FRAMES) == (6, 0)
+    # The blank between two 2s turned into 2: they merge (a deletion); a 1 read as 2 (a substitution).
+    moved = _scores([[0, 1, 1, 0, 2, 2, 2, 3], [0, 0, 0, 0, 3, 0, 0, 2]])
+    assert count(ref, moved, FRAMES) == (6, 2)
+    # A candidate that reads more than fp32 is counted against the longer reading.
+    noisy = _scores([[1, 2, 1, 2, 1, 2, 1, 2], [0, 0, 0, 0, 3, 0, 0, 1]])
+    read = edits(np.array([1, 2, 2, 3]), np.array([1, 2, 1, 2, 1, 2, 1, 2]))
+    assert count(ref, noisy, FRAMES) == (8 + 2, read) and read == 5
+    # One frame of 16 moved off the blank-free runs: one label of the six read.
+    assert count(ref, _scores([[0, 1, 1, 0, 1, 0, 2, 3], [0, 0, 0, 0, 3, 0, 0, 1]]), FRAMES) == (6, 1)
+
+
+def test_no_label_is_dropped_without_a_blank_and_masked_positions_are_left_out() -> None:
+    # No class tops half the positions: nothing dropped, only repeats merged.
+    ref = _scores([[1, 1, 2, 3, 0, 0]])
+    assert count(ref, ref, FRAMES) == (4, 0)
+    # fp32 gives no finite scores at a position (masked): left out of both readings; the
+    # candidate's non-finite scores where fp32's are finite read as a label of their own.
+    masked = ref.copy()
+    masked[0, 3] = np.nan
+    out = masked.copy()
+    out[0, 3] = 0.0  # finite where fp32 is masked: not read
+    assert count(masked, out, FRAMES) == (3, 0)
+    out[0, 4] = np.inf
+    assert count(masked, out, FRAMES) == (4, 1)  # 1 2 0 -> 1 2 ? 0: one inserted
+
+
+@given(
+    st.lists(st.integers(0, 3), max_size=12),
+    st.lists(st.integers(0, 3), max_size=12),
+)
+@settings(max_examples=200, deadline=None)
+def test_edits_is_the_levenshtein_distance(a: list[int], b: list[int]) -> None:
+    row = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        previous, row[0] = row[0], i
+        for j, y in enumerate(b, 1):
+            previous, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, previous + (x != y))
+    assert edits(np.array(a, np.int64), np.array(b, np.int64)) == row[-1]
+    runs = [x for i, x in enumerate(a) if i == 0 or a[i - 1] != x]
+    assert list(read_labels(np.array(a, np.int64), None)) == runs
 
 
 # --------------------------------------------------------------------------- #

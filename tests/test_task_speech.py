@@ -1,9 +1,10 @@
 """Task accuracy on a trained speech recognizer from the registry (issue 41): hama's phoneme
 recognizer (CTC over IPA units; its weights mostly in pointwise convs and MatMuls) on English
 utterances spoken by espeak-ng (``tests/data/speech.npz``, made by ``make_speech.py`` there).
-The defaults keep the phoneme error rate against espeak-ng's own IPA within a point of fp32's on
-utterances no choice of the run heard; real calibration utterances as ``--inputs`` (and with
-``--auto``) let the search quantize it."""
+The phoneme error rate against espeak-ng's own IPA stays within a point of fp32's on utterances
+no choice of the run heard: with the defaults (which keep it in float: synthesised waveforms say
+nothing of speech), and with real calibration utterances as ``--inputs``, with and without
+``--auto``, which let the search quantize it."""
 
 from __future__ import annotations
 
@@ -113,19 +114,19 @@ def test_the_defaults_keep_the_phoneme_error_rate_within_a_point_of_fp32(data: t
 
 @pytest.mark.network
 @pytest.mark.parametrize("how", ["inputs", "auto"])
-def test_real_speech_lets_the_search_quantize(data: tuple, how: str) -> None:
+def test_real_speech_lets_the_search_quantize_within_a_point(data: tuple, how: str) -> None:
     """On synthesised waveforms the defaults keep this recognizer in float; real utterances as
     ``--inputs`` let the search quantize it, checked on utterances it never saw (12 given: 9
-    searched on, 3 held out), the frames' criterion counted. (Its phoneme error rate is not
-    asserted here: every int4 model of it keeps at least 99% of fp32's confident frames and still
-    changes 13-17% of the decoded phonemes, which moves the error rate by -0.7 to +5.6 points on
-    these utterances: a criterion on the decoded sequence is what would bound it.)"""
-    model, folder, *_ = data
+    searched on, 3 held out), the phonemes read from its frames kept at 99%. Counted as fp32's
+    confident frames instead, every int4 model kept 99% of them while its phoneme error rate
+    moved by up to +5.6 points (``--auto``: 0.671x at +3.8 points on these utterances)."""
+    model, folder, held, truth, units = data
     extra = ["--auto"] if how == "auto" else []
     out = folder / f"{how}.onnx"
     report = _quantize(model, out, *extra, "--inputs", str(folder / "calibration"))
-    assert report["quantized_nodes"] > 0 and out.stat().st_size < 0.75 * model.stat().st_size
+    assert report["quantized_nodes"] > 0 and out.stat().st_size < 0.95 * model.stat().st_size
     (frames,) = [t for t in report["verification"]["labels"] if t["output"] == "log_probs"]
     assert frames["kind"] == "frames" and frames["passed"] and frames["labels"] > 0
     held_out = report["accuracy"]["held_out"]
     assert held_out["held_out_samples"] == 3 and held_out["passed"] is True
+    assert _per(out, held, truth, units) <= _per(model, held, truth, units) + 0.01

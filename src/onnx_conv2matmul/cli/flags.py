@@ -213,7 +213,7 @@ def min_cosine_option(help: str) -> Decorator:
                 show_default=True,
                 help=(
                     "With a minimum cosine, outputs of class scores must also keep fp32's labels"
-                    " (99%, or the minimum cosine when lower; per sample, or per confident frame):"
+                    " (99%, or the minimum cosine when lower; per sample, or as read from frames):"
                     " auto finds them in the graph (Softmax, ArgMax, logits), labels takes every"
                     " output that can hold them, cosine none."
                 ),
