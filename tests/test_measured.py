@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from onnx_conv2matmul.quantize.options import FLOAT, Setting
+from onnx_conv2matmul.quantize.ranking import criterion
 from onnx_conv2matmul.quantize.reference import FeedSet
-from onnx_conv2matmul.quantize.search import _criterion
 from onnx_conv2matmul.quantize.search_options import MEASURE_NODES, AutoOptions
 from onnx_conv2matmul.quantize.sensitivity import calibrate
 
@@ -69,7 +69,7 @@ def test_when_sensitivity_is_measured(
 ) -> None:
     feeds = FeedSet([{"x": np.zeros(3, np.float32)}], [1], "", [], {"x": how})
     options = AutoOptions(min_cosine=0.99, speed_aware=speed_aware, measure=measure)
-    assert _criterion(options, feeds, nodes) == expected
+    assert criterion(options, feeds, nodes) == expected
 
 
 def test_the_smallest_feeds_that_hold_enough_samples() -> None:
@@ -94,7 +94,7 @@ def test_int8_other_weights_that_alone_miss_the_target_are_not_offered(
 ) -> None:
     """Measured alone, every other weight in int8 at once: PP-OCRv4 rec's convs cost cosine 0.973,
     below 0.99 by themselves, so no model of the search could hold them; they stay float."""
-    from onnx_conv2matmul.quantize import search as _search
+    from onnx_conv2matmul.quantize import ranking
     from onnx_conv2matmul.quantize.search_options import OTHER_INT8
     from onnx_conv2matmul.quantize.search_runs import _Measured
     from onnx_conv2matmul.quantize.sensitivity import MatMulNode
@@ -102,15 +102,61 @@ def test_int8_other_weights_that_alone_miss_the_target_are_not_offered(
     def evaluate(_path, config, *_args, **_kwargs):  # type: ignore[no-untyped-def]
         return _Measured(cosine=others_cosine if config.other_weights else 0.998)
 
-    monkeypatch.setattr(_search, "_evaluate", evaluate)
+    monkeypatch.setattr(ranking, "_evaluate", evaluate)
     node = MatMulNode("mm", None, 64, 64, 16384)
     node.options = {Setting(4, 64, False): (0.01, 2600)}
     others = MatMulNode("(other weights)", None, 0, 0, 90000)
     others.options = {OTHER_INT8: (1e-5, 23000)}
     reference = type("R", (), {"feeds": type("F", (), {"feeds": [{"x": np.zeros((1, 4), np.float32)}]})()})()
     options = AutoOptions(min_cosine=0.99)
-    _search._measure_alone("m.onnx", [node], others, options, reference, "w", True, None)  # type: ignore[arg-type]
+    ranking.measure_alone("m.onnx", [node], others, options, reference, "w", True, None)  # type: ignore[arg-type]
     assert bool(others.options) is offered
     assert node.options[Setting(4, 64, False)][0] == pytest.approx(0.002)  # rescaled to its loss
     if offered:
         assert others.options[OTHER_INT8][0] == pytest.approx(1 - others_cosine)
+
+
+def test_losses_measured_once_in_a_quantize_run_are_read_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step back after a held-out miss searches the same model on the same feeds again: the
+    losses alone kept by the first search are read, not measured again (hama's phoneme
+    recognizer with 12 utterances: 26.7 s -> 19.3 s, the same model). Another model, another
+    feed or another setting is measured."""
+    from onnx_conv2matmul.quantize import ranking
+    from onnx_conv2matmul.quantize.search_runs import _Measured
+    from onnx_conv2matmul.quantize.sensitivity import MatMulNode
+
+    runs: list[str] = []
+
+    def evaluate(_path, config, *_args, **_kwargs):  # type: ignore[no-untyped-def]
+        runs.append(",".join(config.nodes))
+        return _Measured(cosine=0.995)
+
+    monkeypatch.setattr(ranking, "_evaluate", evaluate)
+
+    def measure(model: str, value: float, kept: dict) -> float:
+        node = MatMulNode("mm", None, 64, 64, 16384)
+        node.options = {Setting(4, 64, False): (0.01, 2600)}
+        feeds = [{"x": np.full((1, 4), value, np.float32)}]
+        reference = type("R", (), {"feeds": type("F", (), {"feeds": feeds})()})()
+        ranking.measure_alone(  # type: ignore[arg-type]
+            "m.onnx",
+            [node],
+            MatMulNode("o", None, 0, 0, 0),
+            AutoOptions(min_cosine=0.99),
+            reference,
+            "w",
+            True,
+            None,
+            ((model, "layout"), kept),
+        )
+        return node.options[Setting(4, 64, False)][0]
+
+    kept: dict = {}
+    first = measure("a.onnx", 0.0, kept)
+    assert runs == ["mm"] and len(kept) == 1
+    assert measure("a.onnx", 0.0, kept) == first and runs == ["mm"]  # read, not run
+    measure("a.onnx", 1.0, kept)  # other feeds
+    measure("b.onnx", 0.0, kept)  # another model
+    assert runs == ["mm"] * 3 and len(kept) == 3
+    measure("a.onnx", 0.0, {})  # a run of its own measures again
+    assert len(runs) == 4

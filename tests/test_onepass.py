@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -404,13 +405,24 @@ def test_prefer_size_goes_on_at_the_default_block_when_a_larger_one_missed(
 
 @pytest.mark.parametrize("missed", [False, True], ids=["one pass", "one pass missed"])
 def test_a_run_whose_one_pass_already_missed_goes_straight_to_the_search(
-    tmp_path: Path, missed: bool
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, missed: bool
 ) -> None:
     """A layout of the Transposes' trade made as a candidate first and missed there is searched
     with ``one_pass_missed``: its one pass is not made a second time (no uniform candidate built
-    or checked again), the search below the floor chooses, and its model meets the floor."""
+    or checked again), the search below the floor chooses, and its model meets the floor. The
+    search keeps the losses it measures alone in the run's store (the request's ``losses``),
+    under the model's source and rewrite."""
     from onnx_conv2matmul.files.progress import NullProgress
+    from onnx_conv2matmul.quantize import search as _search
     from onnx_conv2matmul.quantize.workflow import quantize_file
+
+    real, stores = _search.search, []
+
+    def search(*args: Any, **kwargs: Any) -> Any:
+        stores.append(kwargs["losses"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_search, "search", search)
 
     class Phases(NullProgress):
         def __init__(self) -> None:
@@ -422,13 +434,16 @@ def test_a_run_whose_one_pass_already_missed_goes_straight_to_the_search(
     src = tmp_path / "outliers.onnx"
     onnx.save(outlier_model(), src)
     progress = Phases()
-    report = quantize_file(src, tmp_path / "q.onnx", Request(progress=progress, one_pass_missed=missed))
+    losses: dict[Any, float] = {}
+    request = Request(progress=progress, one_pass_missed=missed, losses=losses)
+    report = quantize_file(src, tmp_path / "q.onnx", request)
     checked = [name for name in progress.names if name.startswith("Checking the candidate")]
     searched = [name for name in progress.names if name.startswith("Evaluating configuration")]
     assert report.passed and report.quantized_nodes == 1
     assert (not checked, bool(searched)) == (missed, missed)
     assert (report.one_pass is None) is missed
     assert any("the search chose the settings" in w for w in report.warnings) is missed
+    assert [store[1] is losses and store[0][0] == str(src) for store in stores] == [True] * missed
 
 
 def test_the_trade_asks_a_layout_for_the_one_pass_alone_or_for_the_search_straight_away() -> None:

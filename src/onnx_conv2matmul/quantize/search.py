@@ -40,7 +40,6 @@ Everything is deterministic: the feeds, the order of nodes and trade-offs, and t
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import time
@@ -51,6 +50,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnx_conv2matmul.errors import ModelRunError, TargetUnreachable
+from onnx_conv2matmul.quantize import ranking
 from onnx_conv2matmul.quantize.blockwise import BlockCache
 from onnx_conv2matmul.quantize.blockwise import block_dequantize as block_dequantize
 from onnx_conv2matmul.quantize.blockwise import block_quantize as block_quantize
@@ -58,7 +58,7 @@ from onnx_conv2matmul.quantize.options import FLOAT as FLOAT
 from onnx_conv2matmul.quantize.options import AutoOptions
 from onnx_conv2matmul.quantize.options import Setting as Setting
 from onnx_conv2matmul.quantize.reference import FeedSet, Reference
-from onnx_conv2matmul.quantize.search_options import MEASURE_NODES, MEASURE_SAMPLES, OTHER_INT8
+from onnx_conv2matmul.quantize.search_options import OTHER_INT8
 from onnx_conv2matmul.quantize.search_result import AutoConfig as AutoConfig
 from onnx_conv2matmul.quantize.search_result import AutoResult as AutoResult
 from onnx_conv2matmul.quantize.search_result import Evaluation as Evaluation
@@ -134,6 +134,7 @@ def search(
     memory: int | None = None,
     speed_filter: SpeedFilter | None = None,
     check: Any = None,
+    losses: tuple[Any, dict[Any, float]] | None = None,
 ) -> AutoResult:
     """Find the smallest configuration of ``model`` (rewritten, fp32) that meets the options' target.
 
@@ -147,7 +148,10 @@ def search(
     any error is measured, extends the ladder with the block sizes the kernel choice costed and
     keeps from each node the settings slower than float on this CPU (see
     :class:`onnx_conv2matmul.quantize.speed_objective.SpeedFilter`): they are never measured nor
-    chosen. With it, the search also stops once a step shrinks the passing model by less than
+    chosen. ``losses``: what identifies ``model`` (its source and rewrite) and the losses alone
+    measured for it so far, by this quantize run's earlier searches: a weight's loss at a setting
+    on the same feeds is read there, not measured again (and what is measured is kept there).
+    With it, the search also stops once a step shrinks the passing model by less than
     :data:`MIN_STEP`, or the step left could not shrink it by as much (speed, not the last bytes,
     is what it then serves). ``check`` (the accuracy check's ``VerifyOptions``): every
     evaluation also keeps the rows that check would give, and the result's ``checked`` holds the
@@ -200,12 +204,14 @@ def search(
             other_error, kept_bytes, int8_bytes = measured_others
             others.float_bytes = kept_bytes
             others.options[OTHER_INT8] = (other_error, int8_bytes)
-    criterion = _criterion(options, feed_set, len(nodes))
+    criterion = ranking.criterion(options, feed_set, len(nodes))
     if criterion == "measured":
         say("Measuring each weight's sensitivity on the inputs")
-        _measure_alone(fp32_path, nodes, others, options, reference, workdir, deterministic, blocks)
+        ranking.measure_alone(
+            fp32_path, nodes, others, options, reference, workdir, deterministic, blocks, losses
+        )
     elif criterion != "predicted":
-        _rank(criterion, model, nodes, reference)
+        ranking.rank_by(criterion, model, nodes, reference)
     sensitivity_seconds = time.perf_counter() - sens_started
     items = [*nodes, others]
     tradeoffs = [0.0, *_breakpoints(items), math.inf]
@@ -339,66 +345,6 @@ def _checked(reached: _Measured, feeds: int) -> tuple[str, list[Any]] | None:
     return reached.digest, [row for index in range(feeds) for row in reached.rows[index]]
 
 
-def _criterion(options: AutoOptions, feed_set: FeedSet, nodes: int) -> str:
-    """How the nodes are ranked (:mod:`onnx_conv2matmul.quantize.sensitivity`): as the options say;
-    by default measured on the user's files, or when the smallest model is asked for and there are
-    at most :data:`MEASURE_NODES` nodes; predicted otherwise."""
-    if options.criterion is not None:
-        return options.criterion
-    if options.measure is not None:
-        return "measured" if options.measure else "predicted"
-    real = bool(feed_set.how) and all(how == "from the input files" for how in feed_set.how.values())
-    smallest = not options.speed_aware and nodes <= MEASURE_NODES
-    return "measured" if real or smallest else "predicted"
-
-
-def _rank(criterion: str, model: ir.Model, nodes: Sequence[MatMulNode], reference: Reference) -> None:
-    """Each node's errors rescaled by one of NNCF's rankers (:mod:`onnx_conv2matmul.quantize.sensitivity`)."""
-    from onnx_conv2matmul.quantize.projection import quantizable_matmuls
-    from onnx_conv2matmul.quantize.sensitivity import rank
-
-    weights: dict[str, ir.Value] = {}
-    for _, node, b in quantizable_matmuls(model):
-        if node.name and node.name not in weights:
-            weights[node.name] = b
-
-    def weight(name: str) -> np.ndarray:
-        return np.asarray(weights[name].const_value.numpy())  # type: ignore[union-attr]
-
-    rank(criterion, nodes, weight, reference.statistics)
-
-
-def _measure_alone(
-    fp32_path: str,
-    nodes: Sequence[Any],
-    others: MatMulNode,
-    options: AutoOptions,
-    reference: Reference,
-    workdir: str,
-    deterministic: bool,
-    blocks: BlockCache,
-) -> None:
-    """Each node's errors scaled by its loss alone on the smallest feeds of :data:`MEASURE_SAMPLES`
-    samples (a ranking: evaluations check every feed); the other weights' by all in int8 at once,
-    not offered when that alone misses the target (PP-OCRv4 rec's convs in int8: cosine 0.973)."""
-    from onnx_conv2matmul.quantize.sensitivity import calibrate
-    from onnx_conv2matmul.verify.feeds import smallest_covering
-
-    every = smallest_covering(reference.feeds.feeds, MEASURE_SAMPLES)
-    measure_all = _Target(dataclasses.replace(options, min_cosine=-2.0, metric=None), None)
-
-    def loss_alone(name: str, setting: Setting) -> float:
-        alone = setting == OTHER_INT8
-        config = AutoConfig({} if alone else {name: setting}, alone, options.accuracy_level)
-        measured = _evaluate(fp32_path, config, reference, every, workdir, deterministic, measure_all, blocks)
-        return 1.0 - (measured.cosine if measured.cosine is not None else -1.0)
-
-    losses = calibrate([*nodes, others] if others.options else nodes, loss_alone)
-    limit = None if options.min_cosine is None else 1.0 - options.min_cosine
-    if limit is not None and any(m.node == others.name and m.measured >= limit for m in losses):
-        others.options = {}
-
-
 MIN_STEP = 0.02
 """With a speed filter, the search stops once a passing step shrank the model by less than this
 share of its bytes, or no model left to try is smaller than the passing one by as much."""
@@ -490,6 +436,7 @@ def run_search(run: Run, workdir: str, model: ir.Model | Prepared, speed_filter:
         memory=plan.verify.memory,
         speed_filter=speed_filter,
         check=plan.verify,
+        losses=None if plan.request.losses is None else ((plan.src, repr(plan.convert)), plan.request.losses),
     )
 
 
