@@ -7,7 +7,10 @@ Three trained models from registry packages (fetched into the test-model cache):
   preprocessing: 50 calibration lines (one ``.npz`` of ``x [50, 3, 48, W]``, as a user would
   hand to ``--inputs``) and 100 held-out lines that score each output;
 - Magika's file-type classifier (magika 0.6.2), on the files of this machine: 100 as the
-  calibration file, 400 others held out.
+  calibration file, 400 others held out;
+- hama's phoneme recognizer (hama 1.3.13; CTC over IPA units, raw 16 kHz audio in), on the
+  utterances espeak-ng spoke into ``tests/data/speech.npz``: 12 as a calibration directory (one
+  ``.npz`` a file, as their lengths differ), 20 held out, scored against espeak-ng's own IPA.
 
 Each command is run as a user types it, in its own process, and timed; its peak memory is that
 process's (``wait4``). Rows:
@@ -22,8 +25,9 @@ process's (``wait4``). Rows:
   score being the task metric on 60 scored lines (others than the held-out ones).
 
 ``metric`` is the recognizer's character error rate (CTC greedy decoding with the alphabet in
-the model's ``character`` metadata) or the direction classifier's top-1 accuracy (half the lines
-turned by 180 degrees); ``agree`` the share of fp32's labels the output keeps on the held-out
+the model's ``character`` metadata), the direction classifier's top-1 accuracy (half the lines
+turned by 180 degrees), or the phoneme recognizer's phoneme error rate; ``agree`` the share of
+fp32's labels the output keeps on the held-out
 inputs, counted as the check counts them (per sample; for the recognizer, the characters read
 from its frames, changes counted as edits). A last run checks 2,000 lines of 3x48x597 (687 MB)
 against the default 64 MiB budget with ``verify --inputs`` (``--big``).
@@ -35,7 +39,7 @@ ranking the MatMuls (``AutoOptions(criterion=...)``: measured, predicted and NNC
 see quantize/sensitivity.py) through the library, every conv rewritten and nothing timed, and prints
 each one's size and task metric.
 
-    python benchmarks/bench_real.py [--workdir DIR] [--only rec|cls|magika] [--validate] [--big]
+    python benchmarks/bench_real.py [--workdir DIR] [--only rec|cls|magika|speech] [--validate] [--big]
     python benchmarks/bench_real.py --rankers [A,B]
 """
 
@@ -59,7 +63,7 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 from _process import run_quiet as _run  # noqa: E402
 from bench_onepass import RECIPE  # noqa: E402
 from model_cache import FETCHER  # noqa: E402
-from real_packages import CLS, MAGIKA, REC  # noqa: E402
+from real_packages import CLS, MAGIKA, REC, SPEECH  # noqa: E402
 
 FONTS = (
     "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
@@ -189,6 +193,8 @@ def _lines(kind: str, count: int, seed: int, width: int) -> tuple[np.ndarray, li
 
 
 def _metric(path: str, data: Path, kind: str) -> float:
+    if kind == "speech":
+        return 1.0 - _speech_per(path)
     env = {"BENCH_REAL_LINES": str(data), "BENCH_REAL_KIND": kind}
     os.environ.update(env)
     namespace: dict = {}
@@ -248,19 +254,21 @@ def bench(
     name = "bytes" if kind == "magika" else "x"
     if kind == "magika":
         x = _magika_inputs(work)
+    elif kind == "speech":
+        x = _speech_inputs(work)
     else:
         _inputs(kind, work)
         x = np.load(work / "held" / "lines.npz")["x"]
     env = dict(os.environ, BENCH_REAL_LINES=str(work / "scored"), BENCH_REAL_KIND=kind)
     tool = [sys.executable, "-m", "onnx_conv2matmul"]
-    calib = str(work / "calib.npz")
+    calib = str(work / ("calib" if kind == "speech" else "calib.npz"))
     runs = {
         "defaults": [],
         "--inputs": ["--inputs", calib],
         "--auto --inputs": ["--auto", "--inputs", calib],
         "--int8-dynamic --inputs": ["--int8-dynamic", "--inputs", calib],
     }
-    if validate and kind != "magika":
+    if validate and kind not in ("magika", "speech"):
         runs["--validate"] = ["--auto", "--validate", f"{work / 'metric.py'}:score", "--max-drop", max_drop]
         runs["--validate"] += ["--inputs", calib]
     size = os.path.getsize(model)
@@ -268,7 +276,7 @@ def bench(
     def shown(value: float | None) -> str:
         if value is None:
             return "-"
-        return f"{100 * (1 - value):.2f}%" if kind == "rec" else f"{100 * value:.1f}%"
+        return f"{100 * (1 - value):.2f}%" if kind in ("rec", "speech") else f"{100 * value:.1f}%"
 
     fp32 = None if kind == "magika" else _metric(model, work / "held", kind)
     y = _yardstick(model, work)
@@ -303,7 +311,9 @@ def bench(
                 f"{written / 2**20:.2f}",
                 f"{written / size:.3f}",
                 shown(value),
-                _agreement(model, str(out), x, name, kind),
+                _speech_agreement(model, str(out))
+                if kind == "speech"
+                else _agreement(model, str(out), x, name, kind),
                 f"{seconds:.1f}",
                 f"{peak / 2**20:.0f}",
                 f"exit {code}",
@@ -313,9 +323,61 @@ def bench(
         "rec": "CER on 100 held-out lines",
         "cls": "top-1 on 100 held-out lines",
         "magika": "400 other files",
+        "speech": "phoneme error rate on 20 held-out utterances",
     }
     rows.append(("", f"({what[kind]}; agree: fp32's labels kept)", "", "", "", "", "", "", ""))
     return rows
+
+
+def _speech_inputs(work: Path) -> np.ndarray:
+    """The 12 calibration utterances of ``tests/data/speech.npz`` as a directory of ``.npz`` files;
+    the 20 held out, and their truth, kept for the metric (an empty array stands for them)."""
+    import test_task_speech as speech
+    from model_cache import FETCHER as fetcher
+    from real_packages import SPEECH_VOCAB
+
+    units = json.loads(Path(fetcher.fetch(SPEECH_VOCAB)).read_text())["decoder"]
+    stored = np.load(speech.DATA)
+    (work / "calib").mkdir(exist_ok=True)
+    _HELD.clear()
+    for i, split in enumerate(stored["split"]):
+        wave = speech._audio(stored[f"audio_{i}"])[None]
+        feed = {"waveform": wave, "waveform_lengths": np.array([wave.shape[1]], np.int64)}
+        if split == 0:
+            np.savez(work / "calib" / f"{i:02d}.npz", **feed)
+        else:
+            _HELD.append((feed, speech._units(str(stored[f"phonemes_{i}"]), units)))
+    _UNITS[:] = units
+    return np.zeros(0)
+
+
+_HELD: list[tuple[dict[str, np.ndarray], list[str]]] = []
+_UNITS: list[str] = []
+
+
+def _speech_per(path: str) -> float:
+    import test_task_speech as speech
+
+    feeds, truth = [feed for feed, _ in _HELD], [units for _, units in _HELD]
+    return speech._per(Path(path), feeds, truth, _UNITS)
+
+
+def _speech_agreement(model: str, candidate: str) -> str:
+    """The phonemes read from fp32's frames that ``candidate`` keeps on the held-out utterances,
+    counted as the check counts them."""
+    from onnx_conv2matmul.verify.labels import FRAMES, count
+
+    def session(path: str) -> ort.InferenceSession:
+        options = ort.SessionOptions()
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+
+    a, b = session(model), session(candidate)
+    labels = changed = 0
+    for feed, _ in _HELD:
+        n, k = count(a.run(None, feed)[0], b.run(None, feed)[0], FRAMES)
+        labels, changed = labels + n, changed + k
+    return f"{100 * (labels - changed) / labels:.2f}% of {labels}"
 
 
 def _magika_inputs(work: Path) -> np.ndarray:
@@ -419,7 +481,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--big", action="store_true", help="also check 2,000 lines in the default budget")
-    parser.add_argument("--only", choices=("rec", "cls", "magika"), help="one model only")
+    parser.add_argument("--only", choices=("rec", "cls", "magika", "speech"), help="one model only")
     parser.add_argument("--validate", action="store_true", help="also --auto --validate with the task metric")
     parser.add_argument("--allow-added-transposes", action="store_true", help="pass it to every quantize run")
     parser.add_argument(
@@ -429,13 +491,21 @@ def main() -> None:
     root = args.workdir or Path(tempfile.mkdtemp(prefix="bench-real-"))
     header = ("model", "run", "MiB", "x fp32", "metric", "agree", "wall s", "peak MiB", "result")
     rows = [header]
-    for kind, packaged, drop in (("rec", REC, "0.01"), ("cls", CLS, "0.01"), ("magika", MAGIKA, "0.01")):
+    models = (
+        ("rec", REC, "0.01"),
+        ("cls", CLS, "0.01"),
+        ("magika", MAGIKA, "0.01"),
+        ("speech", SPEECH, "0.01"),
+    )
+    for kind, packaged, drop in models:
         if args.only not in (None, kind):
             continue
         work = root / kind
         work.mkdir(parents=True, exist_ok=True)
         extra = ["--allow-added-transposes"] if args.allow_added_transposes else []
         if args.rankers:
+            if kind in ("magika", "speech"):  # the rankers compare on rendered lines
+                continue
             _inputs(kind, work)
             rows.extend(rankers(kind, str(FETCHER.fetch(packaged)), work, args.rankers))
             continue
