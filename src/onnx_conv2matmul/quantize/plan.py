@@ -178,9 +178,9 @@ class Request:
     """The one pass of this very run already missed the criterion (a layout of the Transposes'
     trade made as a candidate first): the search below it runs straight away."""
     losses: dict[Any, float] | None = dataclasses.field(default=None, compare=False, repr=False)
-    """Each weight's loss alone, as the search measured it on the inputs, kept for the runs of one
-    quantize (a step back after a held-out miss, each layout of the Transposes' trade): the same
-    model, weight, setting and feeds give the same loss, so it is measured once (see
+    """Each weight's loss alone, as the search measured it on the inputs, kept for every run of one
+    quantize (a step back after a held-out miss searches the same layout on the same feeds again):
+    the same model, weight, setting and feeds give the same loss, so it is measured once (see
     :func:`onnx_conv2matmul.quantize.search.search`). Made by the outermost run."""
     larger_than: int | None = None
     """A candidate's model of more bytes than this is neither checked, timed nor written: the

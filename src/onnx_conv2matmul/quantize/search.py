@@ -151,7 +151,7 @@ def search(
     chosen. ``losses``: what identifies ``model`` (its source and rewrite) and the losses alone
     measured for it so far, by this quantize run's earlier searches: a weight's loss at a setting
     on the same feeds is read there, not measured again (and what is measured is kept there).
-    With it, the search also stops once a step shrinks the passing model by less than
+    With ``speed_filter``, the search also stops once a step shrinks the passing model by less than
     :data:`MIN_STEP`, or the step left could not shrink it by as much (speed, not the last bytes,
     is what it then serves). ``check`` (the accuracy check's ``VerifyOptions``): every
     evaluation also keeps the rows that check would give, and the result's ``checked`` holds the
