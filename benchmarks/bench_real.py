@@ -63,7 +63,7 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 from _process import run_quiet as _run  # noqa: E402
 from bench_onepass import RECIPE  # noqa: E402
 from model_cache import FETCHER  # noqa: E402
-from real_packages import CLS, MAGIKA, REC, SPEECH  # noqa: E402
+from real_packages import CLS, MAGIKA, REC, SPEECH, SPEECH_VOCAB  # noqa: E402
 
 FONTS = (
     "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
@@ -333,20 +333,10 @@ def _speech_inputs(work: Path) -> np.ndarray:
     """The 12 calibration utterances of ``tests/data/speech.npz`` as a directory of ``.npz`` files;
     the 20 held out, and their truth, kept for the metric (an empty array stands for them)."""
     import test_task_speech as speech
-    from model_cache import FETCHER as fetcher
-    from real_packages import SPEECH_VOCAB
 
-    units = json.loads(Path(fetcher.fetch(SPEECH_VOCAB)).read_text())["decoder"]
-    stored = np.load(speech.DATA)
-    (work / "calib").mkdir(exist_ok=True)
-    _HELD.clear()
-    for i, split in enumerate(stored["split"]):
-        wave = speech._audio(stored[f"audio_{i}"])[None]
-        feed = {"waveform": wave, "waveform_lengths": np.array([wave.shape[1]], np.int64)}
-        if split == 0:
-            np.savez(work / "calib" / f"{i:02d}.npz", **feed)
-        else:
-            _HELD.append((feed, speech._units(str(stored[f"phonemes_{i}"]), units)))
+    units = json.loads(Path(FETCHER.fetch(SPEECH_VOCAB)).read_text())["decoder"]
+    held, truth = speech.speech_sets(work / "calib", units)
+    _HELD[:] = list(zip(held, truth, strict=True))
     _UNITS[:] = units
     return np.zeros(0)
 

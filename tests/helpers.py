@@ -99,6 +99,17 @@ def matmul_model(dtype: int = TensorProto.FLOAT) -> onnx.ModelProto:
     return model
 
 
+def edit_distance(a: Sequence[object], b: Sequence[object]) -> int:
+    """The Levenshtein distance by the textbook recurrence: the task tests' error rates, and the
+    oracle the tool's own (vectorised) one is checked against."""
+    row = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        previous, row[0] = row[0], i
+        for j, y in enumerate(b, 1):
+            previous, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, previous + (x != y))
+    return row[-1]
+
+
 def session(model: onnx.ModelProto | str) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL

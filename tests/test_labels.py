@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
+from helpers import edit_distance
 from onnx_conv2matmul.cli.app import main
 from onnx_conv2matmul.verify.compare import OutputComparison
 from onnx_conv2matmul.verify.labels import (
@@ -201,12 +202,7 @@ def test_no_label_is_dropped_without_a_blank_and_masked_positions_are_left_out()
 )
 @settings(max_examples=200, deadline=None)
 def test_edits_is_the_levenshtein_distance(a: list[int], b: list[int]) -> None:
-    row = list(range(len(b) + 1))
-    for i, x in enumerate(a, 1):
-        previous, row[0] = row[0], i
-        for j, y in enumerate(b, 1):
-            previous, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, previous + (x != y))
-    assert edits(np.array(a, np.int64), np.array(b, np.int64)) == row[-1]
+    assert edits(np.array(a, np.int64), np.array(b, np.int64)) == edit_distance(a, b)
     runs = [x for i, x in enumerate(a) if i == 0 or a[i - 1] != x]
     assert list(read_labels(np.array(a, np.int64), None)) == runs
 

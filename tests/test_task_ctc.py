@@ -16,18 +16,10 @@ import pytest
 from click.testing import CliRunner
 
 from bitmap_text import lines
+from helpers import edit_distance
 from model_cache import FETCHER
 from onnx_conv2matmul.cli.app import main
 from real_packages import REC
-
-
-def _edits(a: str, b: str) -> int:
-    row = list(range(len(b) + 1))
-    for i, ca in enumerate(a, 1):
-        prev, row[0] = row[0], i
-        for j, cb in enumerate(b, 1):
-            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (ca != cb))
-    return row[-1]
 
 
 def _read(path: Path, x: np.ndarray, chars: list[str]) -> list[str]:
@@ -43,7 +35,7 @@ def _read(path: Path, x: np.ndarray, chars: list[str]) -> list[str]:
 
 
 def _cer(read: list[str], truth: list[str]) -> float:
-    return sum(_edits(a, b) for a, b in zip(read, truth, strict=True)) / sum(len(t) for t in truth)
+    return sum(edit_distance(a, b) for a, b in zip(read, truth, strict=True)) / sum(len(t) for t in truth)
 
 
 @pytest.fixture(scope="module")

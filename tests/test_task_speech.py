@@ -16,6 +16,7 @@ import onnxruntime as ort
 import pytest
 from click.testing import CliRunner
 
+from helpers import edit_distance
 from model_cache import FETCHER
 from onnx_conv2matmul.cli.app import main
 from real_packages import SPEECH, SPEECH_VOCAB
@@ -44,15 +45,6 @@ def _units(ipa: str, units: list[str]) -> list[str]:
     return out
 
 
-def _edits(a: list[str], b: list[str]) -> int:
-    row = list(range(len(b) + 1))
-    for i, ca in enumerate(a, 1):
-        prev, row[0] = row[0], i
-        for j, cb in enumerate(b, 1):
-            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (ca != cb))
-    return row[-1]
-
-
 def _per(path: Path, held: list[dict[str, np.ndarray]], truth: list[list[str]], units: list[str]) -> float:
     """The phoneme error rate of the model at ``path`` on ``held`` (greedy CTC decoding)."""
     options = ort.SessionOptions()
@@ -63,26 +55,34 @@ def _per(path: Path, held: list[dict[str, np.ndarray]], truth: list[list[str]], 
         log_probs, lengths = session.run(None, feed)
         best = log_probs[0, : lengths[0]].argmax(-1)
         keep = (best != BLANK) & (best != WORD) & np.r_[True, best[1:] != best[:-1]]
-        errors += _edits([units[k] for k in best[keep]], want)
+        errors += edit_distance([units[k] for k in best[keep]], want)
     return errors / sum(len(t) for t in truth)
+
+
+def speech_sets(calibration: Path, units: list[str]) -> tuple[list[dict[str, np.ndarray]], list[list[str]]]:
+    """The utterances of :data:`DATA`: those for calibration written into the directory
+    ``calibration`` (an ``.npz`` each, as their lengths differ: what ``--inputs`` takes); the
+    held-out ones returned as feeds, with espeak-ng's IPA for each as ``units``."""
+    stored = np.load(DATA)
+    calibration.mkdir(exist_ok=True)
+    held, truth = [], []
+    for i, split in enumerate(stored["split"]):
+        wave = _audio(stored[f"audio_{i}"])[None]
+        feed = {"waveform": wave, "waveform_lengths": np.array([wave.shape[1]], np.int64)}
+        if split == 0:
+            np.savez(calibration / f"{i:02d}.npz", **feed)
+        else:
+            held.append(feed)
+            truth.append(_units(str(stored[f"phonemes_{i}"]), units))
+    return held, truth
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list, list, list]:
     model = Path(FETCHER.fetch(SPEECH))
     units = json.loads(Path(FETCHER.fetch(SPEECH_VOCAB)).read_text())["decoder"]
-    stored = np.load(DATA)
     folder = tmp_path_factory.mktemp("speech")
-    (folder / "calibration").mkdir()
-    held, truth = [], []
-    for i, split in enumerate(stored["split"]):
-        wave = _audio(stored[f"audio_{i}"])[None]
-        feed = {"waveform": wave, "waveform_lengths": np.array([wave.shape[1]], np.int64)}
-        if split == 0:
-            np.savez(folder / "calibration" / f"{i:02d}.npz", **feed)
-        else:
-            held.append(feed)
-            truth.append(_units(str(stored[f"phonemes_{i}"]), units))
+    held, truth = speech_sets(folder / "calibration", units)
     return model, folder, held, truth, units
 
 

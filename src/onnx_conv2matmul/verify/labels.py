@@ -12,7 +12,7 @@ This module is the one place that decides it:
   softmax spelt out), the input of an ``ArgMax`` or ``TopK`` over its last axis, or an output of
   rank 2 or 3 named as logits. ``[samples, classes]`` gives one
   label per sample (:data:`LABELS`); more axes give a sequence of labels along the positions
-  (:data:`FRAMES`, CTC and tagging heads), counted as they are read (:func:`read`: repeats
+  (:data:`FRAMES`, CTC and tagging heads), counted as they are read (:func:`read_labels`: repeats
   merged, the blank dropped), changes as the edits between fp32's reading and the candidate's:
   the share kept bounds how far an error rate against any truth can move. ``--criterion``
   overrides it.
