@@ -48,8 +48,12 @@ def test_the_share_is_what_other_processes_used_of_this_ones_cpus(monkeypatch: p
 
 
 def test_the_share_is_measured_where_the_system_says() -> None:
-    with CpuWait() as wait:
-        sum(i * i for i in range(200_000))
+    import time
+
+    with CpuWait() as wait:  # long enough for the share to be known (MIN_CAPACITY_S)
+        end = time.perf_counter() + machine.MIN_CAPACITY_S
+        while time.perf_counter() < end:
+            sum(i * i for i in range(10_000))
     if machine._readings() is None:
         pytest.skip("this system does not give /proc/stat")
     assert wait.share is not None and 0.0 <= wait.share <= 1.0
@@ -73,9 +77,24 @@ def test_short_blocks_are_added_up_before_the_share_is_clipped(monkeypatch: pyte
     monkeypatch.setattr(costs_module, "CpuWait", _Ticks)
     clock = FakeClock()
     costs = KernelCosts(None, clock=clock, session_factory=KernelMachine(clock, int8_machine(3.0)))
-    for n in (16, 32, 48, 64):
+    for n in range(16, 16 + 2 * 60, 2):  # 60 blocks: 0.6 CPU-second, enough to be known
         costs.measure(64, n, Kernel(4, 64, 0), [25])
     assert costs.waited == 0.0 and not costs.busy
+
+
+def test_a_share_over_too_short_a_span_is_not_known(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four blocks of 5 ms, each read a tick busy: 100% others, over 0.04 CPU-second, less than
+    the counters can tell (a quiet machine's small model read 10-20% busy so): not known, trusted."""
+    monkeypatch.setattr(costs_module, "CpuWait", _Ticks)
+    _Ticks.turn = 0
+    clock = FakeClock()
+    costs = KernelCosts(None, clock=clock, session_factory=KernelMachine(clock, int8_machine(3.0)))
+    for n in (16, 48, 80, 112):
+        _Ticks.turn = 0  # +1 tick each time
+        costs.measure(64, n, Kernel(4, 64, 0), [25])
+    assert costs.waited is None and not costs.busy
+    assert CpuWait.share_of(0.01, 0.04) is None
+    assert CpuWait.share_of(0.3, machine.MIN_CAPACITY_S) == pytest.approx(0.6)
 
 
 def _busy_costs(monkeypatch: pytest.MonkeyPatch, path: Path) -> KernelCosts:

@@ -5,6 +5,7 @@ sessions whose runs cost what the test says, so no test depends on how fast anyt
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +40,7 @@ INT8_FAST = int8_machine(int8_factor=0.6)
 def _costs(cost=INT8_SLOW, path: Path | None = None, **kwargs: object) -> tuple[KernelCosts, KernelMachine]:  # type: ignore[no-untyped-def]
     clock = FakeClock()
     machine = KernelMachine(clock, cost)
+    kwargs.setdefault("min_ms", 0.0)  # the runs as given (see test_short_kernels_run_longer)
     costs = KernelCosts(
         None if path is None else str(path),
         clock=clock,
@@ -345,3 +347,115 @@ def test_a_default_result_slower_than_the_original_is_not_handed_over(
     assert levels == {0}
     assert any("other accuracy levels were checked and timed" in w for w in report.warnings)
     assert all(lat["ratio"] < 1 for lat in report.latency["result"])  # type: ignore[index]
+
+
+def test_short_kernels_run_longer_long_ones_as_many_times_as_asked() -> None:
+    """A kernel of 10 us runs until it has taken MIN_TIMED_MS (capped at MAX_RUNS); one of 10 ms
+    runs DEFAULT_RUNS times: the fastest of nine runs of microseconds moved 15% between cold runs."""
+    from onnx_conv2matmul.speed import costs as costs_module
+
+    def cost(key: str, k: int, n: int, rows: int) -> float:
+        return 0.01 if rows == 1 else 10.0
+
+    costs, machine = _costs(cost, min_ms=costs_module.MIN_TIMED_MS)
+    costs.prefetch([Layer("a", 64, 64, (1, 2))], [FLOAT_KERNEL])
+    runs = Counter(rows for _, rows in machine.runs)
+    warmup = costs_module.DEFAULT_WARMUP
+    assert runs[1] == warmup + costs_module.MAX_RUNS  # 5 ms / 0.01 ms = 500, capped
+    assert runs[2] == warmup + costs_module.DEFAULT_RUNS
+
+    def middling(key: str, k: int, n: int, rows: int) -> float:
+        return 0.1
+
+    costs, machine = _costs(middling, min_ms=costs_module.MIN_TIMED_MS)
+    costs.prefetch([Layer("a", 64, 64, (1,))], [FLOAT_KERNEL])
+    assert len(machine.runs) == warmup + 50  # 5 ms / 0.1 ms
+
+
+class _Drifting:
+    """A machine whose 8-bit kernels cost ``first`` times float in the first session opened for a
+    shape and ``second`` times float in any later one (a cold run's noise, then the truth)."""
+
+    def __init__(self, first: float, second: float) -> None:
+        self.first, self.second = first, second
+        self.machine = KernelMachine(FakeClock(), self.cost)
+        self.timed: list[str] = []
+
+    def cost(self, key: str, k: int, n: int, rows: int) -> float:
+        base = k * n * rows / 1e6
+        if not key.startswith("int8"):
+            return base * (1.0 if key == "float" else 0.5)
+        self.timed.append(key)
+        sessions = self.machine.opened.count(f"{key}-{k}x{n}.onnx")
+        return base * (self.first if sessions == 1 else self.second)
+
+
+def _drifting_costs(first: float, second: float) -> tuple[KernelCosts, _Drifting]:
+    drift = _Drifting(first, second)
+    clock = drift.machine.clock
+    return KernelCosts(None, clock=clock, session_factory=drift.machine, min_ms=0.0), drift
+
+
+def test_a_refusal_rests_on_a_second_timing_that_keeps_the_faster() -> None:
+    """The first timing puts 8 bits at 3x float, the second at 0.9x: the faster holds, and the
+    setting is offered; the entries timed twice are not timed a third time."""
+    costs, drift = _drifting_costs(first=3.0, second=0.9)
+    speed = SpeedFilter(costs, {layer.name: layer for layer in LAYERS}, accuracy_level=0)
+    node = _node()
+    speed([node])
+    assert Setting(8, 64, True) in node.options and not speed.dropped
+    eight = [k for k in costs.table if k.startswith("int8-b64-l0:64x128:")]
+    assert eight and all(
+        costs.table[k] == pytest.approx(0.9 * 64 * 128 * int(k.rsplit(":", 1)[1]) / 1e6) for k in eight
+    )
+    before = len(drift.timed)
+    assert costs.confirm([LAYERS[0], LAYERS[2]], [Kernel(8, 64, 0)]) == 0 and len(drift.timed) == before
+    assert costs.confirm(LAYERS, [Kernel(8, 64, 0)]) == 2  # layer b's shape: confirmed only now
+
+
+def test_a_refusal_that_holds_on_the_second_timing_stands() -> None:
+    costs, _ = _drifting_costs(first=3.0, second=2.5)
+    speed = SpeedFilter(costs, {layer.name: layer for layer in LAYERS}, accuracy_level=0)
+    node = _node()
+    speed([node])
+    assert Setting(8, 64, True) not in node.options
+    assert speed.dropped == {"int8 block 64 symmetric": ["a"]}
+
+
+def test_entries_read_from_the_cache_are_not_timed_again(tmp_path: Path) -> None:
+    cache = tmp_path / "costs.json"
+    first, _ = _costs(INT8_SLOW, path=cache)
+    first.prefetch(LAYERS, [FLOAT_KERNEL, Kernel(8, 64, 0)])
+    first.save()
+    again, machine = _costs(INT8_SLOW, path=cache)
+    assert again.confirm(LAYERS, [FLOAT_KERNEL, Kernel(8, 64, 0)]) == 0 and machine.runs == []
+
+
+def test_a_tie_at_4_bits_goes_to_the_level_that_runs_8_bits_faster() -> None:
+    """4 bits cost the same at levels 0 and 4; 8 bits 2.2x float at level 0 and 1.1x at level 4
+    (a small BERT on an AVX-512 VNNI CPU): level 4 is taken, so the search can keep 8 bits."""
+    from onnx_conv2matmul.quantize.kernel_plan import eight_bit_tie
+
+    def cost(key: str, k: int, n: int, rows: int) -> float:
+        base = k * n * rows / 1e6
+        factor = {
+            "float": 1.0,
+            "int4-b64-l0": 1.18,
+            "int4-b64-l4": 1.18,
+            "int8-b64-l0": 2.2,
+            "int8-b64-l4": 1.1,
+        }
+        return base * factor[key]
+
+    costs, _ = _costs(cost)
+    winner, ranked, _ = rank_kernels(costs, LAYERS, (64,), (0, 4), min_gain=0.02)
+    assert ranked[winner].kernel.accuracy_level == 0  # the 4-bit timing alone: a tie, the first
+    picked, why = eight_bit_tie(costs, LAYERS, ranked, winner, 0.02)
+    assert ranked[picked].kernel.accuracy_level == 4 and "ties with it for 4 bits" in why
+
+    def no_gain(key: str, k: int, n: int, rows: int) -> float:
+        return cost(key, k, n, rows) if key != "int8-b64-l4" else 2.2 * k * n * rows / 1e6
+
+    costs, _ = _costs(no_gain)
+    winner, ranked, _ = rank_kernels(costs, LAYERS, (64,), (0, 4), min_gain=0.02)
+    assert eight_bit_tie(costs, LAYERS, ranked, winner, 0.02) == (winner, "")

@@ -204,6 +204,10 @@ def plan_kernels(
         note = f"; {again}"
         if not confirmed:
             winner = 0
+    if bits == 4 and not costs.busy:
+        winner, tie = eight_bit_tie(costs, layers, ranked, winner, speed.min_gain)
+        note += tie
+        costs.save()  # the 8-bit kernels it timed
     best = ranked[winner]
     chosen = dataclasses.replace(
         options, block_size=best.kernel.block_size, accuracy_level=best.kernel.accuracy_level
@@ -225,6 +229,46 @@ def plan_kernels(
     )
 
 
+def eight_bit_tie(
+    costs: KernelCosts, layers: Sequence[Layer], ranked: Sequence[RankedKernel], winner: int, min_gain: float
+) -> tuple[int, str]:
+    """The winner, or a setting at another accuracy level tied with it (its 4-bit MatMuls within
+    ``min_gain`` of the winner's) whose 8-bit MatMuls run faster by more than ``min_gain``; and
+    what decided, in words (empty: there was no tie).
+
+    The level is one for every MatMul, and the search that runs when the uniform setting falls
+    below the criterion offers 8 bits only where they do not slow the model. On a CPU where
+    4-bit kernels cost the same at levels 0 and 4 but 8-bit ones twice as much at level 0 (a small
+    BERT's: 1.17-1.21x float's for 4 bits at either, 8 bits 2.2x at level 0 and 1.1x at 4), the
+    noise of the 4-bit timing chose the level, and with it whether the search could keep 8 bits
+    (0.32x) or had to leave those layers in float (0.69x). A tie goes to the smaller model."""
+    from onnx_conv2matmul.speed.costs import model_cost
+
+    best = ranked[winner]
+    tied = [
+        index
+        for index, other in enumerate(ranked)
+        if other.kernel.accuracy_level != best.kernel.accuracy_level
+        and other.relative <= best.relative * (1 + min_gain)
+    ]
+    if not tied:
+        return winner, ""
+    eight = {i: dataclasses.replace(ranked[i].kernel, bits=8) for i in [winner, *tied]}
+    costs.prefetch(layers, list(eight.values()))
+    if costs.busy:
+        return winner, ""
+    cost = {i: sum(model_cost(costs, layers, kernel)) for i, kernel in eight.items()}
+    pick = min(tied, key=lambda i: (cost[i], i))
+    if cost[pick] >= cost[winner] * (1 - min_gain):
+        return winner, ""
+    chosen = ranked[pick].kernel
+    return pick, (
+        f"; block {chosen.block_size} level {chosen.accuracy_level} ties with it for 4 bits"
+        f" ({ranked[pick].relative:.2f}x) and runs 8-bit weights {cost[pick] / cost[winner]:.2f}x as"
+        " long, so the search can keep them where the criterion needs 8 bits: it is taken"
+    )
+
+
 def confirm_gain(
     costs: KernelCosts, layers: Sequence[Layer], accurate: RankedKernel, faster: RankedKernel, min_gain: float
 ) -> tuple[bool, str]:
@@ -239,6 +283,7 @@ def confirm_gain(
         runs=costs.runs,
         warmup=costs.warmup,
         threads=costs.threads,
+        min_ms=costs.min_ms,
         clock=costs.clock,
         session_factory=costs.session_factory,
     )

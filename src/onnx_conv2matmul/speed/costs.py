@@ -44,6 +44,12 @@ DEFAULT_RUNS = 9
 on a shared machine is only ever slowed down by the others, so the least disturbed run is the
 kernel's own cost (medians of runs measured on a loaded 2-core machine disagreed by 2x and more)."""
 DEFAULT_WARMUP = 2
+MIN_TIMED_MS = 5.0
+"""Each kernel is timed for at least this long at each row count: where :data:`DEFAULT_RUNS`
+runs take less (the last warm-up run says), it runs more, up to :data:`MAX_RUNS`. The fastest of
+nine runs of a kernel of microseconds moved by 15% from one cold run to the next (a small BERT's
+8-bit kernels at 1.13x and 0.96x float's), enough to flip which layers the search may quantize."""
+MAX_RUNS = 200
 MAX_TIMED_VALUES = 2**20
 """A kernel is timed on at most this many values of activation or output (4 MiB of float32): at more
 rows it is timed at fewer and its cost scaled up by the rows, as a kernel that large costs in
@@ -112,6 +118,7 @@ class KernelCosts:
         path: The cache file to read and write; None: nothing kept between runs.
         read_cache: False ignores what the file holds (measurements are still written to it).
         runs, warmup, threads: How each kernel is timed (threads 0: onnxruntime's default).
+        min_ms: The least time each kernel is timed for (see :data:`MIN_TIMED_MS`; 0: ``runs``).
         clock, session_factory: As :func:`onnx_conv2matmul.speed.timing.time_models`.
     """
 
@@ -125,11 +132,12 @@ class KernelCosts:
         threads: int = 0,
         clock: Clock | None = None,
         session_factory: SessionFactory | None = None,
+        min_ms: float = MIN_TIMED_MS,
     ) -> None:
         if runs < 1 or warmup < 0:
             raise ValueError("kernel timing needs at least one run and no negative warm-up")
         self.path = path
-        self.runs, self.warmup, self.threads = runs, warmup, threads
+        self.runs, self.warmup, self.threads, self.min_ms = runs, warmup, threads, min_ms
         self.clock = clock or _default_clock
         self.session_factory = session_factory or timed_session
         self.table: dict[str, float] = {}
@@ -142,6 +150,8 @@ class KernelCosts:
         self._others = self._capacity = 0.0
         self._timed: set[str] = set()
         """The entries this object timed: not written to the cache when it timed them busy."""
+        self._confirmed: set[str] = set()
+        """The entries :meth:`confirm` timed a second time."""
         self.from_cache = 0
         self._saved = 0
         """``measured`` when the table was last written: a save with nothing new writes nothing."""
@@ -188,7 +198,7 @@ class KernelCosts:
             wait = CpuWait(enabled=self.clock is REAL_CLOCK)
             with wait:
                 measured = self._time_rounds(todo, sessions, counts, (k, n))
-            if wait.share is not None and wait.capacity > 0:  # added up raw, clipped once
+            if wait.capacity > 0:  # added up raw, clipped once (short blocks read nothing alone)
                 self._others += wait.others
                 self._capacity += wait.capacity
                 self.waited = CpuWait.share_of(self._others, self._capacity)
@@ -217,10 +227,18 @@ class KernelCosts:
             timed = timed_rows(k, n, count)
             x = rng.standard_normal((timed, k)).astype(np.float32)
             samples: dict[Kernel, list[float]] = {kernel: [] for kernel in todo}
+            last: list[float] = []  # the last warm-up run of each kernel, in milliseconds
             for _ in range(self.warmup):
+                last = []
                 for _, session, name in sessions:
+                    start = self.clock()
                     session.run(None, {name: x})
-            for round_index in range(self.runs):
+                    last.append((self.clock() - start) * 1000)
+            runs = self.runs
+            if last and self.min_ms > 0:
+                shortest = max(min(last), 1e-6)
+                runs = max(runs, min(MAX_RUNS, math.ceil(self.min_ms / shortest)))
+            for round_index in range(runs):
                 shift = round_index % len(sessions)
                 for kernel, session, name in [*sessions[shift:], *sessions[:shift]]:
                     start = self.clock()
@@ -229,6 +247,37 @@ class KernelCosts:
             for kernel in todo:
                 found[self.entry(k, n, kernel, count)] = float(min(samples[kernel])) * count / timed
         return found
+
+    def confirm(self, layers: Iterable[Layer], kernels: Sequence[Kernel]) -> int:
+        """Time again, in fresh sessions, the ``kernels`` at the shapes and rows of ``layers``
+        that this object timed once (entries read from the cache are left: they were confirmed
+        when they mattered), keeping the faster of the two timings of each; how many entries.
+
+        A decision that refuses a kernel for being slower than float must hold on a second
+        timing: the kernels of a small model take microseconds, and two cold runs, each the
+        fastest of :data:`DEFAULT_RUNS`, put one 8-bit kernel at 1.13x and 0.96x float's."""
+        todo: dict[tuple[int, int], tuple[set[Kernel], set[int]]] = {}
+        for layer in layers:
+            for kernel in kernels:
+                keys = [self.entry(layer.k, layer.n, kernel, r) for r in layer.rows]
+                if any(key in self._timed and key not in self._confirmed for key in keys):
+                    found, rows = todo.setdefault((layer.k, layer.n), (set(), set()))
+                    found.add(kernel)
+                    rows.update(layer.rows)
+        count = 0
+        for (k, n), (found, rows) in todo.items():
+            first = {}
+            for kernel in found:
+                for r in rows:
+                    key = self.entry(k, n, kernel, r)
+                    if key in self.table:
+                        first[key] = self.table.pop(key)
+            self.measure_shape(k, n, sorted(found, key=lambda x: x.key), sorted(rows))
+            for key, value in first.items():
+                self.table[key] = min(value, self.table.get(key, value))
+                self._confirmed.add(key)
+                count += 1
+        return count
 
     def prefetch(self, layers: Iterable[Layer], kernels: Sequence[Kernel]) -> None:
         """Measure every kernel at every shape and row count of ``layers`` not known yet, the

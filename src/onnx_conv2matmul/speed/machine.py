@@ -101,6 +101,13 @@ def _readings() -> tuple[float, float, int] | None:
     return busy / ticks, own.user + own.system, len(cpus)
 
 
+MIN_CAPACITY_S = 0.5
+"""CPU seconds (wall time times the CPUs) a share of others' use must span to be known: the
+counters tick at 10 ms, a few ticks off at each end, so a shorter span reads others at 10-20% on a
+quiet machine (a small BERT's kernels, timed in 0.1 s, read busy in one cold run of two and chose
+differently each time). Under it, the share is not known, so the timing is trusted."""
+
+
 class CpuWait:
     """How much of the CPUs this process may run on other processes used while the block ran:
     their busy time (from ``/proc/stat``) minus this process's own, over the block's wall time
@@ -139,11 +146,14 @@ class CpuWait:
             self.share = self.share_of(self.others, self.capacity)
 
     @staticmethod
-    def share_of(others: float, capacity: float) -> float:
-        """Others' CPU seconds over the CPU seconds spanned, clipped to [0, 1]. Blocks are added
-        up before this: both counts come in clock ticks (10 ms), so a block of a few milliseconds
-        reads 0 or a whole tick by chance, and clipping each block keeps the chance highs and
-        drops the chance lows (a quiet machine read 6-24% busy summed clipped, -1% to -4% raw)."""
+    def share_of(others: float, capacity: float) -> float | None:
+        """Others' CPU seconds over the CPU seconds spanned, clipped to [0, 1]; None (not known)
+        below :data:`MIN_CAPACITY_S`. Blocks are added up before this: both counts come in clock
+        ticks (10 ms), so a block of a few milliseconds reads 0 or a whole tick by chance, and
+        clipping each block keeps the chance highs and drops the chance lows (a quiet machine read
+        6-24% busy summed clipped, -1% to -4% raw)."""
+        if capacity < MIN_CAPACITY_S:
+            return None
         return min(1.0, max(0.0, others / capacity))
 
     @property
