@@ -450,7 +450,7 @@ def test_a_tie_at_4_bits_goes_to_the_level_that_runs_8_bits_faster() -> None:
     costs, _ = _costs(cost)
     winner, ranked, _ = rank_kernels(costs, LAYERS, (64,), (0, 4), min_gain=0.02)
     assert ranked[winner].kernel.accuracy_level == 0  # the 4-bit timing alone: a tie, the first
-    picked, why = eight_bit_tie(costs, LAYERS, ranked, winner, 0.02)
+    picked, why = eight_bit_tie(costs, LAYERS, ranked, winner)
     assert ranked[picked].kernel.accuracy_level == 4 and "ties with it for 4 bits" in why
 
     def no_gain(key: str, k: int, n: int, rows: int) -> float:
@@ -458,4 +458,4 @@ def test_a_tie_at_4_bits_goes_to_the_level_that_runs_8_bits_faster() -> None:
 
     costs, _ = _costs(no_gain)
     winner, ranked, _ = rank_kernels(costs, LAYERS, (64,), (0, 4), min_gain=0.02)
-    assert eight_bit_tie(costs, LAYERS, ranked, winner, 0.02) == (winner, "")
+    assert eight_bit_tie(costs, LAYERS, ranked, winner) == (winner, "")

@@ -205,7 +205,7 @@ def plan_kernels(
         if not confirmed:
             winner = 0
     if bits == 4 and not costs.busy:
-        winner, tie = eight_bit_tie(costs, layers, ranked, winner, speed.min_gain)
+        winner, tie = eight_bit_tie(costs, layers, ranked, winner)
         note += tie
         costs.save()  # the 8-bit kernels it timed
     best = ranked[winner]
@@ -229,12 +229,20 @@ def plan_kernels(
     )
 
 
+TIE_BAND = 0.05
+"""Settings whose 4-bit MatMuls cost within this share of the chosen one's tie with it (see
+:func:`eight_bit_tie`): wider than the 2% a setting must gain to be chosen, as two cold runs put the
+same two settings 1-4% apart in either order."""
+EIGHT_BIT_GAIN = 0.10
+"""How much less a tied setting's 8-bit MatMuls must cost to be taken (see :func:`eight_bit_tie`)."""
+
+
 def eight_bit_tie(
-    costs: KernelCosts, layers: Sequence[Layer], ranked: Sequence[RankedKernel], winner: int, min_gain: float
+    costs: KernelCosts, layers: Sequence[Layer], ranked: Sequence[RankedKernel], winner: int
 ) -> tuple[int, str]:
     """The winner, or a setting at another accuracy level tied with it (its 4-bit MatMuls within
-    ``min_gain`` of the winner's) whose 8-bit MatMuls run faster by more than ``min_gain``; and
-    what decided, in words (empty: there was no tie).
+    :data:`TIE_BAND` of the winner's) whose 8-bit MatMuls cost :data:`EIGHT_BIT_GAIN` less; and
+    what decided, in words (empty: there was no tie, or it changed nothing).
 
     The level is one for every MatMul, and the search that runs when the uniform setting falls
     below the criterion offers 8 bits only where they do not slow the model. On a CPU where
@@ -249,7 +257,7 @@ def eight_bit_tie(
         index
         for index, other in enumerate(ranked)
         if other.kernel.accuracy_level != best.kernel.accuracy_level
-        and other.relative <= best.relative * (1 + min_gain)
+        and other.relative <= best.relative * (1 + TIE_BAND)
     ]
     if not tied:
         return winner, ""
@@ -259,13 +267,14 @@ def eight_bit_tie(
         return winner, ""
     cost = {i: sum(model_cost(costs, layers, kernel)) for i, kernel in eight.items()}
     pick = min(tied, key=lambda i: (cost[i], i))
-    if cost[pick] >= cost[winner] * (1 - min_gain):
+    if cost[pick] >= cost[winner] * (1 - EIGHT_BIT_GAIN):
         return winner, ""
     chosen = ranked[pick].kernel
     return pick, (
         f"; block {chosen.block_size} level {chosen.accuracy_level} ties with it for 4 bits"
-        f" ({ranked[pick].relative:.2f}x) and runs 8-bit weights {cost[pick] / cost[winner]:.2f}x as"
-        " long, so the search can keep them where the criterion needs 8 bits: it is taken"
+        f" ({ranked[pick].relative:.2f}x, within {TIE_BAND:.0%}) and runs 8-bit weights"
+        f" {cost[pick] / cost[winner]:.2f}x as long, so the search can keep them where the criterion"
+        " needs 8 bits: it is taken"
     )
 
 
