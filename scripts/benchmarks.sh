@@ -4,7 +4,8 @@
 # Usage: scripts/benchmarks.sh [--small] [--size parakeet|medium] [--only NAME]... [--skip NAME]...
 #                              [--list] [--cache DIR] [--results DIR]
 #   --small     only the benchmarks that build or fetch small models (bench_transpose,
-#               bench_grouped, bench_auto, bench_cnn, bench_real, bench_registry, bench_coverage);
+#               bench_grouped, bench_auto, bench_cnn, bench_real, bench_registry, bench_coverage,
+#               bench_repeat);
 #               the others need the exports
 #   --size      the exports' size: parakeet (default; the figures docs/performance.md quotes) or
 #               medium (the same layers, a quarter of the width and depth, in DIR/medium: minutes
@@ -62,6 +63,7 @@ benchmarks=(
     "bench_real|0|benchmarks/bench_real.py"
     "bench_registry|0|benchmarks/bench_registry.py --json RESULTS/bench_registry.json"
     "bench_coverage|0|benchmarks/bench_coverage.py"
+    "bench_repeat|0|benchmarks/bench_repeat.py --runs 3 --json RESULTS/bench_repeat.json"
     "bench_rewrite|1|benchmarks/bench_rewrite.py --cache CACHE --repeat 7 --latency-runs 30 --json RESULTS/bench_rewrite.json"
     "bench_fsync|1|benchmarks/bench_fsync.py --cache CACHE --rounds 9"
     "bench_quantize_phase|1|benchmarks/bench_quantize_phase.py --cache CACHE --rounds 3"

@@ -459,3 +459,29 @@ def test_a_tie_at_4_bits_goes_to_the_level_that_runs_8_bits_faster() -> None:
     costs, _ = _costs(no_gain)
     winner, ranked, _ = rank_kernels(costs, LAYERS, (64,), (0, 4), min_gain=0.02)
     assert eight_bit_tie(costs, LAYERS, ranked, winner) == (winner, "")
+
+
+def test_added_runs_stay_within_their_budget() -> None:
+    """Kernels of 10 us: the first shape timed gets the runs MIN_TIMED_MS asks for while EXTRA_MS
+    lasts, a later one DEFAULT_RUNS, and so does a second timing (without the bound, CNNs with
+    hundreds of small kernels took up to twice as long)."""
+    from onnx_conv2matmul.speed import costs as costs_module
+
+    def cost(key: str, k: int, n: int, rows: int) -> float:
+        return 0.01
+
+    clock = FakeClock()
+    machine = KernelMachine(clock, cost)
+    costs = KernelCosts(None, clock=clock, session_factory=machine, extra_ms=1.0)  # 100 runs' worth
+    first, second = Layer("a", 64, 64, (1,)), Layer("b", 64, 32, (1,))
+    warmup, runs, most = costs_module.DEFAULT_WARMUP, costs_module.DEFAULT_RUNS, costs_module.MAX_RUNS
+    costs.prefetch([first], [FLOAT_KERNEL])
+    assert len(machine.runs) == warmup + runs + 100
+    costs.prefetch([second], [FLOAT_KERNEL])
+    assert len(machine.runs) == 2 * (warmup + runs) + 100
+    assert costs.confirm([second], [FLOAT_KERNEL]) == 1
+    assert len(machine.runs) == 3 * (warmup + runs) + 100
+    roomy = KernelCosts(None, clock=clock, session_factory=machine)
+    before = len(machine.runs)
+    roomy.prefetch([first], [FLOAT_KERNEL])
+    assert len(machine.runs) - before == warmup + most

@@ -293,6 +293,7 @@ def confirm_gain(
         warmup=costs.warmup,
         threads=costs.threads,
         min_ms=costs.min_ms,
+        extra_ms=costs.extra_ms,
         clock=costs.clock,
         session_factory=costs.session_factory,
     )

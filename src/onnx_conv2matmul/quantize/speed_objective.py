@@ -332,29 +332,21 @@ class SpeedFilter:
             self.busy = True
             return {name: tuple(ladder) for name in names}
         floats, extras = self._extras(known, ladder)
-        budget = self.margin * sum(floats.values())
-        if sum(found[0][0] for found in extras.values() if found) > budget:
-            # Something would be refused: only on a second timing of what it rests on.
-            slower = [layer for layer in known if extras[layer.name] and extras[layer.name][0][0] > 0]
-            if self.costs.confirm(slower, kernels):
-                if self.costs.busy:
-                    self.busy = True
-                    return {name: tuple(ladder) for name in names}
-                floats, extras = self._extras(known, ladder)
-                budget = self.margin * sum(floats.values())
-        refused: dict[str, set[Any]] = {name: set() for name in extras}
-        order = sorted(
-            ((e, name, s) for name, found in extras.items() for e, s in found if e > 0),
-            key=lambda x: (-x[0], x[1], x[2].label),
-        )
-        total = sum(found[0][0] for found in extras.values() if found)
-        for extra, name, setting in order:  # the largest extra left: its layer's worst case
-            if total <= budget:
-                break
-            refused[name].add(setting)
-            self.dropped.setdefault(setting.label, []).append(name)
-            left = [e for e, s in extras[name] if s not in refused[name]]
-            total += (left[0] if left else 0.0) - extra
+        refused = _refuse(extras, self.margin * sum(floats.values()))
+        pairs = [(name, setting) for name, settings in refused.items() for setting in settings]
+        # A refusal rests on a second timing of the kernels it refuses and of float, the faster
+        # of the two kept; then the extras are weighed again.
+        layers = [self.layers[name] for name in dict.fromkeys(name for name, _ in pairs)]
+        kept_kernels = [FLOAT_KERNEL, *sorted({self.kernel(s) for _, s in pairs}, key=lambda k: k.key)]
+        if pairs and self.costs.confirm(layers, kept_kernels):
+            if self.costs.busy:
+                self.busy = True
+                return {name: tuple(ladder) for name in names}
+            floats, extras = self._extras(known, ladder)
+            refused = _refuse(extras, self.margin * sum(floats.values()))
+        for name, settings in refused.items():
+            for setting in sorted(settings, key=lambda s: s.label):
+                self.dropped.setdefault(setting.label, []).append(name)
         found: dict[str, tuple[Any, ...]] = {}
         for name in names:
             if name not in self.layers:
@@ -419,6 +411,25 @@ class SpeedFilter:
         if self.to_float:
             text += f"; {len(self.to_float)} layers run fastest in float and stay float"
         return text
+
+
+def _refuse(extras: Mapping[str, Sequence[tuple[float, Any]]], budget: float) -> dict[str, set[Any]]:
+    """Per layer, the settings refused: while the layers' extras over float, each at its slowest
+    setting left, add up to more than ``budget``, the largest extra left is refused (``extras``:
+    per layer, each setting's extra, slowest first)."""
+    refused: dict[str, set[Any]] = {name: set() for name in extras}
+    order = sorted(
+        ((e, name, s) for name, found in extras.items() for e, s in found if e > 0),
+        key=lambda x: (-x[0], x[1], x[2].label),
+    )
+    total = sum(found[0][0] for found in extras.values() if found)
+    for extra, name, setting in order:  # the largest extra left: its layer's worst case
+        if total <= budget:
+            break
+        refused[name].add(setting)
+        left = [e for e, s in extras[name] if s not in refused[name]]
+        total += (left[0] if left else 0.0) - extra
+    return refused
 
 
 @dataclasses.dataclass(frozen=True)

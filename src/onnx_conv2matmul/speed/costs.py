@@ -45,10 +45,16 @@ on a shared machine is only ever slowed down by the others, so the least disturb
 kernel's own cost (medians of runs measured on a loaded 2-core machine disagreed by 2x and more)."""
 DEFAULT_WARMUP = 2
 MIN_TIMED_MS = 5.0
-"""Each kernel is timed for at least this long at each row count: where :data:`DEFAULT_RUNS`
-runs take less (the last warm-up run says), it runs more, up to :data:`MAX_RUNS`. The fastest of
-nine runs of a kernel of microseconds moved by 15% from one cold run to the next (a small BERT's
-8-bit kernels at 1.13x and 0.96x float's), enough to flip which layers the search may quantize."""
+"""Each kernel is timed for at least this long at each row count: where :data:`DEFAULT_RUNS` runs
+take less (the last warm-up run says), it runs more, up to :data:`MAX_RUNS`, as long as the runs
+added stay within :data:`EXTRA_MS` over the whole model. The fastest of nine runs of a kernel of
+microseconds moved by 15% from one cold run to the next (a small BERT's 8-bit kernels at 1.13x
+and 0.96x float's), and the small BERT came out 0.32x or 0.69x by it; without the bound, the
+registry's CNNs, with hundreds of small kernels, took up to twice as long (PP-OCRv5 rec 18.4 s to
+23.2 s)."""
+EXTRA_MS = 500.0
+"""The time the runs added by :data:`MIN_TIMED_MS` may take, over all the kernels one
+:class:`KernelCosts` times (a small model's take less)."""
 MAX_RUNS = 200
 MAX_TIMED_VALUES = 2**20
 """A kernel is timed on at most this many values of activation or output (4 MiB of float32): at more
@@ -119,6 +125,7 @@ class KernelCosts:
         read_cache: False ignores what the file holds (measurements are still written to it).
         runs, warmup, threads: How each kernel is timed (threads 0: onnxruntime's default).
         min_ms: The least time each kernel is timed for (see :data:`MIN_TIMED_MS`; 0: ``runs``).
+        extra_ms: The time the runs it adds may take in all (see :data:`EXTRA_MS`).
         clock, session_factory: As :func:`onnx_conv2matmul.speed.timing.time_models`.
     """
 
@@ -133,11 +140,13 @@ class KernelCosts:
         clock: Clock | None = None,
         session_factory: SessionFactory | None = None,
         min_ms: float = MIN_TIMED_MS,
+        extra_ms: float = EXTRA_MS,
     ) -> None:
         if runs < 1 or warmup < 0:
             raise ValueError("kernel timing needs at least one run and no negative warm-up")
         self.path = path
-        self.runs, self.warmup, self.threads, self.min_ms = runs, warmup, threads, min_ms
+        self.runs, self.warmup, self.threads = runs, warmup, threads
+        self.min_ms, self.extra_ms = min_ms, extra_ms
         self.clock = clock or _default_clock
         self.session_factory = session_factory or timed_session
         self.table: dict[str, float] = {}
@@ -236,8 +245,11 @@ class KernelCosts:
                     last.append((self.clock() - start) * 1000)
             runs = self.runs
             if last and self.min_ms > 0:
-                shortest = max(min(last), 1e-6)
+                shortest, round_ms = max(min(last), 1e-6), max(sum(last), 1e-6)
                 runs = max(runs, min(MAX_RUNS, math.ceil(self.min_ms / shortest)))
+                if math.isfinite(self.extra_ms):
+                    runs = min(runs, self.runs + max(0, int(self.extra_ms / round_ms)))
+                    self.extra_ms -= (runs - self.runs) * round_ms
             for round_index in range(runs):
                 shift = round_index % len(sessions)
                 for kernel, session, name in [*sessions[shift:], *sessions[:shift]]:
@@ -249,9 +261,10 @@ class KernelCosts:
         return found
 
     def confirm(self, layers: Iterable[Layer], kernels: Sequence[Kernel]) -> int:
-        """Time again, in fresh sessions, the ``kernels`` at the shapes and rows of ``layers``
-        that this object timed once (entries read from the cache are left: they were confirmed
-        when they mattered), keeping the faster of the two timings of each; how many entries.
+        """Time again, in fresh sessions (for ``min_ms`` each where ``extra_ms`` lasts), the ``kernels`` at
+        the shapes and rows of ``layers`` that this object timed once (entries read from the cache
+        are left: they were confirmed when they mattered), keeping the faster of the two timings
+        of each; how many entries.
 
         A decision that refuses a kernel for being slower than float must hold on a second
         timing: the kernels of a small model take microseconds, and two cold runs, each the
