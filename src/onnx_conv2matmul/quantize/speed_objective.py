@@ -13,7 +13,9 @@ weight shapes and activation rows, cached per machine). This module turns them i
   keeps the search from precisions that would slow the model: each layer counts at the slowest
   setting it is offered, and the model's MatMuls so counted (a layer's saving where that setting
   is faster than float taken off) cost at most the margin more than in float. Where they would
-  not, the largest extras over float are refused first, one (layer, setting) at a time. A layer
+  not, the largest extras over float are refused first, one (layer, setting) at a time, and the
+  refusals are weighed again on a second timing of the kernels refused and of float
+  (:meth:`~onnx_conv2matmul.speed.costs.KernelCosts.confirm`, the faster of the two kept). A layer
   refused every setting stays float (more accuracy from float costs no speed there). A small
   layer's extra, microseconds that a timing's noise can flip, is never decisive alone: it counts
   against the model's time, not against its own (a rule on each layer's own ratio kept or refused

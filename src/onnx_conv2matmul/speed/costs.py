@@ -52,7 +52,7 @@ microseconds moved by 15% from one cold run to the next (a small BERT's 8-bit ke
 and 0.96x float's), and the small BERT came out 0.32x or 0.69x by it; without the bound, the
 registry's CNNs, with hundreds of small kernels, took up to twice as long (PP-OCRv5 rec 18.4 s to
 23.2 s)."""
-EXTRA_MS = 500.0
+EXTRA_MS = 100.0
 """The time the runs added by :data:`MIN_TIMED_MS` may take, over all the kernels one
 :class:`KernelCosts` times (a small model's take less)."""
 MAX_RUNS = 200
@@ -261,10 +261,10 @@ class KernelCosts:
         return found
 
     def confirm(self, layers: Iterable[Layer], kernels: Sequence[Kernel]) -> int:
-        """Time again, in fresh sessions (for ``min_ms`` each where ``extra_ms`` lasts), the ``kernels`` at
-        the shapes and rows of ``layers`` that this object timed once (entries read from the cache
-        are left: they were confirmed when they mattered), keeping the faster of the two timings
-        of each; how many entries.
+        """Time again, in fresh sessions (each for ``min_ms`` while ``extra_ms`` lasts), the
+        ``kernels`` at the shapes and rows of ``layers`` that this object timed once (entries read
+        from the cache are left: they were confirmed when they mattered), keeping the faster of the
+        two timings of each; how many entries.
 
         A decision that refuses a kernel for being slower than float must hold on a second
         timing: the kernels of a small model take microseconds, and two cold runs, each the
