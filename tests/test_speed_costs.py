@@ -88,11 +88,13 @@ def test_the_kernels_of_a_shape_are_timed_in_interleaved_rounds() -> None:
 
 
 def test_costs_are_kept_per_machine_and_read_back(tmp_path: Path) -> None:
+    from onnx_conv2matmul.speed import costs as costs_module
+
     path = tmp_path / "costs.json"
     costs, _machine = _costs(path=path)
     first = model_cost(costs, LAYERS, Kernel(8, 128, 4))
     costs.save()
-    assert json.loads(path.read_text())["version"] == 1
+    assert json.loads(path.read_text())["version"] == costs_module.CACHE_VERSION
     again, machine2 = _costs(path=path)
     assert model_cost(again, LAYERS, Kernel(8, 128, 4)) == first
     assert machine2.opened == [] and again.measured == 0 and again.from_cache > 0
@@ -106,6 +108,10 @@ def test_costs_are_kept_per_machine_and_read_back(tmp_path: Path) -> None:
     ignored, machine3 = _costs(path=path, read_cache=False)  # --no-bench-cache
     model_cost(ignored, LAYERS, Kernel(8, 128, 4))
     assert len(machine3.opened) == 2
+    path.write_text(json.dumps({"version": 1, "costs": json.loads(marked)["costs"]}))  # an older version's
+    older, machine5 = _costs(path=path)
+    model_cost(older, LAYERS, Kernel(8, 128, 4))
+    assert len(machine5.opened) == 2, "an older version's costs are measured again"
     path.write_text("{not json")
     broken, machine4 = _costs(path=path)
     model_cost(broken, LAYERS, Kernel(8, 128, 4))
