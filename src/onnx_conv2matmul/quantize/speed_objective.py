@@ -339,8 +339,8 @@ class SpeedFilter:
         # A refusal rests on a second timing of the kernels it refuses and of float, the faster
         # of the two kept; then the extras are weighed again.
         layers = [self.layers[name] for name in dict.fromkeys(name for name, _ in pairs)]
-        kept_kernels = [FLOAT_KERNEL, *sorted({self.kernel(s) for _, s in pairs}, key=lambda k: k.key)]
-        if pairs and self.costs.confirm(layers, kept_kernels):
+        refused_kernels = [FLOAT_KERNEL, *sorted({self.kernel(s) for _, s in pairs}, key=lambda k: k.key)]
+        if pairs and self.costs.confirm(layers, refused_kernels):
             if self.costs.busy:
                 self.busy = True
                 return {name: tuple(ladder) for name in names}

@@ -251,9 +251,8 @@ class KernelCosts:
             if last and self.min_ms > 0:
                 shortest, round_ms = max(min(last), 1e-6), max(sum(last), 1e-6)
                 runs = max(runs, min(MAX_RUNS, math.ceil(self.min_ms / shortest)))
-                if math.isfinite(self.extra_ms):
-                    runs = min(runs, self.runs + max(0, int(self.extra_ms / round_ms)))
-                    self.extra_ms -= (runs - self.runs) * round_ms
+                runs = min(runs, self.runs + max(0, int(self.extra_ms / round_ms)))
+                self.extra_ms -= (runs - self.runs) * round_ms
             for round_index in range(runs):
                 shift = round_index % len(sessions)
                 for kernel, session, name in [*sessions[shift:], *sessions[:shift]]:
