@@ -491,3 +491,19 @@ def test_added_runs_stay_within_their_budget() -> None:
     before = len(machine.runs)
     roomy.prefetch([first], [FLOAT_KERNEL])
     assert len(machine.runs) - before == warmup + most
+
+
+def test_a_second_timing_leaves_the_cached_rows_of_a_shape(tmp_path: Path) -> None:
+    """A shape whose row count 25 came from the cache and 125 was timed here: only 125 is timed
+    again (and counted)."""
+    cache = tmp_path / "costs.json"
+    first, _ = _costs(INT8_SLOW, path=cache)
+    first.prefetch([Layer("a", 64, 128, (25,))], [FLOAT_KERNEL])
+    first.save()
+    again, _ = _costs(INT8_SLOW, path=cache)
+    layer = Layer("a", 64, 128, (25, 125))
+    again.prefetch([layer], [FLOAT_KERNEL])
+    cached = again.table[again.entry(64, 128, FLOAT_KERNEL, 25)]
+    assert again.confirm([layer], [FLOAT_KERNEL]) == 1
+    assert again.table[again.entry(64, 128, FLOAT_KERNEL, 25)] == cached
+    assert again.confirm([layer], [FLOAT_KERNEL]) == 0

@@ -286,7 +286,7 @@ class KernelCosts:
             for kernel in found:
                 for r in rows:
                     key = self.entry(k, n, kernel, r)
-                    if key in self.table:
+                    if key in self._timed and key not in self._confirmed and key in self.table:
                         first[key] = self.table.pop(key)
             self.measure_shape(k, n, sorted(found, key=lambda x: x.key), sorted(rows))
             for key, value in first.items():
