@@ -26,7 +26,7 @@ from onnx_conv2matmul.quantize.search_result import AutoConfig, apply
 from onnx_conv2matmul.quantize.sensitivity import MatMulNode
 from onnx_conv2matmul.verify.feeds import feed_bytes
 from onnx_conv2matmul.verify.labels import TaskResult, agreement_floor, failed
-from onnx_conv2matmul.verify.run import release_freed_memory
+from onnx_conv2matmul.verify.run import release_freed_memory, run_options, session_options
 
 
 # --------------------------------------------------------------------------- #
@@ -208,28 +208,15 @@ def _session(path: str, deterministic: bool) -> Any:
     import onnxruntime as ort
 
     release_freed_memory()  # the previous candidate's weights, before this one's load
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.log_severity_level = 4  # fatal only: the error is in the exception
-    so.enable_cpu_mem_arena = False  # what a run allocates is given back when it ends
-    if deterministic:
-        so.intra_op_num_threads = 1
-        so.inter_op_num_threads = 1
-        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        so.use_deterministic_compute = True
-    return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(path, session_options(deterministic), providers=["CPUExecutionProvider"])
 
 
 def _run(session: Any, feed: Mapping[str, np.ndarray], names: Sequence[str] | None = None) -> list[Any]:
     """One run; memory exhaustion is :class:`OutOfMemory`, whatever onnxruntime called it."""
-    import onnxruntime as ort
-
     from onnx_conv2matmul.errors import Hint, OutOfMemory, is_out_of_memory
 
-    quiet = ort.RunOptions()
-    quiet.log_severity_level = 4  # a failure is raised with its message; not logged as well
     try:
-        outputs: list[Any] = session.run(None if names is None else list(names), dict(feed), quiet)
+        outputs: list[Any] = session.run(None if names is None else list(names), dict(feed), run_options())
     except Exception as err:
         if is_out_of_memory(err):
             first = first_line(err)
