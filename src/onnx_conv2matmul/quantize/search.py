@@ -32,7 +32,10 @@ input feeds:
    cosine in earlier evaluations, worst first, so a failing candidate is found out
    early); the score, when asked for, is taken last. At most ``max_evaluations``
    evaluations; the last one is kept for all-float when nothing passed, which proves the
-   target unreachable when it fails too.
+   target unreachable when it fails too. Given a ``ceiling`` (the size of a model that meets
+   the target already: ``--auto``'s default run), a configuration predicted at least that big
+   is never built: the search looks below it alone, and says so when nothing there passes
+   (:class:`NothingSmaller`).
 
 Everything is deterministic: the feeds, the order of nodes and trade-offs, and the evaluations
 (one onnxruntime session at a time, graph optimizations off), provided the user's function is.
@@ -135,6 +138,7 @@ def search(
     speed_filter: SpeedFilter | None = None,
     check: Any = None,
     losses: tuple[Any, dict[Any, float]] | None = None,
+    ceiling: int | None = None,
 ) -> AutoResult:
     """Find the smallest configuration of ``model`` (rewritten, fp32) that meets the options' target.
 
@@ -156,7 +160,9 @@ def search(
     is what it then serves). ``check`` (the accuracy check's ``VerifyOptions``): every
     evaluation also keeps the rows that check would give, and the result's ``checked`` holds the
     passing model's, with its digest, for the check of the same model (see
-    :meth:`onnx_conv2matmul.quantize.reference.Reference.check`).
+    :meth:`onnx_conv2matmul.quantize.reference.Reference.check`). ``ceiling``: bytes of a model
+    that meets the target already; configurations whose weights take at least as many are not
+    evaluated.
 
     Raises:
         TargetUnreachable: the all-float model does not meet the target either.
@@ -283,13 +289,20 @@ def search(
     # predicted error that the measured losses say meets the limit (see _next_index);
     # the all-float end is assumed to pass and evaluated only when nothing else did.
     fail, good = 0, len(tradeoffs) - 1
+    if ceiling is not None:  # the first configuration not smaller than the ceiling: not built
+        good = next((i for i in range(len(tradeoffs)) if bytes_at(i) >= ceiling), good)
+    below = ceiling is not None and bytes_at(good) >= ceiling
+    if below and good == 0:
+        raise NothingSmaller(f"every configuration's weights take at least {ceiling} bytes")
     reached: _Measured | None = None
     passed, measured = evaluate(0)
     fail_loss, moved = target.loss(measured), ""
     if passed:
         good, reached = 0, measured
     else:
-        while good - fail > 1 and len(evaluations) < options.max_evaluations - (1 if reached is None else 0):
+        while good - fail > 1 and len(evaluations) < options.max_evaluations - (
+            1 if reached is None and not below else 0  # one kept for the all-float end
+        ):
             mid = _next_index(
                 fail,
                 good,
@@ -307,6 +320,8 @@ def search(
             else:
                 fail, fail_loss = mid, target.loss(measured)
                 moved = "fail twice" if moved.startswith("fail") else "fail"
+        if reached is None and below:
+            raise NothingSmaller(f"{len(evaluations)} smaller configurations evaluated, none met it")
         if reached is None:
             good = len(tradeoffs) - 1
             passed, measured = evaluate(good)
@@ -352,6 +367,11 @@ share of its bytes, or no model left to try is smaller than the passing one by a
 # The step aims at this fraction of the predicted error the straight line allows, so that
 # it rather passes (a usable result) than fails by a hair.
 _AIM = 0.8
+
+
+class NothingSmaller(TargetUnreachable):
+    """The search's ``ceiling``: no configuration smaller than it meets the target (the model
+    that set it is the smallest found)."""
 
 
 def _next_index(
@@ -408,6 +428,7 @@ def synthesised_feeds(path: str, options: Any) -> list[Mapping[str, np.ndarray]]
     Raises:
         ModelRunError: the model cannot be loaded or run on them.
         InputError: the check does not fit the memory budget.
+        NothingSmaller: with ``ceiling``, no configuration below it meets the target.
     """
     from onnx_conv2matmul.verify.check import planned_feeds
 
@@ -437,6 +458,7 @@ def run_search(run: Run, workdir: str, model: ir.Model | Prepared, speed_filter:
         speed_filter=speed_filter,
         check=plan.verify,
         losses=None if plan.request.losses is None else ((plan.src, repr(plan.convert)), plan.request.losses),
+        ceiling=plan.request.larger_than,
     )
 
 

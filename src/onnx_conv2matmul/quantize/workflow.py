@@ -198,6 +198,7 @@ def _auto_or_default(plan: QuantizePlan, output: _output.Output, scratch: str) -
     default's."""
     from onnx_conv2matmul.errors import TargetUnreachable
     from onnx_conv2matmul.files.paths import model_file_bytes
+    from onnx_conv2matmul.quantize.search import NothingSmaller
     from onnx_conv2matmul.quantize.transposes import Made, search_both
 
     name = os.path.basename(plan.dst)
@@ -239,12 +240,14 @@ def _auto_or_default(plan: QuantizePlan, output: _output.Output, scratch: str) -
         # the search runs on the one kept, not once per layout.
         convert = dataclasses.replace(plan.convert, allow_added_transposes=trade.chosen.with_transposes)
         search_request = dataclasses.replace(search_request, convert=convert, transposes=None)
+    nothing_smaller = ""
     try:
         searched = quantize_file(plan.src, os.path.join(scratch, "auto", name), search_request)
-    except TargetUnreachable:
+    except TargetUnreachable as err:
         if "default" not in made:
             raise
         searched = None
+        nothing_smaller = str(err) if isinstance(err, NothingSmaller) else ""
     if searched is not None and searched.output_path is not None:
         made["auto"] = Made(searched.output_path, searched)
     if not made:
@@ -266,6 +269,8 @@ def _auto_or_default(plan: QuantizePlan, output: _output.Output, scratch: str) -
         )
     elif kept == "default":
         found = f"{sizes['auto']} bytes" if "auto" in sizes else "no model that meets it"
+        if nothing_smaller:
+            found = f"no smaller model that meets it: {nothing_smaller}"
         if searched is not None and searched.verification is None and beat and searched.output_bytes > beat:
             found = f"{searched.output_bytes} bytes, neither checked nor timed"
         report.warnings.append(
