@@ -348,13 +348,22 @@ def test_a_search_that_meets_nothing_leaves_the_default_runs_model(
     """Every candidate of the search below the minimum while the default run's one pass meets it:
     the default run's model is written, and the warning says the search found none."""
     monkeypatch.setattr(auto.Reference, "worst_cosine", lambda *_args: (0.5, ""))
-    out = tmp_path / "q.onnx"
+    out, config = tmp_path / "q.onnx", tmp_path / "settings.json"
     code, stdout, _ = _invoke(
         "quantize", str(ENCODER), str(out), "--auto", "--verify-lengths", "64", "--max-evaluations", "2",
-        "--report-json-stdout",
+        "--save-config", str(config), "--report-json-stdout",
     )  # fmt: skip
     assert code == 0 and out.exists()
     report = json.loads(stdout)
+    # --save-config writes the settings of the model written: the default run's.
+    assert json.loads(config.read_text()) == report["options"]["quantize"] and report["auto"] is None
+    monkeypatch.undo()
+    replay = tmp_path / "replay.onnx"
+    code, _, stderr = _invoke(
+        "quantize", str(ENCODER), str(replay), "--config", str(config), "--no-bench", "-q"
+    )
+    assert code == 0, stderr
+    assert replay.read_bytes() == out.read_bytes()
     assert any(
         "what the search found (no smaller model that meets it: 2 smaller configurations evaluated,"
         " none met it): it is kept" in w
@@ -365,8 +374,10 @@ def test_a_search_that_meets_nothing_leaves_the_default_runs_model(
 
 def test_a_ceiling_keeps_the_search_below_it(tmp_path: Path) -> None:
     """Given the size of a model that meets the target already, the search evaluates only
-    configurations predicted smaller (each evaluation's weights below it); a ceiling no
-    configuration goes under builds nothing and says why."""
+    configurations predicted smaller, never the all-float end: below the fp32 file's size it
+    finds what it finds without one; a ceiling no configuration goes under builds nothing and
+    says why."""
+    from onnx_conv2matmul.files.paths import model_file_bytes
     from onnx_conv2matmul.quantize.search import NothingSmaller, search, synthesised_feeds
 
     model = ir.load(ENCODER)
@@ -375,9 +386,9 @@ def test_a_ceiling_keeps_the_search_below_it(tmp_path: Path) -> None:
     for folder in ("free", "under", "none"):
         (tmp_path / folder).mkdir()
     free = search(model, feeds, AutoOptions(min_cosine=0.999), str(tmp_path / "free"))
-    ceiling = min(e.weight_bytes for e in free.evaluations if e.passed) + 1  # its result's, and one
+    ceiling = model_file_bytes(str(tmp_path / "free" / "fp32.onnx"))
     under = search(model, feeds, AutoOptions(min_cosine=0.999), str(tmp_path / "under"), ceiling=ceiling)
-    assert under.evaluations and all(e.weight_bytes < ceiling for e in under.evaluations)
-    assert sum(c.weight_bytes for c in under.choices) < ceiling
-    with pytest.raises(NothingSmaller, match="every configuration's weights take at least 1 bytes"):
+    assert under.config == free.config and under.reached_cosine >= 0.999
+    assert under.evaluations and all(not math.isinf(e.tradeoff) for e in under.evaluations)
+    with pytest.raises(NothingSmaller, match="every configuration takes more than 1 bytes"):
         search(model, feeds, AutoOptions(min_cosine=0.999), str(tmp_path / "none"), ceiling=1)

@@ -348,8 +348,10 @@ def quantize_command(
             transposes=transposes,
         )
         print_quantize_report(console, report)
-        if save_config is not None and report.auto is not None:
-            config = json.dumps(report.auto.config.to_config(), indent=2) + "\n"
+        settings = report.options.get("quantize")
+        if save_config is not None and report.output_path is not None and settings is not None:
+            # The written model's settings: the search's, or the default run's when --auto kept it.
+            config = json.dumps(settings, indent=2) + "\n"
             with OUTCOME.undiverted():  # a path the user named: /dev/stdout is stdout
                 _io.write_text_atomic(save_config, config)
         emit_report(report, report_json, _quantize_error(report))
