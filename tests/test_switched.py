@@ -148,3 +148,45 @@ def test_the_losses_of_a_large_model_are_kept_and_read_back(
     assert measured == classes
     _, measured = quantize("d.onnx", "--no-bench-cache")
     assert measured == classes
+
+
+def test_the_searchs_losses_alone_are_those_of_each_node_built_apart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--auto's measured ranking (each MatMul quantized alone, its loss on the inputs) takes every
+    node's loss from one switched model: the same losses as building each node's model apart."""
+    from onnx_conv2matmul.quantize import ranking
+    from onnx_conv2matmul.quantize.options import AutoOptions
+    from onnx_conv2matmul.quantize.search import search, synthesised_feeds
+    from onnx_conv2matmul.rewrite.options import ConvertOptions
+    from onnx_conv2matmul.rewrite.passes import rewrite_model
+    from onnx_conv2matmul.verify.check import VerifyOptions
+
+    encoder = Path(__file__).parent / "data" / "conformer_small.onnx"
+    feeds = synthesised_feeds(str(encoder), VerifyOptions(lengths=(64,)))
+    switched: list[int] = []
+    real = ranking._losses_switched
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        found = real(*args, **kwargs)
+        switched.append(len(found or {}))
+        return found
+
+    def losses(folder: str) -> dict:  # type: ignore[type-arg]
+        model = ir.load(encoder)
+        rewrite_model(model, ConvertOptions(extended=True, allow_non_unit_dilation=True))
+        (tmp_path / folder).mkdir()
+        kept: dict = {}  # type: ignore[type-arg]
+        options = AutoOptions(min_cosine=0.999, criterion="measured", max_evaluations=2)
+        search(model, feeds, options, str(tmp_path / folder), deterministic=True, losses=(("m",), kept))
+        return {key[-2:]: loss for key, loss in kept.items()}
+
+    monkeypatch.setattr(ranking, "_losses_switched", counted)
+    together = losses("together")
+    assert len(switched) == 1 and switched[0] >= 10  # every node's loss from the one model
+    monkeypatch.setattr(ranking, "_losses_switched", lambda *_args: None)
+    apart = losses("apart")
+    assert together.keys() == apart.keys()
+    assert switched[0] == len([name for name, _ in apart if name != "(other weights)"])
+    for key, loss in apart.items():
+        assert together[key] == pytest.approx(loss, rel=1e-4, abs=1e-7), key

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -346,6 +346,23 @@ def switched_model(
     from onnx_conv2matmul.quantize.nbits import quantize_matmul_nbits
 
     model = load_rewritten(plan)
+    names = [name for names in groups for name in names]
+
+    def quantized(model: ir.Model) -> int:
+        only = quantize.only({n: quantize.setting_for(n) for n in names})
+        return quantize_matmul_nbits(model, only, cache=cache).quantized
+
+    return model if switch_layers(model, groups, quantized) else None
+
+
+def switch_layers(
+    model: ir.Model, groups: Sequence[Sequence[str]], quantize: Callable[[ir.Model], int]
+) -> bool:
+    """Put each layer of ``groups[i]`` (main-graph MatMuls, by node name) behind the flag input
+    ``FLAG.format(i)`` of ``model``: ``quantize(model)`` quantizes every one of them to
+    MatMulNBits and says how many it did, and each becomes an ``If`` between that and its float
+    MatMul. False (the model half-changed: let it go) when a layer is not a main-graph MatMul
+    with a constant 2-D weight, or the quantizer did not take every one."""
     graph = model.graph
     index = {name: i for i, names in enumerate(groups) for name in names}
     originals: dict[str, tuple[ir.Value, str]] = {}
@@ -355,12 +372,9 @@ def switched_model(
             assert weight is not None and node.outputs[0].name is not None
             originals[node.name] = (weight, node.outputs[0].name)
     if len(originals) != len(index):
-        return None  # a layer in a subgraph, or not a MatMul the quantizer takes
-    result = quantize_matmul_nbits(
-        model, quantize.only({n: quantize.setting_for(n) for n in index}), cache=cache
-    )
-    if result.quantized != len(index):
-        return None
+        return False  # a layer in a subgraph, or not a MatMul the quantizer takes
+    if quantize(model) != len(index):
+        return False
     flags = []
     for i in range(len(groups)):
         flag = ir.Value(name=FLAG.format(i), type=ir.TensorType(ir.DataType.BOOL), shape=ir.Shape([]))
@@ -370,7 +384,7 @@ def switched_model(
     for name, (weight, out_name) in originals.items():
         quantized = produced[out_name]
         _switch(graph, quantized, weight, flags[index[name]])
-    return model
+    return True
 
 
 def _switch(graph: ir.Graph, quantized: ir.Node, weight: ir.Value, flag: ir.Value) -> None:

@@ -224,6 +224,15 @@ def score(criterion: str, weight: np.ndarray, stats: InputStats | None) -> float
     raise ValueError(f"unknown criterion {criterion!r}; one of {', '.join(CRITERIA)}")
 
 
+def smallest_setting(node: Any) -> Setting | None:
+    """The quantized setting of ``node`` (``options``: setting to (error, bytes)) whose weights
+    take the fewest bytes, the least error among those; None when it has no quantized one."""
+    quantized: dict[Setting, tuple[float, int]] = {s: v for s, v in node.options.items() if s != FLOAT}
+    if not quantized:
+        return None
+    return min(quantized, key=lambda s: (quantized[s][1], quantized[s][0]))
+
+
 def rescale(
     nodes: Sequence[Any], loss: Callable[[str, Setting], float]
 ) -> list[tuple[str, str, float, float]]:
@@ -234,11 +243,10 @@ def rescale(
     """
     found = []
     for node in nodes:
-        quantized = {s: v for s, v in node.options.items() if s != FLOAT}
-        if not quantized:
+        smallest = smallest_setting(node)
+        if smallest is None:
             continue
-        smallest = min(quantized, key=lambda s: (quantized[s][1], quantized[s][0]))
-        predicted = max(quantized[smallest][0], 1e-12)
+        predicted = max(node.options[smallest][0], 1e-12)
         value = max(0.0, loss(node.name, smallest))
         node.options = {s: (error * value / predicted, size) for s, (error, size) in node.options.items()}
         found.append((node.name, smallest.label, predicted, value))
