@@ -158,35 +158,62 @@ def test_the_default_keeps_the_smaller_model_within_the_margin(tmp_path: Path) -
     assert without["latency_ratio"] == pytest.approx(1.0)
     assert with_["bytes"] < without["bytes"]
     assert data["quantized_nodes"] == 1 and data["unchanged"] is None
-    # Kept because it is within the margin while slower: timed again, and it held.
-    assert "timed again: with them 1.050x, then 1.050x" in trade["reason"]
+    # Kept because it is within the margin while slower: timed twice more, and it held.
+    assert "timed again twice: with them 1.050x, 1.050x, 1.050x" in trade["reason"]
     # The model without them rewrote and quantized nothing: the original's graph, whose latency
     # is the original's, is not timed (a session and its rounds saved, twice).
     assert without["as_original"] and without["latency_ratios"] is None and not with_["as_original"]
-    assert "without" not in opened and opened.count("with") == 2
+    assert "without" not in opened and opened.count("with") == 3
 
 
-@pytest.mark.parametrize(("again", "kept"), [(1.2, "without them"), (1.08, "with them")])
-def test_the_smaller_model_must_be_within_the_margin_twice(tmp_path: Path, again: float, kept: str) -> None:
-    """Timed 1.099x, within the 10% margin by a hair: a second timing of 1.2x (a noisy first one)
-    leaves the Transposes out, one of 1.08x keeps them; each is weighed at its slower timing."""
-    data = _run(tmp_path, Prefer.BALANCED, 1.099, again=again)
+@pytest.mark.parametrize(
+    ("first", "again", "kept"),
+    [
+        (1.099, 1.2, "without them"),
+        (1.099, 1.08, "with them"),
+        (1.14, 1.02, "with them"),
+        (1.14, 1.3, "without them"),
+    ],
+    ids=["within-then-over", "within-twice", "over-then-within", "over-twice"],
+)
+def test_a_choice_at_the_margin_takes_the_median_of_three_timings(
+    tmp_path: Path, first: float, again: float, kept: str
+) -> None:
+    """Timed within the 10% margin by a hair (1.099x), or beyond it by less than the margin again
+    (1.14x: PP-OCRv4 rec's model with them once, 1.02-1.03x in other cold runs): either way the
+    choice turns on one timing, so both are timed twice more and each is weighed at the median
+    of its three. A noisy first timing flips it neither way."""
+    data = _run(tmp_path, Prefer.BALANCED, first, again=again)
     trade = data["transposes"]
     assert isinstance(trade, dict) and trade["kept"] == kept
-    assert f"with them 1.099x, then {again:.3f}x" in trade["reason"]
+    assert f"with them {first:.3f}x, {again:.3f}x, {again:.3f}x" in trade["reason"]
     _, with_ = trade["models"]
-    assert with_["latency_ratio"] == pytest.approx(max(1.099, again))
+    assert with_["latency_ratio"] == pytest.approx(again)
     assert data["quantized_nodes"] == (1 if kept == "with them" else 0)
 
 
-def test_the_slower_of_two_timings_pairs_inputs_or_takes_the_slower_whole() -> None:
-    from onnx_conv2matmul.quantize.transposes import _slower
+def test_far_beyond_the_margin_is_not_timed_again(tmp_path: Path) -> None:
+    """Slower than the original by more than twice the margin: the choice does not turn on it."""
+    data = _run(tmp_path, Prefer.BALANCED, 1.25, again=1.0)
+    trade = data["transposes"]
+    assert (
+        isinstance(trade, dict) and trade["kept"] == "without them" and "timed again" not in trade["reason"]
+    )
+
+
+def test_the_median_of_three_timings_pairs_inputs_or_takes_the_middle_whole() -> None:
+    from onnx_conv2matmul.quantize.transposes import _median
 
     first = Layout("with them", True, 400, True, (1.05, 1.20))
-    assert _slower(first, dataclasses.replace(first, ratios=(1.10, 1.00))).ratios == (1.10, 1.20)
-    # Timed at other inputs the second time: the slower as a whole, never the faster one.
-    assert _slower(first, dataclasses.replace(first, ratios=(1.02,))).ratios == (1.05, 1.20)
-    assert _slower(first, dataclasses.replace(first, ratios=(1.30,))).ratios == (1.30,)
+    rounds = [
+        first,
+        dataclasses.replace(first, ratios=(1.10, 1.00)),
+        dataclasses.replace(first, ratios=(1.30, 1.10)),
+    ]
+    assert _median(rounds).ratios == (1.10, 1.10)
+    # Timed at other inputs one time: the middle one as a whole.
+    other = [first, dataclasses.replace(first, ratios=(1.02,)), dataclasses.replace(first, ratios=(1.30,))]
+    assert _median(other).ratios == (1.05, 1.20)
 
 
 def test_a_faster_smaller_model_is_not_timed_again(tmp_path: Path) -> None:

@@ -20,10 +20,11 @@ preference:
 - by default (``balanced``): the smaller one among those not slower than the original by more
   than :data:`DEFAULT_MARGIN`, when it is smaller than a faster one by at least
   :data:`MIN_SIZE_GAIN` (a model 3% smaller and 10% slower is not worth it); when neither is
-  within the margin, the faster. A smaller model kept this way while
-  another is faster must hold the margin twice: all are timed again (fresh sessions) and each is
-  weighed at the slower of its two timings, so a choice at the margin does not flip with one noisy
-  timing. Timings taken on a busy machine are shown and not used (the layouts weighed as untimed).
+  within the margin, the faster. A choice that turns on the margin (a smaller model kept while
+  another is faster, or a smaller model left for timing beyond the margin by less than the margin
+  again) is taken on three timings: all are timed twice more (fresh sessions) and each is weighed at
+  the median of its three, so one noisy timing flips it neither way. Timings taken on a busy
+  machine are shown and not used (the layouts weighed as untimed).
 
 With ``size`` the model with them is made first: when it meets the criterion and is smaller than
 the float weights of those convs alone, the model without them (which keeps those weights in
@@ -274,18 +275,26 @@ def decide(
         timing = timing_inputs(src, timing, verify)  # planned once, for both timings
         timed_on, busy, line = _time(src, made, layouts, timed, timing, options)
         if not busy and options.prefer is Prefer.BALANCED and _hinges_on_the_margin(layouts, options.margin):
-            # The smaller model is kept only because it timed within the margin: a choice that
-            # flips with the load unless it holds twice (issue 42, item 3).
-            progress(f"Timing {which} against the original again (the choice hinges on the margin)")
-            first = {i: layouts[i] for i in timed}
-            _, busy, line = _time(src, made, layouts, timed, timing, options)
-            if not busy:  # else weighed as untimed, as the first timing would have been
-                confirmed = "; timed again: " + ", ".join(
-                    f"{first[i].name} {_times(first[i])}, then {_times(layouts[i])}" for i in timed
+            # The smaller model is kept, or left, only because it timed within, or just beyond,
+            # the margin: a choice that flips with one noisy timing either way (issue 42, item 3)
+            # unless it holds on the median of three.
+            rounds = {i: [layouts[i]] for i in timed}
+            for again in (1, 2):
+                progress(
+                    f"Timing {which} against the original again ({again} of 2: the choice is at the margin)"
                 )
-                confirmed += " (each weighed at the slower of its two timings)"
+                _, busy, line = _time(src, made, layouts, timed, timing, options)
+                if busy:  # weighed as untimed, as the first timing would have been
+                    break
                 for i in timed:
-                    layouts[i] = _slower(first[i], layouts[i])
+                    rounds[i].append(layouts[i])
+            if not busy:
+                confirmed = "; timed again twice: " + ", ".join(
+                    f"{rounds[i][0].name} {', '.join(_times(layout) for layout in rounds[i])}" for i in timed
+                )
+                confirmed += " (each weighed at the median of its three timings)"
+                for i in timed:
+                    layouts[i] = _median(rounds[i])
         if busy:
             timed_on += f"; {busy}"
     original = model_file_bytes(src)
@@ -422,13 +431,15 @@ def _latency_line(report: Any, timing: Any, index: int, busy: str) -> None:
     report.warnings.extend([busy_warning(timing.cpu_wait)] if busy else slower_of(timing, index))
 
 
-def _slower(first: Layout, again: Layout) -> Layout:
-    """``again`` with, at each input, the larger of its two latency ratios; the slower of the two
-    as a whole when they were not timed at the same inputs."""
-    ratios, more = first.ratios or (), again.ratios or ()
-    if len(ratios) == len(more):
-        return dataclasses.replace(again, ratios=tuple(max(a, b) for a, b in zip(ratios, more, strict=True)))
-    return first if (first.speed or 0.0) >= (again.speed or 0.0) else again
+def _median(rounds: Sequence[Layout]) -> Layout:
+    """The last of ``rounds`` (the same layout timed three times) with, at each input, the median
+    of its latency ratios; the median of the three as a whole when they were not timed at the
+    same inputs."""
+    last = rounds[-1]
+    if all(layout.ratios and len(layout.ratios) == len(last.ratios or ()) for layout in rounds):
+        columns = zip(*(layout.ratios or () for layout in rounds), strict=True)
+        return dataclasses.replace(last, ratios=tuple(sorted(column)[len(rounds) // 2] for column in columns))
+    return sorted(rounds, key=lambda layout: layout.speed or 0.0)[len(rounds) // 2]
 
 
 def _times(layout: Layout) -> str:
@@ -436,12 +447,22 @@ def _times(layout: Layout) -> str:
 
 
 def _hinges_on_the_margin(layouts: Sequence[Layout], margin: float) -> bool:
-    """Whether the default keeps a smaller model that is slower than another only because it
-    timed within ``margin`` of the original."""
+    """Whether the default's choice turns on where a timing fell against ``margin``: it keeps a
+    smaller model that is slower than another only because it timed within the margin of the
+    original, or leaves a smaller model that met the criterion only because it timed beyond the
+    margin by less than the margin again (``1 + margin`` to ``1 + 2 * margin``)."""
     kept, _ = choose(layouts, Prefer.BALANCED, margin)
     speeds = [layout.speed for layout in layouts if layout.passed and layout.speed is not None]
     value = layouts[kept].speed
-    return value is not None and value > 1.0 and bool(speeds) and value > min(speeds)
+    if value is not None and value > 1.0 and bool(speeds) and value > min(speeds):
+        return True
+    return any(
+        layout.passed
+        and layout.speed is not None
+        and layout.bytes < layouts[kept].bytes
+        and 1 + margin < layout.speed <= 1 + 2 * margin
+        for layout in layouts
+    )
 
 
 def weigh(plan: Any, scratch: str, run: CandidateRun) -> tuple[Any, TransposeTrade | None, Made | None]:

@@ -50,11 +50,11 @@ _ORT_TYPES: dict[str, Any] = {
     "tensor(bool)": np.bool_,
 }
 PROBE_LENGTHS = (16, 32, 64)
+"""The base length of the runs that measure outputs whose size the model does not declare,
+tried in turn until the original runs."""
 
 SHRINK_ARENA_KEY = "memory.enable_memory_arena_shrinkage"
 """onnxruntime's run setting that gives the CPU arena's free memory back when a run ends."""
-"""The base length of the runs that measure outputs whose size the model does not declare,
-tried in turn until the original runs."""
 
 
 def session(path: str, options: VerifyOptions) -> Any:
