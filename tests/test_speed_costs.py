@@ -467,6 +467,30 @@ def test_a_tie_at_4_bits_goes_to_the_level_that_runs_8_bits_faster() -> None:
     assert eight_bit_tie(costs, LAYERS, ranked, winner) == (winner, "")
 
 
+def test_a_tie_holds_across_the_spread_of_cold_runs() -> None:
+    """PP-OCRv4 rec's figures over six cold runs: level 4's 4-bit MatMuls 1.01-1.05x level 0's, its
+    8-bit ones 0.85-0.90x as long: level 4 is taken at both ends, as it was in the middle."""
+    from onnx_conv2matmul.quantize.kernel_plan import eight_bit_tie
+
+    for four, eight in ((1.01, 0.85), (1.05, 0.90), (1.05, 0.85), (1.01, 0.90)):
+
+        def cost(key: str, k: int, n: int, rows: int, four: float = four, eight: float = eight) -> float:
+            factor = {
+                "float": 1.0,
+                "int4-b64-l0": 1.09,
+                "int4-b64-l4": 1.09 * four,
+                "int8-b64-l0": 1.6,
+                "int8-b64-l4": 1.6 * eight,
+            }
+            return k * n * rows / 1e6 * factor[key]
+
+        costs, _ = _costs(cost)
+        winner, ranked, _ = rank_kernels(costs, LAYERS, (64,), (0, 4), min_gain=0.02)
+        assert ranked[winner].kernel.accuracy_level == 0
+        picked, why = eight_bit_tie(costs, LAYERS, ranked, winner)
+        assert ranked[picked].kernel.accuracy_level == 4, (four, eight, why)
+
+
 def test_added_runs_stay_within_their_budget() -> None:
     """Kernels of 10 us: the first shape timed gets the runs MIN_TIMED_MS asks for while EXTRA_MS
     lasts, a later one DEFAULT_RUNS, and so does a second timing (without the bound, CNNs with
