@@ -179,8 +179,8 @@ def test_the_default_keeps_the_smaller_model_within_the_margin(tmp_path: Path) -
 def test_a_choice_at_the_margin_takes_the_median_of_three_timings(
     tmp_path: Path, first: float, again: float, kept: str
 ) -> None:
-    """Timed within the 10% margin by a hair (1.099x), or beyond it by less than the margin again
-    (1.14x: PP-OCRv4 rec's model with them once, 1.02-1.03x in other cold runs): either way the
+    """Timed within the 10% margin by a hair (1.099x), or beyond it by less than half the margin
+    again (1.14x: PP-OCRv4 rec's model with them once, 1.02-1.03x in other cold runs): either way the
     choice turns on one timing, so both are timed twice more and each is weighed at the median
     of its three. A noisy first timing flips it neither way."""
     data = _run(tmp_path, Prefer.BALANCED, first, again=again)
@@ -193,8 +193,9 @@ def test_a_choice_at_the_margin_takes_the_median_of_three_timings(
 
 
 def test_far_beyond_the_margin_is_not_timed_again(tmp_path: Path) -> None:
-    """Slower than the original by more than twice the margin: the choice does not turn on it."""
-    data = _run(tmp_path, Prefer.BALANCED, 1.25, again=1.0)
+    """Slower than the original by more than one and a half margins (a captcha YOLO's model with
+    them: 1.19x, 1.19x, 1.30x): the choice does not turn on it, and it is timed once."""
+    data = _run(tmp_path, Prefer.BALANCED, 1.16, again=1.0)
     trade = data["transposes"]
     assert (
         isinstance(trade, dict) and trade["kept"] == "without them" and "timed again" not in trade["reason"]
