@@ -203,7 +203,7 @@ def test_far_beyond_the_margin_is_not_timed_again(tmp_path: Path) -> None:
 
 
 def test_the_median_of_three_timings_pairs_inputs_or_takes_the_middle_whole() -> None:
-    from onnx_conv2matmul.quantize.transposes import _median
+    from onnx_conv2matmul.quantize.trade import median_of as _median
 
     first = Layout("with them", True, 400, True, (1.05, 1.20))
     rounds = [

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 MIN_SHARE = 0.01
@@ -18,6 +18,10 @@ measurement changes the latency)."""
 DEFAULT_MARGIN = 0.10
 """By default the model kept may be at most this much slower than the original (a latency ratio
 of at most 1.10, geometric mean over the inputs timed)."""
+
+BEYOND = 1.5
+"""A smaller model timed beyond the margin by less than this many margins (against the original)
+is timed twice more before it is left (see ``transposes._hinges_on_the_margin``)."""
 
 
 class Prefer(str, enum.Enum):
@@ -116,3 +120,14 @@ class TransposeTrade:
             "reason": self.reason,
             "timed_on": self.timed_on,
         }
+
+
+def median_of(rounds: Sequence[Layout]) -> Layout:
+    """The last of ``rounds`` (the same layout timed three times) with, at each input, the median
+    of its latency ratios; the median of the three as a whole when they were not timed at the
+    same inputs."""
+    last = rounds[-1]
+    if all(layout.ratios and len(layout.ratios) == len(last.ratios or ()) for layout in rounds):
+        columns = zip(*(layout.ratios or () for layout in rounds), strict=True)
+        return dataclasses.replace(last, ratios=tuple(sorted(column)[len(rounds) // 2] for column in columns))
+    return sorted(rounds, key=lambda layout: layout.speed or 0.0)[len(rounds) // 2]

@@ -22,9 +22,9 @@ preference:
   :data:`MIN_SIZE_GAIN` (a model 3% smaller and 10% slower is not worth it); when neither is
   within the margin, the faster. A choice that turns on the margin (a smaller model kept while
   another is faster, or a smaller model left for timing beyond the margin by less than half the
-  margin again) is taken on three timings: all are timed twice more (fresh sessions) and each is weighed at
-  the median of its three, so one noisy timing flips it neither way. Timings taken on a busy
-  machine are shown and not used (the layouts weighed as untimed).
+  margin again) is taken on three timings: all are timed twice more (fresh sessions) and each is
+  weighed at the median of its three, so one noisy timing flips it neither way. Timings taken on
+  a busy machine are shown and not used (the layouts weighed as untimed).
 
 With ``size`` the model with them is made first: when it meets the criterion and is smaller than
 the float weights of those convs alone, the model without them (which keeps those weights in
@@ -48,12 +48,14 @@ from typing import Any
 
 from onnx_conv2matmul.files.paths import model_file_bytes
 from onnx_conv2matmul.quantize.trade import (
+    BEYOND,
     DEFAULT_MARGIN,
     MIN_SHARE,
     Layout,
     Prefer,
     TransposeOptions,
     TransposeTrade,
+    median_of,
 )
 from onnx_conv2matmul.rewrite.reasons import SkipReason
 
@@ -294,7 +296,7 @@ def decide(
                 )
                 confirmed += " (each weighed at the median of its three timings)"
                 for i in timed:
-                    layouts[i] = _median(rounds[i])
+                    layouts[i] = median_of(rounds[i])
         if busy:
             timed_on += f"; {busy}"
     original = model_file_bytes(src)
@@ -431,24 +433,8 @@ def _latency_line(report: Any, timing: Any, index: int, busy: str) -> None:
     report.warnings.extend([busy_warning(timing.cpu_wait)] if busy else slower_of(timing, index))
 
 
-def _median(rounds: Sequence[Layout]) -> Layout:
-    """The last of ``rounds`` (the same layout timed three times) with, at each input, the median
-    of its latency ratios; the median of the three as a whole when they were not timed at the
-    same inputs."""
-    last = rounds[-1]
-    if all(layout.ratios and len(layout.ratios) == len(last.ratios or ()) for layout in rounds):
-        columns = zip(*(layout.ratios or () for layout in rounds), strict=True)
-        return dataclasses.replace(last, ratios=tuple(sorted(column)[len(rounds) // 2] for column in columns))
-    return sorted(rounds, key=lambda layout: layout.speed or 0.0)[len(rounds) // 2]
-
-
 def _times(layout: Layout) -> str:
     return "untimed" if layout.speed is None else f"{layout.speed:.3f}x"
-
-
-BEYOND = 1.5
-"""A smaller model timed beyond the margin by less than this many margins (against the original)
-is timed twice more before it is left (see :func:`_hinges_on_the_margin`)."""
 
 
 def _hinges_on_the_margin(layouts: Sequence[Layout], margin: float) -> bool:
