@@ -370,6 +370,7 @@ def test_a_search_that_meets_nothing_leaves_the_default_runs_model(
         for w in report["warnings"]
     )
     assert report["verification"]["passed"] and report["one_pass"] is not None
+    assert not list(tmp_path.glob(".*"))  # the search's scratch went with it
 
 
 def test_a_ceiling_keeps_the_search_below_it(tmp_path: Path) -> None:
