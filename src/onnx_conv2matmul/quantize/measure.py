@@ -28,7 +28,7 @@ from onnx_conv2matmul.errors import (
     is_out_of_memory,
 )
 from onnx_conv2matmul.quantize.reference import Reference, feed_set
-from onnx_conv2matmul.verify.run import release_freed_memory
+from onnx_conv2matmul.verify.run import release_freed_memory, run_deterministic
 
 if TYPE_CHECKING:
     from onnx_conv2matmul.quantize.plan import QuantizePlan
@@ -68,10 +68,7 @@ def session_options(verify: VerifyOptions, *, prepack: bool = True) -> Any:
     if not prepack:
         so.add_session_config_entry(PREPACKING_KEY, "1")
     if verify.deterministic:
-        so.intra_op_num_threads = 1
-        so.inter_op_num_threads = 1
-        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        so.use_deterministic_compute = True
+        run_deterministic(so)
     return so
 
 

@@ -79,11 +79,19 @@ def session_options(deterministic: bool) -> Any:
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     so.log_severity_level = 4  # fatal only: the error is in the exception
     if deterministic:
-        so.intra_op_num_threads = 1
-        so.inter_op_num_threads = 1
-        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        so.use_deterministic_compute = True
+        run_deterministic(so)
     return so
+
+
+def run_deterministic(so: Any) -> None:
+    """Make the session options ``so`` give the same outputs run after run (``--deterministic``):
+    one thread, nodes one after another, onnxruntime's deterministic kernels."""
+    import onnxruntime as ort
+
+    so.intra_op_num_threads = 1
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.use_deterministic_compute = True
 
 
 def run_options() -> Any:
