@@ -304,8 +304,10 @@ def _cosine(ref: np.ndarray, out: np.ndarray, chunk: int = CHUNK_ELEMENTS) -> fl
     for start in range(0, r.size, chunk):
         a = r[start : start + chunk].astype(np.float64)
         b = o[start : start + chunk].astype(np.float64)
-        both = np.isfinite(a) & np.isfinite(b)
-        a, b = a[both], b[both]
+        if not (np.isfinite(a).all() and np.isfinite(b).all()):
+            # Selecting copies the block: only where a place is NaN or Inf (8x the time otherwise).
+            both = np.isfinite(a) & np.isfinite(b)
+            a, b = a[both], b[both]
         dot += float(np.dot(a, b))
         ref_sq += float(np.dot(a, a))
         out_sq += float(np.dot(b, b))

@@ -145,8 +145,8 @@ def count(ref: np.ndarray, out: np.ndarray, kind: str) -> tuple[int, int]:
     top_o = np.empty(r.shape[0], np.int64)
     step = max(1, 2**20 // classes)
     for start in range(0, r.shape[0], step):
-        a = np.asarray(r[start : start + step], np.float64)
-        b = np.asarray(o[start : start + step], np.float64)
+        # In their own precision: a widening cast changes no order, and would copy every block.
+        a, b = r[start : start + step], o[start : start + step]
         top_r[start : start + step] = np.where(np.isfinite(a).all(axis=1), np.argmax(a, axis=1), -1)
         top_o[start : start + step] = np.where(np.isfinite(b).all(axis=1), np.argmax(b, axis=1), -2)
     if kind == LABELS:
