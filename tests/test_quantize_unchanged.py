@@ -156,3 +156,29 @@ def test_prefer_size_is_named_only_where_it_would_keep_them(
     assert unchanged.message.endswith("measured: the reason" + ("; --prefer size keeps them" if hint else ""))
     assert unchanged.option == ("--prefer size" if hint else None)
     assert "--allow-added-transposes" not in unchanged.message
+
+
+@pytest.mark.parametrize("real_inputs", [False, True])
+def test_the_floors_hint_sends_for_real_inputs_only_a_run_that_had_none(real_inputs: bool) -> None:
+    """A run on the user's inputs whose criterion kept every MatMul in float is told what else
+    changes it (a lower floor, the task's own measure), not to give real inputs again."""
+    from onnx_conv2matmul.quantize.nbits import NBitsResult
+    from onnx_conv2matmul.quantize.projection import WeightStats
+    from onnx_conv2matmul.quantize.settings import QuantizeOptions
+    from onnx_conv2matmul.quantize.unchanged import why_unchanged
+
+    stats = WeightStats(total_bytes=1000, quantizable_bytes=800, quantizable_matmuls=4)
+    found = why_unchanged(
+        [],
+        stats,
+        stats,
+        NBitsResult(),
+        QuantizeOptions(),
+        searched=True,
+        min_cosine=0.99,
+        real_inputs=real_inputs,
+    )
+    assert found is not None and found.cause is Cause.ACCURACY_FLOOR
+    assert ("--inputs with real inputs" in found.message) is not real_inputs
+    assert ("--validate" in found.message) is real_inputs
+    assert "--min-cosine" in found.message

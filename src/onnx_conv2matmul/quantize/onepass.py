@@ -22,8 +22,10 @@ times nothing: the trade times both layouts against the original, interleaved, a
 becomes the kept layout's latency line.
 
 That is two quantizations and two candidate runs at most, besides the classes' short runs;
-should the mix miss as well, a third, aimed on the line through both candidates' measured
-losses, is made, and after it the run falls back to the search
+should the mix miss as well, a third is made: the same MatMuls with the other weights in float
+when the mix stored them in int8 (:func:`~onnx_conv2matmul.quantize.decide.others_in_float`),
+else aimed on the line through both candidates' measured losses; after it the run falls back to
+the search
 (:mod:`~onnx_conv2matmul.quantize.search`). :class:`OnePass` holds the run's state.
 """
 
@@ -183,7 +185,8 @@ class OnePass:
 
     def _mix(self, uniform: _check.Checked, cache: BlockCache) -> bool:
         """Decide the per-layer mix from the uniform candidate's loss, build and check it (and once
-        more, aimed through both candidates' losses, if it missed); whether one met the criterion."""
+        more if it missed: its other weights in float, or aimed through both candidates' losses);
+        whether one met the criterion."""
         run = self.run
         plan = run.plan
         progress = plan.progress
@@ -200,20 +203,27 @@ class OnePass:
         groups = _classes.losses_of(sens, _classes.classes(fp32, [node.name for node in sens.nodes]))
         del fp32  # before the classes' builds: each holds its own rewritten weights
         self._measure_classes(sens, groups, loss, cache)
-        missed: tuple[float, float] | None = None
+        decision, label = _decide.decide(sens, run.quantize, loss), "mix"
         for step in range(2):
-            decision = _decide.decide(sens, run.quantize, loss, missed=missed)
             progress.phase("Quantizing the chosen mix")
             candidate = _build.build(plan, decision.options, cache)
-            progress.phase("Checking the candidate (the chosen mix)")
-            checked = self._checked(
-                candidate, [], "mix" if step == 0 else "mix, aimed through both candidates"
-            )
+            progress.phase(f"Checking the candidate (the chosen {label})")
+            checked = self._checked(candidate, [], label)
             self.candidates[-1]["decision"] = decision.to_dict()  # each mix's, not only the last
             if checked.passed:
                 self.chosen, self.checked, self.decision = candidate, checked, decision
                 return True
-            missed = (decision.predicted_error, checked.loss(floor))
+            if step:
+                break
+            # The next: the same MatMuls with the other weights in float when the mix stored them
+            # in int8 (their prediction is the least grounded), else aimed through both losses.
+            kept = _decide.others_in_float(decision, sens)
+            if kept is not None:
+                decision, label = kept, "mix, other weights in float"
+            else:
+                missed = (decision.predicted_error, checked.loss(floor))
+                decision = _decide.decide(sens, run.quantize, loss, missed=missed)
+                label = "mix, aimed through both candidates"
         return False
 
     def _measure_classes(

@@ -91,6 +91,7 @@ def why_unchanged(
         searched=report.auto is not None or report.accuracy.get("fallback") is not None,
         min_cosine=verify.min_cosine,
         missed=(report.accuracy.get("fallback") or {}).get("reason"),
+        real_inputs=verify.feeds is not None,
     )
 
 

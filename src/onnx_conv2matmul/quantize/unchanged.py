@@ -90,6 +90,7 @@ def why_unchanged(
     searched: bool,
     min_cosine: float | None,
     missed: str | None = None,
+    real_inputs: bool = False,
 ) -> Unchanged | None:
     """The reason ``result`` quantized nothing (None when it quantized something).
 
@@ -103,6 +104,8 @@ def why_unchanged(
         min_cosine: That criterion, for the message.
         missed: What the settings asked for missed, when known (the output and the figure that
             decided), for the message.
+        real_inputs: The criterion was judged on the user's inputs (``--inputs``): the message
+            does not send them for real inputs again.
     """
     if result.quantized:
         return None
@@ -117,7 +120,12 @@ def why_unchanged(
             rewritten.share,
             "--min-cosine",
             f"nothing quantized: the accuracy criterion{floor} kept every MatMul in float;"
-            " a lower --min-cosine, or --inputs with real inputs, lets the search quantize some",
+            + (
+                " on these inputs, a lower --min-cosine, or --validate with the task's own measure,"
+                " lets the search quantize some"
+                if real_inputs
+                else " a lower --min-cosine, or --inputs with real inputs, lets the search quantize some"
+            ),
         )
     if (options.include or options.exclude) and quantizable:
         patterns = ", ".join(repr(p) for p in (*options.include, *options.exclude))
