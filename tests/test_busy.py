@@ -140,7 +140,7 @@ def test_a_busy_machine_keeps_the_most_accurate_kernel_setting(
     assert busy.to_dict()["others_cpu_share"] == pytest.approx(0.5)
 
 
-def _planned(costs: KernelCosts) -> Any:
+def _planned(costs: KernelCosts, blocks: tuple[int, ...] = (32, 128)) -> Any:
     import onnx_ir as ir
 
     from onnx_conv2matmul.quantize.kernel_plan import plan_kernels
@@ -150,7 +150,7 @@ def _planned(costs: KernelCosts) -> Any:
     from onnx_conv2matmul.verify.check import VerifyOptions
 
     source = Path(__file__).parent / "data" / "conformer_small.onnx"
-    speed = SpeedOptions(TimingOptions(lengths=(16,)), levels=(0,), block_sizes=(32, 128), cache=False)
+    speed = SpeedOptions(TimingOptions(lengths=(16,)), levels=(0,), block_sizes=blocks, cache=False)
     return plan_kernels(
         str(source), ir.load(str(source)), QuantizeOptions(), speed, VerifyOptions(), costs=costs
     )
@@ -172,6 +172,37 @@ def test_a_faster_but_less_accurate_setting_must_win_twice(holds: bool) -> None:
     assert plan.options.block_size == (128 if holds else 32)
     assert (": confirmed" if holds else ": not confirmed, the most accurate setting is kept") in plan.reason
     assert "timed again" in plan.reason
+
+
+@pytest.mark.parametrize(
+    ("again_128", "again_32", "kept"),
+    [(0.8, 0.9, 128), (0.9, 0.9, 32), (1.0, 1.0, 16)],
+    ids=["winner confirmed", "the one it replaced kept", "most accurate kept"],
+)
+def test_the_winner_must_beat_the_setting_it_replaced_again(
+    again_128: float, again_32: float, kept: int
+) -> None:
+    """Timed once, block 32 beats block 16 by 10% and block 128 beats block 32 by 11%. Timed
+    again, block 128 must beat block 32 again to be kept (beating block 16 is not enough); else
+    block 32, when it beats block 16 again; else block 16."""
+    clock = FakeClock()
+    first = {"b16": 1.0, "b32": 0.9, "b128": 0.8}
+    second = {"b16": 1.0, "b32": again_32, "b128": again_128}
+
+    def cost(key: str, k: int, n: int, rows: int) -> float:
+        base = k * n * rows / 1e6
+        if key == "float":
+            return base
+        table = second if machine.opened.count(f"{key}-{k}x{n}.onnx") > 1 else first
+        return base * 0.5 * table[key.split("-")[1]]
+
+    machine = KernelMachine(clock, cost)
+    plan = _planned(KernelCosts(None, clock=clock, session_factory=machine), blocks=(16, 32, 128))
+    assert plan.options.block_size == kept
+    assert "block 128 level 0 timed again" in plan.reason and "the setting it replaced" in plan.reason
+    assert (": not confirmed" not in plan.reason) is (kept == 128)
+    assert ("block 32 level 0 is kept" in plan.reason) is (kept == 32)
+    assert ("the most accurate setting is kept" in plan.reason) is (kept == 16)
 
 
 def test_a_busy_machine_weighs_the_layouts_as_untimed(

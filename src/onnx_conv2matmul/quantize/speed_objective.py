@@ -274,11 +274,18 @@ def rank_kernels(
             kernel = Kernel(bits, block, level)
             cost = model_cost(costs, layers, kernel)
             ranked.append(RankedKernel(kernel, cost, relative(cost, floats)))
-    best = 0
-    for index in range(1, len(ranked)):
-        if ranked[index].relative < ranked[best].relative * (1 - min_gain):
-            best = index
-    return best, ranked, floats
+    return won_steps([r.relative for r in ranked], min_gain)[-1], ranked, floats
+
+
+def won_steps(relatives: Sequence[float], min_gain: float) -> list[int]:
+    """The indices that each replaced the one before as the fastest, in order from the first
+    (the most accurate), each faster than the one it replaced by more than ``min_gain``; the
+    last is the winner."""
+    steps = [0]
+    for index in range(1, len(relatives)):
+        if relatives[index] < relatives[steps[-1]] * (1 - min_gain):
+            steps.append(index)
+    return steps
 
 
 @dataclasses.dataclass
