@@ -145,6 +145,19 @@ def test_far_below_the_floor_int8_everywhere_comes_before_float() -> None:
     assert second.options.nodes["n0"].bits is None
 
 
+def test_a_mix_that_missed_far_below_its_aim_is_not_made_again() -> None:
+    """Far below the floor the first mix is int8 everywhere, its predicted error well under the
+    aim; when it misses without a line to follow, the next aims below half its error, not at half
+    the first aim, where the same mix came back (PP-OCRv4 rec with the Transposes, checked twice)."""
+    sens = _sensitivity([(0.5, 0.001), (0.5, 0.0005)])
+    first = _decide.decide(sens, QuantizeOptions(), 100.0)
+    assert [s.bits for s in first.options.nodes.values()] == [8, 8]
+    assert first.predicted_error < first.target_error / 2
+    second = _decide.decide(sens, QuantizeOptions(), 100.0, missed=(first.predicted_error, 3.3))
+    assert second.target_error == pytest.approx(first.predicted_error / 2)
+    assert [second.options.nodes[n].bits for n in ("n0", "n1")] == [None, 8]
+
+
 def test_with_int8_left_out_the_first_mix_still_moves_layers() -> None:
     """The speed filter left only int4 in every ladder (int8 slower than float on this CPU): the
     first mix aims where the line says, moving the most sensitive layers to float; before, the
@@ -176,9 +189,12 @@ def test_after_a_mix_that_missed_the_next_aims_through_both_losses() -> None:
     assert second.target_error > 0
     assert second.predicted_error <= second.target_error < first.predicted_error
     assert second.weight_bytes >= first.weight_bytes
-    # A mix that measured worse than the uniform candidate gives no falling line: half the first aim.
+    # A mix that measured worse than the uniform candidate gives no falling line: half the first
+    # aim or half the missed mix's error, the lower, so that the same mix does not come back.
     odd = _decide.decide(sens, QuantizeOptions(), 1.5, missed=(first.predicted_error, 1.8))
-    assert odd.target_error == pytest.approx(_decide.AIM / 2 * uniform_error / 1.5)
+    aim = _decide.AIM * uniform_error / 1.5
+    assert odd.target_error == pytest.approx(min(aim, first.predicted_error) / 2)
+    assert odd.predicted_error < first.predicted_error and odd.options.nodes != first.options.nodes
 
 
 @pytest.fixture
@@ -444,6 +460,10 @@ def test_a_mix_that_missed_with_the_other_weights_in_int8_is_checked_again_with_
 
 
 def test_a_decision_that_keeps_the_other_weights_in_float_has_no_such_candidate() -> None:
+    import dataclasses
+
+    from onnx_conv2matmul.quantize.settings import NodeSetting
+
     sens = _sensitivity([(0.5, 0.002), (0.1, 0.0004)])
     assert _decide.others_in_float(_decide.decide(sens, QuantizeOptions(), 1.5), sens) is None
     sens.others.float_bytes = 4000
@@ -452,6 +472,11 @@ def test_a_decision_that_keeps_the_other_weights_in_float_has_no_such_candidate(
     assert decision.options.other_weights == "int8"
     kept = _decide.others_in_float(decision, sens)
     assert kept is not None and kept.options.other_weights == "keep"
+    every_float = dataclasses.replace(
+        decision,
+        options=decision.options.only({n: NodeSetting(None, 64, False) for n in ("n0", "n1")}, "int8"),
+    )
+    assert _decide.others_in_float(every_float, sens) is None  # it would quantize nothing
     assert kept.options.nodes == decision.options.nodes
     assert kept.weight_bytes == decision.weight_bytes + 3000
     assert kept.predicted_error == pytest.approx(decision.predicted_error - 1e-6)
