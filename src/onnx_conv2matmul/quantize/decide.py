@@ -165,8 +165,8 @@ def decide(
     else:
         found = _secant(uniform_error, loss, *missed, aim)
         # Without a line, half the first aim, and below half the mix that missed: at or above its
-        # error the same mix comes back (PP-OCRv4 rec with the Transposes: int8 on 28 layers,
-        # float on 2, made and checked twice, 0.9665 both times).
+        # error the same mix comes back (PP-OCRv4 rec with the Transposes, its int8 asymmetric:
+        # int8 on 28 layers, float on 2, made and checked twice, 0.9665 both times).
         target = found if found is not None else min(target, missed[0]) / 2
     chosen_tradeoff = math.inf
     for tradeoff in [0.0, *_breakpoints(items)]:
