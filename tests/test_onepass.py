@@ -482,27 +482,30 @@ def test_a_decision_that_keeps_the_other_weights_in_float_has_no_such_candidate(
     assert kept.predicted_error == pytest.approx(decision.predicted_error - 1e-6)
 
 
+def _with_external_data(tmp_path: Path) -> tuple[Any, list[Any]]:
+    """:func:`_conv_then_matmuls` saved with its weights in a data file, loaded by onnx-ir (each
+    weight mapped when read), and its three weights."""
+    import onnx_ir as ir
+
+    src = tmp_path / "external.onnx"
+    _conv_then_matmuls(src)
+    onnx.save(onnx.load(str(src)), str(src), save_as_external_data=True, location="external.data")
+    model = ir.load(str(src))
+    weights = [v.const_value for v in model.graph.initializers.values()]
+    assert len(weights) == 3 and all(isinstance(w, ir.ExternalTensor) for w in weights)
+    return model, weights
+
+
 def test_the_other_weights_error_leaves_no_data_file_mapped(tmp_path: Path) -> None:
     """onnx-ir maps a weight's whole data file to read it: each other weight read for its int8
     error is let go after, else every one holds the file's size of address space (the 2.31 GiB
     encoder went over a 7 GB limit of ``prlimit --as`` there)."""
-    import onnx_ir as ir
-
     from onnx_conv2matmul.quantize.sensitivity import _other_weights_error
 
-    src = tmp_path / "model.onnx"
-    _conv_then_matmuls(src)
-    onnx.save(onnx.load(str(src)), str(src), save_as_external_data=True, location="model.data")
-    model = ir.load(str(src))
-    external = [
-        v.const_value
-        for v in model.graph.initializers.values()
-        if isinstance(v.const_value, ir.ExternalTensor)
-    ]
-    assert external
+    model, weights = _with_external_data(tmp_path)
     found = _other_weights_error(model)
     assert found is not None and found[1] == 128 * 64 * 3 * 4  # the conv's weight, read
-    assert all(tensor.raw is None for tensor in external)
+    assert all(tensor.raw is None for tensor in weights)
 
 
 def test_a_models_digest_leaves_no_data_file_mapped(tmp_path: Path) -> None:
@@ -516,16 +519,9 @@ def test_a_models_digest_leaves_no_data_file_mapped(tmp_path: Path) -> None:
     src = tmp_path / "model.onnx"
     _conv_then_matmuls(src)
     in_memory = model_digest(ir.load(str(src)))
-    onnx.save(onnx.load(str(src)), str(src), save_as_external_data=True, location="model.data")
-    model = ir.load(str(src))
-    external = [
-        v.const_value
-        for v in model.graph.initializers.values()
-        if isinstance(v.const_value, ir.ExternalTensor)
-    ]
-    assert len(external) == 3
+    model, weights = _with_external_data(tmp_path)
     assert model_digest(model) == in_memory
-    assert all(tensor.raw is None for tensor in external)
+    assert all(tensor.raw is None for tensor in weights)
     assert model_digest(model) == in_memory  # read again after being let go
 
 
