@@ -37,6 +37,16 @@ def is_external(tensor: object) -> TypeGuard[ir.ExternalTensor]:
     return known
 
 
+def release_if_external(tensor: object) -> None:
+    """Let go of ``tensor``'s data when it lives in an external file, once it has been read.
+
+    onnx-ir maps a weight's whole data file to read it: every weight left mapped holds the file's
+    size of address space (the 2.31 GiB encoder went over a 7 GB limit of ``prlimit --as`` that
+    way). Read again later, the tensor maps its file again."""
+    if is_external(tensor):
+        tensor.release()
+
+
 def walk_graphs(graph: ir.Graph, scope: str = "") -> Iterator[tuple[ir.Graph, str]]:
     """Yield ``graph`` and every subgraph below it (any depth) with its scope path.
 

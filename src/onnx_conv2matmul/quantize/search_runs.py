@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from onnx_conv2matmul._graphs import is_external
+from onnx_conv2matmul._graphs import release_if_external
 from onnx_conv2matmul.errors import ModelRunError, OutOfMemory, first_line
 from onnx_conv2matmul.quantize.blockwise import BlockCache
 from onnx_conv2matmul.quantize.metric import MetricTarget
@@ -180,11 +180,8 @@ def _tensor(h: Any, name: str, tensor: Any) -> None:
     h.update(repr((name, str(tensor.dtype), str(tensor.shape))).encode())
     mapped = getattr(tensor, "raw", None) is not None
     h.update(tensor.tobytes())
-    if is_external(tensor) and not mapped:
-        # onnx-ir maps a weight's whole data file to read it: each left mapped holds the file's
-        # size of address space (the 2.31 GiB encoder's --auto went over a 7 GB limit of
-        # `prlimit --as` here).
-        tensor.release()
+    if not mapped:  # one mapped by someone else before stays so
+        release_if_external(tensor)
 
 
 @dataclasses.dataclass

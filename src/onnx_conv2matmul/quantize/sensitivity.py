@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from onnx_conv2matmul._graphs import is_external
+from onnx_conv2matmul._graphs import release_if_external
 from onnx_conv2matmul.quantize import other_weights
 from onnx_conv2matmul.quantize.blockwise import (
     _sampled_columns,
@@ -150,8 +150,7 @@ def _sensitivities(
         full = b.const_value.numpy()  # type: ignore[union-attr]
         weight = np.ascontiguousarray(full[:, columns])
         del full
-        if is_external(b.const_value):
-            b.const_value.release()  # type: ignore[union-attr,unused-ignore]
+        release_if_external(b.const_value)
         h = activations.get(entry.a_name or "")
         if h is None or h.shape != (entry.k,):
             h = np.ones(entry.k)
@@ -179,11 +178,7 @@ def _other_weights_error(model: ir.Model) -> tuple[float, int, int] | None:
             diff = float(np.square(array.astype(np.float64) - approx).sum())
             norm = float(np.square(array.astype(np.float64)).sum())
         del array
-        if is_external(tensor):
-            # onnx-ir maps a weight's whole data file to read it: each left mapped holds the
-            # file's size of address space (the 2.3 GiB encoder's other weights went over a
-            # 7 GB limit of `prlimit --as`, issue 42).
-            tensor.release()  # type: ignore[attr-defined]
+        release_if_external(tensor)
         if not finite:
             continue
         error = diff / norm if norm > 0 else 0.0
