@@ -182,6 +182,11 @@ class Request:
     quantize (a step back after a held-out miss searches the same layout on the same feeds again):
     the same model, weight, setting and feeds give the same loss, so it is measured once (see
     :func:`onnx_conv2matmul.quantize.search.search`). Made by the outermost run."""
+    missed: dict[Any, float] | None = dataclasses.field(default=None, compare=False, repr=False)
+    """The layouts of the Transposes' trade whose models missed a cosine criterion on the samples
+    they were made on, each with the loosest minimum cosine it missed: a step back after a
+    held-out miss only asks for a stricter one, so such a layout is not made again (see
+    :func:`onnx_conv2matmul.quantize.transposes.decide`). Made by the outermost run."""
     larger_than: int | None = None
     """A candidate's model of more bytes than this is neither checked, timed nor written: the
     default run's model that ``--auto``'s search must beat (see

@@ -1,6 +1,6 @@
 """The report types of the Transposes trade (see :mod:`onnx_conv2matmul.quantize.transposes`): the
-preference, both models and the one kept. Apart from the measuring code, so the quantize report
-can name them without importing what measures."""
+preference, both models and the one kept, and the rule that keeps one (:func:`choose`). Apart from
+the measuring code, so the quantize report can name them without importing what measures."""
 
 from __future__ import annotations
 
@@ -131,3 +131,81 @@ def median_of(rounds: Sequence[Layout]) -> Layout:
         columns = zip(*(layout.ratios or () for layout in rounds), strict=True)
         return dataclasses.replace(last, ratios=tuple(sorted(column)[len(rounds) // 2] for column in columns))
     return sorted(rounds, key=lambda layout: layout.speed or 0.0)[len(rounds) // 2]
+
+
+def size_text(count: int) -> str:
+    return f"{count / 2**20:.2f} MiB" if count >= 2**20 else f"{count / 2**10:.1f} KiB"
+
+
+MIN_SIZE_GAIN = 0.10
+"""By default a model slower than another is kept for its size only when it is at least this much
+smaller (as the margin lets it be at most 10% slower than the original)."""
+
+
+def choose(
+    layouts: Sequence[Layout], prefer: Prefer, margin: float, untimed: str = "not timed"
+) -> tuple[int, str]:
+    """The index of the layout kept, and why (see the module's description); ``untimed`` says
+    why the layouts have no timings.
+
+    A layout that misses the accuracy criterion is never kept while another meets it."""
+    if not layouts:
+        raise ValueError("no model to choose from")
+    eligible = [i for i, layout in enumerate(layouts) if layout.passed] or list(range(len(layouts)))
+
+    def size(i: int) -> tuple[int, int]:
+        return layouts[i].bytes, i
+
+    def speed(i: int) -> tuple[float, int]:
+        value = layouts[i].speed
+        return (math.inf if value is None else value), i
+
+    def described(i: int) -> str:
+        value = layouts[i].speed
+        timing = "" if value is None else f", {value:.2f}x the original's latency"
+        if layouts[i].as_original:
+            timing = ", the original's graph"
+        return f"{layouts[i].name} ({size_text(layouts[i].bytes)}{timing})"
+
+    missed = [layouts[i].name for i in range(len(layouts)) if i not in eligible and not layouts[i].not_made]
+    why_not = f"; {', '.join(missed)} missed the accuracy criterion" if missed else ""
+    why_not += "".join(f"; {layout.name}: {layout.not_made}" for layout in layouts if layout.not_made)
+    if prefer is Prefer.SIZE:
+        best = min(eligible, key=size)
+        return best, f"--prefer size: {described(best)} is the smallest{why_not}"
+    timed = [i for i in eligible if layouts[i].speed is not None]
+    if prefer is Prefer.SPEED:
+        if not timed:
+            best = eligible[0]
+            return best, f"--prefer speed, {untimed}: {described(best)} adds no Transposes{why_not}"
+        best = min(timed, key=speed)
+        return best, f"--prefer speed: {described(best)} is the fastest{why_not}"
+    if not timed:
+        best = eligible[0]
+        return (
+            best,
+            f"{untimed}: {described(best)} adds no Transposes (--prefer size keeps the smaller){why_not}",
+        )
+    within = [i for i in timed if (layouts[i].speed or math.inf) <= 1 + margin]
+    if within:
+        best = min(within, key=size)
+        faster = [i for i in within if speed(i) < speed(best)]
+        quickest = min(faster, key=speed) if faster else None
+        if quickest is not None and layouts[best].bytes > (1 - MIN_SIZE_GAIN) * layouts[quickest].bytes:
+            gain = 1 - layouts[best].bytes / layouts[quickest].bytes
+            return quickest, (
+                f"{described(quickest)} is the fastest not slower than the original by more than"
+                f" {margin:.0%}; {described(best)} is smaller by only {gain:.0%} (a slower model must be"
+                f" {MIN_SIZE_GAIN:.0%} smaller){why_not}"
+            )
+        slower = [described(i) for i in timed if i not in within and layouts[i].bytes < layouts[best].bytes]
+        over = f"; {', '.join(slower)} is slower by more than that" if slower else ""
+        return best, (
+            f"{described(best)} is the smallest not slower than the original by more than"
+            f" {margin:.0%}{over}{why_not}"
+        )
+    best = min(timed, key=speed)
+    return best, (
+        f"every model is slower than the original by more than {margin:.0%}: {described(best)} is the"
+        f" fastest (--prefer size keeps the smaller){why_not}"
+    )

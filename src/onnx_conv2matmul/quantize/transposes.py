@@ -41,7 +41,6 @@ third quantization could choose otherwise, its search and kernel choice being me
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -51,24 +50,18 @@ from onnx_conv2matmul.quantize.trade import (
     BEYOND,
     DEFAULT_MARGIN,
     MIN_SHARE,
+    MIN_SIZE_GAIN,
     Layout,
     Prefer,
     TransposeOptions,
     TransposeTrade,
+    choose,
     median_of,
+    size_text,
 )
 from onnx_conv2matmul.rewrite.reasons import SkipReason
 
 __all__ = ["DEFAULT_MARGIN", "MIN_SHARE", "Layout", "Prefer", "TransposeOptions", "TransposeTrade"]
-
-
-def _size(count: int) -> str:
-    return f"{count / 2**20:.2f} MiB" if count >= 2**20 else f"{count / 2**10:.1f} KiB"
-
-
-MIN_SIZE_GAIN = 0.10
-"""By default a model slower than another is kept for its size only when it is at least this much
-smaller (as the margin lets it be at most 10% slower than the original)."""
 
 
 def weighed_share(prefer: Prefer) -> float:
@@ -83,75 +76,6 @@ def weighed_share(prefer: Prefer) -> float:
     them on the trade, which kept the model without them; now 3.5 s, the same model) and silero
     VAD v4 (8.5%; the trade kept the model without them, the other 1.57x the original's latency)."""
     return max(MIN_SHARE, MIN_SIZE_GAIN) if prefer is Prefer.BALANCED else MIN_SHARE
-
-
-def choose(
-    layouts: Sequence[Layout], prefer: Prefer, margin: float, untimed: str = "not timed"
-) -> tuple[int, str]:
-    """The index of the layout kept, and why (see the module's description); ``untimed`` says
-    why the layouts have no timings.
-
-    A layout that misses the accuracy criterion is never kept while another meets it."""
-    if not layouts:
-        raise ValueError("no model to choose from")
-    eligible = [i for i, layout in enumerate(layouts) if layout.passed] or list(range(len(layouts)))
-
-    def size(i: int) -> tuple[int, int]:
-        return layouts[i].bytes, i
-
-    def speed(i: int) -> tuple[float, int]:
-        value = layouts[i].speed
-        return (math.inf if value is None else value), i
-
-    def described(i: int) -> str:
-        value = layouts[i].speed
-        timing = "" if value is None else f", {value:.2f}x the original's latency"
-        if layouts[i].as_original:
-            timing = ", the original's graph"
-        return f"{layouts[i].name} ({_size(layouts[i].bytes)}{timing})"
-
-    missed = [layouts[i].name for i in range(len(layouts)) if i not in eligible and not layouts[i].not_made]
-    why_not = f"; {', '.join(missed)} missed the accuracy criterion" if missed else ""
-    why_not += "".join(f"; {layout.name}: {layout.not_made}" for layout in layouts if layout.not_made)
-    if prefer is Prefer.SIZE:
-        best = min(eligible, key=size)
-        return best, f"--prefer size: {described(best)} is the smallest{why_not}"
-    timed = [i for i in eligible if layouts[i].speed is not None]
-    if prefer is Prefer.SPEED:
-        if not timed:
-            best = eligible[0]
-            return best, f"--prefer speed, {untimed}: {described(best)} adds no Transposes{why_not}"
-        best = min(timed, key=speed)
-        return best, f"--prefer speed: {described(best)} is the fastest{why_not}"
-    if not timed:
-        best = eligible[0]
-        return (
-            best,
-            f"{untimed}: {described(best)} adds no Transposes (--prefer size keeps the smaller){why_not}",
-        )
-    within = [i for i in timed if (layouts[i].speed or math.inf) <= 1 + margin]
-    if within:
-        best = min(within, key=size)
-        faster = [i for i in within if speed(i) < speed(best)]
-        quickest = min(faster, key=speed) if faster else None
-        if quickest is not None and layouts[best].bytes > (1 - MIN_SIZE_GAIN) * layouts[quickest].bytes:
-            gain = 1 - layouts[best].bytes / layouts[quickest].bytes
-            return quickest, (
-                f"{described(quickest)} is the fastest not slower than the original by more than"
-                f" {margin:.0%}; {described(best)} is smaller by only {gain:.0%} (a slower model must be"
-                f" {MIN_SIZE_GAIN:.0%} smaller){why_not}"
-            )
-        slower = [described(i) for i in timed if i not in within and layouts[i].bytes < layouts[best].bytes]
-        over = f"; {', '.join(slower)} is slower by more than that" if slower else ""
-        return best, (
-            f"{described(best)} is the smallest not slower than the original by more than"
-            f" {margin:.0%}{over}{why_not}"
-        )
-    best = min(timed, key=speed)
-    return best, (
-        f"every model is slower than the original by more than {margin:.0%}: {described(best)} is the"
-        f" fastest (--prefer size keeps the smaller){why_not}"
-    )
 
 
 def left_with_transposes(src: str, convert_options: Any) -> tuple[int, float, int]:
@@ -191,6 +115,8 @@ def decide(
     verify: Any,
     progress: Callable[[str], None] = lambda _: None,
     searches: bool = False,
+    missed_before: dict[Any, float] | None = None,
+    kind: str = "",
 ) -> tuple[Any, TransposeTrade | None, Made | None]:
     """The rewrite options to quantize with, the trade that chose them (None when the rewrite
     leaves no conv because of Transposes, or they hold no weight), and the model kept, as made
@@ -205,6 +131,11 @@ def decide(
     it; then, but with ``--prefer size``, each layout is made by the one pass alone first, and
     one that missed is searched only when no layout met the criterion there with a weight
     quantized (nor met it and missed on the held-out samples: the run steps back instead).
+    ``missed_before``: the layouts (by ``kind`` of run and layout) that missed a cosine criterion before
+    in this quantize, each with the loosest minimum cosine it missed; a layout is not made again
+    at that cosine or a stricter one (a step back after a held-out miss only asks for a
+    stricter one: PP-OCRv4 rec's layout with the Transposes missed 0.99 in three candidates,
+    then 0.9976 in the same three), and one that misses is added.
 
     Raises:
         ModelLoadError, ModelRunError: a model cannot be timed.
@@ -225,12 +156,23 @@ def decide(
     # asks, for the smallest.
     one_pass_first = searches and not size_first
     outcomes: list[str] = []
+    cosine = verify.min_cosine if missed_before is not None else None
     for name, flag, rewrite in order:
+        before = None if cosine is None else missed_before.get((kind, flag))  # type: ignore[union-attr]
+        if before is not None and cosine is not None and cosine >= before:
+            why = (
+                f"not made: it missed the criterion at a minimum cosine of {before:.6g} before this"
+                " step back, which asks for no looser one"
+            )
+            layouts.append(Layout(name, flag, 0, False, None, 0, why))
+            made.append(None)
+            outcomes.append("not made")
+            continue
         if size_first and layouts and layouts[0].passed and layouts[0].bytes < left_bytes:
             # Without them, those convs' float weights alone outweigh the model with them.
             why = (
                 f"not made: the float weights of the convs that add Transposes alone"
-                f" ({_size(left_bytes)}) outweigh {layouts[0].name} ({_size(layouts[0].bytes)})"
+                f" ({size_text(left_bytes)}) outweigh {layouts[0].name} ({size_text(layouts[0].bytes)})"
             )
             layouts.append(Layout(name, flag, 0, False, None, 0, why))
             made.append(None)
@@ -255,6 +197,10 @@ def decide(
         names = " and ".join(layouts[i].name for i in missed)
         others = " and ".join(layouts[i].name for i in met)
         unsearched = f" ({names} not searched below it: {others} met it in the one pass, weights quantized)"
+    if missed_before is not None and cosine is not None:
+        for (_, flag, _), outcome in zip(order, outcomes, strict=True):
+            if outcome == "missed":
+                missed_before[(kind, flag)] = min(cosine, missed_before.get((kind, flag), cosine))
     held = [m if outcome == "held out" else None for m, outcome in zip(made, outcomes, strict=True)]
     made = [None if outcome == "held out" else m for m, outcome in zip(made, outcomes, strict=True)]
     if size_first:
@@ -469,6 +415,10 @@ def weigh(plan: Any, scratch: str, run: CandidateRun) -> tuple[Any, TransposeTra
 
         timing = timing_options(plan.speed, plan.verify)
     searches = plan.search_below and plan.auto is None and not plan.request.candidate
+    # A metric's criterion is not a cosine: a layout that missed it is made again.
+    missed = plan.request.missed if plan.metric is None else None
+    kind = "search" if plan.auto is not None else "one pass"
+    kind += " candidate" if plan.request.candidate else ""
     return decide(
         plan.src,
         scratch,
@@ -479,6 +429,8 @@ def weigh(plan: Any, scratch: str, run: CandidateRun) -> tuple[Any, TransposeTra
         plan.verify,
         plan.progress.phase,
         searches=searches,
+        missed_before=missed,
+        kind=kind,
     )
 
 

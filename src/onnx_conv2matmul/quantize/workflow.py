@@ -99,6 +99,8 @@ def quantize_file(
         request = dataclasses.replace(request, progress=KeptOpen(progress))
     if top and request.losses is None:  # the losses measured alone, kept for every attempt
         request = dataclasses.replace(request, losses={})
+    if top and request.missed is None:  # the layouts that missed, kept for every attempt
+        request = dataclasses.replace(request, missed={})
     try:
         if top:
             report = _stepping_back(input_path, output_path, request)
@@ -153,7 +155,7 @@ def _quantize_once(
                     plan, trade, made = _weigh(plan, scratch)
                     if made is not None and made.path:  # published as it was made, sized and timed
                         report = publish_made(plan, output, made)
-                    elif made is not None:  # it missed on the held-out samples: the step back decides
+                    elif made is not None:  # a candidate missed, or it missed on the held-out samples
                         report = made.report
                     report.transposes = trade
             if made is None and not _weighs_default(plan):
@@ -312,19 +314,25 @@ def _weigh(plan: QuantizePlan, scratch: str) -> tuple[QuantizePlan, TransposeTra
     """The rewrite the Transposes' trade keeps (see :func:`onnx_conv2matmul.quantize.transposes.weigh`)
     and the model kept as it was made (None: not made); both models are made as this run was
     asked (the speed step included), each in a folder of ``scratch`` under the output's name."""
-    from onnx_conv2matmul.quantize.transposes import weigh
+    from onnx_conv2matmul.quantize.transposes import Made, weigh
 
     assert plan.transposes is not None
     name = os.path.basename(plan.dst)
 
     shared = onepass.Shared(os.path.join(scratch, "reference"))  # the original, measured once
+    reports: dict[bool, QuantizeReport] = {}
 
     def make(rewrite: ConvertOptions, folder: str, search: bool | None) -> QuantizeReport:
         again = plan.request.again(rewrite, speed=plan.speed, shared=shared, search=search)
-        return quantize_file(plan.src, os.path.join(folder, name), again)
+        reports[rewrite.allow_added_transposes] = quantize_file(plan.src, os.path.join(folder, name), again)
+        return reports[rewrite.allow_added_transposes]
 
     convert, trade, made = weigh(plan, scratch, make)
-    return dataclasses.replace(plan, convert=convert), trade, made
+    plan = dataclasses.replace(plan, convert=convert)
+    if made is None and trade is not None and plan.request.candidate:
+        # A candidate's layouts missed (or were not made again): the one kept is not made a third time.
+        made = Made("", reports.get(trade.chosen.with_transposes) or new_report(plan))
+    return plan, trade, made
 
 
 def _search_below(
