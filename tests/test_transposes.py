@@ -685,3 +685,42 @@ def test_a_step_back_does_not_make_again_a_layout_that_missed_a_looser_criterion
     # Another kind of run (the search's) is not told by the one pass's misses.
     weigh(again, "search", kind="search")
     assert made == ["without", "with"]
+
+
+def test_a_candidate_whose_layouts_both_missed_is_not_made_a_third_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--auto's default run weighs both layouts with the one pass; when both miss the criterion
+    the candidate has no model, and its one pass is not run a third time on the layout kept (the
+    hama speech recognizer: the same three candidates again, in each attempt); the search runs."""
+    from click.testing import CliRunner
+
+    from onnx_conv2matmul.cli.app import main
+    from onnx_conv2matmul.quantize import onepass
+    from onnx_conv2matmul.quantize import search as auto_search
+
+    source = tmp_path / "block.onnx"
+    onnx.save(mobile_block(channels=64, wide=256), source)
+    passes: list[bool] = []
+
+    def missed(self: Any, modes: Any) -> bool:  # every candidate of the one pass misses
+        passes.append(self.run.plan.convert.allow_added_transposes)
+        return False
+
+    monkeypatch.setattr(onepass.OnePass, "execute", missed)
+    searches = _count_calls(monkeypatch, auto_search, "run_search")
+    args = [
+        "quantize",
+        str(source),
+        str(tmp_path / "q.onnx"),
+        "--auto",
+        "--no-bench",
+        "--verify-lengths",
+        "16,32",
+    ]
+    result = CliRunner().invoke(main, [*args, "--report-json-stdout"])
+    assert result.exit_code == 0, result.output
+    assert sorted(passes) == [False, True]  # one pass per layout, and no third
+    assert searches  # the search made the model
+    report = json.loads(result.stdout)
+    assert report["verification"]["passed"] and report["quantized_nodes"] > 0

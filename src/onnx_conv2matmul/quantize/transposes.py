@@ -161,8 +161,8 @@ def decide(
         before = None if cosine is None else missed_before.get((kind, flag))  # type: ignore[union-attr]
         if before is not None and cosine is not None and cosine >= before:
             why = (
-                f"not made: it missed the criterion at a minimum cosine of {before:.6g} before this"
-                " step back, which asks for no looser one"
+                f"not made again: it missed the criterion at a minimum cosine of {before:.6g},"
+                f" and the step back asks for {cosine:.6g}"
             )
             layouts.append(Layout(name, flag, 0, False, None, 0, why))
             made.append(None)
