@@ -144,12 +144,13 @@ def test_kernel_models_compute_x_times_their_weight(kernel: Kernel) -> None:
 
 def test_rank_kernels_takes_the_cheapest_unless_the_gain_is_small() -> None:
     costs, _ = _costs()
-    winner, ranked, _floats = rank_kernels(costs, LAYERS, (64, 128, 256), (0, 4), min_gain=0.02)
+    steps, ranked, _floats = rank_kernels(costs, LAYERS, (64, 128, 256), (0, 4), min_gain=0.02)
+    winner = steps[-1]
     assert [(r.kernel.block_size, r.kernel.accuracy_level) for r in ranked][winner] == (256, 4)
     assert all(r.relative < 1 for r in ranked)  # 4 bits beat float on this machine
     # a min_gain larger than any difference keeps the most accurate (the first)
-    winner, _, _ = rank_kernels(costs, LAYERS, (64, 128, 256), (0, 4), min_gain=0.5)
-    assert winner == 0
+    steps, _, _ = rank_kernels(costs, LAYERS, (64, 128, 256), (0, 4), min_gain=0.5)
+    assert steps == [0]
 
 
 def _node(name: str = "a") -> MatMulNode:
@@ -454,7 +455,8 @@ def test_a_tie_at_4_bits_goes_to_the_level_that_runs_8_bits_faster() -> None:
         return base * factor[key]
 
     costs, _ = _costs(cost)
-    winner, ranked, _ = rank_kernels(costs, LAYERS, (64,), (0, 4), min_gain=0.02)
+    steps, ranked, _ = rank_kernels(costs, LAYERS, (64,), (0, 4), min_gain=0.02)
+    winner = steps[-1]
     assert ranked[winner].kernel.accuracy_level == 0  # the 4-bit timing alone: a tie, the first
     picked, why = eight_bit_tie(costs, LAYERS, ranked, winner)
     assert ranked[picked].kernel.accuracy_level == 4 and "ties with it for 4 bits" in why
@@ -463,7 +465,8 @@ def test_a_tie_at_4_bits_goes_to_the_level_that_runs_8_bits_faster() -> None:
         return cost(key, k, n, rows) if key != "int8-b64-l4" else 2.2 * k * n * rows / 1e6
 
     costs, _ = _costs(no_gain)
-    winner, ranked, _ = rank_kernels(costs, LAYERS, (64,), (0, 4), min_gain=0.02)
+    steps, ranked, _ = rank_kernels(costs, LAYERS, (64,), (0, 4), min_gain=0.02)
+    winner = steps[-1]
     assert eight_bit_tie(costs, LAYERS, ranked, winner) == (winner, "")
 
 
@@ -485,7 +488,8 @@ def test_a_tie_holds_across_the_spread_of_cold_runs() -> None:
             return k * n * rows / 1e6 * factor[key]
 
         costs, _ = _costs(cost)
-        winner, ranked, _ = rank_kernels(costs, LAYERS, (64,), (0, 4), min_gain=0.02)
+        steps, ranked, _ = rank_kernels(costs, LAYERS, (64,), (0, 4), min_gain=0.02)
+        winner = steps[-1]
         assert ranked[winner].kernel.accuracy_level == 0
         picked, why = eight_bit_tie(costs, LAYERS, ranked, winner)
         assert ranked[picked].kernel.accuracy_level == 4, (four, eight, why)

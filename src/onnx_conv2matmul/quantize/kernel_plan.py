@@ -167,7 +167,7 @@ def plan_kernels(
 
     import numpy as np
 
-    from onnx_conv2matmul.quantize.speed_objective import model_layers, rank_kernels, won_steps
+    from onnx_conv2matmul.quantize.speed_objective import model_layers, rank_kernels
     from onnx_conv2matmul.speed.costs import KernelCosts, cache_dir, cache_path
 
     started = time.perf_counter()
@@ -187,9 +187,10 @@ def plan_kernels(
         layers = model_layers(model, lengths, options.selects, shapes=shapes, cache=rows_cache)
     bits = options.bits if options.bits in (4, 8) else 4
     blocks, left_out = _not_bigger(layers, options, speed.block_sizes)
-    winner, ranked, floats = rank_kernels(
+    steps, ranked, floats = rank_kernels(
         costs, layers, blocks, speed.levels, bits=bits, min_gain=speed.min_gain
     )
+    winner = steps[-1]
     costs.save()
     note = ""  # why the winner was not taken as timed, or how its second timing went
     if costs.busy and winner != 0:
@@ -200,7 +201,6 @@ def plan_kernels(
         note = f"; {busy_text(costs.waited)}: the most accurate setting is kept, not the fastest timed"
         winner = 0
     elif winner != 0 and costs.measured:
-        steps = won_steps([r.relative for r in ranked], speed.min_gain)
         winner, again = confirm_gain(costs, layers, ranked, steps, speed.min_gain)
         note = f"; {again}"
     if bits == 4 and not costs.busy:

@@ -261,10 +261,11 @@ def rank_kernels(
     *,
     bits: int = 4,
     min_gain: float = 0.02,
-) -> tuple[int, list[RankedKernel], tuple[float, ...]]:
+) -> tuple[list[int], list[RankedKernel], tuple[float, ...]]:
     """Every (block size, level) with ``bits`` on every layer, most accurate first (small blocks,
-    level 0), and the index of the one to use: the fastest, where a later one must be faster
-    than the one it replaces by more than ``min_gain``. Also the float MatMuls' cost."""
+    level 0), and the indices that each replaced the one before as the fastest
+    (:func:`won_steps`: a later one must be faster by more than ``min_gain``), the last the one
+    to use. Also the float MatMuls' cost."""
     kernels = [Kernel(bits, block, level) for block in block_sizes for level in levels]
     costs.prefetch(layers, [FLOAT_KERNEL, *kernels])
     floats = model_cost(costs, layers, FLOAT_KERNEL)
@@ -274,7 +275,7 @@ def rank_kernels(
             kernel = Kernel(bits, block, level)
             cost = model_cost(costs, layers, kernel)
             ranked.append(RankedKernel(kernel, cost, relative(cost, floats)))
-    return won_steps([r.relative for r in ranked], min_gain)[-1], ranked, floats
+    return won_steps([r.relative for r in ranked], min_gain), ranked, floats
 
 
 def won_steps(relatives: Sequence[float], min_gain: float) -> list[int]:
