@@ -428,29 +428,28 @@ def test_prefer_size_does_not_choose_the_kernel_for_speed(tmp_path: Path, prefer
         assert levels <= {0}
 
 
+def _auto(source: Path, out: Path) -> Any:
+    """``quantize --auto`` of ``source`` at two short lengths, untimed, its JSON report on stdout."""
+    from click.testing import CliRunner
+
+    from onnx_conv2matmul.cli.app import main
+
+    args = ["quantize", str(source), str(out), "--auto", "--no-bench", "--verify-lengths", "16,32"]
+    return CliRunner().invoke(main, [*args, "--report-json-stdout"])
+
+
 def test_auto_searches_only_the_layout_the_default_run_kept(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """--auto weighs the two layouts with the default run's models (one pass each) and runs its
     search once, on the layout kept, not once per layout; the report keeps the trade."""
-    from click.testing import CliRunner
 
-    from onnx_conv2matmul.cli.app import main
     from onnx_conv2matmul.quantize import search as auto_search
 
     source = tmp_path / "block.onnx"
     onnx.save(mobile_block(channels=64, wide=256), source)
     searches = _count_calls(monkeypatch, auto_search, "run_search")
-    args = [
-        "quantize",
-        str(source),
-        str(tmp_path / "q.onnx"),
-        "--auto",
-        "--no-bench",
-        "--verify-lengths",
-        "16,32",
-    ]
-    result = CliRunner().invoke(main, [*args, "--report-json-stdout"])
+    result = _auto(source, tmp_path / "q.onnx")
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert len(searches) == 1
@@ -693,9 +692,7 @@ def test_a_candidate_whose_layouts_both_missed_is_not_made_a_third_time(
     """--auto's default run weighs both layouts with the one pass; when both miss the criterion
     the candidate has no model, and its one pass is not run a third time on the layout kept (the
     hama speech recognizer: the same three candidates again, in each attempt); the search runs."""
-    from click.testing import CliRunner
 
-    from onnx_conv2matmul.cli.app import main
     from onnx_conv2matmul.quantize import onepass
     from onnx_conv2matmul.quantize import search as auto_search
 
@@ -709,16 +706,7 @@ def test_a_candidate_whose_layouts_both_missed_is_not_made_a_third_time(
 
     monkeypatch.setattr(onepass.OnePass, "execute", missed)
     searches = _count_calls(monkeypatch, auto_search, "run_search")
-    args = [
-        "quantize",
-        str(source),
-        str(tmp_path / "q.onnx"),
-        "--auto",
-        "--no-bench",
-        "--verify-lengths",
-        "16,32",
-    ]
-    result = CliRunner().invoke(main, [*args, "--report-json-stdout"])
+    result = _auto(source, tmp_path / "q.onnx")
     assert result.exit_code == 0, result.output
     assert sorted(passes) == [False, True]  # one pass per layout, and no third
     assert searches  # the search made the model

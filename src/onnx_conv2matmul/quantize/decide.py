@@ -212,7 +212,8 @@ mix's; below it the MatMuls' int8 rounding is (the next stores it asymmetric).""
 
 def after_the_mix(decision: Decision, sens: Sensitivity) -> tuple[Decision, str] | None:
     """The candidate after a mix that stored the other weights in int8 and missed, and its label;
-    None when it kept them in float (the next is aimed through both candidates' losses instead).
+    None when the mix kept them in float, or quantizes no MatMul (the next is aimed through both
+    candidates' losses instead).
 
     When their predicted error is at least :data:`OTHERS_SUSPECT` of the mix's, or the mix has no
     int8 MatMul stored symmetric: the same MatMuls with the other weights in float

@@ -158,22 +158,20 @@ def decide(
     outcomes: list[str] = []
     cosine = verify.min_cosine if missed_before is not None else None
     for name, flag, rewrite in order:
-        before = None if cosine is None else missed_before.get((kind, flag))  # type: ignore[union-attr]
+        before = missed_before.get((kind, flag)) if missed_before is not None else None
+        why = ""
         if before is not None and cosine is not None and cosine >= before:
             why = (
                 f"not made again: it missed the criterion at a minimum cosine of {before:.6g},"
                 f" and the step back asks for {cosine:.6g}"
             )
-            layouts.append(Layout(name, flag, 0, False, None, 0, why))
-            made.append(None)
-            outcomes.append("not made")
-            continue
-        if size_first and layouts and layouts[0].passed and layouts[0].bytes < left_bytes:
+        elif size_first and layouts and layouts[0].passed and layouts[0].bytes < left_bytes:
             # Without them, those convs' float weights alone outweigh the model with them.
             why = (
                 f"not made: the float weights of the convs that add Transposes alone"
                 f" ({size_text(left_bytes)}) outweigh {layouts[0].name} ({size_text(layouts[0].bytes)})"
             )
+        if why:
             layouts.append(Layout(name, flag, 0, False, None, 0, why))
             made.append(None)
             outcomes.append("not made")
