@@ -204,60 +204,6 @@ def others_in_float(decision: Decision, sens: Sensitivity) -> Decision | None:
     )
 
 
-OTHERS_SUSPECT = 0.5
-"""After a mix that stored the other weights in int8 and missed, they are taken for the cause (the
-next candidate keeps them in float) when their predicted error is at least this share of the
-mix's; below it the MatMuls' int8 rounding is (the next stores it asymmetric)."""
-
-
-def after_the_mix(decision: Decision, sens: Sensitivity) -> tuple[Decision, str] | None:
-    """The candidate after a mix that stored the other weights in int8 and missed, and its label;
-    None when the mix kept them in float, or quantizes no MatMul (the next is aimed through both
-    candidates' losses instead).
-
-    When their predicted error is at least :data:`OTHERS_SUSPECT` of the mix's, or the mix has no
-    int8 MatMul stored symmetric: the same MatMuls with the other weights in float
-    (:func:`others_in_float`; silero VAD v6 without Ifs: 72% of the mix's predicted error, the mix
-    0.548, the next 0.993). Else the same mix with its int8 MatMuls asymmetric
-    (:func:`int8_asymmetric`; PP-OCRv5 rec with the Transposes: 14%, the mix 0.9897, the
-    other weights in float 0.9920 at 0.351x, its int8 asymmetric 0.9937 at 0.307x)."""
-    kept = others_in_float(decision, sens)
-    if kept is None:
-        return None
-    error = sens.others.options[OTHER_INT8][0]
-    asymmetric = int8_asymmetric(decision, sens)
-    if asymmetric is not None and error < OTHERS_SUSPECT * decision.predicted_error:
-        return asymmetric, "mix, int8 asymmetric"
-    return kept, "mix, other weights in float"
-
-
-def int8_asymmetric(decision: Decision, sens: Sensitivity) -> Decision | None:
-    """``decision`` with each int8 MatMul it stores symmetric stored asymmetric (the same block; a
-    zero point per block fits a weight's range where the symmetric grid spends half its steps on
-    values it does not hold); None when it stores none. Its predicted error is the symmetric one's
-    (an upper bound: the prediction has no asymmetric int8), its bytes the zero points' more."""
-    shapes = {node.name: (node.k, node.n) for node in sens.nodes}
-    nodes = dict(decision.options.nodes)
-    added = 0
-    for name, setting in nodes.items():
-        if setting.bits == 8 and setting.symmetric:
-            nodes[name] = dataclasses.replace(setting, symmetric=False)
-            k, n = shapes.get(name, (0, 0))
-            added += n * -(-k // setting.block_size)  # one byte per block and column
-    if nodes == decision.options.nodes:
-        return None
-    counts: dict[str, int] = {}
-    for setting in nodes.values():
-        label = Setting(setting.bits, setting.block_size, setting.symmetric).label
-        counts[label] = counts.get(label, 0) + 1
-    return dataclasses.replace(
-        decision,
-        options=dataclasses.replace(decision.options, nodes=nodes),
-        counts=dict(sorted(counts.items())),
-        weight_bytes=decision.weight_bytes + added,
-    )
-
-
 def _secant(uniform_error: float, uniform_loss: float, error: float, loss: float, aim: float) -> float | None:
     """The predicted error where the loss reaches ``aim`` on the line through the two candidates
     that missed (uniform, then a mix), below the mix's own; None when that line does not fall to

@@ -22,9 +22,8 @@ times nothing: the trade times both layouts against the original, interleaved, a
 becomes the kept layout's latency line.
 
 That is two quantizations and two candidate runs at most, besides the classes' short runs;
-should the mix miss as well, a third is made: when the mix stored the other weights in int8, the
-same MatMuls with them in float, or with its int8 MatMuls asymmetric when the other weights carry
-less than half the predicted error (:func:`~onnx_conv2matmul.quantize.decide.after_the_mix`),
+should the mix miss as well, a third is made: the same MatMuls with the other weights in float
+when the mix stored them in int8 (:func:`~onnx_conv2matmul.quantize.decide.others_in_float`),
 else aimed on the line through both candidates' measured losses; after it the run falls back to
 the search
 (:mod:`~onnx_conv2matmul.quantize.search`). :class:`OnePass` holds the run's state.
@@ -186,8 +185,8 @@ class OnePass:
 
     def _mix(self, uniform: _check.Checked, cache: BlockCache) -> bool:
         """Decide the per-layer mix from the uniform candidate's loss, build and check it (and once
-        more if it missed: its other weights in float, its int8 asymmetric, or aimed through both
-        candidates' losses); whether one met the criterion."""
+        more if it missed: its other weights in float, or aimed through both candidates' losses);
+        whether one met the criterion."""
         run = self.run
         plan = run.plan
         progress = plan.progress
@@ -216,12 +215,11 @@ class OnePass:
                 return True
             if step:
                 break
-            # The next: when the mix stored the other weights in int8, the same MatMuls with them
-            # in float or its int8 asymmetric (whichever the prediction suspects), else aimed
-            # through both losses.
-            after = _decide.after_the_mix(decision, sens)
-            if after is not None:
-                decision, label = after
+            # The next: the same MatMuls with the other weights in float when the mix stored them
+            # in int8 (their prediction is the least grounded), else aimed through both losses.
+            kept = _decide.others_in_float(decision, sens)
+            if kept is not None:
+                decision, label = kept, "mix, other weights in float"
             else:
                 missed = (decision.predicted_error, checked.loss(floor))
                 decision = _decide.decide(sens, run.quantize, loss, missed=missed)
