@@ -3,6 +3,7 @@ of an ONNX protobuf model (:func:`proto_graphs`)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Iterator
 from typing import Any, TypeGuard
@@ -45,6 +46,19 @@ def release_if_external(tensor: object) -> None:
     way). Read again later, the tensor maps its file again."""
     if is_external(tensor):
         tensor.release()
+
+
+@contextlib.contextmanager
+def read_then_released(tensor: object) -> Iterator[None]:
+    """Read ``tensor`` inside: on leaving, what the read mapped is let go
+    (:func:`release_if_external`); an external tensor mapped before stays so, for whoever mapped
+    it."""
+    mapped_before = is_external(tensor) and tensor.raw is not None
+    try:
+        yield
+    finally:
+        if not mapped_before:
+            release_if_external(tensor)
 
 
 def walk_graphs(graph: ir.Graph, scope: str = "") -> Iterator[tuple[ir.Graph, str]]:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from onnx_conv2matmul._graphs import release_if_external
+from onnx_conv2matmul._graphs import read_then_released
 from onnx_conv2matmul.errors import ModelRunError, OutOfMemory, first_line
 from onnx_conv2matmul.quantize.blockwise import BlockCache
 from onnx_conv2matmul.quantize.metric import MetricTarget
@@ -178,10 +178,8 @@ def _tensor(h: Any, name: str, tensor: Any) -> None:
         h.update(f"{name}: no value".encode())
         return
     h.update(repr((name, str(tensor.dtype), str(tensor.shape))).encode())
-    mapped = getattr(tensor, "raw", None) is not None
-    h.update(tensor.tobytes())
-    if not mapped:  # one mapped by someone else before stays so
-        release_if_external(tensor)
+    with read_then_released(tensor):
+        h.update(tensor.tobytes())
 
 
 @dataclasses.dataclass
