@@ -95,6 +95,33 @@ def test_a_faster_level_below_the_target_is_not_timed(tmp_path: Path) -> None:
     assert "below the target: accuracy level 4 (cosine 0.98000)" in result.reason
 
 
+@pytest.mark.parametrize(
+    ("cosine", "timed"),
+    [
+        ({"l0.onnx": 0.995, "l4.onnx": 0.98}, False),  # one meets it: nothing to choose by speed
+        ({"l0.onnx": 0.95, "l4.onnx": 0.96}, False),  # none does: the most accurate, untimed
+        ({"l0.onnx": 0.995, "l4.onnx": 0.994}, True),  # two do: timed to choose
+    ],
+)
+def test_a_caller_that_times_the_result_after_has_only_a_choice_timed(
+    tmp_path: Path, cosine: dict[str, float], timed: bool
+) -> None:
+    """The Transposes' trade times both layouts against the original after: each layout's own
+    kernel step times its candidates only when speed has a choice to make among them."""
+    cost = {"orig.onnx": 10, "l0.onnx": 9, "l4.onnx": 7}
+    result, sessions = _choose(tmp_path, cost, cosine, time_one=False)
+    assert bool(sessions.opened) is timed
+    assert (result.timing is not None) is timed and (result.original is not None) is timed
+    assert result.chosen.candidate.accuracy_level == (4 if timed else 0 if cosine["l0.onnx"] > 0.99 else 4)
+    assert all((r.latencies is not None) is (timed and r.meets_target) for r in result.candidates)
+    data = result.to_dict()
+    assert (data["cpu"] is None) is not timed
+    if not timed:
+        assert "runs at" not in result.reason
+    again, _ = _choose(tmp_path, cost, cosine)  # a caller that does not time after: always timed
+    assert again.timing is not None
+
+
 def test_no_candidate_meets_the_target(tmp_path: Path) -> None:
     result, _ = _choose(
         tmp_path, {"orig.onnx": 10, "l0.onnx": 9, "l4.onnx": 5}, {"l0.onnx": 0.95, "l4.onnx": 0.96}

@@ -159,6 +159,7 @@ def speed_step(run: Run, staged: _output.Staged, stack: contextlib.ExitStack) ->
         int8=plan.int8,
         metric=plan.metric,
         original_score=run.original_score,
+        timed_later=plan.timed_by_trade,
     )
     outcome = kernel.run_speed_step(step, first, quantize_options, speed)
     if chosen_by_cost and outcome.slower() and len(tried_levels) > 1:

@@ -217,18 +217,19 @@ def measure(
     if when is not None:
         return f"{len(groups)} classes of {layers} layers measured (their losses kept in the cache, {when})"
     session = _switched_session(plan, quantize, groups, cache)
+    short = check.Runs(tuple(feeds), only=True)
     for done, group in enumerate(groups):
         plan.progress.phase(f"Deciding: measuring the classes of layers ({done + 1} of {len(groups)})")
         failure = ""
         try:
             if session is not None:
                 flagged = Flagged(session, len(groups), done)
-                checked = check.check(flagged, reference, plan.verify, only=feeds)
+                checked = check.check(flagged, reference, plan.verify, runs=short)
                 build.release_borrowed(session)  # the class's int4 blocks: the next class reads its own
             else:
                 alone = quantize.only({name: quantize.setting_for(name) for name in group.names})
                 candidate = build.build(plan, alone, cache)
-                checked = check.check_model(plan, candidate.model, reference, only=feeds)
+                checked = check.check_model(plan, candidate.model, reference, runs=short)
                 del candidate
             group.measured = checked.loss(floor)
             failure = checked.failure if checked.worst_cosine is None else ""

@@ -58,7 +58,9 @@ if TYPE_CHECKING:
 class SpeedStep:
     """What the speed step reads of the run: the input, how it is rewritten and checked, the
     progress, the user's metric and the original's score (None: no metric), where candidates are
-    staged and the stack that removes them, and whether the run is int8 (only timed)."""
+    staged and the stack that removes them, whether the run is int8 (only timed), and whether
+    the caller times the result after (``timed_later``: the Transposes' trade times both layouts;
+    a step with a single candidate that meets the target times nothing then)."""
 
     src: str
     convert: ConvertOptions
@@ -69,6 +71,7 @@ class SpeedStep:
     int8: bool = False
     metric: MetricTarget | None = None
     original_score: float | None = None
+    timed_later: bool = False
 
 
 @dataclasses.dataclass
@@ -89,16 +92,17 @@ class SpeedOutcome:
     variant: Variant
     options: QuantizeOptions | None
     choice: KernelChoice | None
-    timing: TimingReport
+    timing: TimingReport | None
+    """None: nothing was timed (the step's ``timed_later``)."""
     result_index: int
 
-    def latency(self) -> dict[str, Any]:
+    def latency(self) -> dict[str, Any] | None:
         """The report's ``latency`` section: the original's and the result's latencies."""
-        return latency_of(self.timing, self.result_index)
+        return None if self.timing is None else latency_of(self.timing, self.result_index)
 
     def slower(self) -> list[str]:
         """Warnings for every length at which the result is measurably slower than the original."""
-        return slower_of(self.timing, self.result_index)
+        return [] if self.timing is None else slower_of(self.timing, self.result_index)
 
 
 def busy_warning(cpu_wait: float) -> str:
@@ -179,6 +183,8 @@ def run_speed_step(
     src, verify, progress = step.src, step.verify, step.progress
     timing = timing_options(speed, verify, src)
     if step.int8 or not speed.chooses or not accuracy_levels(first.staged.onnx_path):
+        if step.timed_later:
+            return SpeedOutcome(first, None, None, None, 1)
         progress.phase("Timing the result against the original")
         if timing.rounds > SETTLE_ROUNDS:  # the result alone: rounds stop once its ratios settle
             timing = dataclasses.replace(timing, settle_after=SETTLE_ROUNDS)
@@ -209,9 +215,10 @@ def run_speed_step(
     winner = choice.chosen.candidate
     kept = next(v for v in variants if not several_blocks or v.block_size == winner.block_size)
     set_accuracy_level(kept.staged.onnx_path, winner.accuracy_level, kept.staged.onnx_path)
-    assert choice.timing is not None
-    labels = [model.label for model in choice.timing.models]
     chosen = dataclasses.replace(options, block_size=kept.block_size, accuracy_level=winner.accuracy_level)
+    if choice.timing is None:
+        return SpeedOutcome(kept, chosen, choice, None, 0)
+    labels = [model.label for model in choice.timing.models]
     return SpeedOutcome(kept, chosen, choice, choice.timing, labels.index(winner.name))
 
 
@@ -221,9 +228,18 @@ def _checked_and_timed(step: SpeedStep, candidates: Any, speed: SpeedOptions, ti
     check = reference_accuracy(step.src, step.verify)
     if step.metric is not None and step.original_score is not None:
         check = _with_metric(check, step.metric, step.original_score)
-    step.progress.phase(f"Timing {len(candidates)} candidates against the original")
+    if step.timed_later:  # timed only when more than one meets the target
+        step.progress.phase(f"Checking {len(candidates)} candidates (the layouts are timed after)")
+    else:
+        step.progress.phase(f"Timing {len(candidates)} candidates against the original")
     return choose_kernel(
-        step.src, candidates, check, min_cosine=step.verify.min_cosine, timing=timing, min_gain=speed.min_gain
+        step.src,
+        candidates,
+        check,
+        min_cosine=step.verify.min_cosine,
+        timing=timing,
+        min_gain=speed.min_gain,
+        time_one=not step.timed_later,
     )
 
 
@@ -244,15 +260,17 @@ def retry_levels(
     if len(order) < 2 or not accuracy_levels(kept.staged.onnx_path):
         return outcome  # nothing became MatMulNBits: no kernel setting to choose
     # On the inputs the result was just timed on (the user's, or shapes the check proved).
+    assert outcome.timing is not None  # a result measured slower was timed
     timing = outcome.timing.options
     with level_candidates(kept.staged.onnx_path, order) as candidates:
         step.progress.phase("Slower than the original: checking the other accuracy levels")
         choice = _checked_and_timed(step, candidates, speed, timing)
     winner = choice.chosen.candidate
     set_accuracy_level(kept.staged.onnx_path, winner.accuracy_level, kept.staged.onnx_path)
-    assert choice.timing is not None
-    labels = [model.label for model in choice.timing.models]
     chosen = dataclasses.replace(options, accuracy_level=winner.accuracy_level)
+    if choice.timing is None:
+        return SpeedOutcome(kept, chosen, choice, None, 0)
+    labels = [model.label for model in choice.timing.models]
     return SpeedOutcome(kept, chosen, choice, choice.timing, labels.index(winner.name))
 
 

@@ -109,6 +109,8 @@ class OnePass:
     decision: _decide.Decision | None = None
     first_failure: str = ""
     """The first candidate's failure in words (the uniform settings'), when it missed."""
+    checked_first: _check.Checked | None = None
+    """The first candidate's check, run on every feed: the order of the later ones'."""
     classes: list[_classes.ClassLoss] = dataclasses.field(default_factory=list)
     classes_note: str = ""
     classes_seconds: float = 0.0
@@ -168,14 +170,19 @@ class OnePass:
     def _checked(self, candidate: _build.Candidate, statistics: list[str], label: str) -> _check.Checked:
         assert self.measurement is not None
         reference = self.measurement.reference
-        checked = _check.check_model(self.run.plan, candidate.model, reference, statistics=statistics)
+        # After the first candidate, the feeds it found worst go first and a miss stops the run.
+        order = self.checked_first.worst_first() if self.checked_first is not None else None
+        checked = _check.check_model(
+            self.run.plan, candidate.model, reference, statistics=statistics, runs=order
+        )
         if not self.candidates:
-            self.first_failure = checked.failure
+            self.first_failure, self.checked_first = checked.failure, checked
         self.candidates.append(
             {
                 "candidate": label,
                 "settings": _counts(candidate),
                 "worst_cosine": checked.worst_cosine,
+                **({"stopped_after_samples": list(checked.samples)} if checked.stopped else {}),
                 "labels": [t.to_dict() for t in checked.labels],
                 "passed": checked.passed,
                 "seconds": round(checked.seconds, 3),

@@ -370,6 +370,7 @@ def choose_kernel(
     min_gain: float = DEFAULT_MIN_GAIN,
     clock: Clock | None = None,
     session_factory: SessionFactory | None = None,
+    time_one: bool = True,
 ) -> KernelChoice:
     """Keep the fastest candidate that meets the accuracy target (see the module's description).
 
@@ -381,6 +382,8 @@ def choose_kernel(
         min_cosine: The target; None: no lower than the first candidate's cosine, with
             :data:`COSINE_SLACK` on ``1 - cosine``.
         timing, clock, session_factory: As :func:`onnx_conv2matmul.speed.timing.time_models`.
+        time_one: False: when at most one candidate meets the target, there is nothing to choose
+            by speed and nothing is timed (a caller that times the result itself after).
 
     Raises:
         ValueError: no candidate, or ``min_gain`` out of [0, 1).
@@ -402,17 +405,21 @@ def choose_kernel(
         )
     meets = [cosine >= floor for cosine, _ in measured]
     timed = [i for i, ok in enumerate(meets) if ok] or list(range(len(candidates)))
-    report = time_models(
-        [original, *(candidates[i].path for i in timed)],
-        timing,
-        baseline=0,
-        labels=["original", *(candidates[i].name for i in timed)],
-        clock=clock,
-        session_factory=session_factory,
-    )
+    report = None
+    if time_one or sum(meets) > 1:
+        report = time_models(
+            [original, *(candidates[i].path for i in timed)],
+            timing,
+            baseline=0,
+            labels=["original", *(candidates[i].name for i in timed)],
+            clock=clock,
+            session_factory=session_factory,
+        )
     results = []
     for index, (candidate, (cosine, note)) in enumerate(zip(candidates, measured, strict=True)):
-        latencies = report.models[1 + timed.index(index)].latencies if index in timed else None
+        latencies = None
+        if report is not None and index in timed:
+            latencies = report.models[1 + timed.index(index)].latencies
         results.append(CandidateResult(candidate, cosine, meets[index], note, latencies))
     winner, reason = _pick(results, min_gain)
     warnings = []
@@ -424,7 +431,8 @@ def choose_kernel(
                 f"{results[winner].candidate.name} is slower than the original at length"
                 f" {latency.length}: {latency.ratio:.2f}x its latency"
             )
-    return KernelChoice(tuple(results), winner, reason, target, report.models[0], report, tuple(warnings))
+    original_timing = None if report is None else report.models[0]
+    return KernelChoice(tuple(results), winner, reason, target, original_timing, report, tuple(warnings))
 
 
 def _pick(results: Sequence[CandidateResult], min_gain: float) -> tuple[int, str]:

@@ -109,6 +109,9 @@ def print_quantize_report(console: Console, report: QuantizeReport) -> None:
             cosine = candidate["worst_cosine"]
             verdict = "meets the criterion" if candidate["passed"] else "below the criterion"
             shown = "no cosine" if cosine is None else f"worst cosine {cosine:.5f}"
+            if "stopped_after_samples" in candidate:
+                run, of = candidate["stopped_after_samples"]
+                shown += f" (stopped at the first below the criterion: {run} of {of} samples run)"
             table.add_row(
                 f"candidate: {candidate['candidate']}",
                 f"{shown}, {verdict} (checked in {candidate['seconds']:.1f} s)",
@@ -168,9 +171,8 @@ def kernel_choice_table(choice: dict[str, Any]) -> Table:
     """The kernel settings tried: accuracy, whether it met the target, latency ratios."""
     original = choice["original"]
     lengths = [lat["length"] for lat in original["latencies"]] if original else []
-    table = Table(
-        title=f"Kernel settings tried on {choice['cpu']} ({choice['target']})", title_justify="left"
-    )
+    where = f" on {choice['cpu']}" if choice["cpu"] else ""
+    table = Table(title=f"Kernel settings tried{where} ({choice['target']})", title_justify="left")
     for name in ("candidate", "cosine", "meets target", *(f"x original at {n}" for n in lengths), "speed"):
         table.add_column(name, justify="left" if name == "candidate" else "right")
     for candidate in choice["candidates"]:
