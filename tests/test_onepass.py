@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -445,12 +446,18 @@ def test_a_mix_that_missed_with_the_other_weights_in_int8_is_checked_again_with_
         orders.append(kwargs.get("runs"))
         worst = {1: 0.95, 2: 0.985}.get(len(seen), 0.995)  # the uniform, the mix, then one that meets it
         met = worst >= 0.99
-        return dataclasses.replace(result, worst_cosine=worst, passed=met, failure="" if met else "y")
+        # The mix stopped at the first feed that missed, as a later candidate does.
+        stopped: dict[str, Any] = {"stopped": True, "samples": (1, 3)} if len(seen) == 2 else {}
+        failure = "" if met else "y"
+        return dataclasses.replace(result, worst_cosine=worst, passed=met, failure=failure, **stopped)
 
     monkeypatch.setattr(onepass._check, "check_model", checked_as_below)
     data = _quantize(src, out)
     candidates = data["one_pass"]["candidates"]
     assert [c["candidate"] for c in candidates] == ["uniform", "mix", "mix, other weights in float"]
+    assert [c.get("stopped_after_samples") for c in candidates] == [None, [1, 3], None]
+    schema = json.loads((Path(__file__).parent.parent / "schema" / "report.schema.json").read_text())
+    jsonschema.Draft202012Validator(schema).validate(data)  # the report says so as its schema allows
     assert seen == [False, True, False]
     # The first runs every feed; the later ones the first's worst feeds first.
     assert orders[0] is None and orders[1] is not None and orders[1] == orders[2]
