@@ -552,3 +552,38 @@ def test_no_matmulnbits_node_leaves_no_kernel_setting_to_retry(tmp_path: Path) -
     step = kernel.SpeedStep(str(path), ConvertOptions(), VerifyOptions(), NullProgress())
     kept = kernel.retry_levels(step, outcome, QuantizeOptions(), SpeedOptions(), (0, 4))
     assert kept is outcome and kept.choice is None
+
+
+@pytest.mark.parametrize("on_disk", [False, True])
+def test_a_cache_gives_the_same_int8_without_quantizing_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, on_disk: bool
+) -> None:
+    """The search builds several models from the same weights: with the cache, the second build's
+    other weights are read back (onnxruntime's quantize_data is not called again) and the model is
+    byte for byte the first's; a tensor kept in float is kept again."""
+    from onnx_conv2matmul.quantize import other_weights
+    from onnx_conv2matmul.quantize.blockwise import BlockCache, MemoryBlockCache
+
+    source = _gather_conv_model()
+    calls: list[int] = []
+    real = other_weights.quantize_data_int8
+
+    def counted(array: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
+        calls.append(1)
+        return real(array, axis)
+
+    monkeypatch.setattr(other_weights, "quantize_data_int8", counted)
+    cache = BlockCache(str(tmp_path / "blocks")) if on_disk else MemoryBlockCache()
+    built, counts = [], []
+    for _ in range(2):
+        model = ir.serde.deserialize_model(onnx.ModelProto.FromString(source.SerializeToString()))
+        result = quantize_other_weights(model, cache=cache)
+        built.append((ir.serde.serialize_model(model).SerializeToString(), result))
+        counts.append(len(calls))
+    first = counts[0]
+    assert first == len(built[0][1].stored) > 0 and counts[1] == first  # none the second time
+    assert built[0][0] == built[1][0]
+    assert built[0][1].stored == built[1][1].stored and built[0][1].kept == built[1][1].kept
+    model = ir.serde.deserialize_model(onnx.ModelProto.FromString(source.SerializeToString()))
+    quantize_other_weights(model)  # without a cache: quantized again
+    assert len(calls) == 2 * first

@@ -712,3 +712,29 @@ def test_a_candidate_whose_layouts_both_missed_is_not_made_a_third_time(
     assert searches  # the search made the model
     report = json.loads(result.stdout)
     assert report["verification"]["passed"] and report["quantized_nodes"] > 0
+
+
+def test_the_check_inputs_are_looked_for_once_per_quantize(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--auto plans five runs (its own, the default run, its two layouts, the search): the model's
+    input sizes and values are found once (probing the model), then read by the others."""
+    from onnx_conv2matmul.verify import check as verify_check
+
+    source = tmp_path / "block.onnx"
+    onnx.save(mobile_block(channels=64, wide=256), source)
+    looked: list[int] = []
+    real = verify_check.discover
+
+    def discover(path: str, options: VerifyOptions, *args: Any, **kwargs: Any) -> Any:
+        if options.feeds is None and options.found is None:  # not a no-op: it looks
+            looked.append(1)
+        return real(path, options, *args, **kwargs)
+
+    monkeypatch.setattr(verify_check, "discover", discover)
+    result = _auto(source, tmp_path / "q.onnx")
+    assert result.exit_code == 0, result.output
+    assert len(looked) == 1
+    again = _auto(source, tmp_path / "q2.onnx")  # another quantize looks for them again
+    assert again.exit_code == 0, again.output
+    assert len(looked) == 2

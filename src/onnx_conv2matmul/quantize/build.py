@@ -79,7 +79,7 @@ def build(plan: QuantizePlan, options: QuantizeOptions, cache: BlockCache | None
     if options.other_weights == "int8":
         from onnx_conv2matmul.quantize.other_weights import quantize_other_weights
 
-        other = quantize_other_weights(model)
+        other = quantize_other_weights(model, cache=cache)
     return Candidate(model, options, result, other)
 
 

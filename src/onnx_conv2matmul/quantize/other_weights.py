@@ -27,12 +27,15 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx_ir as ir
 
 from onnx_conv2matmul._graphs import NameAllocator, default_opset, is_external, used_names, walk_graphs
+
+if TYPE_CHECKING:
+    from onnx_conv2matmul.quantize.blockwise import BlockCache
 
 MIN_BYTES = 64 * 1024
 """Float tensors smaller than this are left as they are (not listed in the result)."""
@@ -273,12 +276,19 @@ def _reason(candidate: _Candidate, opset: int) -> KeptReason | None:
 
 
 def quantize_other_weights(
-    model: ir.Model, *, min_bytes: int = MIN_BYTES, skip: frozenset[str] = frozenset()
+    model: ir.Model,
+    *,
+    min_bytes: int = MIN_BYTES,
+    skip: frozenset[str] = frozenset(),
+    cache: BlockCache | None = None,
 ) -> OtherWeightsResult:
     """Store every eligible float tensor of at least ``min_bytes`` as int8, in place.
 
     ``skip`` names tensors to leave alone (not listed). Local functions are not
-    changed; their large float Constants are listed as kept.
+    changed; their large float Constants are listed as kept. ``cache``: the int8 data and scales
+    of the tensors quantized before (the same model's, by name), read back instead of quantized
+    again: the search builds several models from the same weights, and onnxruntime's
+    ``quantize_data`` runs once per slice (PP-OCRv4 rec: 4,700 slices, 0.3 s a model).
     """
     result = OtherWeightsResult(mode="int8")
     opset = default_opset(model) or 0
@@ -300,17 +310,25 @@ def quantize_other_weights(
         tensor = candidate.tensor
         shape = [int(d) for d in tensor.shape.numpy()]
         reason = _reason(candidate, opset)
-        array: np.ndarray | None = None
-        if reason is None:
-            array = tensor.numpy()
-            if not np.isfinite(array).all():
-                reason = KeptReason.NOT_FINITE
-        if reason is not None or array is None:
-            result.kept.append(KeptTensor(name, shape, int(tensor.nbytes), reason or KeptReason.NOT_FINITE))
-            continue
         axis = choose_axis(candidate.value, len(shape))
-        q, scales = quantize_data_int8(array, axis)
-        del array
+        key = f"int8|{name}|{shape}|{tensor.dtype.name}|{axis}"
+        cached = cache.get(key) if cache is not None and reason is None else None
+        if cached is not None:  # quantized before: it was finite then
+            q, scales = np.asarray(cached[0]), np.asarray(cached[1])
+        else:
+            array: np.ndarray | None = None
+            if reason is None:
+                array = tensor.numpy()
+                if not np.isfinite(array).all():
+                    reason = KeptReason.NOT_FINITE
+            if reason is not None or array is None:
+                kept = KeptTensor(name, shape, int(tensor.nbytes), reason or KeptReason.NOT_FINITE)
+                result.kept.append(kept)
+                continue
+            q, scales = quantize_data_int8(array, axis)
+            del array
+            if cache is not None:
+                cache.put(key, q, scales, np.zeros(0, dtype=np.int8))
         _replace(candidate, q, scales, axis, names, opset)
         result.stored.append(
             StoredTensor(

@@ -187,6 +187,10 @@ class Request:
     they were made on, each with the loosest minimum cosine it missed: a step back after a
     held-out miss only asks for a stricter one, so such a layout is not made again (see
     :func:`onnx_conv2matmul.quantize.transposes.decide`). Made by the outermost run."""
+    found: dict[Any, VerifyOptions] | None = dataclasses.field(default=None, compare=False, repr=False)
+    """The input sizes and values found for the model's check, by the options they were looked for
+    with (see :func:`_discovered`): the same for every run of one quantize. Made by the outermost
+    run."""
     larger_than: int | None = None
     """A candidate's model of more bytes than this is neither checked, timed nor written: the
     default run's model that ``--auto``'s search must beat (see
@@ -195,6 +199,16 @@ class Request:
     """After a held-out miss: the minimum cosine every choice of the run must meet on the samples
     it is made on, above the criterion's (the held-out samples are still judged by the criterion);
     None: the criterion's own (see :func:`onnx_conv2matmul.quantize.workflow.quantize_file`)."""
+
+    def with_memos(self) -> Request:
+        """This request with the memos every attempt of one quantize shares (``losses``, ``missed``,
+        ``found``), each made empty where it is missing: the outermost run's."""
+        return dataclasses.replace(
+            self,
+            losses={} if self.losses is None else self.losses,
+            missed={} if self.missed is None else self.missed,
+            found={} if self.found is None else self.found,
+        )
 
     def again(
         self,
@@ -290,6 +304,19 @@ class QuantizePlan:
         return self.auto is not None or self.int8 or self.search_below
 
 
+def _discovered(src: str, verify: VerifyOptions, memo: dict[Any, VerifyOptions] | None) -> VerifyOptions:
+    """:func:`~onnx_conv2matmul.verify.check.discover_inputs`, looked for once per quantize: the
+    runs it makes (a layout of the Transposes' trade, ``--auto``'s default run and search, a step
+    back) read what the first found for the same options from ``memo`` instead of probing the
+    model again (PP-OCRv4 rec under ``--auto --inputs``: five plans, 75 probe runs, 1.1 s)."""
+    if memo is None or verify.feeds is not None or verify.found is not None:
+        return discover_inputs(src, verify)  # returned as it is, or no memo
+    key = (src, repr(verify))
+    if key not in memo:
+        memo[key] = discover_inputs(src, verify)
+    return memo[key]
+
+
 def resolve(
     input_path: str | os.PathLike[str], output_path: str | os.PathLike[str], request: Request
 ) -> QuantizePlan:
@@ -345,11 +372,11 @@ def resolve(
 
         refuse_synthesised(output_tasks(read_graph(src), verify.labels), verify)
     # Once: the check, the search and the latency step all feed these sizes and values.
-    verify = discover_inputs(src, verify)
+    verify = _discovered(src, verify, request.found)
     held_out = None
     if verify.feeds is not None:
         # The latency step still synthesises its inputs: at the sizes the model takes.
-        found = discover_inputs(src, dataclasses.replace(verify, feeds=None))
+        found = _discovered(src, dataclasses.replace(verify, feeds=None), request.found)
         verify = dataclasses.replace(verify, axes=found.axes)
         verify, held_out = _hold_out(src, verify, criterion)
         if request.step_back is not None and held_out is not None:

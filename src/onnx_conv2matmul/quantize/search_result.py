@@ -161,11 +161,14 @@ def apply(
     """Quantize ``model`` in place as ``config`` says, as ``quantize`` does with its options.
 
     Returns the MatMulNBits totals and, when the other weights are stored as int8, their result.
-    ``cache`` keeps the quantized weights for the next model built (the same bytes).
+    ``cache`` keeps the quantized weights (the MatMuls' blocks, the other weights' int8) for the
+    next model built (the same bytes).
     """
     options = config.quantize_options()
     result = quantize_matmul_nbits(model, options, cache=cache)
-    others = other_weights.quantize_other_weights(model) if options.other_weights == "int8" else None
+    others = None
+    if options.other_weights == "int8":
+        others = other_weights.quantize_other_weights(model, cache=cache)
     return result, others
 
 

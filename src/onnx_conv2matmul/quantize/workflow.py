@@ -97,10 +97,8 @@ def quantize_file(
     progress, top = request.progress, not (request.candidate or request.nested)
     if top and progress is not None:  # one progress for every attempt, closed once
         request = dataclasses.replace(request, progress=KeptOpen(progress))
-    if top and request.losses is None:  # the losses measured alone, kept for every attempt
-        request = dataclasses.replace(request, losses={})
-    if top and request.missed is None:  # the layouts that missed, kept for every attempt
-        request = dataclasses.replace(request, missed={})
+    if top:
+        request = request.with_memos()
     try:
         if top:
             report = _stepping_back(input_path, output_path, request)
