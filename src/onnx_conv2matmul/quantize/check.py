@@ -96,9 +96,9 @@ def check_model(
     go after. A run on every feed prepacks the weights, as a user's session does; a run on some
     of them (``runs.only``: the classes' short runs) does not, so that it opens at once on the float
     weights where they lie (see :func:`~onnx_conv2matmul.quantize.measure.session_options`)."""
-    only = runs is not None and runs.only
     from onnx_conv2matmul.quantize.build import open_beside_input
 
+    only = runs is not None and runs.only
     session = open_beside_input(plan, model, prepack=not only, extra_outputs=statistics)
     try:
         return check(session, reference, plan.verify, statistics, runs)

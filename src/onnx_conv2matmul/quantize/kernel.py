@@ -228,8 +228,8 @@ def _checked_and_timed(step: SpeedStep, candidates: Any, speed: SpeedOptions, ti
     check = reference_accuracy(step.src, step.verify)
     if step.metric is not None and step.original_score is not None:
         check = _with_metric(check, step.metric, step.original_score)
-    if step.timed_later:  # timed only when more than one meets the target
-        step.progress.phase(f"Checking {len(candidates)} candidates (the layouts are timed after)")
+    if step.timed_later:  # the trade times the layouts after: timed here only to choose
+        step.progress.phase(f"Checking {len(candidates)} candidates (timed only if several meet the target)")
     else:
         step.progress.phase(f"Timing {len(candidates)} candidates against the original")
     return choose_kernel(
