@@ -679,3 +679,32 @@ def test_a_later_candidate_runs_the_worst_feeds_first_and_stops_at_the_first_mis
     session = _Session({2})  # the classes' short runs: those feeds alone, each to the end
     short = _check.check(session, reference, verify, runs=_check.Runs((3, 2, 1), only=True))
     assert session.runs == [3, 2, 1] and short.indices == [1, 2, 3] and not short.stopped
+
+
+def test_only_a_candidate_the_mix_is_not_decided_from_stops_at_its_first_miss(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first candidate runs every feed; a mix after it runs them worst first and may stop; a
+    second uniform candidate (--prefer size's, at the default block) gathers the statistics and
+    the loss the mix is decided from, so it runs every feed too."""
+    from types import SimpleNamespace
+
+    from onnx_conv2matmul.quantize import check as _check
+    from onnx_conv2matmul.quantize import onepass
+
+    asked: list[Any] = []
+
+    def check_model(plan: Any, model: Any, reference: Any, **kwargs: Any) -> Any:
+        asked.append(kwargs.get("runs"))
+        rows = [[SimpleNamespace(worst_cosine=c)] for c in (0.99, 0.9, 0.95)]
+        return _check.Checked(rows, False, 0.9, "x", 0.0, indices=[0, 1, 2])  # type: ignore[arg-type]
+
+    monkeypatch.setattr(onepass._check, "check_model", check_model)
+    one = onepass.OnePass(SimpleNamespace(plan=None), None, False)  # type: ignore[arg-type]
+    one.measurement = SimpleNamespace(reference=None)  # type: ignore[assignment]
+    candidate = SimpleNamespace(model=None, result=SimpleNamespace(settings={}))
+    one._checked(candidate, ["a"], "uniform")  # type: ignore[arg-type]
+    one._checked(candidate, ["a"], "uniform, block 64")  # type: ignore[arg-type]
+    one._checked(candidate, [], "mix")  # type: ignore[arg-type]
+    assert asked[:2] == [None, None]
+    assert asked[2] == _check.Runs((1, 2, 0))

@@ -170,8 +170,12 @@ class OnePass:
     def _checked(self, candidate: _build.Candidate, statistics: list[str], label: str) -> _check.Checked:
         assert self.measurement is not None
         reference = self.measurement.reference
-        # After the first candidate, the feeds it found worst go first and a miss stops the run.
-        order = self.checked_first.worst_first() if self.checked_first is not None else None
+        # After the first candidate, the feeds it found worst go first and a miss stops the run;
+        # not for one whose statistics and loss the mix is decided from (--prefer size's second
+        # uniform candidate): those take every feed.
+        order = None
+        if self.checked_first is not None and not statistics:
+            order = self.checked_first.worst_first()
         checked = _check.check_model(
             self.run.plan, candidate.model, reference, statistics=statistics, runs=order
         )
