@@ -310,20 +310,18 @@ def quantize_other_weights(
         tensor = candidate.tensor
         shape = [int(d) for d in tensor.shape.numpy()]
         reason = _reason(candidate, opset)
+        if reason is not None:
+            result.kept.append(KeptTensor(name, shape, int(tensor.nbytes), reason))
+            continue
         axis = choose_axis(candidate.value, len(shape))
         key = f"int8|{name}|{shape}|{tensor.dtype.name}|{axis}"
-        cached = cache.get(key) if cache is not None and reason is None else None
+        cached = cache.get(key) if cache is not None else None
         if cached is not None:  # quantized before: it was finite then
             q, scales = np.asarray(cached[0]), np.asarray(cached[1])
         else:
-            array: np.ndarray | None = None
-            if reason is None:
-                array = tensor.numpy()
-                if not np.isfinite(array).all():
-                    reason = KeptReason.NOT_FINITE
-            if reason is not None or array is None:
-                kept = KeptTensor(name, shape, int(tensor.nbytes), reason or KeptReason.NOT_FINITE)
-                result.kept.append(kept)
+            array = tensor.numpy()
+            if not np.isfinite(array).all():
+                result.kept.append(KeptTensor(name, shape, int(tensor.nbytes), KeptReason.NOT_FINITE))
                 continue
             q, scales = quantize_data_int8(array, axis)
             del array
