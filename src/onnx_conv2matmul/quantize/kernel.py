@@ -216,10 +216,7 @@ def run_speed_step(
     kept = next(v for v in variants if not several_blocks or v.block_size == winner.block_size)
     set_accuracy_level(kept.staged.onnx_path, winner.accuracy_level, kept.staged.onnx_path)
     chosen = dataclasses.replace(options, block_size=kept.block_size, accuracy_level=winner.accuracy_level)
-    if choice.timing is None:
-        return SpeedOutcome(kept, chosen, choice, None, 0)
-    labels = [model.label for model in choice.timing.models]
-    return SpeedOutcome(kept, chosen, choice, choice.timing, labels.index(winner.name))
+    return _outcome(kept, chosen, choice)
 
 
 def _checked_and_timed(step: SpeedStep, candidates: Any, speed: SpeedOptions, timing: Any) -> Any:
@@ -268,10 +265,16 @@ def retry_levels(
     winner = choice.chosen.candidate
     set_accuracy_level(kept.staged.onnx_path, winner.accuracy_level, kept.staged.onnx_path)
     chosen = dataclasses.replace(options, accuracy_level=winner.accuracy_level)
+    return _outcome(kept, chosen, choice)
+
+
+def _outcome(kept: Variant, chosen: QuantizeOptions, choice: KernelChoice) -> SpeedOutcome:
+    """The step's outcome once ``choice`` is made: the winner's latency is the timing's row of its
+    name (no timing when the choice needed none)."""
     if choice.timing is None:
         return SpeedOutcome(kept, chosen, choice, None, 0)
     labels = [model.label for model in choice.timing.models]
-    return SpeedOutcome(kept, chosen, choice, choice.timing, labels.index(winner.name))
+    return SpeedOutcome(kept, chosen, choice, choice.timing, labels.index(choice.chosen.candidate.name))
 
 
 RETRY_MARGIN = 0.05

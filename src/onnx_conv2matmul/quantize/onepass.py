@@ -109,8 +109,8 @@ class OnePass:
     decision: _decide.Decision | None = None
     first_failure: str = ""
     """The first candidate's failure in words (the uniform settings'), when it missed."""
-    checked_first: _check.Checked | None = None
-    """The first candidate's check, run on every feed: the order of the later ones'."""
+    order: _check.Runs | None = None
+    """The feeds the first candidate's check found worst first: the order of the later ones'."""
     classes: list[_classes.ClassLoss] = dataclasses.field(default_factory=list)
     classes_note: str = ""
     classes_seconds: float = 0.0
@@ -173,14 +173,12 @@ class OnePass:
         # After the first candidate, the feeds it found worst go first and a miss stops the run;
         # not for one whose statistics and loss the mix is decided from (--prefer size's second
         # uniform candidate): those take every feed.
-        order = None
-        if self.checked_first is not None and not statistics:
-            order = self.checked_first.worst_first()
+        order = None if statistics else self.order
         checked = _check.check_model(
             self.run.plan, candidate.model, reference, statistics=statistics, runs=order
         )
         if not self.candidates:
-            self.first_failure, self.checked_first = checked.failure, checked
+            self.first_failure, self.order = checked.failure, checked.worst_first()
         self.candidates.append(
             {
                 "candidate": label,
