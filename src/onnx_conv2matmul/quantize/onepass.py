@@ -177,8 +177,11 @@ class OnePass:
         checked = _check.check_model(
             self.run.plan, candidate.model, reference, statistics=statistics, runs=order
         )
+        memos = self.run.plan.request.memos
         if not self.candidates:
             self.first_failure, self.order = checked.failure, checked.worst_first()
+            if memos is not None:  # and a search after the pass: the worst feeds first there too
+                memos.cosines.setdefault(reference.feeds.signature(), {}).update(checked.cosines())
         self.candidates.append(
             {
                 "candidate": label,

@@ -146,6 +146,26 @@ SYNTHESISED_CAVEAT = (
 )
 
 
+@dataclasses.dataclass
+class Memos:
+    """What one quantize's attempts (layouts, ``--auto``'s two runs, a step back) learn once and share."""
+
+    losses: dict[Any, float] = dataclasses.field(default_factory=dict)
+    """Each weight's loss alone on the inputs (see :func:`onnx_conv2matmul.quantize.search.search`)."""
+    missed: dict[Any, float] = dataclasses.field(default_factory=dict)
+    """The layouts of the Transposes' trade whose models missed a cosine criterion on the samples
+    they were made on, each with the loosest minimum cosine it missed: a step back after a
+    held-out miss only asks for a stricter one, so such a layout is not made again (see
+    :func:`onnx_conv2matmul.quantize.transposes.decide`)."""
+    found: dict[Any, VerifyOptions] = dataclasses.field(default_factory=dict)
+    """The check's input sizes and values, by the options they were looked for with (:func:`_discovered`)."""
+    cosines: dict[Any, dict[int, float]] = dataclasses.field(default_factory=dict)
+    """By feed set (:meth:`onnx_conv2matmul.quantize.reference.FeedSet.signature`), each feed's
+    worst cosine as the one pass's first candidate found it (then each search evaluation that ran
+    it): a search runs the worst feeds first, so that a configuration that misses stops early
+    (an order only: a pass needs every feed)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Request:
     """What the caller of a quantize run gave (see :func:`onnx_conv2matmul.api.quantize_file`);
@@ -177,20 +197,9 @@ class Request:
     one_pass_missed: bool = False
     """The one pass of this very run already missed the criterion (a layout of the Transposes'
     trade made as a candidate first): the search below it runs straight away."""
-    losses: dict[Any, float] | None = dataclasses.field(default=None, compare=False, repr=False)
-    """Each weight's loss alone, as the search measured it on the inputs, kept for every run of one
-    quantize (a step back after a held-out miss searches the same layout on the same feeds again):
-    the same model, weight, setting and feeds give the same loss, so it is measured once (see
-    :func:`onnx_conv2matmul.quantize.search.search`). Made by the outermost run."""
-    missed: dict[Any, float] | None = dataclasses.field(default=None, compare=False, repr=False)
-    """The layouts of the Transposes' trade whose models missed a cosine criterion on the samples
-    they were made on, each with the loosest minimum cosine it missed: a step back after a
-    held-out miss only asks for a stricter one, so such a layout is not made again (see
-    :func:`onnx_conv2matmul.quantize.transposes.decide`). Made by the outermost run."""
-    found: dict[Any, VerifyOptions] | None = dataclasses.field(default=None, compare=False, repr=False)
-    """The input sizes and values found for the model's check, by the options they were looked for
-    with (see :func:`_discovered`): the same for every run of one quantize. Made by the outermost
-    run."""
+    memos: Memos | None = dataclasses.field(default=None, compare=False, repr=False)
+    """What the attempts of one quantize learn and share (see :class:`Memos`): made by the
+    outermost run."""
     larger_than: int | None = None
     """A candidate's model of more bytes than this is neither checked, timed nor written: the
     default run's model that ``--auto``'s search must beat (see
@@ -201,14 +210,9 @@ class Request:
     None: the criterion's own (see :func:`onnx_conv2matmul.quantize.workflow.quantize_file`)."""
 
     def with_memos(self) -> Request:
-        """This request with the memos every attempt of one quantize shares (``losses``, ``missed``,
-        ``found``), each made empty where it is missing: the outermost run's."""
-        return dataclasses.replace(
-            self,
-            losses={} if self.losses is None else self.losses,
-            missed={} if self.missed is None else self.missed,
-            found={} if self.found is None else self.found,
-        )
+        """This request with the memos every attempt of one quantize shares: the outermost run's
+        (made empty where there are none yet)."""
+        return self if self.memos is not None else dataclasses.replace(self, memos=Memos())
 
     def again(
         self,
@@ -372,11 +376,12 @@ def resolve(
 
         refuse_synthesised(output_tasks(read_graph(src), verify.labels), verify)
     # Once: the check, the search and the latency step all feed these sizes and values.
-    verify = _discovered(src, verify, request.found)
+    memo = None if request.memos is None else request.memos.found
+    verify = _discovered(src, verify, memo)
     held_out = None
     if verify.feeds is not None:
         # The latency step still synthesises its inputs: at the sizes the model takes.
-        found = _discovered(src, dataclasses.replace(verify, feeds=None), request.found)
+        found = _discovered(src, dataclasses.replace(verify, feeds=None), memo)
         verify = dataclasses.replace(verify, axes=found.axes)
         verify, held_out = _hold_out(src, verify, criterion)
         if request.step_back is not None and held_out is not None:

@@ -78,6 +78,12 @@ class FeedSet:
         if not self.samples:
             self.samples = [feed_samples(feed) for feed in self.feeds]
 
+    def signature(self) -> tuple[Any, ...]:
+        """What tells this set of feeds from another made for the same model without reading
+        them: how they were planned, each run's length and samples (the same inputs planned
+        again give the same)."""
+        return (self.rule, tuple(self.lengths), tuple(self.samples), tuple(sorted(self.how.items())))
+
 
 def feed_set(path: str, options: VerifyOptions, *, run: bool = False, session: Any = None) -> FeedSet:
     """The inputs the accuracy check of the model at ``path`` runs on with ``options``, with

@@ -414,7 +414,8 @@ def weigh(plan: Any, scratch: str, run: CandidateRun) -> tuple[Any, TransposeTra
         timing = timing_options(plan.speed, plan.verify)
     searches = plan.search_below and plan.auto is None and not plan.request.candidate
     # A metric's criterion is not a cosine: a layout that missed it is made again.
-    missed = plan.request.missed if plan.metric is None else None
+    memos = plan.request.memos
+    missed = memos.missed if memos is not None and plan.metric is None else None
     kind = "search" if plan.auto is not None else "one pass"
     kind += " candidate" if plan.request.candidate else ""
     return decide(
