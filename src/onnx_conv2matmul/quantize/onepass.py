@@ -24,8 +24,7 @@ becomes the kept layout's latency line.
 That is two quantizations and two candidate runs at most, besides the classes' short runs;
 should the mix miss as well, a third is made: the same MatMuls with the other weights in float
 when the mix stored them in int8 (:func:`~onnx_conv2matmul.quantize.decide.others_in_float`),
-else aimed on the line through both candidates' measured losses; after it the run falls back to
-the search
+else aimed through both candidates' measured losses; after it the run falls back to the search
 (:mod:`~onnx_conv2matmul.quantize.search`). :class:`OnePass` holds the run's state.
 """
 
@@ -38,6 +37,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -174,10 +174,13 @@ class OnePass:
         # not for one whose statistics and loss the mix is decided from (--prefer size's second
         # uniform candidate): those take every feed.
         order = None if statistics else self.order
-        checked = _check.check_model(
-            self.run.plan, candidate.model, reference, statistics=statistics, runs=order
-        )
-        memos = self.run.plan.request.memos
+        plan, memos = self.run.plan, self.run.plan.request.memos
+        key = _uniform_key(plan, self.run.quantize, reference, statistics)
+        checked = before = _failed_before(plan, key)
+        if checked is None:
+            checked = _check.check_model(plan, candidate.model, reference, statistics=statistics, runs=order)
+            if key is not None and memos is not None and not checked.passed:  # key: a cosine floor
+                memos.failed[key] = (plan.verify.min_cosine or 0.0, checked)
         if not self.candidates:
             self.first_failure, self.order = checked.failure, checked.worst_first()
             if memos is not None:  # and a search after the pass: the worst feeds first there too
@@ -190,7 +193,8 @@ class OnePass:
                 **({"stopped_after_samples": list(checked.samples)} if checked.stopped else {}),
                 "labels": [t.to_dict() for t in checked.labels],
                 "passed": checked.passed,
-                "seconds": round(checked.seconds, 3),
+                "seconds": 0.0 if before is not None else round(checked.seconds, 3),
+                **({"checked_before": True} if before is not None else {}),
             }
         )
         return checked
@@ -454,6 +458,25 @@ def _size_block(run: Run) -> QuantizeOptions | None:
     if not wants_smallest(run.plan.request) or run.quantize.block_size <= base:
         return None
     return dataclasses.replace(run.quantize, block_size=base)
+
+
+def _uniform_key(
+    plan: QuantizePlan, quantize: QuantizeOptions, reference: Any, statistics: Sequence[str]
+) -> tuple[Any, ...] | None:
+    """What tells a uniform candidate's check (it gathers ``statistics``) from another of the same
+    quantize: input, rewrite, settings, feeds; None for a mix, or without a cosine criterion or memos."""
+    if not statistics or plan.request.memos is None or plan.verify.min_cosine is None:
+        return None
+    return (plan.src, repr(plan.convert), repr(quantize), reference.feeds.signature())
+
+
+def _failed_before(plan: QuantizePlan, key: tuple[Any, ...] | None) -> _check.Checked | None:
+    """An earlier attempt's check of the same uniform candidate, which missed a minimum cosine no
+    stricter than this plan's: it misses this one too (a step back only raises it; PP-OCRv4 rec: 1.4 s)."""
+    if key is None or plan.request.memos is None or plan.verify.min_cosine is None:
+        return None
+    floor, checked = plan.request.memos.failed.get(key, (None, None))
+    return checked if floor is not None and floor <= plan.verify.min_cosine else None
 
 
 def _matmul_inputs(model: Any) -> list[str]:

@@ -153,12 +153,12 @@ class Memos:
     losses: dict[Any, float] = dataclasses.field(default_factory=dict)
     """Each weight's loss alone on the inputs (see :func:`onnx_conv2matmul.quantize.search.search`)."""
     missed: dict[Any, float] = dataclasses.field(default_factory=dict)
-    """The layouts of the Transposes' trade whose models missed a cosine criterion on the samples
-    they were made on, each with the loosest minimum cosine it missed: a step back after a
-    held-out miss only asks for a stricter one, so such a layout is not made again (see
-    :func:`onnx_conv2matmul.quantize.transposes.decide`)."""
+    """The Transposes' trade's layouts whose models missed a cosine criterion, each with the loosest
+    it missed: a step back only asks a stricter one (:func:`~.transposes.decide`)."""
     found: dict[Any, VerifyOptions] = dataclasses.field(default_factory=dict)
     """The check's input sizes and values, by the options they were looked for with (:func:`_discovered`)."""
+    failed: dict[Any, tuple[float, Any]] = dataclasses.field(default_factory=dict)
+    """The uniform candidates' checks that missed, each with its cosine (:func:`~.onepass._failed_before`)."""
     cosines: dict[Any, dict[int, float]] = dataclasses.field(default_factory=dict)
     """By feed set (:meth:`onnx_conv2matmul.quantize.reference.FeedSet.signature`), each feed's
     worst cosine as the one pass's first candidate found it (then each search evaluation that ran

@@ -112,10 +112,12 @@ def print_quantize_report(console: Console, report: QuantizeReport) -> None:
             if "stopped_after_samples" in candidate:
                 run, of = candidate["stopped_after_samples"]
                 shown += f" (stopped at the first below the criterion: {run} of {of} samples run)"
-            table.add_row(
-                f"candidate: {candidate['candidate']}",
-                f"{shown}, {verdict} (checked in {candidate['seconds']:.1f} s)",
+            when = (
+                "checked before the step back"
+                if candidate.get("checked_before")
+                else f"checked in {candidate['seconds']:.1f} s"
             )
+            table.add_row(f"candidate: {candidate['candidate']}", f"{shown}, {verdict} ({when})")
     table.add_row("size before", human_bytes(report.input_bytes))
     ratio = f" ({report.ratio:.3f}x)" if report.ratio else ""
     table.add_row("size after", human_bytes(report.output_bytes) + ratio)
