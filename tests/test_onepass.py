@@ -712,45 +712,6 @@ def test_only_a_candidate_the_mix_is_not_decided_from_stops_at_its_first_miss(
     assert asked[2] == _check.Runs((1, 2, 0))
 
 
-def test_a_search_after_the_one_pass_runs_the_feeds_the_pass_found_worst_first(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """``--auto`` checks the default run's candidates first; its search then runs each
-    configuration on the feeds those checks found worst first (PP-OCRv4 rec: its first
-    configuration missed on the first feed, not the fifth), and keeps each feed's cosine as its
-    evaluations run. The order changes no verdict: the run's model is the same as without it."""
-    from onnx_conv2matmul.quantize import search as _search
-    from onnx_conv2matmul.quantize.search_options import AutoOptions
-    from onnx_conv2matmul.quantize.workflow import quantize_file
-    from onnx_conv2matmul.verify.check import VerifyOptions
-
-    real_search, real_evaluate = _search.search, _search._evaluate
-    given: list[dict[int, float]] = []
-    orders: list[list[int]] = []
-
-    def search(*args: Any, **kwargs: Any) -> Any:
-        given.append(dict(kwargs["cosines"]))
-        return real_search(*args, **kwargs)
-
-    def evaluate(fp32: str, config: Any, reference: Any, order: Any, *args: Any, **kwargs: Any) -> Any:
-        orders.append(list(order))
-        return real_evaluate(fp32, config, reference, order, *args, **kwargs)
-
-    monkeypatch.setattr(_search, "search", search)
-    monkeypatch.setattr(_search, "_evaluate", evaluate)
-    src = tmp_path / "outliers.onnx"
-    onnx.save(outlier_model(), src)
-    verify = VerifyOptions(lengths=(3, 16, 7, 24))
-    request = Request(auto=AutoOptions(min_cosine=0.99, max_evaluations=3), verify=verify)
-    report = quantize_file(src, tmp_path / "q.onnx", request)
-    assert report.passed
-    assert len(given) == 1 and set(given[0]) == {0, 1, 2, 3}  # every feed, by the pass's checks
-    assert orders, "the search evaluated nothing"
-    cosines = given[0]
-    assert orders[0] == sorted(range(4), key=lambda i: (cosines[i], i))
-    assert len(set(cosines.values())) > 1  # an order the feeds' index would not give
-
-
 def test_a_step_back_does_not_check_the_same_uniform_candidate_again(monkeypatch: pytest.MonkeyPatch) -> None:
     """A held-out miss steps back with a stricter minimum cosine. The uniform candidate of the
     same input, rewrite, settings and feeds missed the looser one, so it misses this one too: the

@@ -183,8 +183,6 @@ class OnePass:
                 memos.failed[key] = (plan.verify.min_cosine or 0.0, checked)
         if not self.candidates:
             self.first_failure, self.order = checked.failure, checked.worst_first()
-            if memos is not None:  # and a search after the pass: the worst feeds first there too
-                memos.cosines.setdefault(reference.feeds.signature(), {}).update(checked.cosines())
         self.candidates.append(
             {
                 "candidate": label,

@@ -159,11 +159,6 @@ class Memos:
     """The check's input sizes and values, by the options they were looked for with (:func:`_discovered`)."""
     failed: dict[Any, tuple[float, Any]] = dataclasses.field(default_factory=dict)
     """The uniform candidates' checks that missed, each with its cosine (:func:`~.onepass._failed_before`)."""
-    cosines: dict[Any, dict[int, float]] = dataclasses.field(default_factory=dict)
-    """By feed set (:meth:`onnx_conv2matmul.quantize.reference.FeedSet.signature`), each feed's
-    worst cosine as the one pass's first candidate found it (then each search evaluation that ran
-    it): a search runs the worst feeds first, so that a configuration that misses stops early
-    (an order only: a pass needs every feed)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -79,10 +79,11 @@ class FeedSet:
             self.samples = [feed_samples(feed) for feed in self.feeds]
 
     def signature(self) -> tuple[Any, ...]:
-        """What tells this set of feeds from another made for the same model without reading
-        them: how they were planned, each run's length and samples (the same inputs planned
-        again give the same)."""
-        return (self.rule, tuple(self.lengths), tuple(self.samples), tuple(sorted(self.how.items())))
+        """What tells this set of feeds from another planned for the same model within one
+        quantize, without reading them: how they were made and planned, each run's length, samples
+        and dims (the same inputs planned again give the same)."""
+        how = tuple(sorted(self.how.items()))
+        return (self.rule, how, tuple(self.lengths), tuple(self.samples), repr(self.runs))
 
 
 def feed_set(path: str, options: VerifyOptions, *, run: bool = False, session: Any = None) -> FeedSet:

@@ -142,7 +142,6 @@ def search(
     check: Any = None,
     losses: tuple[Any, dict[Any, float]] | None = None,
     ceiling: int | None = None,
-    cosines: dict[int, float] | None = None,
 ) -> AutoResult:
     """Find the smallest configuration of ``model`` (rewritten, fp32) that meets the options' target.
 
@@ -166,9 +165,7 @@ def search(
     passing model's, with its digest, for the check of the same model (see
     :meth:`onnx_conv2matmul.quantize.reference.Reference.check`). ``ceiling``: bytes of a model
     that meets the target already; configurations predicted bigger (their weights, and the rest
-    of the fp32 file) are not evaluated. ``cosines``: each feed's worst cosine as this quantize run's
-    checks found it (the one pass's first candidate, an earlier search's evaluations), updated as
-    the evaluations run: the worst feeds run first (an order only).
+    of the fp32 file) are not evaluated.
 
     Raises:
         TargetUnreachable: the all-float model does not meet the target either.
@@ -193,7 +190,7 @@ def search(
         # A planned run the model cannot run at: plan as the check does (running the model),
         # with spares in place of what fails, and measure again.
         say("Synthesising inputs that the model runs at")
-        feed_set, cosines = feed_set.replan(), None  # other feeds than those the cosines are of
+        feed_set = feed_set.replan()
         reference = Reference(workdir, output_names, feed_set)
         _reference(prepared, reference, deterministic, memory)
     blocks = BlockCache(os.path.join(workdir, "quantized"))
@@ -240,7 +237,7 @@ def search(
 
     evaluations: list[Evaluation] = []
     cache: dict[str, tuple[bool, _Measured]] = {}
-    seen: dict[int, float] = {} if cosines is None else cosines  # each feed's latest cosine
+    seen: dict[int, float] = {}  # each feed's cosine in the last evaluation that ran it
 
     def evaluate(index: int) -> tuple[bool, _Measured]:
         config = config_at(index)
@@ -478,7 +475,6 @@ def run_search(run: Run, workdir: str, model: ir.Model | Prepared, speed_filter:
         speed_filter=speed_filter,
         check=plan.verify,
         losses=None if memos is None else ((plan.src, repr(plan.convert)), memos.losses),
-        cosines=None if memos is None else memos.cosines.setdefault(feeds.signature(), {}),
         ceiling=plan.request.larger_than,
     )
 
