@@ -323,3 +323,29 @@ def test_auto_is_offered_every_setting_and_the_fallback_search_what_is_not_slowe
     assert code == 0, stderr
     assert data["accuracy"].get("fallback") is not None  # the defaults fell below: the search ran
     assert data["kernel_costs"]["search"] is not None
+
+
+@pytest.mark.parametrize("bench", ["shapes", "full"])
+def test_the_levels_of_a_searched_result_are_timed_at_one_short_length_unless_full(
+    tmp_path: Path, bench: str
+) -> None:
+    """``--auto``'s result has its accuracy levels checked and timed; by default (``--bench
+    shapes``) at the shortest of the default lengths, 5 rounds at most, as the default latency line
+    is (on the Parakeet-shaped encoder its two levels at 200 and 1000 frames took 172 s of a 585 s
+    run, and a default candidate measured slower retried its levels there for 204 s); ``--bench
+    full`` keeps the full table."""
+    code, data, stderr = _run(
+        "quantize", ENCODER, tmp_path / "q.onnx", "--auto", "--max-evaluations", "2", "--bench", bench,
+        "--verify-lengths", "64,97",
+    )  # fmt: skip
+    assert code == 0, stderr
+    assert [c["name"] for c in data["kernel_choice"]["candidates"]] == [
+        "accuracy level 0",
+        "accuracy level 4",
+    ]
+    latency = data["latency"]
+    if bench == "shapes":
+        assert latency["lengths"]["used"] == [200] and latency["options"]["rounds"] == 5
+        assert latency["lengths"]["rule"].startswith("the shortest of the timing's default lengths")
+    else:
+        assert latency["lengths"]["used"] == [200, 1000] and latency["options"]["rounds"] == 10

@@ -94,6 +94,22 @@ def test_timing_runs_on_the_given_feeds_and_nothing_else(tmp_path: Path) -> None
     assert report.options.to_dict()["batch"] is None
 
 
+def test_a_short_timing_takes_the_smallest_given_feed_or_the_shortest_run(frames: Path) -> None:
+    """The speed step's default timing (one short length): the smallest of the given inputs, or
+    the shortest of the runs the check proves; lengths given are timed as given."""
+    feeds = [{"x": np.zeros((1, n * WIDTH), np.float32)} for n in (3, 1, 2)]
+    given = given_inputs(TimingOptions(), feeds, short=True)
+    assert given.feeds is not None and [n for n, _ in given.feeds] == [2]
+    assert "the smallest:" in given.feeds_rule
+    full = timing_inputs(str(frames), TimingOptions(), VerifyOptions())
+    short = timing_inputs(str(frames), TimingOptions(), VerifyOptions(), short=True)
+    assert full.feeds is not None and short.feeds is not None and len(full.feeds) == 2
+    assert [n for n, _ in short.feeds] == [full.feeds[0][0]]
+    assert timing_inputs(str(frames), TimingOptions(lengths=(128,)), VerifyOptions(), short=True).lengths == (
+        128,
+    )
+
+
 def test_without_inputs_the_timing_takes_the_checks_runs(frames: Path) -> None:
     timing = timing_inputs(str(frames), TimingOptions(), VerifyOptions())
     assert timing.feeds is not None

@@ -21,18 +21,28 @@ if TYPE_CHECKING:
     from onnx_conv2matmul.verify.check import VerifyOptions
 
 
-def timing_options(speed: SpeedOptions, verify: VerifyOptions, src: str | None = None) -> TimingOptions:
+SHORT_ROUNDS = 5
+"""Timed rounds of a short timing (the default latency line, a choice of the speed step)."""
+
+
+def timing_options(
+    speed: SpeedOptions, verify: VerifyOptions, src: str | None = None, *, short: bool = False
+) -> TimingOptions:
     """The speed options' timing, with inputs made as the accuracy check makes them (fixed
     values, dims, the length input); with ``src``, the inputs the speed step times on instead:
     the real ones, or the accuracy check's runs of ``src`` (see
-    :mod:`onnx_conv2matmul.speed.inputs`)."""
+    :mod:`onnx_conv2matmul.speed.inputs`). ``short`` (with ``src``): the shortest of those alone,
+    :data:`SHORT_ROUNDS` rounds at most, unless lengths were given."""
     synthesis = dataclasses.replace(verify, feeds=None, lengths=None, min_cosine=None, report_only=False)
     timing = dataclasses.replace(speed.timing, synthesis=synthesis)
     if src is None:
         return timing
     from onnx_conv2matmul.speed.inputs import timing_inputs
 
-    return timing_inputs(src, timing, verify)
+    short = short and timing.lengths is None
+    if short:
+        timing = dataclasses.replace(timing, rounds=min(timing.rounds, SHORT_ROUNDS), settle_after=None)
+    return timing_inputs(src, timing, verify, short=short)
 
 
 @dataclasses.dataclass

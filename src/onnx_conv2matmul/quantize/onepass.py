@@ -51,6 +51,7 @@ from onnx_conv2matmul.quantize import decide as _decide
 from onnx_conv2matmul.quantize import measure as _measure
 from onnx_conv2matmul.quantize.blockwise import BlockCache, MemoryBlockCache
 from onnx_conv2matmul.quantize.check_publish import confirm_held_out
+from onnx_conv2matmul.quantize.kernel_plan import SHORT_ROUNDS
 from onnx_conv2matmul.quantize.plan import peak_rss_bytes, wants_smallest
 from onnx_conv2matmul.quantize.run_report import nbits_warnings, why_unchanged
 from onnx_conv2matmul.quantize.search_options import Setting
@@ -62,9 +63,6 @@ if TYPE_CHECKING:
     from onnx_conv2matmul.speed.choose import SpeedOptions
     from onnx_conv2matmul.speed.timing import ModelTiming, TimingOptions
     from onnx_conv2matmul.verify.check import VerifyReport
-
-SHORT_ROUNDS = 5
-"""Timed rounds of the default latency line (the original's and the result's, each)."""
 
 
 def applies(run: Run) -> bool:

@@ -79,14 +79,19 @@ def first_sample(feed: Mapping[str, np.ndarray], specs: Sequence[_Spec] | None) 
 
 
 def given_inputs(
-    timing: TimingOptions, feeds: Sequence[Mapping[str, np.ndarray]], specs: Sequence[_Spec] | None = None
+    timing: TimingOptions,
+    feeds: Sequence[Mapping[str, np.ndarray]],
+    specs: Sequence[_Spec] | None = None,
+    *,
+    short: bool = False,
 ) -> TimingOptions:
     """``timing`` on real inputs: each numbered as the accuracy check numbers it (from 1). With the
     model's ``specs``, a feed of several samples (a file of 50 lines) is timed on its first sample,
     at batch 1 as every latency is: timing the whole file as one batch measured another workload,
     and held its activations (gigabytes for a recognizer's 50 lines) in each of the models timed
-    together."""
-    chosen = pick_feeds(feeds)
+    together. ``short``: the smallest alone."""
+    chosen = pick_feeds(feeds)[:1] if short else pick_feeds(feeds)
+    which = "the smallest" if short else "the smallest and the largest"
     timed = {i: first_sample(feeds[i], specs) for i in chosen}
     described = "; ".join(
         f"{i + 1}: {feed_source(feeds[i], i)} ({shapes_text(timed[i])}"
@@ -97,15 +102,17 @@ def given_inputs(
     return dataclasses.replace(
         timing,
         feeds=tuple((i + 1, timed[i]) for i in chosen),
-        feeds_rule=f"the given inputs (--inputs), the smallest and the largest: {described}",
+        feeds_rule=f"the given inputs (--inputs), {which}: {described}",
     )
 
 
-def proven_inputs(src: str, timing: TimingOptions, verify: VerifyOptions) -> TimingOptions:
+def proven_inputs(
+    src: str, timing: TimingOptions, verify: VerifyOptions, *, short: bool = False
+) -> TimingOptions:
     """``timing`` on runs of ``src`` at batch 1 that the accuracy check's machinery made: at the
     timing's default lengths (200 and 1000 for a sequence, 224 and 448 for an image) when the
     original runs at both, else at the check's own shortest and longest runs (the long run of a
-    speech encoder left out when there are others).
+    speech encoder left out when there are others). ``short``: the shortest of them alone.
 
     Raises:
         ModelRunError, InputError, OutOfMemory: as the accuracy check, for the original.
@@ -117,24 +124,26 @@ def proven_inputs(src: str, timing: TimingOptions, verify: VerifyOptions) -> Tim
     options = dataclasses.replace(verify, batch=1, feeds=None, report_only=True, min_cosine=None)
     probe = Reference(src, options, run=False)
     lengths, _ = default_lengths(probe.specs, options)
+    lengths = lengths[:1] if short else lengths
     del probe
     reference: Reference | None = None
     try:
         reference = Reference(src, dataclasses.replace(options, lengths=tuple(lengths)))
         rule = "the timing's default lengths, run by the accuracy check's planner at batch 1"
+        rule = f"the shortest of {rule}" if short else rule
         if sorted(run.length for run, _ in reference.done) != sorted(lengths):
             reference = None  # a length left out (the memory budget): not proven
     except Conv2MatMulError:
         reference = None
     if reference is None:
         reference = Reference(src, options)
-        rule = "the accuracy check's shortest and longest runs, batch 1"
+        rule = f"the accuracy check's {'shortest run' if short else 'shortest and longest runs'}, batch 1"
     runs = [run for run, _ in reference.done]
     for index, (run, _) in enumerate(reference.done):
         reference.done[index] = (run, [])  # the outputs are not needed
     feeds = reference.feeds()
     usable = [i for i, run in enumerate(runs) if not run.long] or list(range(len(runs)))
-    chosen = [usable[i] for i in pick_feeds([feeds[i] for i in usable])]
+    chosen = [usable[i] for i in pick_feeds([feeds[i] for i in usable])][: 1 if short else None]
     numbers = [runs[i].length for i in chosen]
     if len(set(numbers)) != len(numbers) or min(numbers, default=1) < 1:
         numbers = list(range(1, len(chosen) + 1))
@@ -146,10 +155,13 @@ def proven_inputs(src: str, timing: TimingOptions, verify: VerifyOptions) -> Tim
     )
 
 
-def timing_inputs(src: str, timing: TimingOptions, verify: VerifyOptions) -> TimingOptions:
-    """What the speed step times ``src`` and its candidates on (see the module's description)."""
+def timing_inputs(
+    src: str, timing: TimingOptions, verify: VerifyOptions, *, short: bool = False
+) -> TimingOptions:
+    """What the speed step times ``src`` and its candidates on (see the module's description);
+    ``short``: the smallest of them alone (lengths given are timed as given)."""
     if verify.feeds is not None:
-        return given_inputs(timing, verify.feeds, input_shapes(src))
+        return given_inputs(timing, verify.feeds, input_shapes(src), short=short)
     if timing.lengths is not None:
         return timing
-    return proven_inputs(src, timing, verify)
+    return proven_inputs(src, timing, verify, short=short)
