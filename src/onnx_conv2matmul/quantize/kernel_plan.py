@@ -25,6 +25,14 @@ SHORT_ROUNDS = 5
 """Timed rounds of a short timing (the default latency line, a choice of the speed step)."""
 
 
+def shortened(timing: TimingOptions) -> TimingOptions:
+    """``timing`` made short: :data:`SHORT_ROUNDS` rounds at most, none left to settle (the
+    shortest length is the caller's); lengths or inputs given are timed as given."""
+    if timing.lengths is not None or timing.feeds is not None:
+        return timing
+    return dataclasses.replace(timing, rounds=min(timing.rounds, SHORT_ROUNDS), settle_after=None)
+
+
 def timing_options(
     speed: SpeedOptions, verify: VerifyOptions, src: str | None = None, *, short: bool = False
 ) -> TimingOptions:
@@ -39,10 +47,8 @@ def timing_options(
         return timing
     from onnx_conv2matmul.speed.inputs import timing_inputs
 
-    short = short and timing.lengths is None
-    if short:
-        timing = dataclasses.replace(timing, rounds=min(timing.rounds, SHORT_ROUNDS), settle_after=None)
-    return timing_inputs(src, timing, verify, short=short)
+    short = short and timing.lengths is None and timing.feeds is None  # given: timed as given
+    return timing_inputs(src, shortened(timing) if short else timing, verify, short=short)
 
 
 @dataclasses.dataclass

@@ -51,7 +51,7 @@ from onnx_conv2matmul.quantize import decide as _decide
 from onnx_conv2matmul.quantize import measure as _measure
 from onnx_conv2matmul.quantize.blockwise import BlockCache, MemoryBlockCache
 from onnx_conv2matmul.quantize.check_publish import confirm_held_out
-from onnx_conv2matmul.quantize.kernel_plan import SHORT_ROUNDS
+from onnx_conv2matmul.quantize.kernel_plan import shortened
 from onnx_conv2matmul.quantize.plan import peak_rss_bytes, wants_smallest
 from onnx_conv2matmul.quantize.run_report import nbits_warnings, why_unchanged
 from onnx_conv2matmul.quantize.search_options import Setting
@@ -391,15 +391,9 @@ RAN_IN_MEMORY = (
 
 
 def short_timing(speed: SpeedOptions | None) -> TimingOptions | None:
-    """What the default latency line times: :data:`SHORT_ROUNDS` rounds at the shortest of the
-    default lengths (:func:`onnx_conv2matmul.quantize.measure.measure` picks it); lengths or
-    inputs given are timed as given. None: not timed."""
-    if speed is None:
-        return None
-    timing = speed.timing
-    if timing.lengths is not None or timing.feeds is not None:
-        return timing
-    return dataclasses.replace(timing, rounds=min(timing.rounds, SHORT_ROUNDS), settle_after=None)
+    """What the default latency line times: :func:`~.kernel_plan.shortened`, at the shortest of
+    the default lengths (:func:`onnx_conv2matmul.quantize.measure.measure` picks it). None: not timed."""
+    return None if speed is None else shortened(speed.timing)
 
 
 def latency_section(
