@@ -62,17 +62,13 @@ class Checked:
     samples: tuple[int, int] = (0, 0)
     """The samples the check ran, of those it would run."""
 
-    def cosines(self) -> dict[int, float]:
-        """Each feed this check ran, with its worst cosine (inf: none)."""
-        return {
-            index: min((c for row in rows if (c := row.worst_cosine) is not None), default=math.inf)
-            for index, rows in zip(self.indices, self.rows, strict=True)
-        }
-
     def worst_first(self) -> Runs:
         """The feeds this check ran, the one of the lowest cosine first (a feed without one last),
         for a later candidate's check."""
-        worst = self.cosines()
+        worst = {
+            index: min((c for row in rows if (c := row.worst_cosine) is not None), default=math.inf)
+            for index, rows in zip(self.indices, self.rows, strict=True)
+        }
         return Runs(tuple(sorted(worst, key=lambda index: (worst[index], index))))
 
     def flat_rows(self) -> list[OutputComparison]:
