@@ -65,10 +65,8 @@ class Checked:
     def worst_first(self) -> Runs:
         """The feeds this check ran, the one of the lowest cosine first (a feed without one last),
         for a later candidate's check."""
-        worst = {
-            index: min((c for row in rows if (c := row.worst_cosine) is not None), default=math.inf)
-            for index, rows in zip(self.indices, self.rows, strict=True)
-        }
+        lowest = {index: worst_cosine(rows) for index, rows in zip(self.indices, self.rows, strict=True)}
+        worst = {index: math.inf if cosine is None else cosine for index, cosine in lowest.items()}
         return Runs(tuple(sorted(worst, key=lambda index: (worst[index], index))))
 
     def flat_rows(self) -> list[OutputComparison]:
