@@ -356,6 +356,41 @@ def test_a_default_result_slower_than_the_original_is_not_handed_over(
     assert all(lat["ratio"] < 1 for lat in report.latency["result"])  # type: ignore[index]
 
 
+def test_a_slower_result_is_timed_again_on_the_inputs_of_its_latency_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The levels of a result measured slower are timed on the inputs the original's latency line
+    was timed on. Before: the speed step chose them again (opening the original twice more) and
+    timed silero VAD at 200 samples where its latency line and check ran at 192, 256 and 512."""
+    from onnx_conv2matmul.api import quantize_file
+    from onnx_conv2matmul.quantize.options import resolve
+    from onnx_conv2matmul.speed import costs as costs_module
+    from onnx_conv2matmul.speed import inputs, timing
+    from speed_fakes import Sessions
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    kernel_clock = FakeClock()
+    monkeypatch.setattr(costs_module, "_default_clock", kernel_clock)
+    monkeypatch.setattr(costs_module, "timed_session", KernelMachine(kernel_clock, INT8_SLOW))
+    clock = FakeClock()
+    sessions = Sessions(clock, _level_cost, real=True)
+    monkeypatch.setattr(timing, "_default_clock", clock)
+    monkeypatch.setattr(timing, "timed_session", sessions)
+
+    def chosen_again(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the speed step chose its inputs again")
+
+    monkeypatch.setattr(inputs, "proven_inputs", chosen_again)
+    speed = resolve({}, bench_rounds=3).speed
+    report = quantize_file(
+        ENCODER, tmp_path / "q.onnx", verify=VerifyOptions(lengths=(64, 97), min_cosine=0.9), speed=speed
+    )
+    assert any("other accuracy levels were checked and timed" in w for w in report.warnings)
+    assert report.latency is not None
+    assert report.latency["lengths"]["used"] == [200]
+    assert report.latency["lengths"]["rule"].startswith("the shortest of default")
+
+
 def test_short_kernels_run_longer_long_ones_as_many_times_as_asked() -> None:
     """A kernel of 10 us runs until it has taken MIN_TIMED_MS (capped at MAX_RUNS); one of 10 ms
     runs DEFAULT_RUNS times: the fastest of nine runs of microseconds moved 15% between cold runs."""

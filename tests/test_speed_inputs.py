@@ -198,3 +198,42 @@ def test_a_file_of_many_samples_is_timed_on_its_first_at_batch_1(tmp_path: Path)
     timing = timing_inputs(str(path), TimingOptions(rounds=3, warmup=1), VerifyOptions(feeds=feeds))
     assert timing.feeds is not None
     assert [feed["x"].shape for _, feed in timing.feeds] == [(5, 30, 8), (5, 60, 8)]
+
+
+def capped_model(cap: int = 512, width: int = WIDTH) -> onnx.ModelProto:
+    """x [1, T, width] + the first T rows of a [cap, width] table -> MatMul(W) -> y: runs while
+    T <= cap, so at the timing's short default length (200) and not at its long one (1000)."""
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Shape", ["x"], ["frames"], start=1, end=2),
+            helper.make_node("Slice", ["table", "zero", "frames"], ["window"]),
+            helper.make_node("Add", ["x", "window"], ["shifted"]),
+            helper.make_node("MatMul", ["shifted", "W"], ["y"], name="proj"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, "frames", width])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, None, width])],
+        [
+            numpy_helper.from_array(rng.standard_normal((cap, width)).astype(np.float32), "table"),
+            numpy_helper.from_array(np.array([0], np.int64), "zero"),
+            numpy_helper.from_array(rng.standard_normal((width, width)).astype(np.float32), "W"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_a_short_timing_of_a_model_that_takes_only_some_lengths_is_of_the_checks_runs(tmp_path: Path) -> None:
+    """Before: the short timing proved the short default length alone (200, which runs) and timed
+    there, while the latency line and the check, which found the model failing at 1000, ran on
+    the check's own lengths (silero VAD: 200 against 192, 256 and 512)."""
+    path = tmp_path / "capped.onnx"
+    onnx.save(capped_model(), path)
+    full = timing_inputs(str(path), TimingOptions(), VerifyOptions())
+    short = timing_inputs(str(path), TimingOptions(), VerifyOptions(), short=True)
+    assert full.feeds is not None and short.feeds is not None
+    assert [n for n, _ in short.feeds] == [full.feeds[0][0]]
+    assert 200 not in [n for n, _ in full.feeds]
+    assert short.feeds_rule.startswith("the accuracy check's shortest run")

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from onnx_conv2matmul.quantize.plan import QuantizePlan, Run
     from onnx_conv2matmul.quantize.report import QuantizeReport
     from onnx_conv2matmul.quantize.transposes import Made
+    from onnx_conv2matmul.speed.timing import TimingOptions
 
 
 def check_and_publish(
@@ -128,11 +129,14 @@ def confirm_held_out(run: Run, path: str) -> None:
         )
 
 
-def speed_step(run: Run, staged: _output.Staged, stack: contextlib.ExitStack) -> _output.Staged:
+def speed_step(
+    run: Run, staged: _output.Staged, stack: contextlib.ExitStack, timing: TimingOptions | None = None
+) -> _output.Staged:
     """Choose the kernel settings and time the result (see :mod:`onnx_conv2matmul.quantize.kernel`);
     the staged model to check and publish. A candidate meets the accuracy target when it meets
     the output's criterion: every sample's cosine at least ``verify.min_cosine`` (the floor by
-    default) and, with ``metric``, a score that dropped by at most its ``max_drop``."""
+    default) and, with ``metric``, a score that dropped by at most its ``max_drop``. ``timing``:
+    the inputs the original's latency line was timed on (None: the step chooses them)."""
     from onnx_conv2matmul.quantize import kernel
 
     plan, report = run.plan, run.report
@@ -160,6 +164,7 @@ def speed_step(run: Run, staged: _output.Staged, stack: contextlib.ExitStack) ->
         metric=plan.metric,
         original_score=run.original_score,
         timed_later=plan.timed_by_trade,
+        timing=timing,
     )
     outcome = kernel.run_speed_step(step, first, quantize_options, speed)
     if chosen_by_cost and outcome.slower() and len(tried_levels) > 1:

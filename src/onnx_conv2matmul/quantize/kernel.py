@@ -40,7 +40,7 @@ from onnx_conv2matmul.speed.choose import (
     reference_accuracy,
     set_accuracy_level,
 )
-from onnx_conv2matmul.speed.timing import Latency, TimingReport, time_models
+from onnx_conv2matmul.speed.timing import Latency, TimingOptions, TimingReport, time_models
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -60,7 +60,8 @@ class SpeedStep:
     progress, the user's metric and the original's score (None: no metric), where candidates are
     staged and the stack that removes them, whether the run is int8 (only timed), and whether
     the caller times the result after (``timed_later``: the Transposes' trade times both layouts;
-    a step with a single candidate that meets the target times nothing then)."""
+    a step with a single candidate that meets the target times nothing then), and the inputs the
+    original's latency line was timed on (``timing``; None: chosen here, as it chooses them)."""
 
     src: str
     convert: ConvertOptions
@@ -72,6 +73,7 @@ class SpeedStep:
     metric: MetricTarget | None = None
     original_score: float | None = None
     timed_later: bool = False
+    timing: TimingOptions | None = None
 
 
 @dataclasses.dataclass
@@ -184,7 +186,7 @@ def run_speed_step(
     # Chosen from per-shape costs (the default): timed at one short length, as the default latency
     # line is (the Parakeet-shaped encoder's two levels under --auto: 204 s at 200 and 1000 frames).
     # The full table is --bench full's.
-    timing = timing_options(speed, verify, src, short=speed.mode == "shapes")
+    timing = step.timing or timing_options(speed, verify, src, short=speed.mode == "shapes")
     if step.int8 or not speed.chooses or not accuracy_levels(first.staged.onnx_path):
         if step.timed_later:
             return SpeedOutcome(first, None, None, None, 1)
