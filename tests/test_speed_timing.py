@@ -113,6 +113,28 @@ def test_models_that_do_not_fit_together_are_timed_one_at_a_time(tmp_path: Path)
     assert [n for p, n in sessions.runs[:4]] == [100, 200, 100, 200]
 
 
+def test_one_at_a_time_the_baseline_stays_open_when_it_fits_beside_each_other_model(tmp_path: Path) -> None:
+    """Three models of 100 bytes (200 each in a session) in a budget of 400: not all together, but
+    the baseline beside any one other. Before: the baseline (an encoder's 2.3 GiB original) was
+    opened again in every round, and once more to read its inputs."""
+    options = TimingOptions(lengths=(100, 200), rounds=3, warmup=1, memory_budget_bytes=400)
+    report, sessions = _time(tmp_path, options=options, names=("a.onnx", "b.onnx", "c.onnx"))
+    assert report.mode is Mode.ONE_AT_A_TIME
+    assert sessions.most_alive == 2
+    opened = [Path(p).name for p, _ in sessions.opened]
+    assert opened.count("a.onnx") == 1  # the baseline: once, for its inputs and every round
+    assert opened.count("b.onnx") == opened.count("c.onnx") == 1 + 3
+    # Warmed up once (a run at each length), then one timed run per length and round.
+    assert [Path(p).name for p, _ in sessions.runs].count("a.onnx") == 2 + 3 * 2
+    assert [Path(p).name for p, _ in sessions.runs].count("b.onnx") == 3 * (2 + 2)
+    assert [lat.ratio for lat in report.models[1].latencies] == pytest.approx([0.5, 0.5])
+    # A baseline that does not fit beside another is opened in every round, as before.
+    options = dataclasses.replace(options, memory_budget_bytes=399)
+    report, sessions = _time(tmp_path, options=options, names=("a.onnx", "b.onnx", "c.onnx"))
+    assert sessions.most_alive == 1
+    assert [Path(p).name for p, _ in sessions.opened].count("a.onnx") == 1 + 3
+
+
 def test_models_that_fit_stay_open_together(tmp_path: Path) -> None:
     options = TimingOptions(lengths=(100,), rounds=3, memory_budget_bytes=400)
     report, sessions = _time(tmp_path, options=options)

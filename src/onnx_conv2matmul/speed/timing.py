@@ -25,7 +25,10 @@ onnxruntime keeps the weights and may pack a second copy for its kernels) fits i
 default a little more than the largest session needs, see :func:`default_budget`); otherwise
 (:data:`Mode.ONE_AT_A_TIME`) each round opens the models one after the other, warms each one up
 and times it, then closes it before the next: slower to measure, as each round pays the session
-creations, but never more than one model in memory.
+creations, but never more than one model in memory, or two: the baseline's session stays open
+through every round (warmed up once) when it and the largest other one fit in the budget
+together (:func:`~onnx_conv2matmul.speed.machine.keeps_baseline`; an original and its quantized
+candidates, each several times smaller).
 
 The clock and the session factory are parameters, so tests drive the measurement with a fake
 timer and fake sessions: no test depends on how fast anything runs.
@@ -57,7 +60,7 @@ from onnx_conv2matmul.speed.machine import LARGEST_SHARE as LARGEST_SHARE
 from onnx_conv2matmul.speed.machine import MEMORY_SHARE as MEMORY_SHARE
 from onnx_conv2matmul.speed.machine import SESSION_BYTES_PER_FILE_BYTE as SESSION_BYTES_PER_FILE_BYTE
 from onnx_conv2matmul.speed.machine import SMALL_BUDGET_BYTES as SMALL_BUDGET_BYTES
-from onnx_conv2matmul.speed.machine import CpuWait
+from onnx_conv2matmul.speed.machine import CpuWait, keeps_baseline
 from onnx_conv2matmul.speed.machine import available_memory_bytes as available_memory_bytes
 from onnx_conv2matmul.speed.machine import choose_mode as choose_mode
 from onnx_conv2matmul.speed.machine import cpu_name as cpu_name
@@ -235,9 +238,10 @@ def time_models(
     if budget is None:
         budget = default_budget(sizes, available_memory_bytes())
     mode = choose_mode(sizes, budget)
+    kept = baseline if mode is Mode.ONE_AT_A_TIME and keeps_baseline(sizes, baseline, budget) else None
     synthesis = dataclasses.replace(options.synthesis, batch=1, lengths=None)
     models = [_Model(p, label, factory, options.threads) for p, label in zip(names, labels, strict=True)]
-    lengths, rule = _prepare(models, baseline, options, synthesis, mode)
+    lengths, rule = _prepare(models, baseline, options, synthesis, mode, kept)
     samples: list[dict[int, list[float]]] = [{n: [] for n in lengths} for _ in models]
     wait = CpuWait(enabled=clock is REAL_CLOCK)
     try:
@@ -256,13 +260,16 @@ def time_models(
                         break
                     for which in run_order(index, len(models)):
                         model = models[which]
+                        warm = which == kept and model.session is not None and index > 0
                         model.open()
                         try:
-                            _warm_up([model], lengths, max(1, options.warmup))
+                            if not warm:
+                                _warm_up([model], lengths, max(1, options.warmup))
                             for length in lengths:
                                 samples[which][length].append(_timed(model, length, clock))
                         finally:
-                            model.close()
+                            if which != kept:
+                                model.close()
     finally:
         for model in models:
             model.close(collect=False)
@@ -300,16 +307,21 @@ def _settled(
 
 
 def _prepare(
-    models: Sequence[_Model], baseline: int, options: TimingOptions, synthesis: VerifyOptions, mode: Mode
+    models: Sequence[_Model],
+    baseline: int,
+    options: TimingOptions,
+    synthesis: VerifyOptions,
+    mode: Mode,
+    kept: int | None = None,
 ) -> tuple[tuple[int, ...], str]:
-    """Open each model to read its inputs (closing it again when they are timed one at a time),
-    choose the lengths from the baseline's, and make every model's feeds."""
-    for model in models:
+    """Open each model to read its inputs (closing it again when they are timed one at a time,
+    but the ``kept`` one), choose the lengths from the baseline's, and make every model's feeds."""
+    for index, model in enumerate(models):
         try:
             model.specs = input_specs(model.open())  # no reference kept: close() ends the session
             check_names(model.specs, synthesis)
         finally:
-            if mode is Mode.ONE_AT_A_TIME:
+            if mode is Mode.ONE_AT_A_TIME and index != kept:
                 model.close()
     if options.feeds is not None:
         for model in models:
