@@ -360,9 +360,11 @@ def test_a_slower_result_is_timed_again_on_the_inputs_of_its_latency_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The levels of a result measured slower are timed on the inputs the original's latency line
-    was timed on. Before: the speed step chose them again (opening the original twice more) and
-    timed silero VAD at 200 samples where its latency line and check ran at 192, 256 and 512."""
+    was timed on, at once. Before: the speed step chose them again (opening the original twice
+    more) and timed silero VAD at 200 samples where its latency line and check ran at 192, 256 and
+    512; and it timed the result against the original again first (11.6 s of the encoder's run)."""
     from onnx_conv2matmul.api import quantize_file
+    from onnx_conv2matmul.quantize import kernel
     from onnx_conv2matmul.quantize.options import resolve
     from onnx_conv2matmul.speed import costs as costs_module
     from onnx_conv2matmul.speed import inputs, timing
@@ -381,6 +383,11 @@ def test_a_slower_result_is_timed_again_on_the_inputs_of_its_latency_line(
         raise AssertionError("the speed step chose its inputs again")
 
     monkeypatch.setattr(inputs, "proven_inputs", chosen_again)
+
+    def timed_again(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the result was timed again before its other levels")
+
+    monkeypatch.setattr(kernel, "run_speed_step", timed_again)
     speed = resolve({}, bench_rounds=3).speed
     report = quantize_file(
         ENCODER, tmp_path / "q.onnx", verify=VerifyOptions(lengths=(64, 97), min_cosine=0.9), speed=speed

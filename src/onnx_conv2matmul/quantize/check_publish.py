@@ -15,6 +15,7 @@ from onnx_conv2matmul.verify.check import verify_models
 
 if TYPE_CHECKING:
     import contextlib
+    from collections.abc import Sequence
 
     from onnx_conv2matmul.quantize.plan import QuantizePlan, Run
     from onnx_conv2matmul.quantize.report import QuantizeReport
@@ -130,13 +131,20 @@ def confirm_held_out(run: Run, path: str) -> None:
 
 
 def speed_step(
-    run: Run, staged: _output.Staged, stack: contextlib.ExitStack, timing: TimingOptions | None = None
+    run: Run,
+    staged: _output.Staged,
+    stack: contextlib.ExitStack,
+    timing: TimingOptions | None = None,
+    slower: Sequence[str] = (),
 ) -> _output.Staged:
     """Choose the kernel settings and time the result (see :mod:`onnx_conv2matmul.quantize.kernel`);
     the staged model to check and publish. A candidate meets the accuracy target when it meets
     the output's criterion: every sample's cosine at least ``verify.min_cosine`` (the floor by
     default) and, with ``metric``, a score that dropped by at most its ``max_drop``. ``timing``:
-    the inputs the original's latency line was timed on (None: the step chooses them)."""
+    the inputs the original's latency line was timed on (None: the step chooses them);
+    ``slower``: that line's warnings where the result measured slower, whose other accuracy
+    levels are then checked and timed at once (the report's latency is that line's when there is
+    no level to try)."""
     from onnx_conv2matmul.quantize import kernel
 
     plan, report = run.plan, run.report
@@ -166,18 +174,24 @@ def speed_step(
         timed_later=plan.timed_by_trade,
         timing=timing,
     )
-    outcome = kernel.run_speed_step(step, first, quantize_options, speed)
-    if chosen_by_cost and outcome.slower() and len(tried_levels) > 1:
+    if slower:  # the latency line timed it: not timed again before its other levels
+        outcome, first_slower = kernel.SpeedOutcome(first, None, None, None, 1), list(slower)
+    else:
+        outcome = kernel.run_speed_step(step, first, quantize_options, speed)
         first_slower = outcome.slower()
+    if chosen_by_cost and first_slower and len(tried_levels) > 1:
         outcome = kernel.retry_levels(step, outcome, quantize_options, speed, tried_levels)
         if outcome.choice is not None:  # None: nothing became MatMulNBits, no level to try
             report.warnings.append(
                 f"{first_slower[0]}: the other accuracy levels were checked and timed, and"
                 f" {outcome.choice.chosen.candidate.name} kept ({outcome.choice.reason})"
             )
-    report.latency = outcome.latency()
+    if slower and outcome.timing is None:
+        report.warnings.extend(slower)  # the latency line stays the report's
+    else:
+        report.latency = outcome.latency()
+        report.warnings.extend(outcome.slower())
     report.kernel_choice = None if outcome.choice is None else outcome.choice.to_dict()
-    report.warnings.extend(outcome.slower())
     if outcome.choice is not None:
         report.warnings.extend(w for w in outcome.choice.warnings if "slower than the original" not in w)
     if outcome.options is not None:

@@ -261,9 +261,10 @@ def retry_levels(
     kept = outcome.variant
     if len(order) < 2 or not accuracy_levels(kept.staged.onnx_path):
         return outcome  # nothing became MatMulNBits: no kernel setting to choose
-    # On the inputs the result was just timed on (the user's, or shapes the check proved).
-    assert outcome.timing is not None  # a result measured slower was timed
-    timing = outcome.timing.options
+    # On the inputs the result was just timed on (the user's, or shapes the check proved), or
+    # those of the latency line that found it slower.
+    timing = outcome.timing.options if outcome.timing is not None else step.timing
+    assert timing is not None  # a result measured slower was timed
     with level_candidates(kept.staged.onnx_path, order) as candidates:
         step.progress.phase("Slower than the original: checking the other accuracy levels")
         choice = _checked_and_timed(step, candidates, speed, timing)

@@ -335,7 +335,7 @@ class OnePass:
                     # the other accuracy levels are checked and timed (the level's attribute only).
                     from onnx_conv2matmul.quantize.check_publish import speed_step
 
-                    staged = speed_step(run, staged, stack, measurement.timing_options)
+                    staged = speed_step(run, staged, stack, measurement.timing_options, slower)
                     if report.kernel_choice is not None:
                         progress.phase("Checking the output at the level kept")
                         verification = measurement.reference.check(plan.src, staged.onnx_path, plan.verify)
