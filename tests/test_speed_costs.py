@@ -398,6 +398,54 @@ def test_a_slower_result_is_timed_again_on_the_inputs_of_its_latency_line(
     assert report.latency["lengths"]["rule"].startswith("the shortest of default")
 
 
+def _level_4_fast(path: str, length: int) -> float:
+    """Whole-model milliseconds where level 4 is the fast one: the original 10, level 0 8, level 4 2."""
+    model = onnx.load(path, load_external_data=False)
+    levels = {
+        next((a.i for a in node.attribute if a.name == "accuracy_level"), 0)
+        for node in model.graph.node
+        if node.op_type == "MatMulNBits"
+    }
+    if not levels:
+        return 10.0
+    return 2.0 if 4 in levels else 8.0
+
+
+def test_a_searched_result_kept_at_another_level_is_checked_at_that_level(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--auto's search evaluates level 0; the speed step keeps level 4. Before: the final check
+    reported the search's rows of level 0 for the model written at level 4 ("the same model")."""
+    from click.testing import CliRunner
+
+    from onnx_conv2matmul.cli.app import main
+    from onnx_conv2matmul.quantize.reference import SEARCHED_ROWS
+    from onnx_conv2matmul.speed import timing
+    from speed_fakes import Sessions
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    clock = FakeClock()
+    monkeypatch.setattr(timing, "_default_clock", clock)
+    monkeypatch.setattr(timing, "timed_session", Sessions(clock, _level_4_fast, real=True))
+    args = ["quantize", str(ENCODER), str(tmp_path / "q.onnx"), "--auto", "--min-cosine", "0.9"]
+    args += ["--max-evaluations", "2", "--verify-lengths", "64,97", "--report-json-stdout"]
+    result = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["kernel_choice"]["accuracy_level"] == 4
+    levels = {
+        next((a.i for a in node.attribute if a.name == "accuracy_level"), 0)
+        for node in onnx.load(tmp_path / "q.onnx").graph.node
+        if node.op_type == "MatMulNBits"
+    }
+    assert levels == {4}
+    verification = data["verification"]
+    assert verification["passed"] and SEARCHED_ROWS not in verification["warnings"]
+    level_4 = next(c for c in data["kernel_choice"]["candidates"] if c["accuracy_level"] == 4)
+    worst = min(row["cosine"] for row in verification["results"] if row["cosine"] is not None)
+    assert worst == pytest.approx(level_4["cosine"], abs=1e-6)  # the rows of the model written
+
+
 def test_short_kernels_run_longer_long_ones_as_many_times_as_asked() -> None:
     """A kernel of 10 us runs until it has taken MIN_TIMED_MS (capped at MAX_RUNS); one of 10 ms
     runs DEFAULT_RUNS times: the fastest of nine runs of microseconds moved 15% between cold runs."""

@@ -192,6 +192,10 @@ def speed_step(
         report.latency = outcome.latency()
         report.warnings.extend(outcome.slower())
     report.kernel_choice = None if outcome.choice is None else outcome.choice.to_dict()
+    level = None if outcome.options is None else outcome.options.accuracy_level
+    if report.auto is not None and level is not None and level != quantize_options.accuracy_level:
+        # The search evaluated another level: its rows are not this model's, which is checked.
+        report.auto.checked = None
     if outcome.choice is not None:
         report.warnings.extend(w for w in outcome.choice.warnings if "slower than the original" not in w)
     if outcome.options is not None:
