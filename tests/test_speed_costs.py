@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -444,6 +445,73 @@ def test_a_searched_result_kept_at_another_level_is_checked_at_that_level(
     level_4 = next(c for c in data["kernel_choice"]["candidates"] if c["accuracy_level"] == 4)
     worst = min(row["cosine"] for row in verification["results"] if row["cosine"] is not None)
     assert worst == pytest.approx(level_4["cosine"], abs=1e-6)  # the rows of the model written
+
+
+def _level_0_slow(path: str, length: int) -> float:
+    """Whole-model milliseconds where level 0 is slower than the original: the original 10, level 0
+    20, level 4 2."""
+    return {10.0: 10.0, 8.0: 20.0, 2.0: 2.0}[_level_4_fast(path, length)]
+
+
+@pytest.mark.parametrize("search", ["kept", "finds nothing"])
+def test_auto_tries_the_levels_of_its_default_candidate_only_when_it_keeps_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, search: str
+) -> None:
+    """--auto's default candidate, measured slower, does not check and time its other levels: the
+    search's model, whose own levels are, is the one usually kept (on the Parakeet-shaped encoder
+    the candidate's took 41 s of 190). When the default's model is kept, its levels are tried then."""
+    from click.testing import CliRunner
+
+    from onnx_conv2matmul.cli.app import main
+    from onnx_conv2matmul.errors import TargetUnreachable
+    from onnx_conv2matmul.quantize import kernel, workflow
+    from onnx_conv2matmul.speed import choose, timing
+    from speed_fakes import Sessions
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    clock = FakeClock()
+    monkeypatch.setattr(timing, "_default_clock", clock)
+    monkeypatch.setattr(timing, "timed_session", Sessions(clock, _level_0_slow, real=True))
+    events: list[str] = []
+    real_choose, real_quantize = choose.choose_kernel, workflow.quantize_file
+
+    def choosing(*args: Any, **kwargs: Any) -> Any:
+        events.append("levels")
+        return real_choose(*args, **kwargs)
+
+    def quantizing(src: Any, dst: Any, request: Any = None) -> Any:
+        if request is not None and request.candidate and request.auto is not None:
+            events.append("search")
+            if search == "finds nothing":
+                raise TargetUnreachable("nothing meets it (a test's search)")
+        return real_quantize(src, dst, request)
+
+    monkeypatch.setattr(choose, "choose_kernel", choosing)
+    monkeypatch.setattr(kernel, "choose_kernel", choosing)
+    monkeypatch.setattr(workflow, "quantize_file", quantizing)
+    args = ["quantize", str(ENCODER), str(tmp_path / "q.onnx"), "--auto", "--min-cosine", "0.9"]
+    args += ["--max-evaluations", "2", "--verify-lengths", "64,97", "--report-json-stdout"]
+    result = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert events == ["search", "levels"]  # the candidate's levels are not tried before the search
+    assert data["kernel_choice"]["accuracy_level"] == 4
+    levels = {
+        next((a.i for a in node.attribute if a.name == "accuracy_level"), 0)
+        for node in onnx.load(tmp_path / "q.onnx").graph.node
+        if node.op_type == "MatMulNBits"
+    }
+    assert levels == {4} and data["options"]["quantize"]["accuracy_level"] == 4
+    assert all(lat["ratio"] < 1 for lat in data["latency"]["result"])
+    assert data["verification"]["passed"]
+    if search == "finds nothing":
+        assert any("the default run's model" in w for w in data["warnings"])
+        assert any("other accuracy levels were checked and timed" in w for w in data["warnings"])
+        slower = [w for w in data["warnings"] if w.startswith("the result is slower")]
+        assert len(slower) == 1 and "checked and timed" in slower[0]  # the level kept is not slower
+        level_4 = next(c for c in data["kernel_choice"]["candidates"] if c["accuracy_level"] == 4)
+        worst = min(row["cosine"] for row in data["verification"]["results"] if row["cosine"] is not None)
+        assert worst == pytest.approx(level_4["cosine"], abs=1e-6)  # checked at the level written
 
 
 def test_short_kernels_run_longer_long_ones_as_many_times_as_asked() -> None:

@@ -210,8 +210,13 @@ def speed_step(
     return kept.staged
 
 
-def publish_made(plan: QuantizePlan, output: _output.Output, made: Made) -> QuantizeReport:
-    """Publish the model the trade kept, as made in its scratch folder; its report, now of the output."""
+def publish_made(
+    plan: QuantizePlan, output: _output.Output, made: Made, *, kept_default: bool = False
+) -> QuantizeReport:
+    """Publish the model the trade kept, as made in its scratch folder; its report, now of the output.
+    ``kept_default``: ``--auto`` keeps its default candidate (see :func:`level_of_kept_default`)."""
+    if kept_default:
+        level_of_kept_default(plan, made)
     data = os.path.join(os.path.dirname(made.path), output.data_name)
     modes = _output.file_modes(made.path, [data] if os.path.exists(data) else [])
     plan.progress.phase("Publishing")
@@ -222,3 +227,62 @@ def publish_made(plan: QuantizePlan, output: _output.Output, made: Made) -> Quan
     if report.verification is not None:
         report.verification.candidate = plan.dst
     return report
+
+
+SLOWER = "the result is slower than the original"
+"""How a latency line's warning that the result measured slower begins (see
+:func:`~onnx_conv2matmul.quantize.kernel.slower_of`)."""
+
+
+def level_of_kept_default(plan: QuantizePlan, made: Made) -> None:
+    """``--auto`` kept the default run's model, made as its candidate: without the other accuracy
+    levels checked and timed when its latency line measured it slower (the search's model, timed
+    on its own levels, is the one usually kept: on the Parakeet-shaped encoder that step of the
+    candidate took 41 s of a 190 s run). They are now, as the default run does it, and the fastest
+    that meets the criterion, on the check's inputs and the held-out ones, is written into it."""
+    from onnx_conv2matmul.quantize import kernel
+    from onnx_conv2matmul.speed.choose import (
+        accuracy_levels,
+        choose_kernel,
+        level_candidates,
+        reference_accuracy,
+        set_accuracy_level,
+    )
+
+    report, speed = made.report, plan.speed
+    slower = [w for w in report.warnings if w.startswith(SLOWER)]
+    if speed is None or not slower or report.kernel_plan is None or not accuracy_levels(made.path):
+        return
+    current = int(report.options["quantize"]["accuracy_level"])
+    order = (current, *(level for level in speed.levels if level != current))
+    if len(order) < 2:
+        return
+    timing = kernel.timing_options(speed, plan.verify, plan.src, short=speed.mode == "shapes")
+    plan.progress.phase("Slower than the original: checking the other accuracy levels")
+    with level_candidates(made.path, order) as candidates:
+        check = reference_accuracy(plan.src, plan.verify)
+        floor, gain = plan.verify.min_cosine, speed.min_gain
+        choice = choose_kernel(plan.src, candidates, check, min_cosine=floor, timing=timing, min_gain=gain)
+    winner = choice.chosen.candidate.accuracy_level
+    if winner == current or choice.timing is None:
+        return
+    set_accuracy_level(made.path, winner, made.path)
+    plan.progress.phase("Checking the output at the level kept")
+    checks = [verify_models(plan.src, made.path, plan.verify)]
+    if plan.held_out is not None and checks[0].passed:
+        checks.append(verify_models(plan.src, made.path, plan.held_out))
+    if not all(c.passed for c in checks):  # the cosine held, the criterion (labels) did not
+        set_accuracy_level(made.path, current, made.path)
+        return
+    checks[0].candidate = plan.dst
+    report.verification = checks[0]
+    report.kernel_choice = choice.to_dict()
+    report.options["quantize"]["accuracy_level"] = winner
+    index = [model.label for model in choice.timing.models].index(choice.chosen.candidate.name)
+    report.latency = kernel.latency_of(choice.timing, index)
+    report.warnings = [w for w in report.warnings if not w.startswith(SLOWER)]
+    report.warnings.append(
+        f"{slower[0]}: the other accuracy levels were checked and timed, and"
+        f" {choice.chosen.candidate.name} kept ({choice.reason})"
+    )
+    report.warnings.extend(kernel.slower_of(choice.timing, index))

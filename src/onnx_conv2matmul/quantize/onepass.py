@@ -330,7 +330,10 @@ class OnePass:
                 progress.phase("Timing the result against the original")
                 slower = self._time(staged.onnx_path)
                 speed = plan.speed
-                if slower and speed is not None and len(speed.levels) > 1 and report.kernel_plan is not None:
+                retry = speed is not None and len(speed.levels) > 1 and report.kernel_plan is not None
+                # --auto's default candidate: its caller tries them if it keeps it (check_publish.
+                # level_of_kept_default), as the search's model is usually kept.
+                if slower and retry and not plan.request.candidate:
                     # Chosen from per-shape costs and measurably slower than the original whole:
                     # the other accuracy levels are checked and timed (the level's attribute only).
                     from onnx_conv2matmul.quantize.check_publish import speed_step

@@ -219,7 +219,7 @@ def _auto_or_default(plan: QuantizePlan, output: _output.Output, scratch: str) -
         hopeless = _unpromisable(default)
         if hopeless is not None:
             # A smaller model of the search would not be kept (see below): not searched for.
-            report = publish_made(plan, output, made["default"])
+            report = publish_made(plan, output, made["default"], kept_default=True)
             report.warnings.append(
                 f"--auto did not search below the default run's model: {hopeless}, so a smaller"
                 " model could not be kept (more samples, or --criterion cosine, let --auto search)"
@@ -258,7 +258,7 @@ def _auto_or_default(plan: QuantizePlan, output: _output.Output, scratch: str) -
     short = _unpromised(searched) if kept == "auto" and sizes["auto"] < sizes.get("default", 0) else None
     if short is not None:
         kept = "default"
-    report = publish_made(plan, output, made[kept])
+    report = publish_made(plan, output, made[kept], kept_default=kept == "default")
     if report.transposes is None:
         report.transposes = trade  # the layouts weighed by the default run's models
     if short is not None:
