@@ -305,15 +305,19 @@ def test_kernel_model_is_valid() -> None:
     onnx.checker.check_model(kernel_model(32, 16, Kernel(4, 16, 4)))
 
 
+def _levels(path: str | Path) -> set[int]:
+    """The accuracy levels of the model's MatMulNBits nodes."""
+    return {
+        next((a.i for a in node.attribute if a.name == "accuracy_level"), 0)
+        for node in onnx.load(path, load_external_data=False).graph.node
+        if node.op_type == "MatMulNBits"
+    }
+
+
 def _level_cost(path: str, length: int) -> float:
     """Whole-model milliseconds on a fake machine where level 4 is slower than the original and
     level 0 faster: the original 10, MatMulNBits at level 0 5, at level 4 20."""
-    model = onnx.load(path, load_external_data=False)
-    levels = {
-        next((a.i for a in node.attribute if a.name == "accuracy_level"), 0)
-        for node in model.graph.node
-        if node.op_type == "MatMulNBits"
-    }
+    levels = _levels(path)
     if not levels:
         return 10.0
     return 20.0 if 4 in levels else 5.0
@@ -347,11 +351,7 @@ def test_a_default_result_slower_than_the_original_is_not_handed_over(
     assert chosen.accuracy_level == 4
     assert report.kernel_choice is not None and report.kernel_choice["accuracy_level"] == 0
     assert report.options["quantize"]["accuracy_level"] == 0
-    levels = {
-        next((a.i for a in node.attribute if a.name == "accuracy_level"), 0)
-        for node in onnx.load(tmp_path / "q.onnx").graph.node
-        if node.op_type == "MatMulNBits"
-    }
+    levels = _levels(tmp_path / "q.onnx")
     assert levels == {0}
     assert any("other accuracy levels were checked and timed" in w for w in report.warnings)
     assert all(lat["ratio"] < 1 for lat in report.latency["result"])  # type: ignore[index]
@@ -401,12 +401,7 @@ def test_a_slower_result_is_timed_again_on_the_inputs_of_its_latency_line(
 
 def _level_4_fast(path: str, length: int) -> float:
     """Whole-model milliseconds where level 4 is the fast one: the original 10, level 0 8, level 4 2."""
-    model = onnx.load(path, load_external_data=False)
-    levels = {
-        next((a.i for a in node.attribute if a.name == "accuracy_level"), 0)
-        for node in model.graph.node
-        if node.op_type == "MatMulNBits"
-    }
+    levels = _levels(path)
     if not levels:
         return 10.0
     return 2.0 if 4 in levels else 8.0
@@ -434,11 +429,7 @@ def test_a_searched_result_kept_at_another_level_is_checked_at_that_level(
     assert result.exit_code == 0, result.stderr
     data = json.loads(result.stdout)
     assert data["kernel_choice"]["accuracy_level"] == 4
-    levels = {
-        next((a.i for a in node.attribute if a.name == "accuracy_level"), 0)
-        for node in onnx.load(tmp_path / "q.onnx").graph.node
-        if node.op_type == "MatMulNBits"
-    }
+    levels = _levels(tmp_path / "q.onnx")
     assert levels == {4}
     verification = data["verification"]
     assert verification["passed"] and SEARCHED_ROWS not in verification["warnings"]
@@ -496,11 +487,7 @@ def test_auto_tries_the_levels_of_its_default_candidate_only_when_it_keeps_it(
     data = json.loads(result.stdout)
     assert events == ["search", "levels"]  # the candidate's levels are not tried before the search
     assert data["kernel_choice"]["accuracy_level"] == 4
-    levels = {
-        next((a.i for a in node.attribute if a.name == "accuracy_level"), 0)
-        for node in onnx.load(tmp_path / "q.onnx").graph.node
-        if node.op_type == "MatMulNBits"
-    }
+    levels = _levels(tmp_path / "q.onnx")
     assert levels == {4} and data["options"]["quantize"]["accuracy_level"] == 4
     assert all(lat["ratio"] < 1 for lat in data["latency"]["result"])
     assert data["verification"]["passed"]

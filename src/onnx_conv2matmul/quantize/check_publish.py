@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from onnx_conv2matmul.quantize.plan import QuantizePlan, Run
     from onnx_conv2matmul.quantize.report import QuantizeReport
     from onnx_conv2matmul.quantize.transposes import Made
+    from onnx_conv2matmul.speed.choose import KernelChoice
     from onnx_conv2matmul.speed.timing import TimingOptions
 
 
@@ -182,10 +183,7 @@ def speed_step(
     if chosen_by_cost and first_slower and len(tried_levels) > 1:
         outcome = kernel.retry_levels(step, outcome, quantize_options, speed, tried_levels)
         if outcome.choice is not None:  # None: nothing became MatMulNBits, no level to try
-            report.warnings.append(
-                f"{first_slower[0]}: the other accuracy levels were checked and timed, and"
-                f" {outcome.choice.chosen.candidate.name} kept ({outcome.choice.reason})"
-            )
+            report.warnings.append(levels_tried(first_slower[0], outcome.choice))
     if slower and outcome.timing is None:
         report.warnings.extend(slower)  # the latency line stays the report's
     else:
@@ -227,6 +225,15 @@ def publish_made(
     if report.verification is not None:
         report.verification.candidate = plan.dst
     return report
+
+
+def levels_tried(slower: str, choice: KernelChoice) -> str:
+    """The warning of a result measured slower (``slower``) whose other accuracy levels were then
+    checked and timed (``choice``)."""
+    return (
+        f"{slower}: the other accuracy levels were checked and timed, and"
+        f" {choice.chosen.candidate.name} kept ({choice.reason})"
+    )
 
 
 SLOWER = "the result is slower than the original"
@@ -281,8 +288,5 @@ def level_of_kept_default(plan: QuantizePlan, made: Made) -> None:
     index = [model.label for model in choice.timing.models].index(choice.chosen.candidate.name)
     report.latency = kernel.latency_of(choice.timing, index)
     report.warnings = [w for w in report.warnings if not w.startswith(SLOWER)]
-    report.warnings.append(
-        f"{slower[0]}: the other accuracy levels were checked and timed, and"
-        f" {choice.chosen.candidate.name} kept ({choice.reason})"
-    )
+    report.warnings.append(levels_tried(slower[0], choice))
     report.warnings.extend(kernel.slower_of(choice.timing, index))
