@@ -115,19 +115,25 @@ def test_models_that_do_not_fit_together_are_timed_one_at_a_time(tmp_path: Path)
 
 def test_one_at_a_time_the_baseline_stays_open_when_it_fits_beside_each_other_model(tmp_path: Path) -> None:
     """Three models of 100 bytes (200 each in a session) in a budget of 400: not all together, but
-    the baseline beside any one other. Before: the baseline (an encoder's 2.3 GiB original) was
-    opened again in every round, and once more to read its inputs."""
+    the baseline beside any one other. Each other model is then opened once and timed in rounds of
+    its own, alternating with the baseline's, and its ratio is against those runs of the baseline.
+    Before: every model, the baseline (an encoder's 2.3 GiB original) too, was opened again in
+    every round, and once more to read its inputs (56 s for an encoder and two candidates)."""
     options = TimingOptions(lengths=(100, 200), rounds=3, warmup=1, memory_budget_bytes=400)
     report, sessions = _time(tmp_path, options=options, names=("a.onnx", "b.onnx", "c.onnx"))
     assert report.mode is Mode.ONE_AT_A_TIME
     assert sessions.most_alive == 2
     opened = [Path(p).name for p, _ in sessions.opened]
     assert opened.count("a.onnx") == 1  # the baseline: once, for its inputs and every round
-    assert opened.count("b.onnx") == opened.count("c.onnx") == 1 + 3
-    # Warmed up once (a run at each length), then one timed run per length and round.
-    assert [Path(p).name for p, _ in sessions.runs].count("a.onnx") == 2 + 3 * 2
-    assert [Path(p).name for p, _ in sessions.runs].count("b.onnx") == 3 * (2 + 2)
+    assert opened.count("b.onnx") == opened.count("c.onnx") == 1 + 1
+    runs = [Path(p).name for p, _ in sessions.runs]
+    # Warmed up once (a run at each length), then a run per length in each round beside each other.
+    assert runs.count("a.onnx") == 2 + 2 * 3 * 2
+    assert runs.count("b.onnx") == runs.count("c.onnx") == 2 + 3 * 2
+    # b's rounds come before c's is opened: b is closed first.
+    assert max(i for i, name in enumerate(runs) if name == "b.onnx") < runs.index("c.onnx")
     assert [lat.ratio for lat in report.models[1].latencies] == pytest.approx([0.5, 0.5])
+    assert len(report.models[0].latencies[0].samples_ms) == 2 * 3
     # A baseline that does not fit beside another is opened in every round, as before.
     options = dataclasses.replace(options, memory_budget_bytes=399)
     report, sessions = _time(tmp_path, options=options, names=("a.onnx", "b.onnx", "c.onnx"))

@@ -25,10 +25,11 @@ onnxruntime keeps the weights and may pack a second copy for its kernels) fits i
 default a little more than the largest session needs, see :func:`default_budget`); otherwise
 (:data:`Mode.ONE_AT_A_TIME`) each round opens the models one after the other, warms each one up
 and times it, then closes it before the next: slower to measure, as each round pays the session
-creations, but never more than one model in memory, or two: the baseline's session stays open
-through every round (warmed up once) when it and the largest other one fit in the budget
-together (:func:`~onnx_conv2matmul.speed.machine.keeps_baseline`; an original and its quantized
-candidates, each several times smaller).
+creations, but never more than one model in memory. When the baseline and the largest other
+model fit in the budget together (:func:`~onnx_conv2matmul.speed.machine.keeps_baseline`: an
+original and its quantized candidates, each several times smaller), the baseline's session stays
+open instead, and each other model is opened once and timed in rounds of its own, alternating
+with the baseline's; its ratio is taken against the baseline's runs of those rounds.
 
 The clock and the session factory are parameters, so tests drive the measurement with a fake
 timer and fake sessions: no test depends on how fast anything runs.
@@ -243,6 +244,7 @@ def time_models(
     models = [_Model(p, label, factory, options.threads) for p, label in zip(names, labels, strict=True)]
     lengths, rule = _prepare(models, baseline, options, synthesis, mode, kept)
     samples: list[dict[int, list[float]]] = [{n: [] for n in lengths} for _ in models]
+    paired: dict[int, dict[int, list[float]]] = {}  # the baseline's runs beside each model, if apart
     wait = CpuWait(enabled=clock is REAL_CLOCK)
     try:
         with wait:
@@ -254,22 +256,21 @@ def time_models(
                             samples[which][length].append(_timed(models[which], length, clock))
                     if _settled(samples, baseline, index + 1, options):
                         break
+            elif kept is not None:
+                paired = _beside_baseline(models, baseline, lengths, samples, options, clock)
             else:
                 for index in range(options.rounds):
                     if index and _settled(samples, baseline, index, options):
                         break
                     for which in run_order(index, len(models)):
                         model = models[which]
-                        warm = which == kept and model.session is not None and index > 0
                         model.open()
                         try:
-                            if not warm:
-                                _warm_up([model], lengths, max(1, options.warmup))
+                            _warm_up([model], lengths, max(1, options.warmup))
                             for length in lengths:
                                 samples[which][length].append(_timed(model, length, clock))
                         finally:
-                            if which != kept:
-                                model.close()
+                            model.close()
     finally:
         for model in models:
             model.close(collect=False)
@@ -282,13 +283,52 @@ def time_models(
             if which == baseline:
                 rows.append(Latency(length, tuple(mine)))
                 continue
-            reference = samples[baseline][length]
+            reference = paired[which][length] if which in paired else samples[baseline][length]
             ratio = float(np.median(mine) / np.median(reference))
             low, high = ratio_interval(reference, mine)
             rows.append(Latency(length, tuple(mine), ratio, low, high))
         signature = inputs_signature(model.specs)
         timings.append(ModelTiming(model.path, model.label, sizes[which], tuple(rows), signature))
     return TimingReport(tuple(timings), baseline, lengths, rule, options, mode, cpu_name(), wait.share)
+
+
+def _beside_baseline(
+    models: Sequence[_Model],
+    baseline: int,
+    lengths: Sequence[int],
+    samples: Sequence[dict[int, list[float]]],
+    options: TimingOptions,
+    clock: Clock,
+) -> dict[int, dict[int, list[float]]]:
+    """Time each other model in rounds of its own beside the baseline, whose session stays open
+    (see :func:`~onnx_conv2matmul.speed.machine.keeps_baseline`): each is opened and warmed up
+    once, then runs alternate with the baseline's (AB, BA, ...), and its ratio is taken against
+    the baseline's runs of the same rounds, which are returned by model (every run of the
+    baseline goes into ``samples`` too)."""
+    base = models[baseline]
+    base.open()
+    _warm_up([base], lengths, max(1, options.warmup))
+    paired: dict[int, dict[int, list[float]]] = {}
+    for which in (i for i in range(len(models)) if i != baseline):
+        model = models[which]
+        pair = paired[which] = {n: [] for n in lengths}
+        model.open()
+        try:
+            _warm_up([model], lengths, max(1, options.warmup))
+            for index in range(options.rounds):
+                if index and _settled([pair, samples[which]], 0, index, options):
+                    break
+                for slot in run_order(index, 2):
+                    for length in lengths:
+                        if slot == 0:
+                            ms = _timed(base, length, clock)
+                            pair[length].append(ms)
+                            samples[baseline][length].append(ms)
+                        else:
+                            samples[which][length].append(_timed(model, length, clock))
+        finally:
+            model.close()
+    return paired
 
 
 def _settled(
