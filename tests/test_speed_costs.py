@@ -5,6 +5,7 @@ sessions whose runs cost what the test says, so no test depends on how fast anyt
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -436,6 +437,52 @@ def test_a_searched_result_kept_at_another_level_is_checked_at_that_level(
     level_4 = next(c for c in data["kernel_choice"]["candidates"] if c["accuracy_level"] == 4)
     worst = min(row["cosine"] for row in verification["results"] if row["cosine"] is not None)
     assert worst == pytest.approx(level_4["cosine"], abs=1e-6)  # the rows of the model written
+
+
+def test_the_speed_step_opens_the_original_once_to_prove_its_inputs_and_check_its_levels(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--auto's result has its levels checked and timed: one checking session of the original
+    proves the inputs timed and makes the levels' reference. Before: three (the inputs' probe,
+    their proof, the reference): on the Parakeet-shaped encoder, 2.3 GiB opened each time."""
+    from click.testing import CliRunner
+
+    from onnx_conv2matmul.cli.app import main
+    from onnx_conv2matmul.quantize import kernel
+    from onnx_conv2matmul.speed import timing
+    from onnx_conv2matmul.verify import run as runs
+    from speed_fakes import Sessions
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    clock = FakeClock()
+    monkeypatch.setattr(timing, "_default_clock", clock)
+    monkeypatch.setattr(timing, "timed_session", Sessions(clock, _level_4_fast, real=True))
+    opened: list[str] = []
+    stepping: list[bool] = []
+    real_session, real_step = runs.session, kernel.run_speed_step
+
+    def session(path: str, options: Any) -> Any:
+        if stepping:
+            opened.append(os.path.basename(path))
+        return real_session(path, options)
+
+    def step(*args: Any, **kwargs: Any) -> Any:
+        stepping.append(True)
+        try:
+            return real_step(*args, **kwargs)
+        finally:
+            stepping.clear()
+
+    monkeypatch.setattr(runs, "session", session)
+    monkeypatch.setattr(kernel, "run_speed_step", step)
+    args = ["quantize", str(ENCODER), str(tmp_path / "q.onnx"), "--auto", "--min-cosine", "0.9"]
+    args += ["--max-evaluations", "2", "--verify-lengths", "64,97", "--report-json-stdout"]
+    result = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["kernel_choice"]["accuracy_level"] == 4
+    assert data["latency"]["lengths"]["used"] == [200]
+    assert opened.count(ENCODER.name) == 1, opened
 
 
 def _level_0_slow(path: str, length: int) -> float:

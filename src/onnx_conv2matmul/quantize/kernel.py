@@ -41,6 +41,7 @@ from onnx_conv2matmul.speed.choose import (
     set_accuracy_level,
 )
 from onnx_conv2matmul.speed.timing import Latency, TimingOptions, TimingReport, time_models
+from onnx_conv2matmul.verify.run import open_model, release_freed_memory
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -183,13 +184,24 @@ def run_speed_step(
     metric, the score's drop from its original score at most the metric's ``max_drop`` (a
     candidate that misses it counts as cosine -1, with the score in its note)."""
     src, verify, progress = step.src, step.verify, step.progress
+    chooses = not step.int8 and speed.chooses and bool(accuracy_levels(first.staged.onnx_path))
+    if not chooses and step.timed_later:
+        return SpeedOutcome(first, None, None, None, 1)
+    # One checking session of the original proves the inputs timed and makes the candidates'
+    # reference (the Parakeet-shaped encoder's 2.3 GiB original was opened three times for them).
+    proves = step.timing is None and verify.feeds is None and speed.timing.lengths is None
+    opened = open_model(src, "original", verify)[0] if chooses or proves else None
     # Chosen from per-shape costs (the default): timed at one short length, as the default latency
     # line is (the Parakeet-shaped encoder's two levels under --auto: 204 s at 200 and 1000 frames).
     # The full table is --bench full's.
-    timing = step.timing or timing_options(speed, verify, src, short=speed.mode == "shapes")
-    if step.int8 or not speed.chooses or not accuracy_levels(first.staged.onnx_path):
-        if step.timed_later:
-            return SpeedOutcome(first, None, None, None, 1)
+    timing = step.timing or timing_options(speed, verify, src, short=speed.mode == "shapes", session=opened)
+    check = None
+    if chooses:
+        progress.phase("Measuring the candidates' accuracy")
+        check = reference_accuracy(src, verify, session=opened)
+    del opened
+    release_freed_memory()
+    if not chooses:
         progress.phase("Timing the result against the original")
         if timing.rounds > SETTLE_ROUNDS:  # the result alone: rounds stop once its ratios settle
             timing = dataclasses.replace(timing, settle_after=SETTLE_ROUNDS)
@@ -215,8 +227,7 @@ def run_speed_step(
                     block_size=variant.block_size if several_blocks else None,
                 )
             )
-        progress.phase("Measuring the candidates' accuracy")
-        choice = _checked_and_timed(step, candidates, speed, timing)
+        choice = _checked_and_timed(step, candidates, speed, timing, check)
     winner = choice.chosen.candidate
     kept = next(v for v in variants if not several_blocks or v.block_size == winner.block_size)
     set_accuracy_level(kept.staged.onnx_path, winner.accuracy_level, kept.staged.onnx_path)
@@ -224,10 +235,14 @@ def run_speed_step(
     return _outcome(kept, chosen, choice)
 
 
-def _checked_and_timed(step: SpeedStep, candidates: Any, speed: SpeedOptions, timing: Any) -> Any:
-    """The candidates' accuracy against the original (and the user's metric), then their timing
-    against it: the kernel choice among them."""
-    check = reference_accuracy(step.src, step.verify)
+def _checked_and_timed(
+    step: SpeedStep, candidates: Any, speed: SpeedOptions, timing: Any, check: Any = None
+) -> Any:
+    """The candidates' accuracy against the original (``check``, made here when None; and the
+    user's metric), then their timing against it: the kernel choice among them."""
+    if check is None:
+        step.progress.phase("Measuring the candidates' accuracy")
+        check = reference_accuracy(step.src, step.verify)
     if step.metric is not None and step.original_score is not None:
         check = _with_metric(check, step.metric, step.original_score)
     if step.timed_later:  # the trade times the layouts after: timed here only to choose

@@ -34,13 +34,19 @@ def shortened(timing: TimingOptions) -> TimingOptions:
 
 
 def timing_options(
-    speed: SpeedOptions, verify: VerifyOptions, src: str | None = None, *, short: bool = False
+    speed: SpeedOptions,
+    verify: VerifyOptions,
+    src: str | None = None,
+    *,
+    short: bool = False,
+    session: Any = None,
 ) -> TimingOptions:
     """The speed options' timing, with inputs made as the accuracy check makes them (fixed
     values, dims, the length input); with ``src``, the inputs the speed step times on instead:
     the real ones, or the accuracy check's runs of ``src`` (see
     :mod:`onnx_conv2matmul.speed.inputs`). ``short`` (with ``src``): the shortest of those alone,
-    :data:`SHORT_ROUNDS` rounds at most, unless lengths were given."""
+    :data:`SHORT_ROUNDS` rounds at most, unless lengths were given. ``session``: a checking session
+    of ``src`` made already, to prove them with."""
     synthesis = dataclasses.replace(verify, feeds=None, lengths=None, min_cosine=None, report_only=False)
     timing = dataclasses.replace(speed.timing, synthesis=synthesis)
     if src is None:
@@ -48,7 +54,7 @@ def timing_options(
     from onnx_conv2matmul.speed.inputs import timing_inputs
 
     short = short and timing.lengths is None and timing.feeds is None  # given: timed as given
-    return timing_inputs(src, shortened(timing) if short else timing, verify, short=short)
+    return timing_inputs(src, shortened(timing) if short else timing, verify, short=short, session=session)
 
 
 @dataclasses.dataclass

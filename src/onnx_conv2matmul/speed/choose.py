@@ -304,10 +304,11 @@ def level_candidates(
 # --------------------------------------------------------------------------- #
 
 
-def reference_accuracy(original: str, verify: VerifyOptions) -> AccuracyCheck:
+def reference_accuracy(original: str, verify: VerifyOptions, *, session: Any = None) -> AccuracyCheck:
     """An accuracy check against ``original``: its outputs are computed once, here, on the
     runs the accuracy check plans (synthesised inputs, or ``verify``'s real ones), and each
-    candidate is run on the same inputs and compared with them.
+    candidate is run on the same inputs and compared with them. ``session``: a checking session
+    of ``original`` made already.
 
     Raises:
         ModelRunError, InputError: as :func:`onnx_conv2matmul.verify.check.verify_models` for
@@ -319,7 +320,7 @@ def reference_accuracy(original: str, verify: VerifyOptions) -> AccuracyCheck:
     from onnx_conv2matmul.verify.compare import compare_outputs
 
     options = dataclasses.replace(verify, report_only=True, min_cosine=None)
-    reference = Reference(original, options)
+    reference = Reference(original, options, session=session)
     names = reference.names
     indices = list(options.output_indices) if options.output_indices else list(range(len(names)))
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -107,13 +108,13 @@ def given_inputs(
 
 
 def proven_inputs(
-    src: str, timing: TimingOptions, verify: VerifyOptions, *, short: bool = False
+    src: str, timing: TimingOptions, verify: VerifyOptions, *, short: bool = False, session: Any = None
 ) -> TimingOptions:
     """``timing`` on runs of ``src`` at batch 1 that the accuracy check's machinery made: at the
     timing's default lengths (200 and 1000 for a sequence, 224 and 448 for an image) when the
     original runs at both, else at the check's own shortest and longest runs (the long run of a
     speech encoder left out when there are others). ``short``: the shortest of them alone (the
-    default lengths are still all proved).
+    default lengths are still all proved). ``session``: a checking session of ``src`` made already.
 
     Raises:
         ModelRunError, InputError, OutOfMemory: as the accuracy check, for the original.
@@ -123,7 +124,7 @@ def proven_inputs(
     from onnx_conv2matmul.verify.check import Reference
 
     options = dataclasses.replace(verify, batch=1, feeds=None, report_only=True, min_cosine=None)
-    probe = Reference(src, options, run=False)
+    probe = Reference(src, options, run=False, session=session)
     # Proved at every default length even when short: a model that runs at the short one and not
     # at the long one (silero VAD at 200 and 1000 samples) takes only some shapes, and is timed on
     # the check's own runs, as the latency line times it.
@@ -131,7 +132,7 @@ def proven_inputs(
     del probe
     reference: Reference | None = None
     try:
-        reference = Reference(src, dataclasses.replace(options, lengths=tuple(lengths)))
+        reference = Reference(src, dataclasses.replace(options, lengths=tuple(lengths)), session=session)
         rule = "the timing's default lengths, run by the accuracy check's planner at batch 1"
         rule = f"the shortest of {rule}" if short else rule
         if sorted(run.length for run, _ in reference.done) != sorted(lengths):
@@ -139,7 +140,7 @@ def proven_inputs(
     except Conv2MatMulError:
         reference = None
     if reference is None:
-        reference = Reference(src, options)
+        reference = Reference(src, options, session=session)
         rule = f"the accuracy check's {'shortest run' if short else 'shortest and longest runs'}, batch 1"
     runs = [run for run, _ in reference.done]
     for index, (run, _) in enumerate(reference.done):
@@ -159,12 +160,13 @@ def proven_inputs(
 
 
 def timing_inputs(
-    src: str, timing: TimingOptions, verify: VerifyOptions, *, short: bool = False
+    src: str, timing: TimingOptions, verify: VerifyOptions, *, short: bool = False, session: Any = None
 ) -> TimingOptions:
     """What the speed step times ``src`` and its candidates on (see the module's description);
-    ``short``: the smallest of them alone (lengths given are timed as given)."""
+    ``short``: the smallest of them alone (lengths given are timed as given); ``session``: a
+    checking session of ``src`` made already, to prove them with."""
     if verify.feeds is not None:
         return given_inputs(timing, verify.feeds, input_shapes(src), short=short)
     if timing.lengths is not None:
         return timing
-    return proven_inputs(src, timing, verify, short=short)
+    return proven_inputs(src, timing, verify, short=short, session=session)
