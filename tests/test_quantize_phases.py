@@ -41,6 +41,7 @@ class Recorder:
         ("Evaluating configuration 2 of at most 8", "search"),
         ("Measuring accuracy", "check"),
         ("Timing the result against the original", "timing"),
+        ("Timing: proving the inputs the original runs at", "timing"),
         ("Saving", "save"),
         ("Something new", "other"),
     ],

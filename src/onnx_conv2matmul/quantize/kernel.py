@@ -168,6 +168,9 @@ def choose_settings(run: Any, model: ir.Model, for_size: bool) -> None:
         run.auto = dataclasses.replace(run.auto, accuracy_level=run.quantize.accuracy_level)
 
 
+TIMED_INPUTS = "Timing: proving the inputs the original runs at"
+"""The speed step's progress step while it runs the original at the lengths it may time."""
+
 SETTLE_ROUNDS = 5
 """The result timed alone against the original stops after this many rounds, or any later one,
 once its ratios are settled (see :func:`onnx_conv2matmul.speed.latency.settled`)."""
@@ -190,6 +193,8 @@ def run_speed_step(
     # One checking session of the original proves the inputs timed and makes the candidates'
     # reference (the Parakeet-shaped encoder's 2.3 GiB original was opened three times for them).
     proves = step.timing is None and verify.feeds is None and speed.timing.lengths is None
+    if proves:  # the original run at the lengths it may be timed at (counted as timing, not saving)
+        progress.phase(TIMED_INPUTS)
     opened = open_model(src, "original", verify)[0] if chooses or proves else None
     # Chosen from per-shape costs (the default): timed at one short length, as the default latency
     # line is (the Parakeet-shaped encoder's two levels under --auto: 204 s at 200 and 1000 frames).
