@@ -315,13 +315,65 @@ def _levels(path: str | Path) -> set[int]:
     }
 
 
-def _level_cost(path: str, length: int) -> float:
-    """Whole-model milliseconds on a fake machine where level 4 is slower than the original and
-    level 0 faster: the original 10, MatMulNBits at level 0 5, at level 4 20."""
-    levels = _levels(path)
-    if not levels:
-        return 10.0
-    return 20.0 if 4 in levels else 5.0
+def _level_machine(level_0: float, level_4: float) -> Any:
+    """Whole-model milliseconds on a fake machine: the original 10, a model whose MatMulNBits are
+    at level 0 ``level_0``, at level 4 ``level_4``."""
+
+    def cost(path: str, length: int) -> float:
+        levels = _levels(path)
+        if not levels:
+            return 10.0
+        return level_4 if 4 in levels else level_0
+
+    return cost
+
+
+_level_cost = _level_machine(5.0, 20.0)
+"""Level 4 slower than the original, level 0 faster."""
+_level_4_fast = _level_machine(8.0, 2.0)
+"""Level 4 the fast one, level 0 a little faster than the original."""
+_level_0_slow = _level_machine(20.0, 2.0)
+"""Level 0 slower than the original, level 4 faster."""
+
+
+def _fake_machine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, cost: Any, kernels: bool = False) -> None:
+    """Whole models timed on ``cost`` (real sessions run, a fake clock reads); with ``kernels``,
+    the kernel costs on a machine whose 8-bit kernels are slow; the cache folder the test's own."""
+    from onnx_conv2matmul.speed import costs as costs_module
+    from onnx_conv2matmul.speed import timing
+    from speed_fakes import Sessions
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # this fake machine's costs only
+    if kernels:
+        kernel_clock = FakeClock()
+        monkeypatch.setattr(costs_module, "_default_clock", kernel_clock)
+        monkeypatch.setattr(costs_module, "timed_session", KernelMachine(kernel_clock, INT8_SLOW))
+    clock = FakeClock()
+    monkeypatch.setattr(timing, "_default_clock", clock)
+    monkeypatch.setattr(timing, "timed_session", Sessions(clock, cost, real=True))
+
+
+def _auto(tmp_path: Path) -> dict[str, Any]:
+    """``quantize ENCODER q.onnx --auto`` (a minimum cosine of 0.9, two evaluations, lengths 64
+    and 97) through the command line: its JSON report, once it exited 0."""
+    from click.testing import CliRunner
+
+    from onnx_conv2matmul.cli.app import main
+
+    args = ["quantize", str(ENCODER), str(tmp_path / "q.onnx"), "--auto", "--min-cosine", "0.9"]
+    args += ["--max-evaluations", "2", "--verify-lengths", "64,97", "--report-json-stdout"]
+    result = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.stderr
+    data: dict[str, Any] = json.loads(result.stdout)
+    return data
+
+
+def _checked_at_level_4(data: dict[str, Any]) -> bool:
+    """Whether the report's check is that of the model at level 4: its worst cosine is the one the
+    kernel choice measured for level 4."""
+    level_4 = next(c for c in data["kernel_choice"]["candidates"] if c["accuracy_level"] == 4)
+    worst = min(row["cosine"] for row in data["verification"]["results"] if row["cosine"] is not None)
+    return bool(worst == pytest.approx(level_4["cosine"], abs=1e-6))
 
 
 def test_a_default_result_slower_than_the_original_is_not_handed_over(
@@ -331,18 +383,8 @@ def test_a_default_result_slower_than_the_original_is_not_handed_over(
     the other level is checked and timed, and the faster one is written, with a warning."""
     from onnx_conv2matmul.api import quantize_file
     from onnx_conv2matmul.quantize.options import resolve
-    from onnx_conv2matmul.speed import costs as costs_module
-    from onnx_conv2matmul.speed import timing
-    from speed_fakes import Sessions
 
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # this fake machine's costs only
-    kernel_clock = FakeClock()
-    monkeypatch.setattr(costs_module, "_default_clock", kernel_clock)
-    monkeypatch.setattr(costs_module, "timed_session", KernelMachine(kernel_clock, INT8_SLOW))
-    clock = FakeClock()
-    sessions = Sessions(clock, _level_cost, real=True)
-    monkeypatch.setattr(timing, "_default_clock", clock)
-    monkeypatch.setattr(timing, "timed_session", sessions)
+    _fake_machine(monkeypatch, tmp_path, _level_cost, kernels=True)
     speed = resolve({}, bench_lengths=(40, 120), bench_rounds=3).speed
     report = quantize_file(
         ENCODER, tmp_path / "q.onnx", verify=VerifyOptions(lengths=(64, 97), min_cosine=0.9), speed=speed
@@ -368,18 +410,9 @@ def test_a_slower_result_is_timed_again_on_the_inputs_of_its_latency_line(
     from onnx_conv2matmul.api import quantize_file
     from onnx_conv2matmul.quantize import kernel
     from onnx_conv2matmul.quantize.options import resolve
-    from onnx_conv2matmul.speed import costs as costs_module
-    from onnx_conv2matmul.speed import inputs, timing
-    from speed_fakes import Sessions
+    from onnx_conv2matmul.speed import inputs
 
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    kernel_clock = FakeClock()
-    monkeypatch.setattr(costs_module, "_default_clock", kernel_clock)
-    monkeypatch.setattr(costs_module, "timed_session", KernelMachine(kernel_clock, INT8_SLOW))
-    clock = FakeClock()
-    sessions = Sessions(clock, _level_cost, real=True)
-    monkeypatch.setattr(timing, "_default_clock", clock)
-    monkeypatch.setattr(timing, "timed_session", sessions)
+    _fake_machine(monkeypatch, tmp_path, _level_cost, kernels=True)
 
     def chosen_again(*args: object, **kwargs: object) -> None:
         raise AssertionError("the speed step chose its inputs again")
@@ -400,43 +433,21 @@ def test_a_slower_result_is_timed_again_on_the_inputs_of_its_latency_line(
     assert report.latency["lengths"]["rule"].startswith("the shortest of default")
 
 
-def _level_4_fast(path: str, length: int) -> float:
-    """Whole-model milliseconds where level 4 is the fast one: the original 10, level 0 8, level 4 2."""
-    levels = _levels(path)
-    if not levels:
-        return 10.0
-    return 2.0 if 4 in levels else 8.0
-
-
 def test_a_searched_result_kept_at_another_level_is_checked_at_that_level(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """--auto's search evaluates level 0; the speed step keeps level 4. Before: the final check
     reported the search's rows of level 0 for the model written at level 4 ("the same model")."""
-    from click.testing import CliRunner
-
-    from onnx_conv2matmul.cli.app import main
     from onnx_conv2matmul.quantize.reference import SEARCHED_ROWS
-    from onnx_conv2matmul.speed import timing
-    from speed_fakes import Sessions
 
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    clock = FakeClock()
-    monkeypatch.setattr(timing, "_default_clock", clock)
-    monkeypatch.setattr(timing, "timed_session", Sessions(clock, _level_4_fast, real=True))
-    args = ["quantize", str(ENCODER), str(tmp_path / "q.onnx"), "--auto", "--min-cosine", "0.9"]
-    args += ["--max-evaluations", "2", "--verify-lengths", "64,97", "--report-json-stdout"]
-    result = CliRunner().invoke(main, args, catch_exceptions=False)
-    assert result.exit_code == 0, result.stderr
-    data = json.loads(result.stdout)
+    _fake_machine(monkeypatch, tmp_path, _level_4_fast)
+    data = _auto(tmp_path)
     assert data["kernel_choice"]["accuracy_level"] == 4
     levels = _levels(tmp_path / "q.onnx")
     assert levels == {4}
     verification = data["verification"]
     assert verification["passed"] and SEARCHED_ROWS not in verification["warnings"]
-    level_4 = next(c for c in data["kernel_choice"]["candidates"] if c["accuracy_level"] == 4)
-    worst = min(row["cosine"] for row in verification["results"] if row["cosine"] is not None)
-    assert worst == pytest.approx(level_4["cosine"], abs=1e-6)  # the rows of the model written
+    assert _checked_at_level_4(data)  # the rows of the model written
 
 
 def test_the_speed_step_opens_the_original_once_to_prove_its_inputs_and_check_its_levels(
@@ -445,18 +456,10 @@ def test_the_speed_step_opens_the_original_once_to_prove_its_inputs_and_check_it
     """--auto's result has its levels checked and timed: one checking session of the original
     proves the inputs timed and makes the levels' reference. Before: three (the inputs' probe,
     their proof, the reference): on the Parakeet-shaped encoder, 2.3 GiB opened each time."""
-    from click.testing import CliRunner
-
-    from onnx_conv2matmul.cli.app import main
     from onnx_conv2matmul.quantize import kernel
-    from onnx_conv2matmul.speed import timing
     from onnx_conv2matmul.verify import run as runs
-    from speed_fakes import Sessions
 
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    clock = FakeClock()
-    monkeypatch.setattr(timing, "_default_clock", clock)
-    monkeypatch.setattr(timing, "timed_session", Sessions(clock, _level_4_fast, real=True))
+    _fake_machine(monkeypatch, tmp_path, _level_4_fast)
     opened: list[str] = []
     stepping: list[bool] = []
     real_session, real_step = runs.session, kernel.run_speed_step
@@ -475,20 +478,10 @@ def test_the_speed_step_opens_the_original_once_to_prove_its_inputs_and_check_it
 
     monkeypatch.setattr(runs, "session", session)
     monkeypatch.setattr(kernel, "run_speed_step", step)
-    args = ["quantize", str(ENCODER), str(tmp_path / "q.onnx"), "--auto", "--min-cosine", "0.9"]
-    args += ["--max-evaluations", "2", "--verify-lengths", "64,97", "--report-json-stdout"]
-    result = CliRunner().invoke(main, args, catch_exceptions=False)
-    assert result.exit_code == 0, result.stderr
-    data = json.loads(result.stdout)
+    data = _auto(tmp_path)
     assert data["kernel_choice"]["accuracy_level"] == 4
     assert data["latency"]["lengths"]["used"] == [200]
     assert opened.count(ENCODER.name) == 1, opened
-
-
-def _level_0_slow(path: str, length: int) -> float:
-    """Whole-model milliseconds where level 0 is slower than the original: the original 10, level 0
-    20, level 4 2."""
-    return {10.0: 10.0, 8.0: 20.0, 2.0: 2.0}[_level_4_fast(path, length)]
 
 
 @pytest.mark.parametrize("search", ["kept", "finds nothing"])
@@ -498,18 +491,11 @@ def test_auto_tries_the_levels_of_its_default_candidate_only_when_it_keeps_it(
     """--auto's default candidate, measured slower, does not check and time its other levels: the
     search's model, whose own levels are, is the one usually kept (on the Parakeet-shaped encoder
     the candidate's took 41 s of 190). When the default's model is kept, its levels are tried then."""
-    from click.testing import CliRunner
-
-    from onnx_conv2matmul.cli.app import main
     from onnx_conv2matmul.errors import TargetUnreachable
     from onnx_conv2matmul.quantize import kernel, workflow
-    from onnx_conv2matmul.speed import choose, timing
-    from speed_fakes import Sessions
+    from onnx_conv2matmul.speed import choose
 
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    clock = FakeClock()
-    monkeypatch.setattr(timing, "_default_clock", clock)
-    monkeypatch.setattr(timing, "timed_session", Sessions(clock, _level_0_slow, real=True))
+    _fake_machine(monkeypatch, tmp_path, _level_0_slow)
     events: list[str] = []
     real_choose, real_quantize = choose.choose_kernel, workflow.quantize_file
 
@@ -527,11 +513,7 @@ def test_auto_tries_the_levels_of_its_default_candidate_only_when_it_keeps_it(
     monkeypatch.setattr(choose, "choose_kernel", choosing)
     monkeypatch.setattr(kernel, "choose_kernel", choosing)
     monkeypatch.setattr(workflow, "quantize_file", quantizing)
-    args = ["quantize", str(ENCODER), str(tmp_path / "q.onnx"), "--auto", "--min-cosine", "0.9"]
-    args += ["--max-evaluations", "2", "--verify-lengths", "64,97", "--report-json-stdout"]
-    result = CliRunner().invoke(main, args, catch_exceptions=False)
-    assert result.exit_code == 0, result.stderr
-    data = json.loads(result.stdout)
+    data = _auto(tmp_path)
     assert events == ["search", "levels"]  # the candidate's levels are not tried before the search
     assert data["kernel_choice"]["accuracy_level"] == 4
     levels = _levels(tmp_path / "q.onnx")
@@ -543,9 +525,7 @@ def test_auto_tries_the_levels_of_its_default_candidate_only_when_it_keeps_it(
         assert any("other accuracy levels were checked and timed" in w for w in data["warnings"])
         slower = [w for w in data["warnings"] if w.startswith("the result is slower")]
         assert len(slower) == 1 and "checked and timed" in slower[0]  # the level kept is not slower
-        level_4 = next(c for c in data["kernel_choice"]["candidates"] if c["accuracy_level"] == 4)
-        worst = min(row["cosine"] for row in data["verification"]["results"] if row["cosine"] is not None)
-        assert worst == pytest.approx(level_4["cosine"], abs=1e-6)  # checked at the level written
+        assert _checked_at_level_4(data)  # checked at the level written
 
 
 def test_short_kernels_run_longer_long_ones_as_many_times_as_asked() -> None:
